@@ -1,0 +1,285 @@
+"""The supervisor: one reconcile loop fed by events.
+
+Events (file changes, the health timer, a stream that ended, a signal) only *wake* the agent. Each
+wake-up derives the desired state (devices per resource, which servers must exist, which must register)
+and applies the difference, so two wake-ups in a row do no extra work::
+
+    agent = Agent(settings, backend)
+    await agent.run(stop_event)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ascend_agent import __version__
+from ascend_agent.backends import Backend, load_backend
+from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.kubelet import KUBELET_SOCKET, RegistrationError, register, socket_identity, socket_name
+from ascend_agent.model import Chip, Inventory
+from ascend_agent.observability import configure_logging
+from ascend_agent.plugin import PluginServer
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START = 0.1
+BACKOFF_CAP = 5.0
+# After the last ListAndWatch stream of a resource ends, wait this long for the kubelet to open a new one
+# (it does so right after a registration it asked for) before registering again. Streams that keep ending
+# soon after each other double the wait, so a kubelet that drops every stream cannot drive a loop.
+STREAM_GRACE = 0.5
+STREAM_GRACE_CAP = 60.0
+_STREAK_WINDOW = 30.0
+
+
+@dataclass
+class _Resource:
+    """What the agent keeps per resource: its server, its registration, and the chips it advertises."""
+
+    server: PluginServer
+    chips: tuple[Chip, ...] = ()
+    registered_with: tuple[int, int] | None = None
+    registering: asyncio.Task[None] | None = None
+    retry_now: asyncio.Event = field(default_factory=asyncio.Event)
+    grace: asyncio.TimerHandle | None = None
+    registrations: int = 0
+    lost_streak: int = 0
+    last_lost: float = float("-inf")
+
+
+class Agent:
+    """Keeps one PluginServer per resource serving, published and registered."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        *,
+        on_registered: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self._on_registered = on_registered
+        self._resources: dict[str, _Resource] = {}
+        self._wakeup = asyncio.Event()
+        self._query = True
+        self._known_chips: set[str] = set()
+        self._problems: tuple[str, ...] = ()
+        self.inventory = Inventory()
+
+    @property
+    def resources(self) -> Mapping[str, _Resource]:
+        return self._resources
+
+    def wake(self, *, query: bool = False) -> None:
+        """Ask for a reconcile soon; ``query`` also asks the backend to query the hardware again."""
+        self._query = self._query or query
+        self._wakeup.set()
+
+    def kubelet_appeared(self) -> None:
+        """``kubelet.sock`` was created: registrations waiting in back-off try again at once."""
+        for state in self._resources.values():
+            state.retry_now.set()
+        self.wake()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reconcile on every wake-up until ``stop`` is set, then stop every server and remove its socket."""
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                query, self._query = self._query, False
+                self._wakeup.clear()
+                await self.reconcile(query=query)
+                woken = asyncio.ensure_future(self._wakeup.wait())
+                await asyncio.wait({woken, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+        finally:
+            stopping.cancel()
+            await self.shutdown()
+
+    async def reconcile(self, *, query: bool) -> None:
+        """Discover, then make the servers, the published lists and the registrations match."""
+        inventory = await self.backend.discover(query=query)
+        self.inventory = inventory
+        self._report(inventory)
+        desired = inventory.by_resource()
+        for resource in [r for r in self._resources if r not in desired]:
+            log.info("No more chips for %s; stopping its server", resource)
+            await self._drop(resource)
+        for resource, chips in desired.items():
+            state = self._resources.get(resource)
+            if state is None:
+                state = self._resources[resource] = _Resource(self._new_server(resource))
+            state.chips = chips
+            state.server.publish({chip.device_id: chip for chip in chips})
+            if not state.server.serving or not state.server.socket_is_ours():
+                await self._serve(resource, state)
+            elif self._kubelet_identity() != state.registered_with:
+                self._ensure_registering(resource, state)
+
+    def _report(self, inventory: Inventory) -> None:
+        for chip in inventory.chips:
+            if chip.device_path not in self._known_chips:
+                self._known_chips.add(chip.device_path)
+                log.info("Found device %s", chip.device_path)
+        if inventory.problems != self._problems:
+            for problem in inventory.problems:
+                if problem not in self._problems:
+                    log.warning("%s", problem)
+            self._problems = inventory.problems
+
+    def _new_server(self, resource: str) -> PluginServer:
+        return PluginServer(
+            resource,
+            self.settings.kubelet_dir / socket_name(resource),
+            self.backend.container_spec,
+            on_streams_changed=self._streams_changed,
+        )
+
+    async def _serve(self, resource: str, state: _Resource) -> None:
+        """(Re)start the server on a fresh socket, check it answers, then register."""
+        if state.server.serving:
+            log.info("Socket %s is gone; serving %s again", state.server.socket_path, resource)
+            await state.server.stop()
+        try:
+            await state.server.start()
+            await state.server.check()
+        except (OSError, TimeoutError) as exc:
+            log.error("Cannot serve %s on %s: %s", resource, state.server.socket_path, exc)
+            await state.server.stop()
+            return
+        state.registered_with = None
+        self._ensure_registering(resource, state)
+
+    def _ensure_registering(self, resource: str, state: _Resource) -> None:
+        """Start a registration unless one is in flight, which then covers this trigger too."""
+        if state.grace is not None:
+            state.grace.cancel()
+            state.grace = None
+        if state.registering is not None and not state.registering.done():
+            state.retry_now.set()
+            return
+        state.registering = asyncio.create_task(self._register(resource, state), name=f"register {resource}")
+
+    async def _register(self, resource: str, state: _Resource) -> None:
+        delay = BACKOFF_START
+        last_error = ""
+        while True:
+            state.retry_now.clear()
+            kubelet = self._kubelet_identity()
+            try:
+                await register(
+                    self.settings.kubelet_dir, state.server.socket_path.name, resource, state.server.options
+                )
+            except RegistrationError as exc:
+                if str(exc) != last_error:
+                    log.warning(
+                        "Cannot register %s: %s; retrying with back-off up to %g s",
+                        resource,
+                        exc,
+                        BACKOFF_CAP,
+                    )
+                    last_error = str(exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.retry_now.wait(), delay)
+                delay = min(delay * 2, BACKOFF_CAP)
+                continue
+            state.registered_with = kubelet
+            state.registrations += 1
+            log.info("Registered resource %s", resource)
+            if self._on_registered is not None:
+                self._on_registered(resource)
+            return
+
+    def _kubelet_identity(self) -> tuple[int, int] | None:
+        return socket_identity(self.settings.kubelet_dir / KUBELET_SOCKET)
+
+    def _streams_changed(self, resource: str, streams: int) -> None:
+        state = self._resources.get(resource)
+        if state is None:
+            return
+        if streams > 0:
+            if state.grace is not None:
+                state.grace.cancel()
+                state.grace = None
+            return
+        registering = state.registering is not None and not state.registering.done()
+        if state.server.serving and not registering and state.grace is None:
+            delay = min(STREAM_GRACE * 2**state.lost_streak, STREAM_GRACE_CAP)
+            state.grace = asyncio.get_running_loop().call_later(delay, self._stream_lost, resource)
+
+    def _stream_lost(self, resource: str) -> None:
+        state = self._resources.get(resource)
+        if state is None:
+            return
+        state.grace = None
+        if state.server.streams == 0 and state.server.serving:
+            now = asyncio.get_running_loop().time()
+            state.lost_streak = state.lost_streak + 1 if now - state.last_lost < _STREAK_WINDOW else 0
+            state.last_lost = now
+            log.info("The kubelet's ListAndWatch stream for %s ended; registering again", resource)
+            state.registered_with = None
+            self.wake()
+
+    async def _drop(self, resource: str) -> None:
+        state = self._resources.pop(resource)
+        if state.grace is not None:
+            state.grace.cancel()
+        if state.registering is not None:
+            state.registering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await state.registering
+        await state.server.stop()
+
+    async def shutdown(self) -> None:
+        """Stop every server and remove its socket."""
+        for resource in list(self._resources):
+            await self._drop(resource)
+        await self.backend.close()
+
+
+def _backend(settings: Settings) -> Backend:
+    try:
+        return load_backend(settings.backend)(settings)
+    except LookupError as exc:
+        raise ConfigError(f"--backend: {exc.args[0]}") from None
+
+
+async def discover_once(settings: Settings) -> Inventory:
+    """One discovery with the configured backend, for ``ascend-agent list``."""
+    backend = _backend(settings)
+    try:
+        await backend.start()
+        return await backend.discover()
+    finally:
+        await backend.close()
+
+
+async def run_agent(source: SettingsSource, settings: Settings) -> int:
+    """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
+    configure_logging(settings.log_level, settings.log_format)
+    backend = _backend(settings)
+    await backend.start()
+    log.info(
+        "ascend-agent %s starting: backend %s, kubelet directory %s",
+        __version__,
+        settings.backend,
+        settings.kubelet_dir,
+    )
+    agent = Agent(settings, backend)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await agent.run(stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    log.info("Stopped; sockets removed")
+    return 0

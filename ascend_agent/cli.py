@@ -1,0 +1,227 @@
+"""The command line: ``ascend-agent run | list | doctor | kubelet-sim | version``.
+
+Every flag is also read from ``ASCEND_AGENT_<NAME>``; a YAML file given with ``--config`` sits under both.
+Exit status: 0 after SIGTERM/SIGINT, 2 for bad usage or configuration (one line on stderr), 1 otherwise.
+Commands import what they need when they run, so ``version`` and ``--help`` stay fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ascend_agent import __version__
+from ascend_agent.config import ConfigError, Settings, SettingsSource
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Kubernetes device plugin for Huawei Ascend NPUs.",
+)
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+def _option(*names: str, env: str, help: str, **kwargs: Any) -> Any:
+    return typer.Option(*names, envvar=f"ASCEND_AGENT_{env}", help=help, show_default=False, **kwargs)
+
+
+Backend = Annotated[
+    str | None, _option("--backend", env="BACKEND", help="devfs (real chips) or fake. [devfs]")
+]
+KubeletDir = Annotated[
+    Path | None,
+    _option("--kubelet-dir", env="KUBELET_DIR", help="The kubelet's device plugin directory."),
+]
+ConfigFile = Annotated[
+    Path | None,
+    _option("--config", env="CONFIG", help="YAML config file; keys are the flag names in camelCase."),
+]
+LogLevel = Annotated[str | None, _option("--log-level", env="LOG_LEVEL", help="debug, info, warning, error.")]
+LogFormat = Annotated[str | None, _option("--log-format", env="LOG_FORMAT", help="text or json.")]
+HostRoot = Annotated[
+    Path | None, _option("--host-root", env="HOST_ROOT", help="Where the host's / is seen. [/]")
+]
+DevRoot = Annotated[
+    Path | None, _option("--dev-root", env="DEV_ROOT", help="Device files. [<host-root>/dev]")
+]
+SysRoot = Annotated[Path | None, _option("--sys-root", env="SYS_ROOT", help="sysfs. [<host-root>/sys]")]
+NpuSmi = Annotated[str | None, _option("--npu-smi", env="NPU_SMI", help="The npu-smi executable.")]
+NpuSmiTimeout = Annotated[
+    float | None,
+    _option("--npu-smi-timeout", env="NPU_SMI_TIMEOUT", help="Seconds before npu-smi is killed. [10]"),
+]
+HealthInterval = Annotated[
+    float | None,
+    _option("--health-interval", env="HEALTH_INTERVAL", help="Seconds between health queries. [5]"),
+]
+HealthThreshold = Annotated[
+    int | None,
+    _option(
+        "--health-failure-threshold",
+        env="HEALTH_FAILURE_THRESHOLD",
+        help="Failed health queries in a row before every chip is Unhealthy. [3]",
+    ),
+]
+Mode = Annotated[
+    str | None, _option("--mode", env="MODE", help="plain or ascend-runtime: what Allocate hands over.")
+]
+Replicas = Annotated[
+    int | None, _option("--replicas", env="REPLICAS", help="Advertise each chip N times. [1]")
+]
+CdiSpecDir = Annotated[
+    Path | None, _option("--cdi-spec-dir", env="CDI_SPEC_DIR", help="Write a CDI spec here.")
+]
+MetricsAddress = Annotated[
+    str | None,
+    _option(
+        "--metrics-address",
+        env="METRICS_ADDRESS",
+        help="HOST:PORT for /metrics, /healthz, /readyz; empty: off.",
+    ),
+]
+FakeChips = Annotated[int | None, _option("--fake-chips", env="FAKE_CHIPS", help="Fake backend: chips. [8]")]
+FakeModel = Annotated[
+    str | None, _option("--fake-model", env="FAKE_MODEL", help="Fake backend: model. [910B4]")
+]
+FakeState = Annotated[
+    Path | None,
+    _option("--fake-state", env="FAKE_STATE", help='Fake backend: {"unhealthy": [..], "absent": [..]}'),
+]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    print(f"ascend-agent: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _settings(overrides: dict[str, Any]) -> tuple[SettingsSource, Settings]:
+    config_file = overrides.pop("config", None)
+    source = SettingsSource(overrides=overrides, config_file=config_file)
+    try:
+        return source, source.load()
+    except ConfigError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+
+
+@app.command()
+def run(
+    backend: Backend = None,
+    kubelet_dir: KubeletDir = None,
+    config: ConfigFile = None,
+    log_level: LogLevel = None,
+    log_format: LogFormat = None,
+    host_root: HostRoot = None,
+    dev_root: DevRoot = None,
+    sys_root: SysRoot = None,
+    npu_smi: NpuSmi = None,
+    npu_smi_timeout: NpuSmiTimeout = None,
+    health_interval: HealthInterval = None,
+    health_failure_threshold: HealthThreshold = None,
+    mode: Mode = None,
+    replicas: Replicas = None,
+    cdi_spec_dir: CdiSpecDir = None,
+    metrics_address: MetricsAddress = None,
+    fake_chips: FakeChips = None,
+    fake_model: FakeModel = None,
+    fake_state: FakeState = None,
+) -> None:
+    """Serve the device plugin API until SIGTERM or SIGINT."""
+    source, settings = _settings(dict(locals()))
+    from ascend_agent.agent import run_agent
+
+    try:
+        code = asyncio.run(run_agent(source, settings))
+    except ConfigError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    raise typer.Exit(code)
+
+
+@app.command("list")
+def list_chips(
+    backend: Backend = None,
+    config: ConfigFile = None,
+    host_root: HostRoot = None,
+    dev_root: DevRoot = None,
+    sys_root: SysRoot = None,
+    npu_smi: NpuSmi = None,
+    npu_smi_timeout: NpuSmiTimeout = None,
+    replicas: Replicas = None,
+    fake_chips: FakeChips = None,
+    fake_model: FakeModel = None,
+    fake_state: FakeState = None,
+    json_output: Json = False,
+) -> None:
+    """Print the chips the backend sees."""
+    overrides = dict(locals())
+    overrides.pop("json_output")
+    _, settings = _settings(overrides)
+    from ascend_agent.agent import discover_once
+
+    try:
+        inventory = asyncio.run(discover_once(settings))
+    except ConfigError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    rows = [
+        {
+            "id": chip.device_id,
+            "resource": chip.resource,
+            "health": chip.health.value,
+            "reason": chip.reason,
+            "model": chip.model,
+            "phys_id": chip.phys_id,
+            "device": chip.device_path,
+            "bus_id": chip.bus_id,
+            "numa_node": chip.numa_node,
+        }
+        for chip in inventory.chips
+    ]
+    if json_output:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_table(rows)
+    for problem in inventory.problems:
+        print(f"ascend-agent: {problem}", file=sys.stderr)
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("no chips found")
+        return
+    columns = ("id", "model", "health", "bus_id", "numa_node", "resource", "reason")
+    cells = [[("-" if row[c] is None else str(row[c])) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+    for line in [list(columns), *cells]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
+@app.command("kubelet-sim")
+def kubelet_sim(
+    kubelet_dir: KubeletDir = None,
+    allocate: Annotated[
+        int, typer.Option("--allocate", help="After the first device list, allocate N chips.")
+    ] = 1,
+) -> None:
+    """A kubelet stand-in for local development: serves Registration, dials back, prints what it sees."""
+    from ascend_agent.sim.kubelet import run_simulator
+
+    directory = kubelet_dir or Settings().kubelet_dir
+    raise typer.Exit(asyncio.run(run_simulator(directory, allocate=allocate)))
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    print(f"ascend-agent {__version__}")
+
+
+def main() -> None:
+    app()

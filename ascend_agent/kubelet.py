@@ -1,0 +1,75 @@
+"""The kubelet's side of the contract: paths, constants, and ``register()``.
+
+await register(Path("/var/lib/kubelet/device-plugins"), "Ascend910.sock", "huawei.com/Ascend910", options)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from ascend_agent._proto.v1beta1 import DevicePluginOptions, RegisterRequest, RegistrationStub
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+# The kubelet dials back inside Register with a 10 s timeout; give it room to answer.
+REGISTER_TIMEOUT = 15.0
+
+
+class RegistrationError(Exception):
+    """Registration failed; the message says why in one line."""
+
+
+class LocalChannel(Channel):
+    """A grpclib channel over a unix socket that sends ``:authority: localhost``, as the kubelet does."""
+
+    def __init__(self, path: Path | str) -> None:
+        super().__init__(path=str(path))
+
+    def _get_authority(self, host: str, port: int) -> str:
+        return "localhost"
+
+
+def socket_name(resource: str) -> str:
+    """``huawei.com/Ascend910`` -> ``Ascend910.sock``."""
+    return resource.rpartition("/")[2] + ".sock"
+
+
+def socket_identity(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) of a socket file, to tell one kubelet instance's socket from the next."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+async def register(
+    kubelet_dir: Path,
+    endpoint: str,
+    resource: str,
+    options: DevicePluginOptions,
+    timeout: float = REGISTER_TIMEOUT,
+) -> None:
+    """Register ``resource`` served at ``kubelet_dir/endpoint`` with the kubelet; raise RegistrationError."""
+    kubelet_socket = kubelet_dir / KUBELET_SOCKET
+    if not kubelet_socket.exists():
+        raise RegistrationError(f"the kubelet is not listening: {kubelet_socket} does not exist")
+    channel = LocalChannel(kubelet_socket)
+    request = RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource, options=options)
+    try:
+        await RegistrationStub(channel).register(request, timeout=timeout)
+    except GRPCError as exc:
+        raise RegistrationError(
+            f"the kubelet refused the registration: {exc.message or exc.status.name}"
+        ) from None
+    except TimeoutError:
+        raise RegistrationError(f"the kubelet did not answer Register within {timeout:g} s") from None
+    except (OSError, StreamTerminatedError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise RegistrationError(f"cannot reach the kubelet at {kubelet_socket}: {reason}") from None
+    finally:
+        channel.close()

@@ -1,0 +1,183 @@
+"""Plain data shared by the backends, the agent and the plugin servers; no I/O.
+
+>>> chip = Chip.make(3, "910B4")
+>>> chip.device_id, chip.resource, chip.device_path
+('Ascend910-3', 'huawei.com/Ascend910', '/dev/davinci3')
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+RESOURCE_DOMAIN = "huawei.com"
+MAX_DEVICE_ID_LENGTH = 63
+
+
+class Health(enum.StrEnum):
+    """The two health strings the kubelet knows; only ``Healthy`` counts as healthy."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+
+
+class Generation(enum.StrEnum):
+    """Chip generations: they decide the resource name, the ID prefix and the topology rules."""
+
+    ASCEND910A = "910A"
+    ASCEND910B = "910B"
+    ASCEND910A3 = "910A3"
+    ASCEND310P = "310P"
+    ASCEND310B = "310B"
+    ASCEND310 = "310"
+
+    @property
+    def family(self) -> str:
+        """The resource family (``Ascend910``), shared by every 910 generation."""
+        return _FAMILY[self]
+
+
+_FAMILY = {
+    Generation.ASCEND910A: "Ascend910",
+    Generation.ASCEND910B: "Ascend910",
+    Generation.ASCEND910A3: "Ascend910",
+    Generation.ASCEND310P: "Ascend310P",
+    Generation.ASCEND310B: "Ascend310",
+    Generation.ASCEND310: "Ascend310",
+}
+
+# Huawei's classification order, with A3 (``910_93xx`` names) recognised before plain 910.
+_GENERATION_PATTERNS: tuple[tuple[re.Pattern[str], Generation], ...] = (
+    (re.compile(r"^(310P\d?|I2\d?)"), Generation.ASCEND310P),
+    (re.compile(r"310B"), Generation.ASCEND310B),
+    (re.compile(r"310"), Generation.ASCEND310),
+    (re.compile(r"^(910B\d|A2G\d)"), Generation.ASCEND910B),
+    (re.compile(r"^(910_93|910C|A3)"), Generation.ASCEND910A3),
+    (re.compile(r"^910"), Generation.ASCEND910A),
+)
+
+
+class UnknownModelError(ValueError):
+    """A chip name that matches none of the classification rules."""
+
+
+def classify(name: str) -> Generation:
+    """The generation of a chip name as ``npu-smi`` prints it (``Ascend`` prefix optional).
+
+    >>> classify("910B4"), classify("Ascend 310P3"), classify("910ProB")
+    (<Generation.ASCEND910B: '910B'>, <Generation.ASCEND310P: '310P'>, <Generation.ASCEND910A: '910A'>)
+    """
+    bare = normalise_model(name)
+    for pattern, generation in _GENERATION_PATTERNS:
+        if pattern.search(bare):
+            return generation
+    raise UnknownModelError(f"unknown Ascend chip name {name!r}")
+
+
+def normalise_model(name: str) -> str:
+    """``Ascend 910B4`` and ``Ascend910B4`` become ``910B4``."""
+    bare = name.strip()
+    if bare.lower().startswith("ascend"):
+        bare = bare[len("ascend") :].strip()
+    return bare
+
+
+def resource_family(model: str, naming: str) -> str:
+    """The resource family a naming scheme gives a model: ``""`` keeps Huawei's per-generation names,
+    ``"model"`` names the SKU, as some schedulers expect.
+
+    >>> resource_family("910B4", "model"), resource_family("910B4", "huawei")
+    ('Ascend910B4', '')
+    """
+    return f"Ascend{normalise_model(model)}" if naming == "model" else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Chip:
+    """One physical NPU chip as a backend sees it."""
+
+    phys_id: int
+    model: str
+    generation: Generation
+    health: Health = Health.HEALTHY
+    reason: str = ""
+    bus_id: str | None = None
+    numa_node: int | None = None
+    npu_id: int | None = None
+    resource_family: str = ""
+
+    @classmethod
+    def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
+        """A chip of a model name, classified; raises :class:`UnknownModelError` for unknown names."""
+        return cls(phys_id, normalise_model(model), classify(model), **kwargs)
+
+    @property
+    def family(self) -> str:
+        """The resource family: Huawei's by default, or the configured one (``Ascend910B4``)."""
+        return self.resource_family or self.generation.family
+
+    @property
+    def resource(self) -> str:
+        return f"{RESOURCE_DOMAIN}/{self.family}"
+
+    @property
+    def device_id(self) -> str:
+        return f"{self.family}-{self.phys_id}"
+
+    @property
+    def device_path(self) -> str:
+        """The chip's device node on the host, as the container runtime must see it."""
+        return f"/dev/davinci{self.phys_id}"
+
+    @property
+    def healthy(self) -> bool:
+        return self.health is Health.HEALTHY
+
+    def with_health(self, health: Health, reason: str = "") -> Chip:
+        return replace(self, health=health, reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """A device node handed to a container (``DeviceSpec``)."""
+
+    host_path: str
+    container_path: str
+    permissions: str = "rw"
+
+
+@dataclass(frozen=True, slots=True)
+class HostMount:
+    """A host path bind-mounted into a container (``Mount``)."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """What a container that gets a set of chips needs, independent of gRPC."""
+
+    envs: Mapping[str, str] = field(default_factory=dict)
+    devices: tuple[DeviceNode, ...] = ()
+    mounts: tuple[HostMount, ...] = ()
+    cdi_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """One discovery: the chips, the shared management devices, and what is wrong if anything."""
+
+    chips: tuple[Chip, ...] = ()
+    management_devices: tuple[DeviceNode, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    def by_resource(self) -> dict[str, tuple[Chip, ...]]:
+        grouped: dict[str, list[Chip]] = {}
+        for chip in self.chips:
+            grouped.setdefault(chip.resource, []).append(chip)
+        return {resource: tuple(chips) for resource, chips in grouped.items()}

@@ -1,0 +1,292 @@
+"""One DevicePlugin gRPC server per resource, on ``<kubelet-dir>/<Resource>.sock``.
+
+The agent publishes the devices; the server fans them out to every open ListAndWatch stream and answers
+Allocate from what was published, with no I/O on the request path::
+
+    server = PluginServer("huawei.com/Ascend910", Path("/var/lib/kubelet/device-plugins/Ascend910.sock"),
+                          spec_for=backend.container_spec)
+    server.publish({chip.device_id: chip for chip in chips})
+    await server.start()
+    await server.check()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Server
+
+from ascend_agent._proto.v1beta1 import (
+    AllocateRequest,
+    AllocateResponse,
+    CdiDevice,
+    ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse,
+    Device,
+    DevicePluginBase,
+    DevicePluginOptions,
+    DevicePluginStub,
+    DeviceSpec,
+    Empty,
+    ListAndWatchResponse,
+    Mount,
+    NumaNode,
+    PreferredAllocationRequest,
+    PreferredAllocationResponse,
+    PreStartContainerRequest,
+    PreStartContainerResponse,
+    TopologyInfo,
+)
+from ascend_agent.kubelet import LocalChannel, socket_identity
+from ascend_agent.model import MAX_DEVICE_ID_LENGTH, Chip, ContainerSpec
+
+log = logging.getLogger(__name__)
+
+SpecFor = Callable[[Sequence[Chip]], ContainerSpec]
+# (available, must_include, size) -> the preferred IDs
+Preference = Callable[[Sequence[str], Sequence[str], int], list[str]]
+StreamsChanged = Callable[[str, int], None]
+
+_SHUTDOWN_GRACE = 0.3
+_SELF_CHECK_TIMEOUT = 2.0
+
+
+class PluginServer:
+    """The DevicePlugin service of one resource and the socket it listens on."""
+
+    def __init__(
+        self,
+        resource: str,
+        socket_path: Path,
+        spec_for: SpecFor,
+        *,
+        on_streams_changed: StreamsChanged | None = None,
+    ) -> None:
+        self.resource = resource
+        self.socket_path = socket_path
+        self._spec_for = spec_for
+        self._on_streams_changed = on_streams_changed
+        self._devices: dict[str, Chip] = {}
+        self._preference: Preference | None = None
+        self._snapshot = ListAndWatchResponse()
+        self._changed = asyncio.Event()
+        self._responses: dict[tuple[int, ...], ContainerAllocateResponse] = {}
+        self._streams = 0
+        self._server: Server | None = None
+        self._identity: tuple[int, int] | None = None
+
+    @property
+    def streams(self) -> int:
+        """How many ListAndWatch streams are open now."""
+        return self._streams
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    @property
+    def options(self) -> DevicePluginOptions:
+        return DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=self._preference is not None
+        )
+
+    def socket_is_ours(self) -> bool:
+        """True while the socket file we listen on is still there (the kubelet wipes it when it restarts)."""
+        return self._identity is not None and socket_identity(self.socket_path) == self._identity
+
+    def publish(self, devices: Mapping[str, Chip], preference: Preference | None = None) -> bool:
+        """Advertise ``devices`` (advertised ID -> chip); wake every stream if anything changed."""
+        self._preference = preference
+        if devices == self._devices and self._devices:
+            return False
+        self._devices = dict(devices)
+        self._snapshot = ListAndWatchResponse(
+            devices=[_device(device_id, chip) for device_id, chip in devices.items()]
+        )
+        self._responses.clear()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        return True
+
+    async def start(self) -> None:
+        """Listen on a fresh socket (a stale file is removed first), mode 0600."""
+        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = Server([_Service(self)])
+        await server.start(path=str(self.socket_path))
+        os.chmod(self.socket_path, 0o600)
+        self._server = server
+        self._identity = socket_identity(self.socket_path)
+
+    async def check(self) -> None:
+        """Dial our own socket and ask for the options, as the kubelet will; raise on failure."""
+        channel = LocalChannel(self.socket_path)
+        try:
+            await DevicePluginStub(channel).get_device_plugin_options(timeout=_SELF_CHECK_TIMEOUT)
+        finally:
+            channel.close()
+
+    async def stop(self) -> None:
+        """Stop serving, end every stream, and remove the socket if it is still ours."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if self.socket_is_ours():
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        self._identity = None
+        server.close()
+        # On Python 3.12+ wait_closed() also waits for every client connection, and the kubelet keeps its
+        # ListAndWatch connection open: bound the wait so shutdown stays prompt.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), _SHUTDOWN_GRACE)
+
+    async def list_and_watch(self) -> AsyncIterator[ListAndWatchResponse]:
+        """The whole device list now, then again after every change, until the client goes away."""
+        self._stream_opened(+1)
+        try:
+            sent: ListAndWatchResponse | None = None
+            while True:
+                snapshot, changed = self._snapshot, self._changed
+                if snapshot is not sent:
+                    yield snapshot
+                    sent = snapshot
+                await changed.wait()
+        finally:
+            self._stream_opened(-1)
+
+    def _stream_opened(self, delta: int) -> None:
+        self._streams += delta
+        if self._on_streams_changed is not None:
+            self._on_streams_changed(self.resource, self._streams)
+
+    def allocate(self, request: AllocateRequest) -> AllocateResponse:
+        """One container response per container request, in order; GRPCError names a bad ID."""
+        return AllocateResponse(
+            container_responses=[
+                self._container_response(index, container.devices_ids)
+                for index, container in enumerate(request.container_requests, start=1)
+            ]
+        )
+
+    def _container_response(self, index: int, device_ids: Sequence[str]) -> ContainerAllocateResponse:
+        if not device_ids:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"container request {index} for {self.resource} names no devices"
+            )
+        chips: dict[int, Chip] = {}
+        seen: set[str] = set()
+        for device_id in device_ids:
+            chip = self._checked_chip(device_id, seen)
+            chips[chip.phys_id] = chip
+        key = tuple(sorted(chips))
+        response = self._responses.get(key)
+        if response is None:
+            response = _container_response(self._spec_for([chips[phys_id] for phys_id in key]))
+            self._responses[key] = response
+        return response
+
+    def _checked_chip(self, device_id: str, seen: set[str]) -> Chip:
+        if len(device_id) > MAX_DEVICE_ID_LENGTH:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"device ID {device_id[:MAX_DEVICE_ID_LENGTH]!r}... is {len(device_id)} characters, "
+                f"over the {MAX_DEVICE_ID_LENGTH} the device plugin API allows",
+            )
+        if device_id in seen:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"device {device_id!r} is named twice in one container request"
+            )
+        seen.add(device_id)
+        chip = self._devices.get(device_id)
+        if chip is None:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"unknown device {device_id!r} for {self.resource}: "
+                f"this node advertises {self._id_summary()}",
+            )
+        if not chip.healthy:
+            raise GRPCError(
+                Status.FAILED_PRECONDITION,
+                f"device {device_id!r} is Unhealthy ({chip.reason or 'no reason reported'}); "
+                "the kubelet will stop offering it once it reads the next device list",
+            )
+        return chip
+
+    def _id_summary(self) -> str:
+        ids = sorted(self._devices)
+        if not ids:
+            return "no devices"
+        return ", ".join(ids) if len(ids) <= 4 else f"{len(ids)} devices, {ids[0]} .. {ids[-1]}"
+
+    def preferred_allocation(self, request: PreferredAllocationRequest) -> PreferredAllocationResponse:
+        responses = []
+        for container in request.container_requests:
+            available = list(container.available_deviceIDs)
+            must_include = list(container.must_include_deviceIDs)
+            size = container.allocation_size
+            if self._preference is not None:
+                chosen = self._preference(available, must_include, size)
+            else:
+                chosen = list(dict.fromkeys([*must_include, *available]))[: max(size, 0)]
+            responses.append(ContainerPreferredAllocationResponse(device_i_ds=chosen))
+        return PreferredAllocationResponse(container_responses=responses)
+
+
+def _device(device_id: str, chip: Chip) -> Device:
+    topology = None if chip.numa_node is None else TopologyInfo(nodes=[NumaNode(id=chip.numa_node)])
+    return Device(id=device_id, health=chip.health.value, topology=topology)
+
+
+def _container_response(spec: ContainerSpec) -> ContainerAllocateResponse:
+    return ContainerAllocateResponse(
+        envs=dict(spec.envs),
+        devices=[
+            DeviceSpec(
+                container_path=node.container_path, host_path=node.host_path, permissions=node.permissions
+            )
+            for node in spec.devices
+        ],
+        mounts=[
+            Mount(container_path=mount.container_path, host_path=mount.host_path, read_only=mount.read_only)
+            for mount in spec.mounts
+        ],
+        cdi_devices=[CdiDevice(name=name) for name in spec.cdi_devices],
+    )
+
+
+class _Service(DevicePluginBase):
+    """The generated service base bound to one PluginServer."""
+
+    def __init__(self, plugin: PluginServer) -> None:
+        self._plugin = plugin
+
+    async def get_device_plugin_options(self, message: Empty) -> DevicePluginOptions:
+        return self._plugin.options
+
+    async def list_and_watch(self, message: Empty) -> AsyncIterator[ListAndWatchResponse]:
+        async for response in self._plugin.list_and_watch():
+            yield response
+
+    async def get_preferred_allocation(
+        self, message: PreferredAllocationRequest
+    ) -> PreferredAllocationResponse:
+        return self._plugin.preferred_allocation(message)
+
+    async def allocate(self, message: AllocateRequest) -> AllocateResponse:
+        try:
+            return self._plugin.allocate(message)
+        except GRPCError as exc:
+            log.warning("Allocate refused for %s: %s", self._plugin.resource, exc.message)
+            raise
+
+    async def pre_start_container(self, message: PreStartContainerRequest) -> PreStartContainerResponse:
+        return PreStartContainerResponse()

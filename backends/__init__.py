@@ -1,0 +1,62 @@
+"""Hardware backends: the Backend protocol and the registry of implementations.
+
+A backend supplies chips and describes what a container needs; it knows nothing of gRPC or the kubelet.
+Backends are found through the ``ascend_agent.backends`` entry-point group, so a third party can add one::
+
+    backend = load_backend("fake")(settings)
+    inventory = await backend.discover()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from ascend_agent.model import Chip, ContainerSpec, Inventory
+
+if TYPE_CHECKING:
+    from ascend_agent.config import Settings
+
+ENTRY_POINT_GROUP = "ascend_agent.backends"
+
+
+class Backend(Protocol):
+    """What the agent needs from a source of chips."""
+
+    @property
+    def health_interval(self) -> float | None:
+        """Seconds between hardware health queries, or None when changes arrive only as file events."""
+
+    async def start(self) -> None:
+        """Check the configuration and prepare; :class:`ConfigError` for what the operator must fix."""
+
+    def watch_paths(self) -> Sequence[Path]:
+        """Files and directories whose changes mean the chips may have changed."""
+
+    async def discover(self, *, query: bool = True) -> Inventory:
+        """The chips now. ``query=False`` re-reads only the cheap sources (device nodes, state files)
+        and reuses the last hardware query; ``query=True`` asks the hardware again."""
+
+    def container_spec(self, chips: Sequence[Chip]) -> ContainerSpec:
+        """What a container that gets ``chips`` needs; from memory, no I/O (it runs inside Allocate)."""
+
+    async def close(self) -> None:
+        """Release what the backend holds."""
+
+
+class BackendFactory(Protocol):
+    def __call__(self, settings: Settings) -> Backend: ...
+
+
+def backend_names() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_backend(name: str) -> BackendFactory:
+    """The backend class registered under ``name``; :class:`LookupError` names the known ones."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        factory: BackendFactory = ep.load()
+        return factory
+    raise LookupError(f"unknown backend {name!r} (known: {', '.join(backend_names()) or 'none installed'})")

@@ -1,0 +1,149 @@
+"""Synthetic chips with scriptable faults, for development and CI.
+
+``--fake-chips 8 --fake-model 910B4`` gives eight healthy chips split over two NUMA nodes; a state file
+(``--fake-state``) scripts faults, re-read on every discovery::
+
+    {"unhealthy": [3], "absent": [7]}
+
+An absent chip stays listed as Unhealthy, as a chip that fell off the bus does on a real node.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiofiles
+from ascend_agent.backends._container import container_spec
+
+from ascend_agent.config import ConfigError, Settings
+from ascend_agent.model import (
+    Chip,
+    ContainerSpec,
+    DeviceNode,
+    Health,
+    Inventory,
+    UnknownModelError,
+    classify,
+    resource_family,
+)
+
+log = logging.getLogger(__name__)
+
+_MANAGEMENT_DEVICES = tuple(
+    DeviceNode(host_path=path, container_path=path)
+    for path in ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+)
+_NUMA_NODES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class FaultState:
+    """The faults a state file scripts: physical ids that are unhealthy or absent."""
+
+    unhealthy: frozenset[int] = frozenset()
+    absent: frozenset[int] = frozenset()
+
+
+def parse_state(text: str, source: str) -> FaultState:
+    """``{"unhealthy": [..], "absent": [..]}``; :class:`ValueError` says what is wrong with ``source``."""
+    try:
+        document = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"fake state file {source} is not valid JSON (line {exc.lineno})") from None
+    if not isinstance(document, dict):
+        raise ValueError(
+            f'fake state file {source} must be an object like {{"unhealthy": [1], "absent": []}}'
+        )
+    unknown = set(document) - {"unhealthy", "absent"}
+    if unknown:
+        raise ValueError(
+            f"fake state file {source}: unknown key {sorted(unknown)[0]!r} (keys: unhealthy, absent)"
+        )
+    lists: dict[str, frozenset[int]] = {}
+    for key in ("unhealthy", "absent"):
+        ids = document.get(key, [])
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"fake state file {source}: {key} must be a list of physical ids")
+        lists[key] = frozenset(ids)
+    return FaultState(**lists)
+
+
+class FakeBackend:
+    """The Backend protocol over synthetic chips."""
+
+    def __init__(self, settings: Settings) -> None:
+        try:
+            classify(settings.fake_model)
+        except UnknownModelError:
+            raise ConfigError(
+                f"--fake-model {settings.fake_model!r} is not an Ascend chip (try 910B4, 910A, 310P3, 310)"
+            ) from None
+        self._settings = settings
+        self._state = FaultState()
+        self._state_error: str | None = None
+
+    @property
+    def health_interval(self) -> float | None:
+        return None
+
+    def watch_paths(self) -> Sequence[Path]:
+        return [self._settings.fake_state] if self._settings.fake_state else []
+
+    async def start(self) -> None:
+        await self._load_state()
+
+    async def _load_state(self) -> None:
+        """Read the state file, raising :class:`ConfigError` when it is unreadable or invalid."""
+        path = self._settings.fake_state
+        if path is None:
+            return
+        try:
+            async with aiofiles.open(path, encoding="utf-8") as handle:
+                text = await handle.read()
+        except FileNotFoundError:
+            text = ""
+        except OSError as exc:
+            raise ConfigError(f"cannot read fake state file {path}: {exc.strerror or exc}") from None
+        try:
+            self._state = parse_state(text, str(path))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    async def discover(self, *, query: bool = True) -> Inventory:
+        try:
+            await self._load_state()
+            self._state_error = None
+        except ConfigError as exc:
+            if str(exc) != self._state_error:
+                log.warning("%s; keeping the previous state", exc)
+            self._state_error = str(exc)
+        return Inventory(
+            chips=tuple(self._chip(i) for i in range(self._settings.fake_chips)),
+            management_devices=_MANAGEMENT_DEVICES,
+        )
+
+    def _chip(self, phys_id: int) -> Chip:
+        chips = self._settings.fake_chips
+        chip = Chip.make(
+            phys_id,
+            self._settings.fake_model,
+            bus_id=f"0000:{0x10 + phys_id:02x}:00.0",
+            numa_node=phys_id * _NUMA_NODES // chips,
+            npu_id=phys_id,
+            resource_family=resource_family(self._settings.fake_model, self._settings.resource_naming),
+        )
+        if phys_id in self._state.absent:
+            return chip.with_health(Health.UNHEALTHY, "absent: the device node is gone")
+        if phys_id in self._state.unhealthy:
+            return chip.with_health(Health.UNHEALTHY, "fault scripted in the state file")
+        return chip
+
+    def container_spec(self, chips: Sequence[Chip]) -> ContainerSpec:
+        return container_spec(chips, mode=self._settings.mode, management_devices=_MANAGEMENT_DEVICES)
+
+    async def close(self) -> None:
+        return None
