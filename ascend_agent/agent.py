@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ascend_agent import __version__
 from ascend_agent.backends import Backend, load_backend
@@ -24,6 +25,7 @@ from ascend_agent.kubelet import KUBELET_SOCKET, RegistrationError, register, so
 from ascend_agent.model import Chip, Inventory
 from ascend_agent.observability import configure_logging
 from ascend_agent.plugin import PluginServer
+from ascend_agent.watch import Change, Watcher, WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,12 @@ BACKOFF_CAP = 5.0
 STREAM_GRACE = 0.5
 STREAM_GRACE_CAP = 60.0
 _STREAK_WINDOW = 30.0
+
+_KUBELET_TAG = "kubelet"
+_BACKEND_TAG = "backend"
+_CONFIG_TAG = "config"
+# Settings the agent applies itself; a change to any other one means a new backend.
+_AGENT_ONLY_SETTINGS = frozenset({"kubelet_dir", "log_level", "log_format", "metrics_address"})
 
 
 @dataclass
@@ -55,34 +63,36 @@ class _Resource:
 class Agent:
     """Keeps one PluginServer per resource serving, published and registered."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        backend: Backend,
-        *,
-        on_registered: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, backend: Backend, source: SettingsSource | None = None) -> None:
         self.settings = settings
         self.backend = backend
-        self._on_registered = on_registered
+        self._source = source
         self._resources: dict[str, _Resource] = {}
         self._wakeup = asyncio.Event()
-        self._query = True
+        self._reload = False
         self._known_chips: set[str] = set()
         self._problems: tuple[str, ...] = ()
+        self._watcher: Watcher | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.inventory = Inventory()
+        self.kubelet_restarts = 0
 
     @property
     def resources(self) -> Mapping[str, _Resource]:
         return self._resources
 
-    def wake(self, *, query: bool = False) -> None:
-        """Ask for a reconcile soon; ``query`` also asks the backend to query the hardware again."""
-        self._query = self._query or query
+    def wake(self) -> None:
+        """Ask for a reconcile soon; any number of calls before it runs make one reconcile."""
         self._wakeup.set()
+
+    def reload(self) -> None:
+        """Re-read the config file and apply it (SIGHUP, or the file changed)."""
+        self._reload = True
+        self.wake()
 
     def kubelet_appeared(self) -> None:
         """``kubelet.sock`` was created: registrations waiting in back-off try again at once."""
+        self.kubelet_restarts += 1
         for state in self._resources.values():
             state.retry_now.set()
         self.wake()
@@ -91,10 +101,14 @@ class Agent:
         """Reconcile on every wake-up until ``stop`` is set, then stop every server and remove its socket."""
         stopping = asyncio.ensure_future(stop.wait())
         try:
+            await self.backend.query()
+            self._start_watching()
             while not stop.is_set():
-                query, self._query = self._query, False
                 self._wakeup.clear()
-                await self.reconcile(query=query)
+                if self._reload:
+                    self._reload = False
+                    await self._apply_config()
+                await self.reconcile()
                 woken = asyncio.ensure_future(self._wakeup.wait())
                 await asyncio.wait({woken, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
@@ -102,9 +116,96 @@ class Agent:
             stopping.cancel()
             await self.shutdown()
 
-    async def reconcile(self, *, query: bool) -> None:
+    def _start_watching(self) -> None:
+        """(Re)create the inotify watches and the health timer for the current settings and backend."""
+        self._stop_watching()
+        watcher = self._watcher = Watcher()
+        watcher.watch(self.settings.kubelet_dir, _KUBELET_TAG, lambda name: name.endswith(".sock"))
+        for directory, accept in self.backend.watch_paths():
+            watcher.watch(directory, _BACKEND_TAG, accept)
+        if self._source is not None and self._source.config_file is not None:
+            watcher.watch_file(self._source.config_file, _CONFIG_TAG)
+        self._spawn(self._follow(watcher), "watch")
+        interval = self.backend.health_interval
+        if interval is not None:
+            self._spawn(self._health(interval), "health")
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _stop_watching(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
+    async def _follow(self, watcher: Watcher) -> None:
+        while True:
+            for event in await watcher.next_batch():
+                self._on_event(event)
+
+    def _on_event(self, event: WatchEvent) -> None:
+        log.debug("inotify: %s %s %s", event.tag, event.name, event.change.value)
+        if event.tag == _KUBELET_TAG:
+            if event.change is Change.APPEARED or (
+                event.name == KUBELET_SOCKET and event.change is Change.CREATED
+            ):
+                self.kubelet_appeared()
+            elif event.change is Change.DELETED:
+                self.wake()
+        elif event.tag == _CONFIG_TAG:
+            if event.change is not Change.DELETED:
+                self.reload()
+        else:
+            self.wake()
+
+    async def _health(self, interval: float) -> None:
+        """The one timer: hardware health has no event source. The query runs beside the reconcile loop,
+        so a slow or hanging npu-smi never delays a re-registration."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.backend.query()
+            self.wake()
+
+    async def _apply_config(self) -> None:
+        assert self._source is not None
+        try:
+            settings = self._source.load()
+        except ConfigError as exc:
+            log.error("Config not applied, keeping the running settings: %s", exc)
+            return
+        if settings == self.settings:
+            log.info("Config re-read: nothing changed")
+            return
+        configure_logging(settings.log_level, settings.log_format)
+        changed = sorted(
+            f.name for f in fields(Settings) if getattr(settings, f.name) != getattr(self.settings, f.name)
+        )
+        if set(changed) - _AGENT_ONLY_SETTINGS:
+            try:
+                backend = _backend(settings)
+                await backend.start()
+            except ConfigError as exc:
+                log.error("Config not applied, keeping the running settings: %s", exc)
+                return
+            await self.backend.close()
+            self.backend = backend
+            await backend.query()
+            for state in self._resources.values():
+                state.server.spec_for = backend.container_spec
+        if settings.kubelet_dir != self.settings.kubelet_dir:
+            for resource in list(self._resources):
+                await self._drop(resource)
+        self.settings = settings
+        self._start_watching()
+        log.info("Config applied: %s changed", ", ".join(changed))
+
+    async def reconcile(self) -> None:
         """Discover, then make the servers, the published lists and the registrations match."""
-        inventory = await self.backend.discover(query=query)
+        inventory = await self.backend.discover()
         self.inventory = inventory
         self._report(inventory)
         desired = inventory.by_resource()
@@ -178,13 +279,13 @@ class Agent:
                 )
             except RegistrationError as exc:
                 if str(exc) != last_error:
-                    log.warning(
-                        "Cannot register %s: %s; retrying with back-off up to %g s",
-                        resource,
-                        exc,
-                        BACKOFF_CAP,
-                    )
+                    log.warning("Cannot register %s: %s; retrying with back-off", resource, exc)
                     last_error = str(exc)
+                log.debug(
+                    "Next registration attempt for %s in %.1f s, or when kubelet.sock appears",
+                    resource,
+                    delay,
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(state.retry_now.wait(), delay)
                 delay = min(delay * 2, BACKOFF_CAP)
@@ -192,8 +293,6 @@ class Agent:
             state.registered_with = kubelet
             state.registrations += 1
             log.info("Registered resource %s", resource)
-            if self._on_registered is not None:
-                self._on_registered(resource)
             return
 
     def _kubelet_identity(self) -> tuple[int, int] | None:
@@ -238,6 +337,7 @@ class Agent:
 
     async def shutdown(self) -> None:
         """Stop every server and remove its socket."""
+        self._stop_watching()
         for resource in list(self._resources):
             await self._drop(resource)
         await self.backend.close()
@@ -255,6 +355,7 @@ async def discover_once(settings: Settings) -> Inventory:
     backend = _backend(settings)
     try:
         await backend.start()
+        await backend.query()
         return await backend.discover()
     finally:
         await backend.close()
@@ -271,15 +372,16 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.backend,
         settings.kubelet_dir,
     )
-    agent = Agent(settings, backend)
+    agent = Agent(settings, backend, source)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, agent.reload)
     try:
         await agent.run(stop)
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
     log.info("Stopped; sockets removed")
     return 0

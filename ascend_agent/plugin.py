@@ -71,7 +71,7 @@ class PluginServer:
     ) -> None:
         self.resource = resource
         self.socket_path = socket_path
-        self._spec_for = spec_for
+        self._spec_for_ = spec_for
         self._on_streams_changed = on_streams_changed
         self._devices: dict[str, Chip] = {}
         self._preference: Preference | None = None
@@ -81,6 +81,16 @@ class PluginServer:
         self._streams = 0
         self._server: Server | None = None
         self._identity: tuple[int, int] | None = None
+
+    @property
+    def spec_for(self) -> SpecFor:
+        return self._spec_for_
+
+    @spec_for.setter
+    def spec_for(self, spec_for: SpecFor) -> None:
+        """A new source of container specs (the config changed): forget the cached Allocate answers."""
+        self._spec_for_ = spec_for
+        self._responses.clear()
 
     @property
     def streams(self) -> int:
@@ -190,7 +200,7 @@ class PluginServer:
         key = tuple(sorted(chips))
         response = self._responses.get(key)
         if response is None:
-            response = _container_response(self._spec_for([chips[phys_id] for phys_id in key]))
+            response = _container_response(self._spec_for_([chips[phys_id] for phys_id in key]))
             self._responses[key] = response
         return response
 

@@ -9,7 +9,7 @@ Backends are found through the ``ascend_agent.backends`` entry-point group, so a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -32,12 +32,16 @@ class Backend(Protocol):
     async def start(self) -> None:
         """Check the configuration and prepare; :class:`ConfigError` for what the operator must fix."""
 
-    def watch_paths(self) -> Sequence[Path]:
-        """Files and directories whose changes mean the chips may have changed."""
+    def watch_paths(self) -> Sequence[tuple[Path, Callable[[str], bool]]]:
+        """Directories, each with a filter of entry names, whose changes mean the chips may have changed."""
 
-    async def discover(self, *, query: bool = True) -> Inventory:
-        """The chips now. ``query=False`` re-reads only the cheap sources (device nodes, state files)
-        and reuses the last hardware query; ``query=True`` asks the hardware again."""
+    async def query(self) -> None:
+        """Ask the hardware again (health, the chip list); slow, bounded by a timeout, never raises.
+        The agent runs it beside its reconcile loop, every ``health_interval``."""
+
+    async def discover(self) -> Inventory:
+        """The chips now: the last hardware query combined with the cheap sources (device nodes, state
+        files), read again on every call. No subprocess."""
 
     def container_spec(self, chips: Sequence[Chip]) -> ContainerSpec:
         """What a container that gets ``chips`` needs; from memory, no I/O (it runs inside Allocate)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,8 +90,14 @@ class FakeBackend:
     def health_interval(self) -> float | None:
         return None
 
-    def watch_paths(self) -> Sequence[Path]:
-        return [self._settings.fake_state] if self._settings.fake_state else []
+    def watch_paths(self) -> Sequence[tuple[Path, Callable[[str], bool]]]:
+        state = self._settings.fake_state
+        if state is None:
+            return []
+        return [(state.parent, lambda name: name == state.name)]
+
+    async def query(self) -> None:
+        return None
 
     async def start(self) -> None:
         await self._load_state()
@@ -113,7 +119,7 @@ class FakeBackend:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
-    async def discover(self, *, query: bool = True) -> Inventory:
+    async def discover(self) -> Inventory:
         try:
             await self._load_state()
             self._state_error = None
