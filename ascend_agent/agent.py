@@ -22,8 +22,8 @@ from ascend_agent import __version__
 from ascend_agent.backends import Backend, load_backend
 from ascend_agent.config import ConfigError, Settings, SettingsSource
 from ascend_agent.kubelet import KUBELET_SOCKET, RegistrationError, register, socket_identity, socket_name
-from ascend_agent.model import Chip, Inventory
-from ascend_agent.observability import configure_logging
+from ascend_agent.model import Chip, Health, Inventory
+from ascend_agent.observability import DEVICES, KUBELET_RESTARTS, REGISTRATIONS, configure_logging, serve_http
 from ascend_agent.plugin import PluginServer
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
@@ -51,6 +51,7 @@ class _Resource:
 
     server: PluginServer
     chips: tuple[Chip, ...] = ()
+    registered: bool = False
     registered_with: tuple[int, int] | None = None
     registering: asyncio.Task[None] | None = None
     retry_now: asyncio.Event = field(default_factory=asyncio.Event)
@@ -90,9 +91,17 @@ class Agent:
         self._reload = True
         self.wake()
 
+    def ready(self) -> tuple[bool, str]:
+        """Ready once every resource with chips is registered; else why not (for ``/readyz``)."""
+        if not self._resources:
+            return False, "; ".join(self.inventory.problems) or "no chips found"
+        waiting = sorted(resource for resource, state in self._resources.items() if not state.registered)
+        if waiting:
+            return False, f"not registered with the kubelet: {', '.join(waiting)}"
+        return True, ""
+
     def kubelet_appeared(self) -> None:
-        """``kubelet.sock`` was created: registrations waiting in back-off try again at once."""
-        self.kubelet_restarts += 1
+        """``kubelet.sock`` may be there now: registrations waiting in back-off try again at once."""
         for state in self._resources.values():
             state.retry_now.set()
         self.wake()
@@ -150,9 +159,11 @@ class Agent:
     def _on_event(self, event: WatchEvent) -> None:
         log.debug("inotify: %s %s %s", event.tag, event.name, event.change.value)
         if event.tag == _KUBELET_TAG:
-            if event.change is Change.APPEARED or (
-                event.name == KUBELET_SOCKET and event.change is Change.CREATED
-            ):
+            if event.name == KUBELET_SOCKET and event.change is Change.CREATED:
+                self.kubelet_restarts += 1
+                KUBELET_RESTARTS.inc()
+                self.kubelet_appeared()
+            elif event.change is Change.APPEARED:
                 self.kubelet_appeared()
             elif event.change is Change.DELETED:
                 self.wake()
@@ -209,6 +220,12 @@ class Agent:
         self.inventory = inventory
         self._report(inventory)
         desired = inventory.by_resource()
+        DEVICES.clear()
+        for resource, chips in desired.items():
+            for health in Health:
+                DEVICES.labels(resource=resource, health=health.value).set(
+                    sum(c.health is health for c in chips)
+                )
         for resource in [r for r in self._resources if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
             await self._drop(resource)
@@ -254,7 +271,7 @@ class Agent:
             log.error("Cannot serve %s on %s: %s", resource, state.server.socket_path, exc)
             await state.server.stop()
             return
-        state.registered_with = None
+        state.registered, state.registered_with = False, None
         self._ensure_registering(resource, state)
 
     def _ensure_registering(self, resource: str, state: _Resource) -> None:
@@ -290,8 +307,9 @@ class Agent:
                     await asyncio.wait_for(state.retry_now.wait(), delay)
                 delay = min(delay * 2, BACKOFF_CAP)
                 continue
-            state.registered_with = kubelet
+            state.registered, state.registered_with = True, kubelet
             state.registrations += 1
+            REGISTRATIONS.labels(resource=resource).inc()
             log.info("Registered resource %s", resource)
             return
 
@@ -322,7 +340,7 @@ class Agent:
             state.lost_streak = state.lost_streak + 1 if now - state.last_lost < _STREAK_WINDOW else 0
             state.last_lost = now
             log.info("The kubelet's ListAndWatch stream for %s ended; registering again", resource)
-            state.registered_with = None
+            state.registered, state.registered_with = False, None
             self.wake()
 
     async def _drop(self, resource: str) -> None:
@@ -378,9 +396,20 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, agent.reload)
+    http = None
+    if settings.metrics_address:
+        try:
+            http = await serve_http(settings.metrics_address, agent.ready)
+        except OSError as exc:
+            raise ConfigError(
+                f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
+            ) from None
+        log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
     try:
         await agent.run(stop)
     finally:
+        if http is not None:
+            http.close()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
     log.info("Stopped; sockets removed")

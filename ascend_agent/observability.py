@@ -1,15 +1,27 @@
-"""Logging for operators: one line per event, as text or as JSON lines.
+"""What operators see: log lines (text or JSON lines) and Prometheus metrics.
 
->>> configure_logging("info", "json")  # doctest: +SKIP
+configure_logging("info", "json")
+REGISTRATIONS.labels(resource="huawei.com/Ascend910").inc()
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
 _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -47,3 +59,95 @@ def configure_logging(level: str, log_format: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("grpclib").setLevel(max(logging.WARNING, root.level))
+
+
+# Metrics ---------------------------------------------------------------------------------------------------
+disable_created_metrics()
+DEVICES = Gauge("ascend_agent_devices", "Devices advertised to the kubelet.", ["resource", "health"])
+REGISTRATIONS = Counter(
+    "ascend_agent_registrations", "Successful registrations with the kubelet.", ["resource"]
+)
+KUBELET_RESTARTS = Counter("ascend_agent_kubelet_restarts", "Times kubelet.sock was created while we ran.")
+ALLOCATIONS = Counter(
+    "ascend_agent_allocations", "Allocate container requests answered.", ["resource", "code"]
+)
+ALLOCATE_SECONDS = Histogram(
+    "ascend_agent_allocate_seconds",
+    "Time to answer an Allocate call, in the handler.",
+    buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1),
+)
+STREAMS = Gauge("ascend_agent_list_and_watch_streams", "Open ListAndWatch streams.", ["resource"])
+NPU_SMI_SECONDS = Histogram(
+    "ascend_agent_npu_smi_seconds",
+    "Duration of npu-smi queries.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+NPU_SMI_FAILURES = Counter("ascend_agent_npu_smi_failures", "Failed npu-smi queries.", ["reason"])
+
+
+# Probes and /metrics over HTTP ----------------------------------------------------------------------------
+Readiness = Callable[[], tuple[bool, str]]
+
+_READ_TIMEOUT = 5.0
+_MAX_REQUEST_LINE = 8192
+
+
+async def serve_http(address: str, ready: Readiness) -> asyncio.Server:
+    """Serve ``/metrics`` (Prometheus text format), ``/healthz`` and ``/readyz`` on ``HOST:PORT``.
+
+    ``/healthz`` answers 200 while the event loop runs; ``/readyz`` answers 200 when ``ready()`` says so and
+    503 with its reason otherwise. HTTP/1.0, one request per connection: what probes and scrapers need.
+    """
+    host, _, port = address.rpartition(":")
+    return await asyncio.start_server(
+        lambda reader, writer: _answer(reader, writer, ready), host.strip("[]"), int(port)
+    )
+
+
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ready: Readiness) -> None:
+    try:
+        async with asyncio.timeout(_READ_TIMEOUT):
+            request_line = await reader.readuntil(b"\r\n")
+            while (await reader.readuntil(b"\r\n")) not in (b"\r\n", b""):
+                pass
+        method, path, *_ = request_line[:_MAX_REQUEST_LINE].decode("latin-1").split()
+        status, content_type, body = _route(method, path.split("?", 1)[0], ready)
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, UnicodeError):
+        status, content_type, body = 400, "text/plain", b"bad request\n"
+    head = (
+        f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    try:
+        writer.write(head.encode("latin-1") + body)
+        await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
+
+
+def _route(method: str, path: str, ready: Readiness) -> tuple[int, str, bytes]:
+    if method not in ("GET", "HEAD"):
+        return 405, "text/plain", b"only GET\n"
+    if path == "/metrics":
+        return 200, CONTENT_TYPE_LATEST, generate_latest()
+    if path == "/healthz":
+        return 200, "text/plain", b"ok\n"
+    if path == "/readyz":
+        is_ready, reason = ready()
+        return (
+            (200, "text/plain", b"ready\n")
+            if is_ready
+            else (503, "text/plain", f"not ready: {reason}\n".encode())
+        )
+    return 404, "text/plain", b"not found: try /metrics, /healthz or /readyz\n"

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from ascend_agent._proto.v1beta1 import (
 )
 from ascend_agent.kubelet import LocalChannel, socket_identity
 from ascend_agent.model import MAX_DEVICE_ID_LENGTH, Chip, ContainerSpec
+from ascend_agent.observability import ALLOCATE_SECONDS, ALLOCATIONS, STREAMS
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +177,7 @@ class PluginServer:
 
     def _stream_opened(self, delta: int) -> None:
         self._streams += delta
+        STREAMS.labels(resource=self.resource).set(self._streams)
         if self._on_streams_changed is not None:
             self._on_streams_changed(self.resource, self._streams)
 
@@ -292,11 +295,18 @@ class _Service(DevicePluginBase):
         return self._plugin.preferred_allocation(message)
 
     async def allocate(self, message: AllocateRequest) -> AllocateResponse:
+        started = time.perf_counter()
+        resource = self._plugin.resource
         try:
-            return self._plugin.allocate(message)
+            response = self._plugin.allocate(message)
         except GRPCError as exc:
-            log.warning("Allocate refused for %s: %s", self._plugin.resource, exc.message)
+            ALLOCATIONS.labels(resource=resource, code=exc.status.name).inc()
+            log.warning("Allocate refused for %s: %s", resource, exc.message)
             raise
+        finally:
+            ALLOCATE_SECONDS.observe(time.perf_counter() - started)
+        ALLOCATIONS.labels(resource=resource, code="OK").inc()
+        return response
 
     async def pre_start_container(self, message: PreStartContainerRequest) -> PreStartContainerResponse:
         return PreStartContainerResponse()

@@ -1,0 +1,292 @@
+"""Topology-aware preferred allocation (GetPreferredAllocation); pure functions, no I/O.
+
+An Atlas 800 training node (910A) has two HCCS rings, 0-3 and 4-7. With chip 4 busy, one chip is taken from
+the ring that has three free, so ring 0 stays whole for a 4-chip job:
+
+>>> topology = topology_for([Chip.make(i, "910ProB") for i in range(8)])
+>>> free = [f"Ascend910-{i}" for i in (0, 1, 2, 3, 5, 6, 7)]
+>>> preferred(topology, free, [], 1)
+['Ascend910-5']
+>>> preferred(topology, free, [], 4)
+['Ascend910-0', 'Ascend910-1', 'Ascend910-2', 'Ascend910-3']
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ascend_agent.model import Chip, Generation
+
+_BOX16_RING_SIZE = 8
+_ATLAS800_RING_SIZE = 4
+_MODULE_SIZE = 2
+
+_ChipKey = tuple[int, int, str]
+_DeviceKey = tuple[int, _ChipKey, int, str]
+_GroupOf = Callable[[str], int | None]
+
+
+class Layout(enum.StrEnum):
+    """How the chips of a node are wired together; it decides the allocation policy."""
+
+    RINGS = "rings"
+    MESH = "mesh"
+    MODULES = "modules"
+    FLAT = "flat"
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """What :func:`preferred` needs to know about a node's chips; build it with :func:`topology_for`.
+
+    ``group_of`` maps a chip device id to its ring (RINGS) or module (MODULES) index, ``numa_of`` to its NUMA
+    node where known, ``chip_of`` maps every advertised device id to its chip device id, and ``order`` maps a
+    chip device id to its physical id for deterministic tie-breaking.
+    """
+
+    layout: Layout
+    group_of: Mapping[str, int]
+    numa_of: Mapping[str, int]
+    chip_of: Mapping[str, str]
+    order: Mapping[str, int]
+
+
+def advertised_ids(chip_id: str, replicas: int) -> tuple[str, ...]:
+    """The device ids advertised for one chip shared ``replicas`` times; ``ValueError`` if ``replicas < 1``.
+
+    >>> advertised_ids("Ascend310P-0", 1), advertised_ids("Ascend310P-0", 2)
+    (('Ascend310P-0',), ('Ascend310P-0-0', 'Ascend310P-0-1'))
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas must be at least 1, got {replicas}")
+    if replicas == 1:
+        return (chip_id,)
+    return tuple(f"{chip_id}-{n}" for n in range(replicas))
+
+
+def topology_for(chips: Sequence[Chip], replicas: int = 1) -> Topology:
+    """The topology of one resource's chips, each advertised ``replicas`` times.
+
+    The layout follows the generation: 910A rings, 910B mesh, A3 modules, anything else (or a mix) flat.
+
+    >>> topology = topology_for([Chip.make(i, "910_9392") for i in range(4)], replicas=2)
+    >>> topology.layout, topology.group_of["Ascend910-3"], topology.chip_of["Ascend910-3-1"]
+    (<Layout.MODULES: 'modules'>, 1, 'Ascend910-3')
+    """
+    ordered = sorted(chips, key=lambda chip: chip.phys_id)
+    layout = _layout_of(ordered)
+    group_size = 0
+    if layout is Layout.RINGS:
+        # Counting the phys ids too keeps a Box16 on rings of 8 when only some of its chips are listed.
+        box16 = len(ordered) > _BOX16_RING_SIZE or ordered[-1].phys_id >= _BOX16_RING_SIZE
+        group_size = _BOX16_RING_SIZE if box16 else _ATLAS800_RING_SIZE
+    elif layout is Layout.MODULES:
+        group_size = _MODULE_SIZE
+    return Topology(
+        layout=layout,
+        group_of={chip.device_id: chip.phys_id // group_size for chip in ordered} if group_size else {},
+        numa_of={chip.device_id: chip.numa_node for chip in ordered if chip.numa_node is not None},
+        chip_of={
+            device: chip.device_id for chip in ordered for device in advertised_ids(chip.device_id, replicas)
+        },
+        order={chip.device_id: chip.phys_id for chip in ordered},
+    )
+
+
+def preferred(
+    topology: Topology, available: Sequence[str], must_include: Sequence[str], size: int
+) -> list[str]:
+    """The ``size`` device ids to hand to the kubelet, ``must_include`` first; never raises.
+
+    Replicas are spread: every chosen chip gets one replica before any chip gets a second. Ids the topology
+    does not know are used only when nothing else is left.
+
+    >>> topology = topology_for([Chip.make(i, "310P3") for i in range(2)], replicas=2)
+    >>> preferred(topology, ["Ascend310P-0-1", "Ascend310P-1-0", "Ascend310P-1-1"], ["Ascend310P-0-0"], 2)
+    ['Ascend310P-0-0', 'Ascend310P-1-0']
+    """
+    if size <= 0:
+        return []
+
+    def device_key(device: str) -> _DeviceKey:
+        return _device_key(topology, device)
+
+    must = sorted(set(must_include), key=device_key)
+    if len(must) >= size:
+        return must[:size]
+    free: dict[str, list[str]] = {}
+    unknown: list[str] = []
+    for device in set(available).difference(must):
+        chip = topology.chip_of.get(device)
+        if chip is None:
+            unknown.append(device)
+        else:
+            free.setdefault(chip, []).append(device)
+    for replicas in free.values():
+        replicas.sort(key=device_key, reverse=True)
+    must_count = Counter(topology.chip_of[device] for device in must if device in topology.chip_of)
+    picked = _spread(topology, free, must_count, size - len(must))
+    picked.sort(key=device_key)
+    return must + picked + sorted(unknown)[: size - len(must) - len(picked)]
+
+
+def _layout_of(chips: Sequence[Chip]) -> Layout:
+    generations = {chip.generation for chip in chips}
+    if len(generations) != 1:
+        return Layout.FLAT
+    return {
+        Generation.ASCEND910A: Layout.RINGS,
+        Generation.ASCEND910B: Layout.MESH,
+        Generation.ASCEND910A3: Layout.MODULES,
+    }.get(generations.pop(), Layout.FLAT)
+
+
+def _chip_key(topology: Topology, chip: str) -> _ChipKey:
+    phys_id = topology.order.get(chip)
+    return (0, phys_id, chip) if phys_id is not None else (1, 0, chip)
+
+
+def _device_key(topology: Topology, device: str) -> _DeviceKey:
+    chip = topology.chip_of.get(device)
+    if chip is None:
+        return (1, (0, 0, ""), 0, device)
+    return (0, _chip_key(topology, chip), _replica_index(chip, device), device)
+
+
+def _replica_index(chip: str, device: str) -> int:
+    if device == chip or not device.startswith(f"{chip}-"):
+        return 0
+    try:
+        return int(device[len(chip) + 1 :])
+    except ValueError:
+        return 0
+
+
+def _spread(topology: Topology, free: dict[str, list[str]], must_count: Counter[str], need: int) -> list[str]:
+    """Round ``level`` gives chips holding fewer than ``level`` ids a further replica, by the chip policy.
+
+    ``free`` maps a chip to its free replicas, last one first; it is consumed.
+    """
+    picked: list[str] = []
+    level = 1
+    while need > 0 and free:
+        pinned = {chip for chip, count in must_count.items() if count >= level}
+        candidates = sorted(
+            (chip for chip in free if must_count[chip] < level), key=lambda chip: _chip_key(topology, chip)
+        )
+        if candidates:
+            n = min(need, len(candidates))
+            for chip in _choose_chips(topology, pinned, candidates, n):
+                picked.append(free[chip].pop())
+                if not free[chip]:
+                    del free[chip]
+            need -= n
+        level += 1
+    return picked
+
+
+def _choose_chips(topology: Topology, pinned: set[str], candidates: list[str], n: int) -> list[str]:
+    """``n`` of the ``candidates`` (sorted by phys id) to join the ``pinned`` chips."""
+    if topology.layout in (Layout.RINGS, Layout.MODULES):
+        group_of = topology.group_of.get
+        chosen = _split_evenly(Counter(topology.group_of.values()), group_of, pinned, candidates, n)
+        if chosen is not None:
+            return chosen
+    else:
+        group_of = topology.numa_of.get
+    return _fewest_groups(group_of, pinned, candidates, n)
+
+
+def _group_order(group: int | None) -> tuple[bool, int]:
+    return (group is None, group or 0)
+
+
+def _by_group(candidates: list[str], group_of: _GroupOf) -> dict[int | None, list[str]]:
+    grouped: dict[int | None, list[str]] = {}
+    for chip in candidates:
+        grouped.setdefault(group_of(chip), []).append(chip)
+    return grouped
+
+
+def _leftover_key(left: int, whole: bool) -> tuple[int, bool, int]:
+    """How much a group minds giving up chips and keeping ``left`` free; smaller is better.
+
+    This reproduces Huawei's ring priorities (1 chip: rings with 1 free, then 3, 2, 4; 2 chips: 2, 4, 3): an
+    odd remainder strands a chip only a 1-chip job can use; a broken whole group costs the next big job.
+    """
+    return (left % 2, whole, left)
+
+
+def _split_evenly(
+    capacity: Counter[int], group_of: _GroupOf, pinned: set[str], candidates: list[str], n: int
+) -> list[str] | None:
+    """Rings or modules: the fewest groups of ``capacity``, each holding an even share of the chips.
+
+    None when the pinned chips or the free chips do not allow it.
+    """
+    group_size = max(capacity.values(), default=0)
+    if group_size == 0:
+        return None
+    total = n + len(pinned)
+    parts = -(-total // group_size)
+    base, extra = divmod(total, parts)
+    shares = [base + 1] * extra + [base] * (parts - extra)
+    held = Counter(group_of(chip) for chip in pinned)
+    if len(held) > parts:
+        return None
+    free = _by_group(candidates, group_of)
+    chosen: list[str] = []
+    for group in sorted(held, key=lambda group: (-held[group], _group_order(group))):
+        share = shares.pop(0)
+        chips = free.pop(group, [])
+        if not held[group] <= share <= held[group] + len(chips):
+            return None
+        chosen += chips[: share - held[group]]
+    for share in shares:
+        options = [(group, chips) for group, chips in free.items() if len(chips) >= share]
+        if not options:
+            return None
+        group, chips = _best_group(options, share, capacity)
+        del free[group]
+        chosen += chips[:share]
+    return chosen
+
+
+def _best_group(
+    options: list[tuple[int | None, list[str]]], share: int, capacity: Counter[int]
+) -> tuple[int | None, list[str]]:
+    def cost(option: tuple[int | None, list[str]]) -> tuple[tuple[int, bool, int], tuple[bool, int]]:
+        group, chips = option
+        whole = group is not None and len(chips) == capacity[group]
+        return (_leftover_key(len(chips) - share, whole), _group_order(group))
+
+    return min(options, key=cost)
+
+
+def _fewest_groups(group_of: _GroupOf, pinned: set[str], candidates: list[str], n: int) -> list[str]:
+    """Best effort: fill the pinned chips' groups first, then touch as few further groups as possible."""
+    pinned_groups = {group_of(chip) for chip in pinned}
+    free = _by_group(candidates, group_of)
+    inside = [(group, chips) for group, chips in free.items() if group in pinned_groups]
+    outside = [(group, chips) for group, chips in free.items() if group not in pinned_groups]
+    chosen = _fill(inside, n)
+    return chosen + _fill(outside, n - len(chosen))
+
+
+def _fill(groups: list[tuple[int | None, list[str]]], need: int) -> list[str]:
+    """The tightest single group that covers ``need``; failing that the largest group whole, and again."""
+    pool = sorted(groups, key=lambda item: _group_order(item[0]))
+    chosen: list[str] = []
+    while need > 0 and pool:
+        fitting = [item for item in pool if len(item[1]) >= need]
+        if fitting:
+            chosen += min(fitting, key=lambda item: len(item[1]))[1][:need]
+            break
+        largest = max(pool, key=lambda item: len(item[1]))
+        pool.remove(largest)
+        chosen += largest[1]
+        need -= len(largest[1])
+    return chosen
