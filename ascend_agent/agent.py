@@ -14,15 +14,15 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from ascend_agent import __version__
+from ascend_agent import __version__, cdi
 from ascend_agent.backends import Backend, load_backend
 from ascend_agent.config import ConfigError, Settings, SettingsSource
 from ascend_agent.kubelet import KUBELET_SOCKET, RegistrationError, register, socket_identity, socket_name
-from ascend_agent.model import Chip, Health, Inventory
+from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
 from ascend_agent.observability import DEVICES, KUBELET_RESTARTS, REGISTRATIONS, configure_logging, serve_http
 from ascend_agent.plugin import PluginServer
 from ascend_agent.watch import Change, Watcher, WatchEvent
@@ -77,6 +77,8 @@ class Agent:
         self._tasks: set[asyncio.Task[None]] = set()
         self.inventory = Inventory()
         self.kubelet_restarts = 0
+        self._spec_fingerprint: ContainerSpec | None = None
+        self._cdi_document: dict[str, Any] | None = None
 
     @property
     def resources(self) -> Mapping[str, _Resource]:
@@ -205,8 +207,7 @@ class Agent:
             await self.backend.close()
             self.backend = backend
             await backend.query()
-            for state in self._resources.values():
-                state.server.spec_for = backend.container_spec
+            self._spec_fingerprint = None
         if settings.kubelet_dir != self.settings.kubelet_dir:
             for resource in list(self._resources):
                 await self._drop(resource)
@@ -239,6 +240,35 @@ class Agent:
                 await self._serve(resource, state)
             elif self._kubelet_identity() != state.registered_with:
                 self._ensure_registering(resource, state)
+        await self._refresh_container_specs(inventory)
+
+    async def _refresh_container_specs(self, inventory: Inventory) -> None:
+        """When what containers get changes (a management device, a driver path, the mode), forget the cached
+        Allocate answers and rewrite the CDI spec."""
+        fingerprint = self.backend.container_spec(inventory.chips)
+        if fingerprint != self._spec_fingerprint:
+            self._spec_fingerprint = fingerprint
+            for state in self._resources.values():
+                state.server.spec_for = self._spec_for
+        directory = self.settings.cdi_spec_dir
+        if directory is None:
+            return
+        document = cdi.build_spec(inventory.chips, self.backend.container_spec)
+        if document != self._cdi_document:
+            try:
+                path = await cdi.write_spec(directory, document)
+            except OSError as exc:
+                log.error("Cannot write the CDI spec in %s: %s", directory, exc.strerror or exc)
+                return
+            self._cdi_document = document
+            log.info("Wrote CDI spec %s with %d devices", path, len(document["devices"]))
+
+    def _spec_for(self, chips: Sequence[Chip]) -> ContainerSpec:
+        spec = self.backend.container_spec(chips)
+        if self.settings.cdi_spec_dir is None:
+            return spec
+        ordered = sorted(chips, key=lambda chip: chip.phys_id)
+        return replace(spec, cdi_devices=tuple(cdi.device_name(chip) for chip in ordered))
 
     def _report(self, inventory: Inventory) -> None:
         for chip in inventory.chips:
@@ -255,7 +285,7 @@ class Agent:
         return PluginServer(
             resource,
             self.settings.kubelet_dir / socket_name(resource),
-            self.backend.container_spec,
+            self._spec_for,
             on_streams_changed=self._streams_changed,
         )
 
@@ -358,6 +388,8 @@ class Agent:
         self._stop_watching()
         for resource in list(self._resources):
             await self._drop(resource)
+        if self.settings.cdi_spec_dir is not None and self._cdi_document is not None:
+            cdi.remove_spec(self.settings.cdi_spec_dir)
         await self.backend.close()
 
 

@@ -1,0 +1,110 @@
+"""A CDI (Container Device Interface) spec for the node's chips, kept in step with them.
+
+With ``--cdi-spec-dir /var/run/cdi`` the agent writes ``huawei.com-npu.yaml`` there: one CDI device per chip,
+named by its device ID, with its device node; the management devices and driver mounts are spec-wide edits.
+Allocate then names the chips as ``huawei.com/npu=Ascend910-2`` in ``cdi_devices``, and a CDI-aware runtime
+applies the edits itself::
+
+    spec = build_spec(chips, backend.container_spec)
+    await write_spec(Path("/var/run/cdi"), spec)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ascend_agent.model import Chip, ContainerSpec
+
+CDI_VERSION = "0.6.0"
+CDI_KIND = "huawei.com/npu"
+SPEC_FILE = "huawei.com-npu.yaml"
+
+
+def device_name(chip: Chip) -> str:
+    """The fully qualified CDI name of a chip: ``huawei.com/npu=Ascend910-2``."""
+    return f"{CDI_KIND}={chip.device_id}"
+
+
+def build_spec(chips: Sequence[Chip], spec_for: Callable[[Sequence[Chip]], ContainerSpec]) -> dict[str, Any]:
+    """The CDI spec document for ``chips``; what a container needs comes from the backend's ``spec_for``."""
+    devices = []
+    shared: ContainerSpec | None = None
+    for chip in sorted(chips, key=lambda c: c.phys_id):
+        spec = spec_for([chip])
+        own = [node for node in spec.devices if node.host_path == chip.device_path]
+        devices.append(
+            {
+                "name": chip.device_id,
+                "containerEdits": {
+                    "deviceNodes": [_node(n.host_path, n.container_path, n.permissions) for n in own]
+                },
+            }
+        )
+        shared = shared or spec
+    edits: dict[str, Any] = {}
+    if shared is not None:
+        chip_paths = {chip.device_path for chip in chips}
+        nodes = [
+            _node(n.host_path, n.container_path, n.permissions)
+            for n in shared.devices
+            if n.host_path not in chip_paths
+        ]
+        mounts = [
+            {
+                "hostPath": mount.host_path,
+                "containerPath": mount.container_path,
+                "options": ["ro", "nosuid", "nodev", "bind"]
+                if mount.read_only
+                else ["nosuid", "nodev", "bind"],
+            }
+            for mount in shared.mounts
+        ]
+        if nodes:
+            edits["deviceNodes"] = nodes
+        if mounts:
+            edits["mounts"] = mounts
+    document: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices}
+    if edits:
+        document["containerEdits"] = edits
+    return document
+
+
+def _node(host_path: str, container_path: str, permissions: str) -> dict[str, str]:
+    node = {"path": container_path, "permissions": permissions}
+    if host_path != container_path:
+        node["hostPath"] = host_path
+    return node
+
+
+async def write_spec(directory: Path, document: dict[str, Any]) -> Path:
+    """Write the spec atomically (a temporary file in the same directory, then rename); the path written."""
+    return await asyncio.to_thread(_write, directory, yaml.safe_dump(document, sort_keys=False))
+
+
+def _write(directory: Path, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / SPEC_FILE
+    handle, temporary = tempfile.mkstemp(prefix=f".{SPEC_FILE}.", dir=directory)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    return target
+
+
+def remove_spec(directory: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (directory / SPEC_FILE).unlink()
