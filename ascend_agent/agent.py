@@ -16,9 +16,11 @@ import logging
 import signal
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any
 
 from ascend_agent import __version__, cdi
+from ascend_agent.allocation import advertised_ids, preferred, topology_for
 from ascend_agent.backends import Backend, load_backend
 from ascend_agent.config import ConfigError, Settings, SettingsSource
 from ascend_agent.kubelet import KUBELET_SOCKET, RegistrationError, register, socket_identity, socket_name
@@ -235,12 +237,21 @@ class Agent:
             if state is None:
                 state = self._resources[resource] = _Resource(self._new_server(resource))
             state.chips = chips
-            state.server.publish({chip.device_id: chip for chip in chips})
+            self._publish(state)
             if not state.server.serving or not state.server.socket_is_ours():
                 await self._serve(resource, state)
             elif self._kubelet_identity() != state.registered_with:
                 self._ensure_registering(resource, state)
         await self._refresh_container_specs(inventory)
+
+    def _publish(self, state: _Resource) -> None:
+        """Advertise the chips (each ``replicas`` times) with a topology-aware preference over them."""
+        replicas = self.settings.replicas
+        devices = {
+            device_id: chip for chip in state.chips for device_id in advertised_ids(chip.device_id, replicas)
+        }
+        topology = topology_for(state.chips, replicas)
+        state.server.publish(devices, partial(preferred, topology))
 
     async def _refresh_container_specs(self, inventory: Inventory) -> None:
         """When what containers get changes (a management device, a driver path, the mode), forget the cached

@@ -110,27 +110,28 @@ def preferred(
     """
     if size <= 0:
         return []
-
-    def device_key(device: str) -> _DeviceKey:
-        return _device_key(topology, device)
-
-    must = sorted(set(must_include), key=device_key)
+    must = sorted(set(must_include), key=lambda device: _device_key(topology, device))
     if len(must) >= size:
         return must[:size]
-    free: dict[str, list[str]] = {}
+    replicas_of: dict[str, list[str]] = {}
     unknown: list[str] = []
     for device in set(available).difference(must):
         chip = topology.chip_of.get(device)
         if chip is None:
             unknown.append(device)
         else:
-            free.setdefault(chip, []).append(device)
-    for replicas in free.values():
-        replicas.sort(key=device_key, reverse=True)
+            replicas_of.setdefault(chip, []).append(device)
+    free = {
+        chip: sorted(replicas_of[chip], key=_replica_order)
+        for chip in sorted(replicas_of, key=lambda chip: _chip_key(topology, chip))
+    }
     must_count = Counter(topology.chip_of[device] for device in must if device in topology.chip_of)
-    picked = _spread(topology, free, must_count, size - len(must))
-    picked.sort(key=device_key)
-    return must + picked + sorted(unknown)[: size - len(must) - len(picked)]
+    taken = _spread(
+        topology, {chip: len(replicas) for chip, replicas in free.items()}, must_count, size - len(must)
+    )
+    picked = [device for chip, replicas in free.items() for device in replicas[: taken[chip]]]
+    unknown.sort()
+    return must + picked + unknown[: size - len(must) - len(picked)]
 
 
 def _layout_of(chips: Sequence[Chip]) -> Layout:
@@ -153,39 +154,34 @@ def _device_key(topology: Topology, device: str) -> _DeviceKey:
     chip = topology.chip_of.get(device)
     if chip is None:
         return (1, (0, 0, ""), 0, device)
-    return (0, _chip_key(topology, chip), _replica_index(chip, device), device)
+    return (0, _chip_key(topology, chip), *_replica_order(device))
 
 
-def _replica_index(chip: str, device: str) -> int:
-    if device == chip or not device.startswith(f"{chip}-"):
-        return 0
-    try:
-        return int(device[len(chip) + 1 :])
-    except ValueError:
-        return 0
+def _replica_order(device: str) -> tuple[int, str]:
+    # Replica ids of one chip share its prefix, so the shorter id has the smaller replica number.
+    return (len(device), device)
 
 
-def _spread(topology: Topology, free: dict[str, list[str]], must_count: Counter[str], need: int) -> list[str]:
-    """Round ``level`` gives chips holding fewer than ``level`` ids a further replica, by the chip policy.
+def _spread(topology: Topology, free: Mapping[str, int], must_count: Counter[str], need: int) -> Counter[str]:
+    """How many of each chip's ``free`` replicas to take (chips in phys id order), spread by the chip policy.
 
-    ``free`` maps a chip to its free replicas, last one first; it is consumed.
+    Round ``level`` gives chips that hold fewer than ``level`` ids another replica.
     """
-    picked: list[str] = []
+    taken: Counter[str] = Counter()
+    left = sum(free.values())
     level = 1
-    while need > 0 and free:
+    while need > 0 and left > 0:
         pinned = {chip for chip, count in must_count.items() if count >= level}
-        candidates = sorted(
-            (chip for chip in free if must_count[chip] < level), key=lambda chip: _chip_key(topology, chip)
-        )
+        candidates = [
+            chip for chip, count in free.items() if taken[chip] < count and must_count[chip] < level
+        ]
         if candidates:
             n = min(need, len(candidates))
-            for chip in _choose_chips(topology, pinned, candidates, n):
-                picked.append(free[chip].pop())
-                if not free[chip]:
-                    del free[chip]
+            taken.update(_choose_chips(topology, pinned, candidates, n))
             need -= n
+            left -= n
         level += 1
-    return picked
+    return taken
 
 
 def _choose_chips(topology: Topology, pinned: set[str], candidates: list[str], n: int) -> list[str]:

@@ -62,7 +62,7 @@ def configure_logging(level: str, log_format: str) -> None:
 
 
 # Metrics ---------------------------------------------------------------------------------------------------
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 DEVICES = Gauge("ascend_agent_devices", "Devices advertised to the kubelet.", ["resource", "health"])
 REGISTRATIONS = Counter(
     "ascend_agent_registrations", "Successful registrations with the kubelet.", ["resource"]
