@@ -105,6 +105,11 @@ def _text(value: Any) -> str:
     return value
 
 
+def _model(value: Any) -> str:
+    """A chip model; YAML reads ``model: 310`` as a number, which is meant as the name."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
+
+
 def _path(value: Any) -> Path:
     return Path(_text(value))
 
@@ -141,7 +146,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "healthy_states": _text_list,
     "mode": _one_of(*MODES),
     "driver_mounts": _text_list,
-    "model": _optional(_text),
+    "model": _optional(_model),
     "resource_naming": _one_of(*RESOURCE_NAMINGS),
     "replicas": _positive_int,
     "cdi_spec_dir": _optional(_path),
@@ -149,7 +154,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "log_format": _one_of(*LOG_FORMATS),
     "log_level": _one_of(*LOG_LEVELS),
     "fake_chips": _positive_int,
-    "fake_model": _text,
+    "fake_model": _model,
     "fake_state": _optional(_path),
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}

@@ -1,0 +1,245 @@
+"""``ascend-agent doctor``: the node-local checks behind "my NPU pod stays Pending", in reading order.
+
+Each check says ok or failed, what it saw, and when failed the next step::
+
+    checks = await run_checks(settings)
+    print(render(checks))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import cast
+
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
+from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
+from ascend_agent.config import Settings
+from ascend_agent.kubelet import KUBELET_SOCKET, LocalChannel
+from ascend_agent.model import Generation
+
+_DIAL_TIMEOUT = 3.0
+_CHIP_NODE = re.compile(r"^davinci(\d+)$")
+_SOCKETS = sorted({f"{generation.family}.sock" for generation in Generation})
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    check: str
+    ok: bool | None  # None: skipped
+    detail: str
+    hint: str = ""
+
+
+async def run_checks(settings: Settings) -> list[Check]:
+    """Every check, in the order a person should read them."""
+    dev_root = settings.effective_dev_root
+    nodes = _chip_nodes(dev_root)
+    checks = [_device_files(dev_root, nodes), _driver(settings)]
+    chips, npu_smi = await _npu_smi(settings)
+    checks.append(npu_smi)
+    checks.append(_match(nodes, chips, dev_root))
+    checks.append(_kubelet(settings.kubelet_dir))
+    checks.extend(await _our_sockets(settings.kubelet_dir))
+    checks.append(await _readiness(settings.metrics_address))
+    checks.append(_cluster())
+    return checks
+
+
+def _chip_nodes(dev_root: Path) -> set[int]:
+    try:
+        return {int(m.group(1)) for m in map(_CHIP_NODE.match, os.listdir(dev_root)) if m}
+    except OSError:
+        return set()
+
+
+def _device_files(dev_root: Path, nodes: set[int]) -> Check:
+    if nodes:
+        manager = (dev_root / "davinci_manager").exists() or (dev_root / "davinci_manager_docker").exists()
+        listed = ", ".join(f"davinci{n}" for n in sorted(nodes))
+        if not manager:
+            return Check(
+                "device files",
+                False,
+                f"{listed} under {dev_root}, but no davinci_manager",
+                "the driver is only partly loaded: reload the Ascend driver (or reboot) and check dmesg",
+            )
+        return Check("device files", True, f"{listed} and davinci_manager under {dev_root}")
+    return Check(
+        "device files",
+        False,
+        f"no /dev/davinci* under {dev_root}",
+        "install or repair the Ascend driver and firmware on this node (nothing in Kubernetes can create "
+        "these files), then run npu-smi info on the host",
+    )
+
+
+def _driver(settings: Settings) -> Check:
+    path = settings.host_root / "usr/local/Ascend/driver/version.info"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return Check(
+            "driver installed",
+            False,
+            f"{path} not found",
+            "install the Ascend driver package (npu-driver) for this node's chips",
+        )
+    version = next(
+        (line.split("=", 1)[1].strip() for line in text.splitlines() if line.startswith("Version=")), ""
+    )
+    return Check("driver installed", True, f"version {version or 'unknown'} ({path})")
+
+
+async def _npu_smi(settings: Settings) -> tuple[list[int], Check]:
+    executable = settings.effective_npu_smi
+    try:
+        table = await query_info(executable, settings.npu_smi_timeout)
+    except NpuSmiError as exc:
+        return [], Check(
+            "npu-smi reports chips",
+            False,
+            str(exc),
+            "check that npu-smi runs on the host (it needs the driver's libraries) or pass --npu-smi",
+        )
+    ids = list(physical_ids(table.chips))
+    health = {row.health for row in table.chips}
+    names = ", ".join(sorted({row.name for row in table.chips}))
+    detail = f"{len(ids)} chips ({names}), health {', '.join(sorted(health))}"
+    return ids, Check("npu-smi reports chips", True, detail)
+
+
+def _match(nodes: set[int], chips: Sequence[int], dev_root: Path) -> Check:
+    if not chips:
+        return Check("chips match device files", None, "skipped: npu-smi reported no chips")
+    missing = sorted(set(chips) - nodes)
+    unknown = sorted(nodes - set(chips))
+    if missing:
+        return Check(
+            "chips match device files",
+            False,
+            f"npu-smi reports chips {missing} without {dev_root}/davinci<N>",
+            "those chips are Unhealthy: check dmesg for the device, reload the driver, "
+            "or mount /dev into the agent",
+        )
+    detail = f"{len(chips)} chips, each with its device file"
+    if unknown:
+        detail += f"; device files npu-smi does not report: {unknown}"
+    return Check("chips match device files", True, detail)
+
+
+def _kubelet(kubelet_dir: Path) -> Check:
+    path = kubelet_dir / KUBELET_SOCKET
+    if path.is_socket():
+        return Check("kubelet socket", True, f"{path}")
+    return Check(
+        "kubelet socket",
+        False,
+        f"{path} does not exist",
+        "is the kubelet running on this node, and is its device-plugins directory mounted into the agent?",
+    )
+
+
+async def _our_sockets(kubelet_dir: Path) -> list[Check]:
+    found = [kubelet_dir / name for name in _SOCKETS if (kubelet_dir / name).is_socket()]
+    if not found:
+        return [
+            Check(
+                "plugin socket",
+                False,
+                f"no {', '.join(_SOCKETS)} in {kubelet_dir}",
+                "is the agent running? "
+                "kubectl -n kube-system get pods -l app.kubernetes.io/name=ascend-agent, "
+                "then kubectl -n kube-system logs <pod>",
+            )
+        ]
+    return [await _ask(path) for path in found]
+
+
+async def _ask(path: Path) -> Check:
+    """What the kubelet sees: the first ListAndWatch message from the socket."""
+    channel = LocalChannel(path)
+    # The generated stub is typed as an iterator; it is an async generator, closed to end the stream.
+    updates = cast(AsyncGenerator[ListAndWatchResponse, None], DevicePluginStub(channel).list_and_watch())
+    try:
+        async with asyncio.timeout(_DIAL_TIMEOUT):
+            first: ListAndWatchResponse | None = await anext(updates, None)
+    except (TimeoutError, OSError, GRPCError, StreamTerminatedError) as exc:
+        return Check(
+            f"plugin socket {path.name}",
+            False,
+            f"{path} does not answer: {exc or type(exc).__name__}",
+            "the agent is stuck or gone: check its logs, then restart its pod",
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            await updates.aclose()
+        channel.close()
+    devices = first.devices if first is not None else []
+    healthy = sum(device.health == "Healthy" for device in devices)
+    return Check(
+        f"plugin socket {path.name}",
+        True,
+        f"answers: {len(devices)} devices, {healthy} Healthy, {len(devices) - healthy} Unhealthy",
+    )
+
+
+async def _readiness(address: str) -> Check:
+    if not address:
+        return Check("agent readiness", None, "skipped: --metrics-address is empty")
+    host, _, port = address.rpartition(":")
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host.strip("[]")
+    try:
+        async with asyncio.timeout(_DIAL_TIMEOUT):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
+            answer = (await reader.read()).decode("latin-1")
+            writer.close()
+    except (OSError, TimeoutError) as exc:
+        return Check(
+            "agent readiness",
+            False,
+            f"nothing answers on {address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}",
+            "is the agent running with this --metrics-address?",
+        )
+    status, _, body = answer.partition("\r\n\r\n")
+    if " 200 " in status.split("\r\n")[0] + " ":
+        return Check("agent readiness", True, f"{address}/readyz: ready")
+    return Check("agent readiness", False, f"{address}/readyz: {body.strip()}", "see the agent's log for why")
+
+
+def _cluster() -> Check:
+    with contextlib.suppress(ImportError):
+        import kubernetes_asyncio  # type: ignore[import-not-found]  # noqa: F401
+
+        return Check("cluster", None, "skipped: cluster checks are not built yet")
+    return Check(
+        "cluster",
+        None,
+        "skipped: kubernetes-asyncio is not installed",
+        "kubectl -n kube-system get ds ascend-device-plugin-daemonset; "
+        "kubectl describe node <node> | grep huawei.com",
+    )
+
+
+def render(checks: Sequence[Check]) -> str:
+    """Human-readable lines: ``[ok]``, ``[FAILED]`` or ``[skipped]``, what was seen, and the next step."""
+    lines = []
+    for check in checks:
+        mark = {True: "ok", False: "FAILED", None: "skipped"}[check.ok]
+        lines.append(f"[{mark:>7}] {check.check}: {check.detail}")
+        if check.ok is False and check.hint:
+            lines.append(f"          next: {check.hint}")
+    return "\n".join(lines)
+
+
+def as_json(checks: Sequence[Check]) -> str:
+    return json.dumps([asdict(check) for check in checks], indent=2)

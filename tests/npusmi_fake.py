@@ -1,0 +1,36 @@
+"""A fake npu-smi executable for tests: prints fixtures, fails, hangs or prints garbage on demand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_SCRIPT = Path(__file__).parent / "fakes" / "npu_smi.py"
+
+
+class FakeNpuSmi:
+    """``FakeNpuSmi(dir).path`` is an executable; ``set_output`` and ``set_mode`` change what it does next."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        (directory / "out").mkdir(parents=True, exist_ok=True)
+        self.path = directory / "npu-smi"
+        self.path.write_text(f"#!{sys.executable}\n" + _SCRIPT.read_text())
+        self.path.chmod(0o755)
+        self.set_mode("ok")
+
+    def set_output(self, args: str, text: str) -> None:
+        target = self.directory / "out" / (args.replace(" ", "_") + ".txt")
+        temporary = target.with_suffix(".tmp")
+        temporary.write_text(text)
+        temporary.replace(target)
+
+    def set_mode(self, mode: str) -> None:
+        assert mode in ("ok", "fail", "hang", "garbage"), mode
+        temporary = self.directory / "mode.tmp"
+        temporary.write_text(mode)
+        temporary.replace(self.directory / "mode")
+
+    def calls(self) -> int:
+        log = self.directory / "calls.log"
+        return len(log.read_text().splitlines()) if log.exists() else 0

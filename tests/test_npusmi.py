@@ -1,0 +1,271 @@
+"""npu-smi parsers over every fixture, hypothesis on mutated fixtures, and the runner with a fake npu-smi."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from ascend_agent.backends.npusmi import (
+    ChipRow,
+    InfoTable,
+    NpuSmiError,
+    NpuSmiParseError,
+    parse_health,
+    parse_info,
+    parse_info_list,
+    parse_info_map,
+    parse_key_values,
+    physical_ids,
+    query_info,
+    run_npu_smi,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from npusmi_fake import FakeNpuSmi
+
+REAL = Path(__file__).parent / "fixtures" / "npu-smi"
+CONSTRUCTED = Path(__file__).parent / "fixtures" / "npu-smi-constructed"
+DIAG = (REAL / "910A-diag-collection-ok.txt").read_text()
+
+
+def _info(name: str, folder: Path = REAL) -> InfoTable:
+    return parse_info((folder / name).read_text())
+
+
+def _summary(table: InfoTable) -> list[tuple[int, int, int, str, str, str | None]]:
+    ids = physical_ids(table.chips)
+    return [(c.npu_id, c.chip, p, c.name, c.health, c.bus_id) for c, p in zip(table.chips, ids, strict=True)]
+
+
+def test_910b4x8() -> None:
+    table = _info("910B4x8-25.0.rc1.1-info.txt")
+    assert table.version == "25.0.rc1.1"
+    buses = ["C1", "C2", "81", "82", "01", "02", "41", "42"]
+    assert _summary(table) == [(i, 0, i, "910B4", "OK", f"0000:{b}:00.0") for i, b in enumerate(buses)]
+    assert table.chips[0].power_w == 87.2 and table.chips[0].temp_c == 33
+    assert (table.chips[0].hbm_used_mb, table.chips[0].hbm_total_mb) == (2654, 32768)
+    assert (table.chips[7].hbm_used_mb, table.chips[0].memory_total_mb) == (2653, 0)
+    assert table.processes == ()
+
+
+def test_910b1_elided_rows() -> None:
+    table = _info("910B1-23.0.rc2-info-elided.txt")
+    assert table.version == "23.0.rc2"
+    assert _summary(table) == [
+        (0, 0, 0, "910B1", "OK", "0000:C1:00.0"),
+        (1, 0, 1, "910B1", "OK", "0000:01:00.0"),
+        (7, 0, 7, "910B1", "OK", "0000:42:00.0"),
+    ]
+    assert table.chips[2].hbm_used_mb == 4174
+
+
+def test_910a_redacted_with_warnings_and_processes() -> None:
+    table = _info("910A-24.1.RC2-info-warning.txt")
+    assert [c.name for c in table.chips] == ["xxx"] * 8
+    assert [c.health for c in table.chips] == ["OK"] * 3 + ["Warning"] + ["OK"] * 3 + ["Warning"]
+    assert table.chips[3].bus_id == "0000:01:00.0" and table.chips[3].power_w == 206.9
+    assert physical_ids(table.chips) == tuple(range(8))
+    first = table.processes[0]
+    assert (first.npu_id, first.chip, first.pid, first.name, first.memory_mb) == (
+        0, 0, 37656, "hlt_host_devmm_", 686,
+    )  # fmt: skip
+    assert len(table.processes) == 4
+
+
+def test_310p3_single_device_column_and_na_power() -> None:
+    table = _info("310P3-23.0.0-info.txt")
+    assert _summary(table) == [(24, 0, 0, "310P3", "OK", "0000:04:00.0")]
+    chip = table.chips[0]
+    assert chip.device == 0 and chip.power_w is None and chip.temp_c == 29
+    assert (chip.memory_used_mb, chip.memory_total_mb, chip.hbm_total_mb) == (1832, 21527, None)
+
+
+def test_info_list_and_map() -> None:
+    assert parse_info_list((REAL / "910B4x8-25.0.rc1.1-info-l.txt").read_text()) == {i: 1 for i in range(8)}
+    rows = parse_info_map((REAL / "910B4x8-25.0.rc1.1-info-m.txt").read_text())
+    assert len(rows) == 16
+    chips = [r for r in rows if r.logic_id is not None]
+    assert [(r.npu_id, r.chip_id, r.logic_id, r.name) for r in chips] == [
+        (i, 0, i, "Ascend 910B4") for i in range(8)
+    ]
+    assert {r.name for r in rows if r.logic_id is None} == {"Mcu"}
+
+
+def test_diag_collection_blocks() -> None:
+    block = DIAG.split("/usr/local/bin/npu-smi info -m\n", 1)[1].split("\n\n", 1)[0]
+    rows = parse_info_map(block)
+    assert [(r.npu_id, r.logic_id, r.name) for r in rows] == [(i, i, "Ascend 910A") for i in range(8)]
+    board = DIAG.split("/usr/local/bin/npu-smi info -i 0 -c 0 -t board\n", 1)[1].split("\n\n", 1)[0]
+    values = parse_key_values(board)
+    assert values["Chip Name"] == "910A" and values["PCIe Bus Info"] == "0000:61:00.0"
+    health = DIAG.split("/usr/local/bin/npu-smi info -i 0 -c 0 -t health\n", 1)[1]
+    detail = parse_health(health)
+    assert (detail.status, detail.error_code, detail.error_information) == ("OK", None, None)
+
+
+def test_key_values_fixtures() -> None:
+    usages = parse_key_values((REAL / "910B1-23.0.rc2-info-t-usages-i-0.txt").read_text())
+    assert usages["HBM Capacity(MB)"] == "65536" and usages["NPU ID"] == "0"
+    common = parse_key_values((REAL / "910B1-23.0.rc2-info-t-common-i-1.txt").read_text())
+    assert common["Aicore Count"] == "24"
+    assert common["Temperature(C)"] == "46", "the first occurrence wins over the MCU's"
+
+
+def test_health_with_an_error() -> None:
+    text = "\tHealth Status                  : Critical\n\tError Code                     : 80E18005\n" \
+           "\tError Information              : ascend_monitor adda heart beat lost error\n"  # fmt: skip
+    detail = parse_health(text)
+    assert detail == type(detail)("Critical", "80E18005", "ascend_monitor adda heart beat lost error")
+
+
+def test_constructed_310_four_chips_per_npu() -> None:
+    table = _info("310x4-21.0.2-info.txt", CONSTRUCTED)
+    assert [(c.npu_id, c.chip) for c in table.chips] == [(n, c) for n in (0, 1) for c in range(4)]
+    assert physical_ids(table.chips) == tuple(range(8))
+    assert {c.name for c in table.chips} == {"310"}
+    assert table.chips[5].bus_id == "0000:0C:00.0" and table.chips[5].power_w == 12.1
+
+
+def test_constructed_310_without_hugepages() -> None:
+    table = _info("310-nohugepages-22.0.0-info.txt", CONSTRUCTED)
+    assert physical_ids(table.chips) == (0, 1, 2, 3)
+    assert [c.health for c in table.chips] == ["OK", "Warning", "OK", "Alarm"]
+    assert table.chips[1].memory_used_mb == 2617
+
+
+def test_constructed_310p3_duo() -> None:
+    table = _info("310P3-duo-23.0.0-info.txt", CONSTRUCTED)
+    assert _summary(table) == [
+        (1, 0, 0, "310P3", "OK", "0000:01:00.0"),
+        (1, 1, 1, "310P3", "OK", "0000:01:00.0"),
+        (3, 0, 2, "310P3", "OK", "0000:81:00.0"),
+        (3, 1, 3, "310P3", "Critical", "0000:81:00.0"),
+    ]
+
+
+def test_constructed_a3_two_dies_per_npu() -> None:
+    table = _info("910_9392-a3-24.1.rc3-info.txt", CONSTRUCTED)
+    assert [(c.npu_id, c.chip, c.device) for c in table.chips] == [(0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)]
+    assert physical_ids(table.chips) == (0, 1, 2, 3)
+    assert table.chips[1].power_w is None
+
+
+def test_constructed_health_and_na_cells() -> None:
+    table = _info("910B3-health-26.0.0-info.txt", CONSTRUCTED)
+    assert [c.health for c in table.chips] == ["OK", "Alarm", "Critical", "UNKNOWN"]
+    sick = table.chips[2]
+    assert (sick.bus_id, sick.power_w, sick.temp_c, sick.hbm_used_mb, sick.aicore_pct) == (None,) * 5
+    assert table.chips[3].bus_id == "0000:82:00.0"
+
+
+@pytest.mark.parametrize("text", ["", "hello", "+----+\n|  |\n+====+\n", "| NPU Name | Health |\n"])
+def test_not_a_table_raises_the_typed_error(text: str) -> None:
+    for parse in (parse_info, parse_info_list, parse_info_map, parse_key_values, parse_health):
+        with pytest.raises(NpuSmiParseError):
+            parse(text)
+
+
+# hypothesis: mutated fixtures never raise anything but NpuSmiParseError ------------------------------------
+
+_SAMPLES = [p.read_text() for folder in (REAL, CONSTRUCTED) for p in sorted(folder.glob("*.txt"))]
+_PARSERS = (parse_info, parse_info_list, parse_info_map, parse_key_values, parse_health)
+
+
+@st.composite
+def _mutated(draw: st.DrawFn) -> str:
+    lines = draw(st.sampled_from(_SAMPLES)).splitlines(keepends=True)
+    for _ in range(draw(st.integers(1, 6))):
+        if not lines:
+            break
+        i = draw(st.integers(0, len(lines) - 1))
+        action = draw(st.sampled_from(["delete", "duplicate", "swap", "truncate", "insert", "cell"]))
+        if action == "delete":
+            del lines[i]
+        elif action == "duplicate":
+            lines.insert(i, lines[i])
+        elif action == "swap":
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif action == "truncate":
+            lines[i] = lines[i][: draw(st.integers(0, len(lines[i])))]
+        elif action == "insert":
+            at = draw(st.integers(0, len(lines[i])))
+            lines[i] = lines[i][:at] + draw(st.text(max_size=8)) + lines[i][at:]
+        else:
+            cells = lines[i].split("|")
+            k = draw(st.integers(0, len(cells) - 1))
+            cells[k] = draw(
+                st.sampled_from([" NA ", "", " - ", " x/y ", " 99999999999999999999 ", " 1 2 3 "])
+            )
+            lines[i] = "|".join(cells)
+    return "".join(lines)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=_mutated() | st.text(max_size=300))
+def test_parsers_raise_only_their_own_error(text: str) -> None:
+    for parse in _PARSERS:
+        try:
+            result = parse(text)
+        except NpuSmiParseError:
+            continue
+        assert result is not None
+    try:
+        table = parse_info(text)
+    except NpuSmiParseError:
+        return
+    assert all(isinstance(chip, ChipRow) for chip in table.chips)
+    assert len(physical_ids(table.chips)) == len(table.chips)
+
+
+# running it ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake(short_dir: Path) -> FakeNpuSmi:
+    npu_smi = FakeNpuSmi(short_dir)
+    npu_smi.set_output("info", (REAL / "910B4x8-25.0.rc1.1-info.txt").read_text())
+    return npu_smi
+
+
+async def test_query_info_ok(fake: FakeNpuSmi) -> None:
+    table = await query_info(str(fake.path), timeout=5)
+    assert len(table.chips) == 8
+    assert fake.calls() == 1
+
+
+async def test_exit_status_is_reported(fake: FakeNpuSmi) -> None:
+    fake.set_mode("fail")
+    with pytest.raises(NpuSmiError) as caught:
+        await run_npu_smi(str(fake.path), ["info"], timeout=5)
+    assert caught.value.reason == "exit"
+    assert "dcmi module initialize failed" in str(caught.value)
+
+
+async def test_missing_executable(short_dir: Path) -> None:
+    with pytest.raises(NpuSmiError) as caught:
+        await run_npu_smi(str(short_dir / "nope"), ["info"], timeout=5)
+    assert caught.value.reason == "missing"
+    assert "nope" in str(caught.value)
+
+
+async def test_garbage_is_an_output_error(fake: FakeNpuSmi) -> None:
+    fake.set_mode("garbage")
+    with pytest.raises(NpuSmiError) as caught:
+        await query_info(str(fake.path), timeout=5)
+    assert caught.value.reason == "output"
+
+
+async def test_a_hang_is_killed_and_reaped(fake: FakeNpuSmi) -> None:
+    fake.set_mode("hang")
+    before = set(os.listdir("/proc"))
+    with pytest.raises(NpuSmiError) as caught:
+        await run_npu_smi(str(fake.path), ["info"], timeout=0.3)
+    assert caught.value.reason == "timeout"
+    assert "killed" in str(caught.value)
+    children = [pid for pid in set(os.listdir("/proc")) - before if pid.isdigit()]
+    for pid in children:
+        status = Path(f"/proc/{pid}/status")
+        if status.exists() and f"PPid:\t{os.getpid()}\n" in status.read_text():
+            pytest.fail(f"child {pid} of the runner is still there (a zombie or alive)")
