@@ -19,8 +19,10 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from grpclib.const import Status
+from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
@@ -57,6 +59,8 @@ Preference = Callable[[Sequence[str], Sequence[str], int], list[str]]
 StreamsChanged = Callable[[str, int], None]
 
 _SHUTDOWN_GRACE = 0.3
+# Distinct chip sets whose Allocate answers are kept: the kubelet asks for few; this bounds a bad client.
+_MAX_CACHED_RESPONSES = 4096
 _SELF_CHECK_TIMEOUT = 2.0
 
 
@@ -77,9 +81,9 @@ class PluginServer:
         self._on_streams_changed = on_streams_changed
         self._devices: dict[str, Chip] = {}
         self._preference: Preference | None = None
-        self._snapshot = ListAndWatchResponse()
+        self._snapshot = Encoded(b"")
         self._changed = asyncio.Event()
-        self._responses: dict[tuple[int, ...], ContainerAllocateResponse] = {}
+        self._responses: dict[tuple[int, ...], bytes] = {}
         self._streams = 0
         self._server: Server | None = None
         self._identity: tuple[int, int] | None = None
@@ -119,9 +123,8 @@ class PluginServer:
         if devices == self._devices and self._devices:
             return False
         self._devices = dict(devices)
-        self._snapshot = ListAndWatchResponse(
-            devices=[_device(device_id, chip) for device_id, chip in devices.items()]
-        )
+        listed = [_device(device_id, chip) for device_id, chip in devices.items()]
+        self._snapshot = Encoded(bytes(ListAndWatchResponse(devices=listed)))
         self._responses.clear()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
@@ -132,7 +135,7 @@ class PluginServer:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        server = Server([_Service(self)])
+        server = Server([_Service(self)], codec=_Codec())
         await server.start(path=str(self.socket_path))
         os.chmod(self.socket_path, 0o600)
         self._server = server
@@ -161,11 +164,11 @@ class PluginServer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), _SHUTDOWN_GRACE)
 
-    async def list_and_watch(self) -> AsyncIterator[ListAndWatchResponse]:
+    async def list_and_watch(self) -> AsyncIterator[Encoded]:
         """The whole device list now, then again after every change, until the client goes away."""
         self._stream_opened(+1)
         try:
-            sent: ListAndWatchResponse | None = None
+            sent: Encoded | None = None
             while True:
                 snapshot, changed = self._snapshot, self._changed
                 if snapshot is not sent:
@@ -181,16 +184,18 @@ class PluginServer:
         if self._on_streams_changed is not None:
             self._on_streams_changed(self.resource, self._streams)
 
-    def allocate(self, request: AllocateRequest) -> AllocateResponse:
-        """One container response per container request, in order; GRPCError names a bad ID."""
-        return AllocateResponse(
-            container_responses=[
+    def allocate(self, request: AllocateRequest) -> Encoded:
+        """One container response per container request, in order, as an encoded AllocateResponse;
+        GRPCError names a bad ID."""
+        return Encoded(
+            b"".join(
                 self._container_response(index, container.devices_ids)
                 for index, container in enumerate(request.container_requests, start=1)
-            ]
+            )
         )
 
-    def _container_response(self, index: int, device_ids: Sequence[str]) -> ContainerAllocateResponse:
+    def _container_response(self, index: int, device_ids: Sequence[str]) -> bytes:
+        """The encoded ``container_responses`` entry for one container request."""
         if not device_ids:
             raise GRPCError(
                 Status.INVALID_ARGUMENT, f"container request {index} for {self.resource} names no devices"
@@ -201,11 +206,14 @@ class PluginServer:
             chip = self._checked_chip(device_id, seen)
             chips[chip.phys_id] = chip
         key = tuple(sorted(chips))
-        response = self._responses.get(key)
-        if response is None:
-            response = _container_response(self._spec_for_([chips[phys_id] for phys_id in key]))
-            self._responses[key] = response
-        return response
+        entry = self._responses.get(key)
+        if entry is None:
+            spec = self._spec_for_([chips[phys_id] for phys_id in key])
+            entry = _repeated_field_entry(bytes(_container_response(spec)))
+            if len(self._responses) >= _MAX_CACHED_RESPONSES:
+                self._responses.clear()
+            self._responses[key] = entry
+        return entry
 
     def _checked_chip(self, device_id: str, seen: set[str]) -> Chip:
         if len(device_id) > MAX_DEVICE_ID_LENGTH:
@@ -254,6 +262,35 @@ class PluginServer:
         return PreferredAllocationResponse(container_responses=responses)
 
 
+class Encoded:
+    """A response already in wire format: the chip set changes rarely, the kubelet asks often."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _Codec(ProtoCodec):
+    """The protobuf codec, passing pre-encoded responses through untouched."""
+
+    def encode(self, message: Any, message_type: type[Any]) -> bytes:
+        if isinstance(message, Encoded):
+            return message.data
+        return super().encode(message, message_type)
+
+
+def _repeated_field_entry(payload: bytes) -> bytes:
+    """``payload`` as one entry of the repeated message field 1 (tag, varint length, bytes)."""
+    length = len(payload)
+    varint = bytearray()
+    while length > 0x7F:
+        varint.append(length & 0x7F | 0x80)
+        length >>= 7
+    varint.append(length)
+    return b"\x0a" + bytes(varint) + payload
+
+
 def _device(device_id: str, chip: Chip) -> Device:
     topology = None if chip.numa_node is None else TopologyInfo(nodes=[NumaNode(id=chip.numa_node)])
     return Device(id=device_id, health=chip.health.value, topology=topology)
@@ -285,9 +322,10 @@ class _Service(DevicePluginBase):
     async def get_device_plugin_options(self, message: Empty) -> DevicePluginOptions:
         return self._plugin.options
 
+    # The generated base declares message types; these handlers answer with pre-encoded ones (see _Codec).
     async def list_and_watch(self, message: Empty) -> AsyncIterator[ListAndWatchResponse]:
         async for response in self._plugin.list_and_watch():
-            yield response
+            yield response  # type: ignore[misc]
 
     async def get_preferred_allocation(
         self, message: PreferredAllocationRequest
@@ -306,7 +344,7 @@ class _Service(DevicePluginBase):
         finally:
             ALLOCATE_SECONDS.observe(time.perf_counter() - started)
         ALLOCATIONS.labels(resource=resource, code="OK").inc()
-        return response
+        return response  # type: ignore[return-value]
 
     async def pre_start_container(self, message: PreStartContainerRequest) -> PreStartContainerResponse:
         return PreStartContainerResponse()
