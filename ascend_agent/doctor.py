@@ -13,10 +13,11 @@ import contextlib
 import json
 import os
 import re
+import socket
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
@@ -27,6 +28,9 @@ from ascend_agent.kubelet import KUBELET_SOCKET, LocalChannel
 from ascend_agent.model import Generation
 
 _DIAL_TIMEOUT = 3.0
+_API_TIMEOUT = 10.0
+DAEMONSET = "ascend-device-plugin-daemonset"
+NAMESPACE = "kube-system"
 _CHIP_NODE = re.compile(r"^davinci(\d+)$")
 _SOCKETS = sorted({f"{generation.family}.sock" for generation in Generation})
 
@@ -50,7 +54,7 @@ async def run_checks(settings: Settings) -> list[Check]:
     checks.append(_kubelet(settings.kubelet_dir))
     checks.extend(await _our_sockets(settings.kubelet_dir))
     checks.append(await _readiness(settings.metrics_address))
-    checks.append(_cluster())
+    checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname()))
     return checks
 
 
@@ -216,18 +220,106 @@ async def _readiness(address: str) -> Check:
     return Check("agent readiness", False, f"{address}/readyz: {body.strip()}", "see the agent's log for why")
 
 
-def _cluster() -> Check:
-    with contextlib.suppress(ImportError):
-        import kubernetes_asyncio  # type: ignore[import-not-found]  # noqa: F401
+async def _cluster(node: str) -> list[Check]:
+    """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers."""
+    try:
+        from kubernetes_asyncio import client, config
+    except ImportError:
+        return [
+            Check(
+                "cluster",
+                None,
+                "skipped: kubernetes-asyncio is not installed (pip install 'ascend-agent[cluster]')",
+                f"kubectl -n {NAMESPACE} get ds {DAEMONSET}; kubectl describe node {node} | grep huawei.com",
+            )
+        ]
+    try:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            await config.load_kube_config()
+    except (config.ConfigException, OSError, TypeError, ValueError) as exc:
+        return [Check("cluster", None, f"skipped: no Kubernetes API configured ({exc})")]
+    try:
+        async with asyncio.timeout(_API_TIMEOUT), client.ApiClient() as api:
+            return [
+                await _daemonset(client.AppsV1Api(api)),
+                await _node_pod(client.CoreV1Api(api), node),
+                await _capacity(client.CoreV1Api(api), node),
+            ]
+    except (TimeoutError, OSError, client.ApiException) as exc:
+        reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+        return [
+            Check("cluster", False, f"the Kubernetes API did not answer: {reason}", "check the kubeconfig")
+        ]
 
-        return Check("cluster", None, "skipped: cluster checks are not built yet")
-    return Check(
-        "cluster",
-        None,
-        "skipped: kubernetes-asyncio is not installed",
-        "kubectl -n kube-system get ds ascend-device-plugin-daemonset; "
-        "kubectl describe node <node> | grep huawei.com",
-    )
+
+async def _daemonset(apps: Any) -> Check:
+    from kubernetes_asyncio.client import ApiException
+
+    try:
+        daemonset = await apps.read_namespaced_daemon_set(DAEMONSET, NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return Check(
+                "daemonset",
+                False,
+                f"no DaemonSet {DAEMONSET} in {NAMESPACE}",
+                "kubectl apply -f examples/daemonset.yaml",
+            )
+        raise
+    status = daemonset.status
+    ready, desired = status.number_ready or 0, status.desired_number_scheduled or 0
+    detail = f"{DAEMONSET}: {ready} of {desired} pods ready"
+    if desired == 0:
+        return Check("daemonset", False, detail, "no node matches its nodeSelector: label the NPU nodes")
+    if ready < desired:
+        return Check(
+            "daemonset", False, detail, f"kubectl -n {NAMESPACE} get pods -o wide | grep {DAEMONSET}"
+        )
+    return Check("daemonset", True, detail)
+
+
+async def _node_pod(core: Any, node: str) -> Check:
+    pods = await core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}")
+    ours = [pod for pod in pods.items if (pod.metadata.name or "").startswith(f"{DAEMONSET}-")]
+    if not ours:
+        return Check(
+            "pod on this node",
+            False,
+            f"no {DAEMONSET} pod on node {node}",
+            f"kubectl -n {NAMESPACE} describe ds {DAEMONSET}: check nodeSelector, tolerations and events",
+        )
+    pod = ours[0]
+    phase = pod.status.phase if pod.status else "Unknown"
+    detail = f"{pod.metadata.name} is {phase}"
+    if phase != "Running":
+        return Check(
+            "pod on this node", False, detail, f"kubectl -n {NAMESPACE} describe pod {pod.metadata.name}"
+        )
+    return Check("pod on this node", True, detail)
+
+
+async def _capacity(core: Any, node: str) -> Check:
+    status = (await core.read_node(node)).status
+    capacity = {k: v for k, v in (status.capacity or {}).items() if k.startswith("huawei.com/")}
+    allocatable = status.allocatable or {}
+    if not capacity:
+        return Check(
+            "node capacity",
+            False,
+            f"node {node} has no huawei.com/* capacity",
+            "the agent has not registered with this node's kubelet: see its log and /readyz",
+        )
+    parts = [
+        f"{name} capacity {value}, allocatable {allocatable.get(name, '0')}"
+        for name, value in capacity.items()
+    ]
+    if all(str(allocatable.get(name, "0")) == "0" for name in capacity):
+        return Check(
+            "node capacity", False, "; ".join(parts), "every chip is Unhealthy: see the checks above"
+        )
+    return Check("node capacity", True, "; ".join(parts))
 
 
 def render(checks: Sequence[Check]) -> str:

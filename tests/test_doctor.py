@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
 from agent_process import AgentProcess
 from host_tree import HostTree
 from kubelet_standin import KubeletStandin
@@ -81,3 +86,79 @@ def test_doctor_names_the_driver_on_a_node_without_device_files(short_dir: Path)
     driver = checks[1]
     assert driver["ok"] is False and "version.info" in driver["detail"]
     assert any(c["check"] == "plugin socket" and c["ok"] is False for c in checks)
+
+
+class _FakeApi(http.server.BaseHTTPRequestHandler):
+    """Just enough of the Kubernetes API for the doctor's three cluster checks."""
+
+    node = "npu-node-1"
+    allocatable = "7"
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        ds = "/apis/apps/v1/namespaces/kube-system/daemonsets/ascend-device-plugin-daemonset"
+        if path == ds:
+            body: dict[str, Any] = {
+                "kind": "DaemonSet", "apiVersion": "apps/v1",
+                "metadata": {"name": "ascend-device-plugin-daemonset", "namespace": "kube-system"},
+                "status": {"desiredNumberScheduled": 2, "numberReady": 2, "currentNumberScheduled": 2,
+                           "numberMisscheduled": 0},
+            }  # fmt: skip
+        elif path == "/api/v1/namespaces/kube-system/pods":
+            assert f"spec.nodeName%3D{self.node}" in self.path or f"spec.nodeName={self.node}" in self.path
+            body = {"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                    "items": [{"metadata": {"name": "ascend-device-plugin-daemonset-x7k2p"},
+                               "status": {"phase": "Running"}}]}  # fmt: skip
+        elif path == f"/api/v1/nodes/{self.node}":
+            body = {"kind": "Node", "apiVersion": "v1", "metadata": {"name": self.node},
+                    "status": {"capacity": {"huawei.com/Ascend910": "8", "cpu": "192"},
+                               "allocatable": {"huawei.com/Ascend910": self.allocatable}}}  # fmt: skip
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def test_doctor_cluster_checks_through_the_api(short_dir: Path) -> None:
+    pytest.importorskip("kubernetes_asyncio")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeApi)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    kubeconfig = short_dir / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1", "kind": "Config", "current-context": "t",
+                "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+                "users": [{"name": "t", "user": {"token": "test"}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+            }
+        )
+    )  # fmt: skip
+    try:
+        env = {"KUBECONFIG": str(kubeconfig), "NODE_NAME": _FakeApi.node}
+        result = subprocess.run(
+            [sys.executable, "-m", "ascend_agent", "doctor", "--json", "--host-root", str(short_dir),
+             "--kubelet-dir", str(short_dir / "k"), "--metrics-address", "",
+             "--npu-smi", str(short_dir / "x")],
+            capture_output=True, text=True, timeout=60, env={**os.environ, **env},
+        )  # fmt: skip
+        assert "Traceback" not in result.stderr, result.stderr
+        checks = {c["check"]: c for c in json.loads(result.stdout)}
+        assert checks["daemonset"]["ok"] is True and "2 of 2 pods ready" in checks["daemonset"]["detail"]
+        assert checks["pod on this node"]["ok"] is True
+        assert "x7k2p is Running" in checks["pod on this node"]["detail"]
+        assert checks["node capacity"]["ok"] is True
+        assert "huawei.com/Ascend910 capacity 8, allocatable 7" in checks["node capacity"]["detail"]
+    finally:
+        server.shutdown()
+        server.server_close()
