@@ -44,7 +44,7 @@ soak: $(STAMP)
 
 image:
 	@engine=$$(command -v podman || command -v docker) || { echo "make image: no container engine (podman or docker) here"; exit 1; }; \
-	$(BIN)/pip wheel --quiet --no-deps -w dist . && $$engine build -f Containerfile -t ascend-agent:0.1.0 .
+	$$engine build -f Containerfile -t ascend-agent:0.1.0 .
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info bench/results

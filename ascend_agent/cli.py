@@ -34,7 +34,7 @@ def _option(*names: str, env: str, help: str, **kwargs: Any) -> Any:
 
 
 Backend = Annotated[
-    str | None, _option("--backend", env="BACKEND", help="devfs (real chips) or fake. [devfs]")
+    str | None, _option("--backend", env="BACKEND", help="devfs (real chips) or fake; default: devfs.")
 ]
 KubeletDir = Annotated[
     Path | None,
@@ -47,34 +47,38 @@ ConfigFile = Annotated[
 LogLevel = Annotated[str | None, _option("--log-level", env="LOG_LEVEL", help="debug, info, warning, error.")]
 LogFormat = Annotated[str | None, _option("--log-format", env="LOG_FORMAT", help="text or json.")]
 HostRoot = Annotated[
-    Path | None, _option("--host-root", env="HOST_ROOT", help="Where the host's / is seen. [/]")
+    Path | None, _option("--host-root", env="HOST_ROOT", help="Where the host's / is seen; default: /.")
 ]
 DevRoot = Annotated[
-    Path | None, _option("--dev-root", env="DEV_ROOT", help="Device files. [<host-root>/dev]")
+    Path | None, _option("--dev-root", env="DEV_ROOT", help="Device files; default: <host-root>/dev.")
 ]
-SysRoot = Annotated[Path | None, _option("--sys-root", env="SYS_ROOT", help="sysfs. [<host-root>/sys]")]
+SysRoot = Annotated[
+    Path | None, _option("--sys-root", env="SYS_ROOT", help="sysfs; default: <host-root>/sys.")
+]
 NpuSmi = Annotated[str | None, _option("--npu-smi", env="NPU_SMI", help="The npu-smi executable.")]
 NpuSmiTimeout = Annotated[
     float | None,
-    _option("--npu-smi-timeout", env="NPU_SMI_TIMEOUT", help="Seconds before npu-smi is killed. [10]"),
+    _option(
+        "--npu-smi-timeout", env="NPU_SMI_TIMEOUT", help="Seconds before npu-smi is killed; default: 10."
+    ),
 ]
 HealthInterval = Annotated[
     float | None,
-    _option("--health-interval", env="HEALTH_INTERVAL", help="Seconds between health queries. [5]"),
+    _option("--health-interval", env="HEALTH_INTERVAL", help="Seconds between health queries; default: 5."),
 ]
 HealthThreshold = Annotated[
     int | None,
     _option(
         "--health-failure-threshold",
         env="HEALTH_FAILURE_THRESHOLD",
-        help="Failed health queries in a row before every chip is Unhealthy. [3]",
+        help="Failed health queries in a row before every chip is Unhealthy; default: 3.",
     ),
 ]
 Mode = Annotated[
     str | None, _option("--mode", env="MODE", help="plain or ascend-runtime: what Allocate hands over.")
 ]
 Replicas = Annotated[
-    int | None, _option("--replicas", env="REPLICAS", help="Advertise each chip N times. [1]")
+    int | None, _option("--replicas", env="REPLICAS", help="Advertise each chip N times; default: 1.")
 ]
 CdiSpecDir = Annotated[
     Path | None, _option("--cdi-spec-dir", env="CDI_SPEC_DIR", help="Write a CDI spec here.")
@@ -87,9 +91,11 @@ MetricsAddress = Annotated[
         help="HOST:PORT for /metrics, /healthz, /readyz; empty: off.",
     ),
 ]
-FakeChips = Annotated[int | None, _option("--fake-chips", env="FAKE_CHIPS", help="Fake backend: chips. [8]")]
+FakeChips = Annotated[
+    int | None, _option("--fake-chips", env="FAKE_CHIPS", help="Fake backend: chips; default: 8.")
+]
 FakeModel = Annotated[
-    str | None, _option("--fake-model", env="FAKE_MODEL", help="Fake backend: model. [910B4]")
+    str | None, _option("--fake-model", env="FAKE_MODEL", help="Fake backend: model; default: 910B4.")
 ]
 FakeState = Annotated[
     Path | None,

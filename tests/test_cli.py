@@ -119,3 +119,10 @@ def test_bad_usage_or_configuration_exits_2_with_one_line(
     if not message.startswith(("Invalid", "No such")):
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert result.stderr.startswith("ascend-agent: ")
+
+
+@pytest.mark.parametrize("command", ["run", "list", "doctor", "kubelet-sim", "version"])
+def test_help_of_every_command(command: str) -> None:
+    result = cli(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage:" in result.stdout

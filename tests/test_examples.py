@@ -1,0 +1,545 @@
+"""The deployment files: the Kubernetes manifests against the 1.31 schemas (offline, strict) and against the
+CLI they drive, examples/config.yaml against Settings, and the Containerfile's pinning."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import re
+import shlex
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from typer.main import get_command
+
+from ascend_agent.cli import app
+from ascend_agent.config import Settings, SettingsSource, camel_case, read_config_file
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+CONFIG = EXAMPLES / "config.yaml"
+CONTAINERFILE = ROOT / "Containerfile"
+KUBERNETES = "1.31"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+VERSION = PYPROJECT["project"]["version"]
+
+Doc = dict[str, Any]
+
+
+def _manifests() -> list[tuple[str, Doc]]:
+    found = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        if path == CONFIG:
+            continue
+        for index, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
+            if doc is not None:
+                found.append((f"{path.name}[{index}]{doc.get('kind')}", doc))
+    return found
+
+
+MANIFESTS = _manifests()
+
+
+def _one(kind: str, file: str | None = None) -> Doc:
+    docs = [doc for name, doc in MANIFESTS if doc["kind"] == kind and (file is None or name.startswith(file))]
+    assert len(docs) == 1, f"expected one {kind}, found {len(docs)}"
+    return docs[0]
+
+
+def _run_command() -> Any:
+    """``ascend-agent run`` as the command-line library sees it (typer vendors its own click)."""
+    return get_command(app).commands["run"]  # type: ignore[attr-defined]
+
+
+RUN = _run_command()
+RUN_OPTIONS = {opt: param for param in RUN.params if param.param_type_name == "option" for opt in param.opts}
+
+
+# --- Kubernetes schemas -------------------------------------------------------------------------------
+
+
+def test_the_examples_hold_the_expected_documents() -> None:
+    kinds = sorted(doc["kind"] for _, doc in MANIFESTS)
+    for kind in ("DaemonSet", "Pod", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        assert kind in kinds
+
+
+@pytest.mark.parametrize("doc", [doc for _, doc in MANIFESTS], ids=[name for name, _ in MANIFESTS])
+def test_manifest_is_valid_for_kubernetes_1_31(doc: Doc) -> None:
+    assert kubernetes_validate.validate(doc, KUBERNETES, strict=True) == KUBERNETES
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        pytest.param(lambda c: c["securityContext"].update(readOnlyRootFilesytem=True), id="unknown-field"),
+        pytest.param(lambda c: c["ports"][0].update(containerPort="9410"), id="wrong-type"),
+        pytest.param(lambda c: c.pop("name"), id="missing-required"),
+    ],
+)
+def test_the_validator_rejects_a_spoiled_daemonset(spoil: Any) -> None:
+    doc = copy.deepcopy(_one("DaemonSet"))
+    spoil(doc["spec"]["template"]["spec"]["containers"][0])
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+# --- the DaemonSet against the agent's CLI ----------------------------------------------------------
+
+
+def _pod_spec() -> Doc:
+    spec: Doc = _one("DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def _container() -> Doc:
+    containers = _pod_spec()["containers"]
+    assert len(containers) == 1
+    container: Doc = containers[0]
+    return container
+
+
+def _settings_from(command: Any, args: list[str]) -> Settings:
+    """What a command builds from these arguments and the environment, parsed by the real command line."""
+    overrides = dict(command.make_context(command.name, args).params)
+    config = overrides.pop("config")
+    overrides.pop("json_output", None)
+    return SettingsSource(overrides, config).load()
+
+
+def _env() -> dict[str, Any]:
+    return {item["name"]: item for item in _container().get("env", [])}
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in [name for name in os.environ if name.startswith("ASCEND_AGENT_")]:
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.fixture
+def run_settings(clean_env: pytest.MonkeyPatch) -> Settings:
+    """The Settings `ascend-agent run` builds from the DaemonSet's args alone."""
+    args = _container()["args"]
+    assert args[0] == "run"
+    return _settings_from(RUN, list(args[1:]))
+
+
+def test_daemonset_identity() -> None:
+    daemonset = _one("DaemonSet")
+    assert daemonset["metadata"]["name"] == "ascend-device-plugin-daemonset"
+    assert daemonset["metadata"]["namespace"] == "kube-system"
+    labels = {"app.kubernetes.io/name": "ascend-agent"}
+    assert daemonset["spec"]["selector"]["matchLabels"] == labels
+    assert labels.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+
+
+def test_daemonset_flags_are_real_run_options() -> None:
+    flags = [arg for arg in _container()["args"] if arg.startswith("--")]
+    assert flags, "the DaemonSet passes no flags"
+    unknown = [flag for flag in flags if flag.split("=", 1)[0] not in RUN_OPTIONS]
+    assert not unknown, f"not options of `ascend-agent run`: {unknown}"
+
+
+def test_daemonset_args_make_the_intended_settings(run_settings: Settings) -> None:
+    assert run_settings.backend == "devfs"
+    assert run_settings.host_root == Path("/host")
+    assert run_settings.log_format == "json"
+    assert run_settings.cdi_spec_dir == Path("/var/run/cdi")
+    host, _, port = run_settings.metrics_address.rpartition(":")
+    assert host == "0.0.0.0", "the kubelet probes the pod IP: the endpoint must not listen on loopback only"
+    assert port == "9410"
+
+
+def test_exec_commands_see_the_host_as_the_agent_does(
+    clean_env: pytest.MonkeyPatch, run_settings: Settings
+) -> None:
+    """`kubectl exec <pod> -- ascend-agent doctor` takes its view of the host from the container's env."""
+    ours = {name: item["value"] for name, item in _env().items() if name.startswith("ASCEND_AGENT_")}
+    assert {"ASCEND_AGENT_HOST_ROOT", "ASCEND_AGENT_NPU_SMI"} <= set(ours)
+    doctor_command = get_command(app).commands["doctor"]  # type: ignore[attr-defined]
+    doctor_vars = {param.envvar for param in doctor_command.params}
+    assert set(ours) <= doctor_vars, "the doctor ignores some of them"
+    for name, value in ours.items():
+        clean_env.setenv(name, value)
+    from_env = _settings_from(doctor_command, [])
+    for name in ours:
+        field = name.removeprefix("ASCEND_AGENT_").lower()
+        assert getattr(from_env, field) == getattr(run_settings, field), name
+
+
+def test_the_doctor_knows_its_node() -> None:
+    assert _env()["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def _mounts() -> dict[str, tuple[Doc, Doc]]:
+    """mountPath -> (volumeMount, volume)."""
+    volumes = {volume["name"]: volume for volume in _pod_spec()["volumes"]}
+    mounts = {}
+    for mount in _container()["volumeMounts"]:
+        assert mount["name"] in volumes, f"mount {mount['name']} has no volume"
+        mounts[mount["mountPath"]] = (mount, volumes[mount["name"]])
+    assert {mount["name"] for mount, _ in mounts.values()} == set(volumes), "a volume is never mounted"
+    return mounts
+
+
+def _host_path(mount_path: Path | str) -> tuple[Doc, Doc]:
+    entry = _mounts().get(str(mount_path))
+    assert entry is not None, f"nothing is mounted at {mount_path}"
+    assert "hostPath" in entry[1], f"{mount_path} is not a hostPath volume"
+    return entry
+
+
+def test_kubelet_directory_is_the_hosts_own_and_writable(run_settings: Settings) -> None:
+    mount, volume = _host_path(run_settings.kubelet_dir)
+    assert volume["hostPath"] == {"path": str(run_settings.kubelet_dir), "type": "Directory"}
+    assert not mount.get("readOnly", False)
+
+
+def test_dev_and_sys_are_mounted_where_the_agent_looks(run_settings: Settings) -> None:
+    for root, host in ((run_settings.effective_dev_root, "/dev"), (run_settings.effective_sys_root, "/sys")):
+        _, volume = _host_path(root)
+        assert volume["hostPath"] == {"path": host, "type": "Directory"}
+    sys_mount, _ = _host_path(run_settings.effective_sys_root)
+    assert sys_mount.get("readOnly") is True
+
+
+@pytest.mark.parametrize(
+    ("host_path", "kind"),
+    [
+        ("/usr/local/Ascend/driver", "Directory"),
+        ("/usr/local/dcmi", "Directory"),
+        ("/usr/local/bin/npu-smi", "File"),
+        ("/etc/ascend_install.info", "File"),
+    ],
+)
+def test_driver_paths_are_read_only_under_host_root(
+    run_settings: Settings, host_path: str, kind: str
+) -> None:
+    mount, volume = _host_path(run_settings.host_root / host_path.lstrip("/"))
+    # *OrCreate would plant an empty file or directory on a node without the driver.
+    assert volume["hostPath"] == {"path": host_path, "type": kind}
+    assert mount.get("readOnly") is True
+
+
+def test_npu_smi_and_its_libraries_are_inside_mounts(run_settings: Settings) -> None:
+    mounted = {PurePosixPath(path): mount for path, (mount, _) in _mounts().items()}
+
+    def covering(path: str) -> Doc | None:
+        target = PurePosixPath(path)
+        return next((m for p, m in mounted.items() if target == p or p in target.parents), None)
+
+    assert run_settings.npu_smi is not None
+    assert covering(run_settings.npu_smi) is not None
+    library_path = _env()["LD_LIBRARY_PATH"].get("value")
+    assert library_path, "npu-smi needs LD_LIBRARY_PATH for the driver's libraries"
+    for directory in library_path.split(":"):
+        mount = covering(directory)
+        assert mount is not None and mount.get("readOnly") is True, directory
+
+
+def test_cdi_directory_is_mounted_writable(run_settings: Settings) -> None:
+    assert run_settings.cdi_spec_dir is not None
+    mount, volume = _host_path(run_settings.cdi_spec_dir)
+    assert volume["hostPath"]["path"] == str(run_settings.cdi_spec_dir)
+    assert not mount.get("readOnly", False)
+
+
+def test_probes_and_metrics_port(run_settings: Settings) -> None:
+    port = int(run_settings.metrics_address.rpartition(":")[2])
+    container = _container()
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        check = container[probe]["httpGet"]
+        assert check["path"] == path
+        assert check["port"] in (port, "metrics")
+    annotations = _one("DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_scheduling() -> None:
+    spec = _pod_spec()
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["nodeSelector"] == {"accelerator": "huawei-Ascend910"}
+    tolerations = spec["tolerations"]
+    assert {"key": "huawei.com/Ascend910", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in tolerations
+    assert not spec.get("hostNetwork", False)
+
+
+_QUANTITY = re.compile(r"^(\d+)(m|Mi|Gi)?$")
+_SCALE = {"m": 1e-3, "Mi": 2**20, "Gi": 2**30, None: 1}
+
+
+def _quantity(value: str | int) -> float:
+    match = _QUANTITY.match(str(value))
+    assert match, f"unexpected quantity {value!r}"
+    return int(match.group(1)) * _SCALE[match.group(2)]
+
+
+def test_resources_are_small_and_consistent() -> None:
+    resources = _container()["resources"]
+    for name in ("cpu", "memory"):
+        request, limit = _quantity(resources["requests"][name]), _quantity(resources["limits"][name])
+        assert 0 < request <= limit
+    assert _quantity(resources["limits"]["memory"]) <= 256 * 2**20
+
+
+def test_security_context() -> None:
+    spec, context = _pod_spec(), _container()["securityContext"]
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["runAsUser"] == 0
+    assert context["readOnlyRootFilesystem"] is True
+    if context.get("privileged"):
+        # The API server rejects allowPrivilegeEscalation: false together with privileged: true.
+        assert context.get("allowPrivilegeEscalation") is not False
+    else:
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"]["drop"] == ["ALL"]
+
+
+def test_rbac_is_read_only_and_wired_to_the_service_account() -> None:
+    account = _one("ServiceAccount")["metadata"]
+    assert _pod_spec()["serviceAccountName"] == account["name"]
+    subject = {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    roles = {
+        (doc["kind"], doc["metadata"]["name"]): doc for _, doc in MANIFESTS if doc["kind"].endswith("Role")
+    }
+    bindings = [doc for _, doc in MANIFESTS if doc["kind"].endswith("RoleBinding")]
+    assert bindings
+    for binding in bindings:
+        assert binding["subjects"] == [subject]
+        assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in roles
+    for role in roles.values():
+        for rule in role["rules"]:
+            assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+
+
+def _grants(namespace: str | None, group: str, resource: str, verb: str, name: str) -> bool:
+    """Whether the ServiceAccount's bindings allow this request (RBAC's union of rules; no wildcards)."""
+    roles = {
+        (doc["kind"], doc["metadata"]["name"]): doc for _, doc in MANIFESTS if doc["kind"].endswith("Role")
+    }
+    for _, binding in MANIFESTS:
+        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        scope = binding["metadata"].get("namespace")
+        if binding["kind"] == "RoleBinding" and scope != namespace:
+            continue
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        for rule in role["rules"]:
+            if (
+                group in rule["apiGroups"]
+                and resource in rule["resources"]
+                and verb in rule["verbs"]
+                and name in rule.get("resourceNames", [name])
+            ):
+                return True
+    return False
+
+
+def test_rbac_covers_the_doctors_reads() -> None:
+    from ascend_agent import doctor
+
+    assert _one("DaemonSet")["metadata"]["name"] == doctor.DAEMONSET
+    assert _grants(None, "", "nodes", "get", "npu-node-1")
+    assert _grants(doctor.NAMESPACE, "apps", "daemonsets", "get", doctor.DAEMONSET)
+    assert _grants(doctor.NAMESPACE, "", "pods", "list", "")
+    # ...and no more than that.
+    assert not _grants(doctor.NAMESPACE, "apps", "daemonsets", "get", "someone-else")
+    assert not _grants("default", "", "pods", "list", "")
+    assert not _grants(None, "", "secrets", "get", "x")
+    # The token is mounted for the doctor only through the pod spec; the account alone mounts nothing.
+    assert _one("ServiceAccount")["automountServiceAccountToken"] is False
+    assert _pod_spec()["automountServiceAccountToken"] is True
+
+
+def _images() -> list[str]:
+    images = []
+    for _, doc in MANIFESTS:
+        spec = doc["spec"]["template"]["spec"] if doc["kind"] == "DaemonSet" else doc.get("spec", {})
+        images += [c["image"] for c in spec.get("containers", []) + spec.get("initContainers", [])]
+    return images
+
+
+def _pinned(image: str) -> bool:
+    """A version tag (a digest may follow), never ``latest`` and never none."""
+    last = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    name, colon, tag = last.partition(":")
+    return bool(name and colon) and tag != "latest" and any(ch.isdigit() for ch in tag)
+
+
+def test_images_are_pinned() -> None:
+    images = _images()
+    assert len(images) >= 2
+    for image in images:
+        assert _pinned(image), image
+    assert _container()["image"] == f"ascend-agent:{VERSION}"
+    assert not _pinned("ubuntu") and not _pinned("ubuntu:latest") and not _pinned("localhost:5000/ubuntu")
+
+
+def test_smoke_pod() -> None:
+    pod = _one("Pod", "pod.yaml")
+    assert pod["metadata"]["name"] == "ascend-smoke"  # the README's `kubectl logs ascend-smoke`
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    assert int(container["resources"]["limits"]["huawei.com/Ascend910"]) == 1
+    assert "/dev/davinci" in " ".join(container.get("command", []) + container.get("args", []))
+
+
+# --- examples/config.yaml -----------------------------------------------------------------------------
+
+_KEY = re.compile(r"^(# )?([a-z][A-Za-z]*):")
+
+
+def _config_blocks() -> dict[str, tuple[bool, list[str]]]:
+    """Setting key -> (active, the comment lines right above it)."""
+    keys = {camel_case(field.name) for field in dataclasses.fields(Settings)}
+    lines = CONFIG.read_text(encoding="utf-8").splitlines()
+    blocks: dict[str, tuple[bool, list[str]]] = {}
+    for index, line in enumerate(lines):
+        match = _KEY.match(line)
+        if not match or match.group(2) not in keys:
+            continue
+        key = match.group(2)
+        assert key not in blocks, f"{key} appears twice"
+        above = index
+        while above > 0 and lines[above - 1].startswith("#"):
+            above -= 1
+        blocks[key] = (match.group(1) is None, lines[above:index])
+    return blocks
+
+
+def test_config_example_loads_as_the_defaults() -> None:
+    assert read_config_file(CONFIG), "the example sets nothing"
+    assert SettingsSource({}, CONFIG).load() == Settings()
+
+
+def test_config_example_lists_every_setting() -> None:
+    blocks = _config_blocks()
+    defaults = Settings()
+    for field in dataclasses.fields(Settings):
+        key = camel_case(field.name)
+        assert key in blocks, f"{key} is missing from examples/config.yaml"
+        active, _ = blocks[key]
+        assert active == (getattr(defaults, field.name) is not None), f"{key}: commented out iff default None"
+
+
+def test_config_example_optional_settings_load_when_uncommented(tmp_path: Path) -> None:
+    optional = [key for key, (active, _) in _config_blocks().items() if not active]
+    assert optional
+    text = CONFIG.read_text(encoding="utf-8")
+    for key in optional:
+        text = re.sub(rf"^# ({key}:)", r"\1", text, flags=re.MULTILINE)
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    values = read_config_file(path)
+    for key in optional:
+        name = next(f.name for f in dataclasses.fields(Settings) if camel_case(f.name) == key)
+        assert values.get(name) is not None, key
+    SettingsSource({}, path).load()
+
+
+def test_config_example_names_each_flag_and_variable() -> None:
+    for key, (_, comments) in _config_blocks().items():
+        name = next(f.name for f in dataclasses.fields(Settings) if camel_case(f.name) == key)
+        flag, variable = f"--{name.replace('_', '-')}", f"ASCEND_AGENT_{name.upper()}"
+        text = " ".join(comments)
+        assert len(comments) >= 2, f"{key}: say what it does, then the flag"
+        if flag in RUN_OPTIONS:
+            assert RUN_OPTIONS[flag].envvar == variable
+            assert f"Flag {flag}, environment {variable}." in text, key
+        else:
+            assert "Config file only: no flag or environment variable." in text, key
+            assert "ASCEND_AGENT_" not in text and "Flag --" not in text, key
+
+
+# --- Containerfile ----------------------------------------------------------------------------------
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    logical = re.sub(r"\\\n", " ", path.read_text(encoding="utf-8"))
+    out = []
+    for line in logical.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def _stages() -> list[tuple[str, list[tuple[str, str]]]]:
+    """(base image, instructions) per stage."""
+    stages: list[tuple[str, list[tuple[str, str]]]] = []
+    for keyword, rest in _instructions(CONTAINERFILE):
+        if keyword == "FROM":
+            words = [word for word in rest.split() if not word.startswith("--")]
+            stages.append((words[0], []))
+        else:
+            assert stages, f"{keyword} before the first FROM"
+            stages[-1][1].append((keyword, rest))
+    return stages
+
+
+def test_containerfile_bases_are_pinned() -> None:
+    stages = _stages()
+    assert len(stages) >= 2, "multi-stage: build the wheel, then install it"
+    bases = {base for base, _ in stages}
+    assert len(bases) == 1, f"builder and runtime should share one base: {bases}"
+    (base,) = bases
+    assert _pinned(base) and "slim" in base, base
+    assert "$" not in base
+
+
+def test_containerfile_builds_and_installs_the_wheel() -> None:
+    stages = _stages()
+    build_runs = " ".join(rest for keyword, rest in stages[0][1] if keyword == "RUN")
+    assert "pip wheel --no-deps -w /dist ." in build_runs
+    final = stages[-1][1]
+    runs = [rest for keyword, rest in final if keyword == "RUN"]
+    installs = [run for run in runs if "pip install" in run and "/dist/*.whl" in run]
+    assert installs, runs
+    if "cluster" in PYPROJECT["project"].get("optional-dependencies", {}):
+        assert "[cluster]" in installs[0], "the image's doctor needs the Kubernetes client"
+    assert not any(re.search(r"\b(apt-get|apk|dnf|yum)\b", run) for run in runs), "no packages in the runtime"
+    assert any(keyword == "COPY" and "--from=" in rest for keyword, rest in final)
+    assert not any(keyword == "COPY" and "--from=" not in rest for keyword, rest in final), (
+        "sources stay behind"
+    )
+    # Every source directory setuptools packages is in the build context the builder copies.
+    copied = " ".join(rest for keyword, rest in stages[0][1] if keyword == "COPY")
+    for directory in set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()):
+        assert directory in shlex.split(copied), directory
+
+
+def test_containerfile_runs_the_agent() -> None:
+    final = dict(_stages()[-1][1])
+    assert final["USER"] == "0"
+    (script,) = PYPROJECT["project"]["scripts"]
+    assert json.loads(final["ENTRYPOINT"]) == [script]
+    assert json.loads(final["CMD"]) == ["run"]
+    assert f'org.opencontainers.image.version="{VERSION}"' in final["LABEL"]
+
+
+def test_build_context_ignores() -> None:
+    container_ignore = (ROOT / ".containerignore").read_text(encoding="utf-8")
+    assert (ROOT / ".dockerignore").read_text(encoding="utf-8") == container_ignore
+    patterns = {line.strip() for line in container_ignore.splitlines() if line and not line.startswith("#")}
+    assert {".venv", "bench/results", ".pytest_cache", ".hypothesis"} <= patterns
+    copied = {
+        word for keyword, rest in _stages()[0][1] if keyword == "COPY" for word in shlex.split(rest)[:-1]
+    }
+    assert not copied & patterns, "the builder copies something the context leaves out"
