@@ -109,13 +109,6 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _without_pydantic() -> None:
-    """betterproto2 imports pydantic whenever it is installed (typer brings it along) only to offer pydantic
-    dataclasses, which the agent does not use; the long-running process is 4 MB smaller and starts 25 ms
-    sooner without it."""
-    sys.modules.setdefault("pydantic", None)  # type: ignore[arg-type]
-
-
 def _settings(overrides: dict[str, Any]) -> tuple[SettingsSource, Settings]:
     config_file = overrides.pop("config", None)
     source = SettingsSource(overrides=overrides, config_file=config_file)
@@ -149,7 +142,6 @@ def run(
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
     source, settings = _settings(dict(locals()))
-    _without_pydantic()
     from ascend_agent.agent import run_agent
 
     try:

@@ -111,7 +111,7 @@ def _model(value: Any) -> str:
 
 
 def _path(value: Any) -> Path:
-    return Path(_text(value))
+    return value if isinstance(value, Path) else Path(_text(value))
 
 
 def _text_list(value: Any) -> tuple[str, ...]:
@@ -191,26 +191,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return values
 
 
-_FLAG_CHECKED = (
-    "npu_smi_timeout",
-    "health_interval",
-    "health_failure_threshold",
-    "replicas",
-    "fake_chips",
-    "mode",
-    "log_format",
-    "log_level",
-    "resource_naming",
-)
-
-
 def validate(settings: Settings) -> Settings:
-    """Checks that span fields or that the command line cannot express."""
-    for name in _FLAG_CHECKED:
-        try:
-            _CONVERTERS[name](getattr(settings, name))
-        except ValueError as exc:
-            raise ConfigError(f"--{name.replace('_', '-')} {exc}") from None
+    """Checks beyond one value's type: the metrics address must be HOST:PORT."""
     if settings.metrics_address:
         host, sep, port = settings.metrics_address.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -229,5 +211,11 @@ class SettingsSource:
 
     def load(self) -> Settings:
         values = read_config_file(self.config_file) if self.config_file else {}
-        values.update({name: value for name, value in self.overrides.items() if value is not None})
+        for name, value in self.overrides.items():
+            if value is None:
+                continue
+            try:
+                values[name] = _CONVERTERS[name](value)
+            except ValueError as exc:
+                raise ConfigError(f"--{name.replace('_', '-')} {exc}") from None
         return validate(dataclasses.replace(Settings(), **values))
