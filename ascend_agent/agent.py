@@ -316,7 +316,8 @@ class Agent:
         self._ensure_registering(resource, state)
 
     def _ensure_registering(self, resource: str, state: _Resource) -> None:
-        """Start a registration unless one is in flight, which then covers this trigger too."""
+        """Start a registration unless one is in flight: that one covers this trigger too, and registers
+        once more if the kubelet's dial-back did not reach the server now serving."""
         if state.grace is not None:
             state.grace.cancel()
             state.grace = None
@@ -331,6 +332,7 @@ class Agent:
         while True:
             state.retry_now.clear()
             kubelet = self._kubelet_identity()
+            mark = state.server.dial_mark()
             try:
                 await register(
                     self.settings.kubelet_dir, state.server.socket_path.name, resource, state.server.options
@@ -346,12 +348,20 @@ class Agent:
                 )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(state.retry_now.wait(), delay)
-                delay = min(delay * 2, BACKOFF_CAP)
+                # Woken by a change (kubelet.sock created, the server restarted): back-off starts over.
+                delay = BACKOFF_START if state.retry_now.is_set() else min(delay * 2, BACKOFF_CAP)
+                continue
+            if not state.server.dialled_since(mark):
+                log.debug("The kubelet dialled an earlier %s server; registering again", resource)
                 continue
             state.registered, state.registered_with = True, kubelet
             state.registrations += 1
             REGISTRATIONS.labels(resource=resource).inc()
             log.info("Registered resource %s", resource)
+            if state.server.streams == 0:
+                # The kubelet opens its stream right after Register; one that ended while this registration
+                # was under way went unanswered, so wait for a stream as after any loss.
+                self._arm_grace(resource, state)
             return
 
     def _kubelet_identity(self) -> tuple[int, int] | None:
@@ -367,7 +377,11 @@ class Agent:
                 state.grace = None
             return
         registering = state.registering is not None and not state.registering.done()
-        if state.server.serving and not registering and state.grace is None:
+        if not registering:
+            self._arm_grace(resource, state)
+
+    def _arm_grace(self, resource: str, state: _Resource) -> None:
+        if state.server.serving and state.grace is None:
             delay = min(STREAM_GRACE * 2**state.lost_streak, STREAM_GRACE_CAP)
             state.grace = asyncio.get_running_loop().call_later(delay, self._stream_lost, resource)
 

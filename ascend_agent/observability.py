@@ -58,7 +58,8 @@ def configure_logging(level: str, log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    logging.getLogger("grpclib").setLevel(max(logging.WARNING, root.level))
+    for noisy in ("grpclib", "hpack", "h2"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
 # Metrics ---------------------------------------------------------------------------------------------------

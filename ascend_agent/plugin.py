@@ -84,9 +84,13 @@ class PluginServer:
         self._snapshot = Encoded(b"")
         self._changed = asyncio.Event()
         self._responses: dict[tuple[int, ...], bytes] = {}
-        self._streams = 0
+        self._streams: set[object] = set()  # the open streams of the incarnation serving now
         self._server: Server | None = None
         self._identity: tuple[int, int] | None = None
+        # Which incarnation of the server is up, and how often the kubelet dialled it (GetDevicePluginOptions,
+        # which the kubelet calls inside Register): tells whether a registration reached this incarnation.
+        self._generation = 0
+        self._dials = 0
 
     @property
     def spec_for(self) -> SpecFor:
@@ -100,8 +104,8 @@ class PluginServer:
 
     @property
     def streams(self) -> int:
-        """How many ListAndWatch streams are open now."""
-        return self._streams
+        """How many ListAndWatch streams are open now on the server serving now."""
+        return len(self._streams)
 
     @property
     def serving(self) -> bool:
@@ -140,14 +144,34 @@ class PluginServer:
         os.chmod(self.socket_path, 0o600)
         self._server = server
         self._identity = socket_identity(self.socket_path)
+        self._generation += 1
+        self._dials = 0
+        self._streams = set()
 
     async def check(self) -> None:
-        """Dial our own socket and ask for the options, as the kubelet will; raise on failure."""
+        """Dial our own socket and make a call, as the kubelet will; raise on failure. The call is
+        PreStartContainer, which the kubelet never makes here, so GetDevicePluginOptions counts only the
+        kubelet's dials."""
         channel = LocalChannel(self.socket_path)
         try:
-            await DevicePluginStub(channel).get_device_plugin_options(timeout=_SELF_CHECK_TIMEOUT)
+            await DevicePluginStub(channel).pre_start_container(
+                PreStartContainerRequest(), timeout=_SELF_CHECK_TIMEOUT
+            )
         finally:
             channel.close()
+
+    def dial_mark(self) -> tuple[int, int]:
+        """A mark to pass to :meth:`dialled_since` later."""
+        return self._generation, self._dials
+
+    def dialled_since(self, mark: tuple[int, int]) -> bool:
+        """True when a client has asked the server now serving for its options since ``mark`` was taken."""
+        generation, dials = mark
+        return self._dials > (dials if generation == self._generation else 0)
+
+    def options_asked(self) -> DevicePluginOptions:
+        self._dials += 1
+        return self.options
 
     async def stop(self) -> None:
         """Stop serving, end every stream, and remove the socket if it is still ours."""
@@ -166,7 +190,9 @@ class PluginServer:
 
     async def list_and_watch(self) -> AsyncIterator[Encoded]:
         """The whole device list now, then again after every change, until the client goes away."""
-        self._stream_opened(+1)
+        streams, token = self._streams, object()
+        streams.add(token)
+        self._streams_changed()
         try:
             sent: Encoded | None = None
             while True:
@@ -176,13 +202,15 @@ class PluginServer:
                     sent = snapshot
                 await changed.wait()
         finally:
-            self._stream_opened(-1)
+            streams.discard(token)
+            # A stream of an earlier incarnation ending says nothing about the kubelet's current stream.
+            if streams is self._streams:
+                self._streams_changed()
 
-    def _stream_opened(self, delta: int) -> None:
-        self._streams += delta
-        STREAMS.labels(resource=self.resource).set(self._streams)
+    def _streams_changed(self) -> None:
+        STREAMS.labels(resource=self.resource).set(len(self._streams))
         if self._on_streams_changed is not None:
-            self._on_streams_changed(self.resource, self._streams)
+            self._on_streams_changed(self.resource, len(self._streams))
 
     def allocate(self, request: AllocateRequest) -> Encoded:
         """One container response per container request, in order, as an encoded AllocateResponse;
@@ -320,7 +348,7 @@ class _Service(DevicePluginBase):
         self._plugin = plugin
 
     async def get_device_plugin_options(self, message: Empty) -> DevicePluginOptions:
-        return self._plugin.options
+        return self._plugin.options_asked()
 
     # The generated base declares message types; these handlers answer with pre-encoded ones (see _Codec).
     async def list_and_watch(self, message: Empty) -> AsyncIterator[ListAndWatchResponse]:

@@ -22,11 +22,12 @@ def state(short_dir: Path) -> Path:
 
 @pytest.fixture
 def agent(kubelet: KubeletStandin, state: Path) -> Iterator[AgentProcess]:
-    process = fake_agent(kubelet.directory, "--fake-state", str(state))
+    process = fake_agent(kubelet.directory, "--fake-state", str(state), "--log-level", "debug")
     kubelet.wait_registrations(1)
     kubelet.wait_update(lambda u: len(u.devices) == 8, what="the first device list")
     yield process
     process.close()
+    print(process.output)  # pytest shows it when the test failed
 
 
 def _fds(pid: int) -> int:
@@ -72,6 +73,21 @@ def test_a_mixed_event_storm_still_gives_one_registration(
         kubelet.start()
         kubelet.wait_registrations(1 + storm)
     _no_more_registrations(kubelet, 6, within=1.5)
+
+
+def test_socket_deleted_right_after_a_registration_registers_again(
+    kubelet: KubeletStandin, agent: AgentProcess
+) -> None:
+    # The stand-in records a registration inside Register, before the agent has its answer: deleting the
+    # socket at once restarts the server while that registration is still under way. The kubelet dialled the
+    # old server, so the new one must register too.
+    for _ in range(20):
+        count = len(kubelet.registrations)
+        kubelet.restart()
+        kubelet.wait_registrations(count + 1)
+        kubelet.plugin_socket().unlink()
+        kubelet.wait_registrations(count + 2, timeout=5)
+    kubelet.wait_update(lambda u: len(u.devices) == 8, after=len(kubelet.updates) - 1)
 
 
 def test_socket_deleted_while_the_kubelet_stays(kubelet: KubeletStandin, agent: AgentProcess) -> None:
