@@ -48,7 +48,7 @@ from ascend_agent._proto.v1beta1 import (
     TopologyInfo,
 )
 from ascend_agent.kubelet import LocalChannel, socket_identity
-from ascend_agent.model import MAX_DEVICE_ID_LENGTH, Chip, ContainerSpec
+from ascend_agent.model import MAX_DEVICE_ID_LENGTH, Chip, ContainerSpec, Health
 from ascend_agent.observability import ALLOCATE_SECONDS, ALLOCATIONS, STREAMS
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class PluginServer:
         self._devices: dict[str, Chip] = {}
         self._preference: Preference | None = None
         self._snapshot = Encoded(b"")
+        self._device_entries: dict[tuple[str, Health, int | None], bytes] = {}
         self._changed = asyncio.Event()
         self._responses: dict[tuple[int, ...], bytes] = {}
         self._streams: set[object] = set()  # the open streams of the incarnation serving now
@@ -127,8 +128,16 @@ class PluginServer:
         if devices == self._devices and self._devices:
             return False
         self._devices = dict(devices)
-        listed = [_device(device_id, chip) for device_id, chip in devices.items()]
-        self._snapshot = Encoded(bytes(ListAndWatchResponse(devices=listed)))
+        # ListAndWatchResponse is one repeated field: its encoding is the devices' entries side by side, so
+        # only the devices that changed are encoded again (1024 devices: milliseconds, not 50 ms).
+        entries = {}
+        for device_id, chip in devices.items():
+            key = (device_id, chip.health, chip.numa_node)
+            entries[key] = self._device_entries.get(key) or _repeated_field_entry(
+                bytes(_device(device_id, chip))
+            )
+        self._device_entries = entries
+        self._snapshot = Encoded(b"".join(entries.values()))
         self._responses.clear()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()

@@ -83,6 +83,7 @@ class DevfsBackend:
         self._healthy_states = frozenset(state.lower() for state in settings.healthy_states)
         self._probed: dict[int, _Probed] = {}
         self._reported: frozenset[int] = frozenset()
+        self._numa: dict[str, int | None] = {}
         self._names: dict[tuple[int, int], str] = {}
         self._failures = 0
         self._last_failure = ""
@@ -178,15 +179,19 @@ class DevfsBackend:
         return probed
 
     async def _numa_node(self, bus_id: str | None) -> int | None:
+        """The NUMA node of a PCI device; read once per bus id, as it cannot change while the device is up."""
         if not bus_id:
             return None
+        if bus_id in self._numa:
+            return self._numa[bus_id]
         path = self._settings.effective_sys_root / "bus/pci/devices" / bus_id.lower() / "numa_node"
         try:
             async with aiofiles.open(path) as handle:
                 node = int((await handle.read()).strip())
         except (OSError, ValueError):
             return None
-        return node if node >= 0 else None
+        self._numa[bus_id] = node if node >= 0 else None
+        return self._numa[bus_id]
 
     async def discover(self) -> Inventory:
         nodes = await self._device_nodes()

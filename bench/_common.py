@@ -1,0 +1,123 @@
+"""Shared by the benchmarks: the grpcio kubelet stand-in and agent process from tests/, statistics, tables,
+and results written to bench/results/<name>.json with the machine they ran on."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT / "tests"))
+
+from agent_process import AgentProcess  # noqa: E402
+from kubelet_standin import KubeletStandin  # noqa: E402
+
+__all__ = ["AgentProcess", "KubeletStandin", "Row", "grpc_api", "kubelet", "quick", "report", "stats"]
+
+
+def quick() -> bool:
+    return "--quick" in sys.argv
+
+
+def grpc_api() -> tuple[ModuleType, ModuleType]:
+    """protobuf and grpcio classes compiled from protos/ now, as the tests do."""
+    from grpc_tools import protoc
+
+    out = tempfile.mkdtemp(prefix="bench-api-", dir="/tmp")
+    include = Path(protoc.__file__).parent / "_proto"
+    code = protoc.main(
+        [
+            "protoc",
+            f"-I{ROOT / 'protos'}",
+            f"-I{include}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            "deviceplugin/v1beta1/api.proto",
+        ]
+    )
+    assert code == 0
+    sys.path.insert(0, out)
+    return (
+        importlib.import_module("deviceplugin.v1beta1.api_pb2"),
+        importlib.import_module("deviceplugin.v1beta1.api_pb2_grpc"),
+    )
+
+
+@contextmanager
+def kubelet(api: tuple[ModuleType, ModuleType]) -> Iterator[KubeletStandin]:
+    directory = Path(tempfile.mkdtemp(prefix="bench-", dir="/tmp")) / "k"
+    standin = KubeletStandin(directory, *api)
+    standin.start()
+    try:
+        yield standin
+    finally:
+        standin.stop()
+
+
+def stats(samples: Sequence[float]) -> tuple[float, float]:
+    """(median, p99) of ``samples``."""
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+@dataclass
+class Row:
+    name: str
+    median: float
+    p99: float | None
+    unit: str
+    target: str = ""
+    ok: bool | None = None
+
+
+def _machine() -> dict[str, Any]:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.machine(),
+    )
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def report(name: str, rows: Sequence[Row], extra: dict[str, Any] | None = None) -> None:
+    """Print an aligned table and write bench/results/<name>.json."""
+    print(f"\n== {name} ({_machine()['cpus']} cores, {_machine()['cpu']})")
+    header = ("case", "median", "p99", "unit", "target", "ok")
+    cells = [
+        (
+            r.name,
+            f"{r.median:.3f}",
+            "-" if r.p99 is None else f"{r.p99:.3f}",
+            r.unit,
+            r.target,
+            "-" if r.ok is None else ("yes" if r.ok else "NO"),
+        )
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    for line in [header, *cells]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    document = {"machine": _machine(), "rows": [asdict(r) for r in rows], **(extra or {})}
+    (RESULTS / f"{name}.json").write_text(json.dumps(document, indent=2))

@@ -1,0 +1,159 @@
+"""Allocate latency and throughput from a grpcio client over the unix socket, against a grpcio (C-core)
+server in its own process that answers the same bytes, in the same run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from _common import AgentProcess, Row, grpc_api, kubelet, quick, report, stats
+
+
+def _sequential(stub: Any, request: Any, calls: int) -> list[float]:
+    for _ in range(calls // 10):
+        stub.Allocate(request)
+    samples = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        stub.Allocate(request)
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def _concurrent(stub: Any, request: Any, calls: int, workers: int = 16) -> tuple[list[float], float]:
+    samples: list[float] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        mine = _sequential(stub, request, calls // workers)
+        with lock:
+            samples.extend(mine)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(300)
+    return samples, len(samples) / (time.perf_counter() - started)
+
+
+def _serve_reference(socket: str, answers_file: str) -> None:
+    """The reference, in its own process like our agent: a grpcio server whose Allocate returns, for each
+    request's bytes, the bytes our agent returned."""
+    answers = {
+        bytes.fromhex(k): bytes.fromhex(v) for k, v in json.loads(Path(answers_file).read_text()).items()
+    }
+    handler = grpc.method_handlers_generic_handler(
+        "v1beta1.DevicePlugin",
+        {"Allocate": grpc.unary_unary_rpc_method_handler(lambda request, context: answers[request])},
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.read()  # until the benchmark closes our stdin
+    server.stop(0)
+
+
+def _start_reference(answers: dict[bytes, bytes]) -> tuple[subprocess.Popen[str], Path]:
+    directory = Path(tempfile.mkdtemp(prefix="bench-ref-", dir="/tmp"))
+    answers_file = directory / "answers.json"
+    answers_file.write_text(json.dumps({k.hex(): v.hex() for k, v in answers.items()}))
+    socket = directory / "ref.sock"
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--serve-reference", str(socket), str(answers_file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process, socket
+
+
+def main() -> None:
+    calls = 500 if quick() else 2000
+    api = grpc_api()
+    pb, pb_grpc = api
+    rows: list[Row] = []
+    with kubelet(api) as standin:
+        agent = AgentProcess(
+            ["run", "--backend", "fake", "--kubelet-dir", str(standin.directory), "--metrics-address", ""]
+        )
+        try:
+            standin.wait_registrations(1)
+            requests = {
+                n: pb.AllocateRequest(
+                    container_requests=[
+                        pb.ContainerAllocateRequest(devices_ids=[f"Ascend910-{i}" for i in range(n)])
+                    ]
+                )
+                for n in (1, 8)
+            }
+            channel, ours = standin.plugin_stub()
+            raw = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")  # no deserializer: the wire bytes
+            answers = {r.SerializeToString(): raw(r.SerializeToString()) for r in requests.values()}
+            server, socket = _start_reference(answers)
+            ref_channel = grpc.insecure_channel(f"unix://{socket}")
+            reference = pb_grpc.DevicePluginStub(ref_channel)
+            assert reference.Allocate(requests[8]) == ours.Allocate(requests[8])
+            figures: dict[str, Any] = {}
+            for n, request in requests.items():
+                ours_med, ours_p99 = stats(_sequential(ours, request, calls))
+                ref_med, ref_p99 = stats(_sequential(reference, request, calls))
+                ours_c, ours_rate = _concurrent(ours, request, calls * 2)
+                _, ref_rate = _concurrent(reference, request, calls * 2)
+                ratio = ours_med / ref_med
+                figures[f"{n} chips"] = {
+                    "ratio_median": ratio,
+                    "ratio_p99": ours_p99 / ref_p99,
+                    "calls_per_s_16way": ours_rate,
+                    "reference_calls_per_s_16way": ref_rate,
+                }
+                rows += [
+                    Row(
+                        f"ours, {n} chip(s), sequential",
+                        ours_med * 1e3,
+                        ours_p99 * 1e3,
+                        "ms",
+                        "p99 < 3",
+                        ours_p99 < 0.003,
+                    ),
+                    Row(f"reference, {n} chip(s), sequential", ref_med * 1e3, ref_p99 * 1e3, "ms"),
+                    Row(
+                        f"ours / reference, {n} chip(s)",
+                        ratio,
+                        ours_p99 / ref_p99,
+                        "x",
+                        "median <= 1.5",
+                        ratio <= 1.5,
+                    ),
+                    Row(f"ours, {n} chip(s), 16-way", stats(ours_c)[0] * 1e3, stats(ours_c)[1] * 1e3, "ms"),
+                    Row(f"ours, {n} chip(s), 16-way throughput", ours_rate, None, "calls/s"),
+                    Row(f"reference, {n} chip(s), 16-way throughput", ref_rate, None, "calls/s"),
+                ]
+            channel.close()
+            ref_channel.close()
+            assert server.stdin is not None
+            server.stdin.close()
+            server.wait(10)
+        finally:
+            agent.close()
+    report("allocate", rows, {"ratios": figures})
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve-reference"]:
+        _serve_reference(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -1,0 +1,136 @@
+"""Reaction times, against the grpcio kubelet stand-in: how long until the kubelet's view is true again."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from _common import AgentProcess, Row, grpc_api, kubelet, quick, report, stats
+from host_tree import HostTree
+from npusmi_fake import FakeNpuSmi
+
+B4_INFO = (
+    Path(__file__).resolve().parent.parent / "tests/fixtures/npu-smi/910B4x8-25.0.rc1.1-info.txt"
+).read_text()
+TARGET = 0.050
+
+
+def _write_state(path: Path, state: dict[str, list[int]]) -> None:
+    temporary = path.with_name(".state.tmp")
+    temporary.write_text(json.dumps(state))
+    temporary.rename(path)
+
+
+def _row(name: str, samples: list[float]) -> Row:
+    median, p99 = stats(samples)
+    return Row(name, median * 1e3, p99 * 1e3, "ms", "p99 < 50", p99 < TARGET)
+
+
+def main() -> None:
+    repetitions = 20 if quick() else 60
+    api = grpc_api()
+    rows = []
+    with kubelet(api) as standin:
+        state = standin.directory.parent / "state.json"
+        state.write_text("{}")
+        agent = AgentProcess(
+            [
+                "run",
+                "--backend",
+                "fake",
+                "--kubelet-dir",
+                str(standin.directory),
+                "--metrics-address",
+                "",
+                "--fake-state",
+                str(state),
+            ]
+        )
+        try:
+            standin.wait_registrations(1)
+            restart, deleted, fault, recovery = [], [], [], []
+            for _ in range(repetitions):
+                count = len(standin.registrations)
+                standin.stop()
+                started = time.monotonic()
+                standin.start()  # removes every socket, then kubelet.sock appears
+                standin.wait_registrations(count + 1)
+                restart.append(standin.registrations[count].at - started)
+
+                count = len(standin.registrations)
+                started = time.monotonic()
+                standin.plugin_socket().unlink()
+                standin.wait_registrations(count + 1)
+                deleted.append(standin.registrations[count].at - started)
+
+                after = len(standin.updates)
+                started = time.monotonic()
+                _write_state(state, {"unhealthy": [3]})
+                update = standin.wait_update(lambda u: u.health()["Ascend910-3"] == "Unhealthy", after=after)
+                fault.append(update.at - started)
+
+                after = len(standin.updates)
+                started = time.monotonic()
+                _write_state(state, {})
+                update = standin.wait_update(lambda u: set(u.health().values()) == {"Healthy"}, after=after)
+                recovery.append(update.at - started)
+            rows += [
+                _row("kubelet restart -> registered", restart),
+                _row("own socket deleted -> registered", deleted),
+                _row("fault in state file -> on the stream", fault),
+                _row("recovery in state file -> on the stream", recovery),
+            ]
+        finally:
+            agent.close()
+    rows += _devfs(api, repetitions)
+    report("react", rows)
+
+
+def _devfs(api: tuple[object, object], repetitions: int) -> list[Row]:
+    scratch = Path(tempfile.mkdtemp(prefix="bench-dev-", dir="/tmp"))
+    host = HostTree(scratch / "host").add_driver().add_management().add_chips(range(8))
+    npu_smi = FakeNpuSmi(scratch / "npu-smi")
+    npu_smi.set_output("info", B4_INFO)
+    with kubelet(api) as standin:  # type: ignore[arg-type]
+        agent = AgentProcess(
+            [
+                "run",
+                "--backend",
+                "devfs",
+                "--host-root",
+                str(host.root),
+                "--npu-smi",
+                str(npu_smi.path),
+                "--kubelet-dir",
+                str(standin.directory),
+                "--metrics-address",
+                "",
+            ]
+        )
+        try:
+            standin.wait_registrations(1)
+            standin.wait_update(lambda u: len(u.devices) == 8)
+            removed, returned = [], []
+            for _ in range(repetitions):
+                after = len(standin.updates)
+                started = time.monotonic()
+                (host.dev / "davinci3").unlink()
+                update = standin.wait_update(lambda u: u.health()["Ascend910-3"] == "Unhealthy", after=after)
+                removed.append(update.at - started)
+                after = len(standin.updates)
+                started = time.monotonic()
+                (host.dev / "davinci3").write_text("")
+                update = standin.wait_update(lambda u: set(u.health().values()) == {"Healthy"}, after=after)
+                returned.append(update.at - started)
+        finally:
+            agent.close()
+    return [
+        _row("devfs: /dev/davinci3 removed -> on the stream", removed),
+        _row("devfs: /dev/davinci3 back -> on the stream", returned),
+    ]
+
+
+if __name__ == "__main__":
+    main()
