@@ -3,7 +3,6 @@ and results written to bench/results/<name>.json with the machine they ran on.""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import platform
@@ -23,7 +22,7 @@ RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "tests"))
 
 from agent_process import AgentProcess  # noqa: E402
-from kubelet_standin import KubeletStandin  # noqa: E402
+from kubelet_standin import KubeletStandin, compile_api  # noqa: E402
 
 __all__ = ["AgentProcess", "KubeletStandin", "Row", "grpc_api", "kubelet", "quick", "report", "stats"]
 
@@ -34,26 +33,7 @@ def quick() -> bool:
 
 def grpc_api() -> tuple[ModuleType, ModuleType]:
     """protobuf and grpcio classes compiled from protos/ now, as the tests do."""
-    from grpc_tools import protoc
-
-    out = tempfile.mkdtemp(prefix="bench-api-", dir="/tmp")
-    include = Path(protoc.__file__).parent / "_proto"
-    code = protoc.main(
-        [
-            "protoc",
-            f"-I{ROOT / 'protos'}",
-            f"-I{include}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            "deviceplugin/v1beta1/api.proto",
-        ]
-    )
-    assert code == 0
-    sys.path.insert(0, out)
-    return (
-        importlib.import_module("deviceplugin.v1beta1.api_pb2"),
-        importlib.import_module("deviceplugin.v1beta1.api_pb2_grpc"),
-    )
+    return compile_api(Path(tempfile.mkdtemp(prefix="bench-api-", dir="/tmp")))
 
 
 @contextmanager

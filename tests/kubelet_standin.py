@@ -7,6 +7,8 @@ starts ListAndWatch, ending the resource's previous stream. Tests wait on what i
 
 from __future__ import annotations
 
+import importlib
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +19,30 @@ from types import ModuleType
 from typing import Any
 
 import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compile_api(out: Path) -> tuple[ModuleType, ModuleType]:
+    """(api_pb2, api_pb2_grpc): protobuf and grpcio classes compiled now from protos/, into ``out``."""
+    from grpc_tools import protoc
+
+    include = Path(protoc.__file__).parent / "_proto"
+    proto = "deviceplugin/v1beta1/api.proto"
+    arguments = [
+        "protoc",
+        f"-I{ROOT / 'protos'}",
+        f"-I{include}",
+        f"--python_out={out}",
+        f"--grpc_python_out={out}",
+    ]
+    if protoc.main([*arguments, proto]) != 0:
+        raise RuntimeError("grpc_tools.protoc failed on protos/")
+    sys.path.insert(0, str(out))
+    return (
+        importlib.import_module("deviceplugin.v1beta1.api_pb2"),
+        importlib.import_module("deviceplugin.v1beta1.api_pb2_grpc"),
+    )
 
 
 @dataclass
