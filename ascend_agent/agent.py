@@ -182,8 +182,8 @@ class Agent:
         so a slow or hanging npu-smi never delays a re-registration."""
         while True:
             await asyncio.sleep(interval)
-            await self.backend.query()
-            self.wake()
+            if await self.backend.query():
+                self.wake()
 
     async def _apply_config(self) -> None:
         assert self._source is not None

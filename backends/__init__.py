@@ -35,9 +35,10 @@ class Backend(Protocol):
     def watch_paths(self) -> Sequence[tuple[Path, Callable[[str], bool]]]:
         """Directories, each with a filter of entry names, whose changes mean the chips may have changed."""
 
-    async def query(self) -> None:
+    async def query(self) -> bool:
         """Ask the hardware again (health, the chip list); slow, bounded by a timeout, never raises.
-        The agent runs it beside its reconcile loop, every ``health_interval``."""
+        The agent runs it beside its reconcile loop, every ``health_interval``; True when anything that
+        ``discover`` reports may have changed."""
 
     async def discover(self) -> Inventory:
         """The chips now: the last hardware query combined with the cheap sources (device nodes, state

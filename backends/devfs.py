@@ -101,9 +101,19 @@ class DevfsBackend:
     async def start(self) -> None:
         return None
 
-    async def query(self) -> None:
+    async def query(self) -> bool:
         """One ``npu-smi info`` for every chip. A failure keeps the last known health; after
-        ``health_failure_threshold`` failures in a row every chip is Unhealthy until a query succeeds."""
+        ``health_failure_threshold`` failures in a row every chip is Unhealthy until a query succeeds.
+        True when what the chips look like changed."""
+        before = self._view()
+        await self._query()
+        return self._view() != before
+
+    def _view(self) -> tuple[object, ...]:
+        failing = self._failures >= self._settings.health_failure_threshold
+        return tuple(sorted(self._probed.items())), self._reported, failing, self._query_problem
+
+    async def _query(self) -> None:
         executable = self._settings.effective_npu_smi
         started = time.perf_counter()
         try:

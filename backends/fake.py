@@ -96,8 +96,8 @@ class FakeBackend:
             return []
         return [(state.parent, lambda name: name == state.name)]
 
-    async def query(self) -> None:
-        return None
+    async def query(self) -> bool:
+        return False
 
     async def start(self) -> None:
         await self._load_state()

@@ -292,7 +292,7 @@ def test_hanging_npu_smi_fails_after_the_threshold_and_recovers(
     kubelet: KubeletStandin, devfs_agent: AgentProcess, npu_smi: FakeNpuSmi
 ) -> None:
     npu_smi.set_mode("hang")
-    devfs_agent.wait_log("Health query failed, keeping the last known health: .*timed out|timeout")
+    devfs_agent.wait_log("Health query failed, keeping the last known health: ")
     # The kubelet's calls never wait for npu-smi.
     assert _allocate(kubelet, ["Ascend910-0"], timeout=0.5).envs["ASCEND_VISIBLE_DEVICES"] == "0"
     down = kubelet.wait_update(lambda u: set(u.health().values()) == {"Unhealthy"}, timeout=10)
