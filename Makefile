@@ -40,7 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py
 
 soak: $(STAMP)
-	$(BIN)/pytest -q -m soak -o addopts=''
+	$(BIN)/pytest -q -s -m soak -o addopts=''
 
 image:
 	@engine=$$(command -v podman || command -v docker) || { echo "make image: no container engine (podman or docker) here"; exit 1; }; \

@@ -71,5 +71,11 @@ async def register(
     except (OSError, StreamTerminatedError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
         raise RegistrationError(f"cannot reach the kubelet at {kubelet_socket}: {reason}") from None
+    except Exception as exc:
+        # Seen in the soak: grpclib raises AttributeError when a restarting kubelet drops the connection
+        # mid-handshake. Whatever it is, the registration must be retried, not lost.
+        raise RegistrationError(
+            f"the connection to {kubelet_socket} broke: {type(exc).__name__}: {exc}"
+        ) from None
     finally:
         channel.close()
