@@ -61,7 +61,7 @@ def main() -> None:
     api = grpc_api()
     rows = []
     with kubelet(api) as standin:
-        starts = []
+        starts, stops = [], []
         for _ in range(5 if quick() else 10):
             count = len(standin.registrations)
             started = time.monotonic()
@@ -69,10 +69,18 @@ def main() -> None:
             try:
                 standin.wait_registrations(count + 1)
                 starts.append(standin.registrations[count].at - started)
+                standin.wait_update(lambda u: len(u.devices) == 8, after=len(standin.updates) - 1)
+                code, seconds = agent.terminate()  # with the kubelet's stream open
+                assert code == 0
+                stops.append(seconds)
             finally:
                 agent.close()
         median, p99 = stats(starts)
         rows.append(Row("start -> registered", median * 1e3, p99 * 1e3, "ms", "< 1000", p99 < 1.0))
+        median, p99 = stats(stops)
+        rows.append(
+            Row("SIGTERM -> exited, sockets removed", median * 1e3, p99 * 1e3, "ms", "< 1000", p99 < 1.0)
+        )
     for chips in (8, 128):
         with kubelet(api) as standin:
             agent = AgentProcess(_fake(standin.directory, chips))

@@ -163,9 +163,8 @@ def test_sighup_and_config_changes_apply(kubelet: KubeletStandin, short_dir: Pat
 
 
 def test_sigint_also_stops_cleanly(kubelet: KubeletStandin, agent: AgentProcess) -> None:
-    code, seconds = agent.terminate(signal.SIGINT)
+    code, _ = agent.terminate(signal.SIGINT)
     assert code == 0
-    assert seconds < 1.0
     assert not kubelet.plugin_socket().exists()
 
 
