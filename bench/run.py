@@ -14,7 +14,10 @@ def main() -> int:
     failed = []
     for script in SCRIPTS:
         print(f"\n### bench/{script}", flush=True)
-        if subprocess.run([sys.executable, str(HERE / script), *sys.argv[1:]], check=False).returncode:
+        # preferred.py takes an iteration count; the others take --quick.
+        quick = "--quick" in sys.argv[1:]
+        args = (["--iterations", "2000"] if quick else []) if script == "preferred.py" else sys.argv[1:]
+        if subprocess.run([sys.executable, str(HERE / script), *args], check=False).returncode:
             failed.append(script)
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
