@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any
@@ -58,7 +58,6 @@ class _Resource:
     registering: asyncio.Task[None] | None = None
     retry_now: asyncio.Event = field(default_factory=asyncio.Event)
     grace: asyncio.TimerHandle | None = None
-    registrations: int = 0
     lost_streak: int = 0
     last_lost: float = float("-inf")
 
@@ -78,13 +77,8 @@ class Agent:
         self._watcher: Watcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.inventory = Inventory()
-        self.kubelet_restarts = 0
         self._spec_fingerprint: ContainerSpec | None = None
         self._cdi_document: dict[str, Any] | None = None
-
-    @property
-    def resources(self) -> Mapping[str, _Resource]:
-        return self._resources
 
     def wake(self) -> None:
         """Ask for a reconcile soon; any number of calls before it runs make one reconcile."""
@@ -164,7 +158,6 @@ class Agent:
         log.debug("inotify: %s %s %s", event.tag, event.name, event.change.value)
         if event.tag == _KUBELET_TAG:
             if event.name == KUBELET_SOCKET and event.change is Change.CREATED:
-                self.kubelet_restarts += 1
                 KUBELET_RESTARTS.inc()
                 self.kubelet_appeared()
             elif event.change is Change.APPEARED:
@@ -355,7 +348,6 @@ class Agent:
                 log.debug("The kubelet dialled an earlier %s server; registering again", resource)
                 continue
             state.registered, state.registered_with = True, kubelet
-            state.registrations += 1
             REGISTRATIONS.labels(resource=resource).inc()
             log.info("Registered resource %s", resource)
             if state.server.streams == 0:
