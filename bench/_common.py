@@ -24,7 +24,18 @@ sys.path.insert(0, str(ROOT / "tests"))
 from agent_process import AgentProcess  # noqa: E402
 from kubelet_standin import KubeletStandin, compile_api  # noqa: E402
 
-__all__ = ["AgentProcess", "KubeletStandin", "Row", "grpc_api", "kubelet", "quick", "report", "stats"]
+__all__ = [
+    "AgentProcess",
+    "KubeletStandin",
+    "Row",
+    "devfs_flags",
+    "grpc_api",
+    "kubelet",
+    "quick",
+    "report",
+    "start_agent",
+    "stats",
+]
 
 
 def quick() -> bool:
@@ -34,6 +45,19 @@ def quick() -> bool:
 def grpc_api() -> tuple[ModuleType, ModuleType]:
     """protobuf and grpcio classes compiled from protos/ now, as the tests do."""
     return compile_api(Path(tempfile.mkdtemp(prefix="bench-api-", dir="/tmp")))
+
+
+def start_agent(kubelet_dir: Path, *flags: str) -> AgentProcess:
+    """``ascend-agent run`` against ``kubelet_dir`` with metrics off: the fake backend unless ``flags`` name
+    another (a repeated flag takes its last value)."""
+    return AgentProcess(
+        ["run", "--backend", "fake", "--kubelet-dir", str(kubelet_dir), "--metrics-address", "", *flags]
+    )
+
+
+def devfs_flags(host_root: Path, npu_smi: Path) -> list[str]:
+    """The flags for the devfs backend on a temporary host tree with a fake npu-smi."""
+    return ["--backend", "devfs", "--host-root", str(host_root), "--npu-smi", str(npu_smi)]
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from _common import AgentProcess, Row, grpc_api, kubelet, quick, report, stats
+from _common import Row, grpc_api, kubelet, quick, report, start_agent, stats
 
 
 def _sequential(stub: Any, request: Any, calls: int) -> list[float]:
@@ -87,9 +87,7 @@ def main() -> None:
     pb, pb_grpc = api
     rows: list[Row] = []
     with kubelet(api) as standin:
-        agent = AgentProcess(
-            ["run", "--backend", "fake", "--kubelet-dir", str(standin.directory), "--metrics-address", ""]
-        )
+        agent = start_agent(standin.directory)
         try:
             standin.wait_registrations(1)
             requests = {

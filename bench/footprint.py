@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, AgentProcess, Row, grpc_api, kubelet, quick, report, stats
+from _common import ROOT, Row, devfs_flags, grpc_api, kubelet, quick, report, start_agent, stats
 from host_tree import HostTree
 from npusmi_fake import FakeNpuSmi
 
@@ -29,23 +29,9 @@ def _cpu_seconds(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) / CLOCK, (int(fields[13]) + int(fields[14])) / CLOCK
 
 
-def _fake(directory: Path, chips: int = 8) -> list[str]:
-    return [
-        "run",
-        "--backend",
-        "fake",
-        "--kubelet-dir",
-        str(directory),
-        "--metrics-address",
-        "",
-        "--fake-chips",
-        str(chips),
-    ]
-
-
-def _idle(args: list[str], standin_api: tuple[object, object], seconds: float) -> tuple[float, float]:
+def _idle(flags: list[str], standin_api: tuple[object, object], seconds: float) -> tuple[float, float]:
     with kubelet(standin_api) as standin:  # type: ignore[arg-type]
-        agent = AgentProcess([*args, "--kubelet-dir", str(standin.directory)])
+        agent = start_agent(standin.directory, *flags)
         try:
             standin.wait_registrations(1)
             standin.wait_update(lambda u: len(u.devices) > 0)
@@ -65,7 +51,7 @@ def main() -> None:
         for _ in range(5 if quick() else 10):
             count = len(standin.registrations)
             started = time.monotonic()
-            agent = AgentProcess(_fake(standin.directory))
+            agent = start_agent(standin.directory)
             try:
                 standin.wait_registrations(count + 1)
                 starts.append(standin.registrations[count].at - started)
@@ -83,7 +69,7 @@ def main() -> None:
         )
     for chips in (8, 128):
         with kubelet(api) as standin:
-            agent = AgentProcess(_fake(standin.directory, chips))
+            agent = start_agent(standin.directory, "--fake-chips", str(chips))
             try:
                 standin.wait_registrations(1)
                 standin.wait_update(lambda u, n=chips: len(u.devices) == n)
@@ -92,27 +78,13 @@ def main() -> None:
                 agent.close()
         rows.append(Row(f"RSS after registration, {chips} devices", rss, None, "MB", "< 40 (128)", rss < 40))
     seconds = 10.0 if quick() else 60.0
-    own, _ = _idle(["run", "--backend", "fake", "--metrics-address", ""], api, seconds)
+    own, _ = _idle([], api, seconds)
     rows.append(Row(f"idle CPU, fake backend, {seconds:.0f} s", own, None, "% of a core", "< 0.1", own < 0.1))
     scratch = Path(tempfile.mkdtemp(prefix="bench-fp-", dir="/tmp"))
     host = HostTree(scratch / "host").add_driver().add_management().add_chips(range(8))
     npu_smi = FakeNpuSmi(scratch / "npu-smi")
     npu_smi.set_output("info", B4_INFO)
-    own, children = _idle(
-        [
-            "run",
-            "--backend",
-            "devfs",
-            "--host-root",
-            str(host.root),
-            "--npu-smi",
-            str(npu_smi.path),
-            "--metrics-address",
-            "",
-        ],
-        api,
-        seconds,
-    )
+    own, children = _idle(devfs_flags(host.root, npu_smi.path), api, seconds)
     rows.append(
         Row(
             f"idle CPU, devfs, health every 5 s, {seconds:.0f} s",

@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import AgentProcess, Row, grpc_api, kubelet, quick, report, stats
+from _common import Row, devfs_flags, grpc_api, kubelet, quick, report, start_agent, stats
 from host_tree import HostTree
 from npusmi_fake import FakeNpuSmi
 
@@ -35,19 +35,7 @@ def main() -> None:
     with kubelet(api) as standin:
         state = standin.directory.parent / "state.json"
         state.write_text("{}")
-        agent = AgentProcess(
-            [
-                "run",
-                "--backend",
-                "fake",
-                "--kubelet-dir",
-                str(standin.directory),
-                "--metrics-address",
-                "",
-                "--fake-state",
-                str(state),
-            ]
-        )
+        agent = start_agent(standin.directory, "--fake-state", str(state))
         try:
             standin.wait_registrations(1)
             restart, deleted, fault, recovery = [], [], [], []
@@ -94,21 +82,7 @@ def _devfs(api: tuple[object, object], repetitions: int) -> list[Row]:
     npu_smi = FakeNpuSmi(scratch / "npu-smi")
     npu_smi.set_output("info", B4_INFO)
     with kubelet(api) as standin:  # type: ignore[arg-type]
-        agent = AgentProcess(
-            [
-                "run",
-                "--backend",
-                "devfs",
-                "--host-root",
-                str(host.root),
-                "--npu-smi",
-                str(npu_smi.path),
-                "--kubelet-dir",
-                str(standin.directory),
-                "--metrics-address",
-                "",
-            ]
-        )
+        agent = start_agent(standin.directory, *devfs_flags(host.root, npu_smi.path))
         try:
             standin.wait_registrations(1)
             standin.wait_update(lambda u: len(u.devices) == 8)

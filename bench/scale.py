@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from _common import AgentProcess, Row, grpc_api, kubelet, quick, report, stats
+from _common import Row, grpc_api, kubelet, quick, report, start_agent, stats
 
 from ascend_agent._proto.v1beta1 import Device, ListAndWatchResponse, NumaNode, TopologyInfo
 
@@ -34,21 +34,7 @@ def main() -> None:
     with kubelet(api) as standin:
         state = standin.directory.parent / "state.json"
         state.write_text("{}")
-        agent = AgentProcess(
-            [
-                "run",
-                "--backend",
-                "fake",
-                "--kubelet-dir",
-                str(standin.directory),
-                "--metrics-address",
-                "",
-                "--fake-chips",
-                "1024",
-                "--fake-state",
-                str(state),
-            ]
-        )
+        agent = start_agent(standin.directory, "--fake-chips", "1024", "--fake-state", str(state))
         try:
             standin.wait_registrations(1)
             standin.wait_update(lambda u: len(u.devices) == 1024)
@@ -72,22 +58,8 @@ def main() -> None:
             agent.close()
     for replicas in (1, 8):
         with kubelet(api) as standin:
-            agent = AgentProcess(
-                [
-                    "run",
-                    "--backend",
-                    "fake",
-                    "--kubelet-dir",
-                    str(standin.directory),
-                    "--metrics-address",
-                    "",
-                    "--fake-chips",
-                    "16",
-                    "--fake-model",
-                    "910A",
-                    "--replicas",
-                    str(replicas),
-                ]
+            agent = start_agent(
+                standin.directory, "--fake-chips", "16", "--fake-model", "910A", "--replicas", str(replicas)
             )
             try:
                 standin.wait_registrations(1)
