@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
@@ -428,9 +430,24 @@ async def discover_once(settings: Settings) -> Inventory:
         await backend.close()
 
 
+def _reap_children_by_pidfd() -> None:  # called on the running loop
+    """Python 3.11 waits for every npu-smi in a thread started for it; a pidfd on the event loop needs no
+    thread (3.12 and later choose it themselves)."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # a kernel before 5.3, or a seccomp profile that refuses it
+        return
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())
+    asyncio.set_child_watcher(watcher)
+
+
 async def run_agent(source: SettingsSource, settings: Settings) -> int:
     """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
     configure_logging(settings.log_level, settings.log_format)
+    _reap_children_by_pidfd()
     backend = _backend(settings)
     await backend.start()
     log.info(

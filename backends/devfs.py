@@ -189,7 +189,8 @@ class DevfsBackend:
         return probed
 
     async def _numa_node(self, bus_id: str | None) -> int | None:
-        """The NUMA node of a PCI device; read once per bus id, as it cannot change while the device is up."""
+        """The NUMA node of a PCI device; read once per bus id, present or not, as it cannot change while
+        the device is up."""
         if not bus_id:
             return None
         if bus_id in self._numa:
@@ -197,10 +198,10 @@ class DevfsBackend:
         path = self._settings.effective_sys_root / "bus/pci/devices" / bus_id.lower() / "numa_node"
         try:
             async with aiofiles.open(path) as handle:
-                node = int((await handle.read()).strip())
+                node: int | None = int((await handle.read()).strip())
         except (OSError, ValueError):
-            return None
-        self._numa[bus_id] = node if node >= 0 else None
+            node = None  # no sysfs here (or no NUMA): asking again every health query would not change it
+        self._numa[bus_id] = node if node is not None and node >= 0 else None
         return self._numa[bus_id]
 
     async def discover(self) -> Inventory:
