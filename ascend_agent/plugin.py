@@ -59,8 +59,10 @@ Preference = Callable[[Sequence[str], Sequence[str], int], list[str]]
 StreamsChanged = Callable[[str, int], None]
 
 _SHUTDOWN_GRACE = 0.3
-# Distinct chip sets whose Allocate answers are kept: the kubelet asks for few; this bounds a bad client.
+# Distinct chip sets and requests whose Allocate answers are kept: the kubelet asks for few; these bound a
+# bad client.
 _MAX_CACHED_RESPONSES = 4096
+_MAX_CACHED_REQUEST_BYTES = 4096
 _SELF_CHECK_TIMEOUT = 2.0
 
 
@@ -85,6 +87,7 @@ class PluginServer:
         self._device_entries: dict[tuple[str, Health, int | None], bytes] = {}
         self._changed = asyncio.Event()
         self._responses: dict[tuple[int, ...], bytes] = {}
+        self._answers: dict[bytes, Encoded] = {}
         self._streams: set[object] = set()  # the open streams of the incarnation serving now
         self._server: Server | None = None
         self._identity: tuple[int, int] | None = None
@@ -102,6 +105,7 @@ class PluginServer:
         """A new source of container specs (the config changed): forget the cached Allocate answers."""
         self._spec_for_ = spec_for
         self._responses.clear()
+        self._answers.clear()
 
     @property
     def streams(self) -> int:
@@ -139,6 +143,7 @@ class PluginServer:
         self._device_entries = entries
         self._snapshot = Encoded(b"".join(entries.values()))
         self._responses.clear()
+        self._answers.clear()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
         return True
@@ -221,15 +226,29 @@ class PluginServer:
         if self._on_streams_changed is not None:
             self._on_streams_changed(self.resource, len(self._streams))
 
-    def allocate(self, request: AllocateRequest) -> Encoded:
-        """One container response per container request, in order, as an encoded AllocateResponse;
-        GRPCError names a bad ID."""
-        return Encoded(
+    def allocate(self, request: Encoded) -> Encoded:
+        """The encoded AllocateResponse to an encoded AllocateRequest: one container response per container
+        request, in order; GRPCError names a bad ID. The kubelet repeats the same requests, so answers are
+        kept by the request's bytes until the devices change."""
+        answer = self._answers.get(request.data)
+        if answer is not None:
+            return answer
+        try:
+            message = AllocateRequest.parse(request.data)
+        except Exception as exc:
+            raise GRPCError(Status.INVALID_ARGUMENT, f"AllocateRequest does not decode: {exc}") from None
+        answer = Encoded(
             b"".join(
-                self._container_response(index, container.devices_ids)
-                for index, container in enumerate(request.container_requests, start=1)
+                # A malformed entry can decode as None: it names no devices.
+                self._container_response(index, container.devices_ids if container else [])
+                for index, container in enumerate(message.container_requests, start=1)
             )
         )
+        if len(request.data) <= _MAX_CACHED_REQUEST_BYTES:
+            if len(self._answers) >= _MAX_CACHED_RESPONSES:
+                self._answers.clear()
+            self._answers[request.data] = answer
+        return answer
 
     def _container_response(self, index: int, device_ids: Sequence[str]) -> bytes:
         """The encoded ``container_responses`` entry for one container request."""
@@ -300,7 +319,8 @@ class PluginServer:
 
 
 class Encoded:
-    """A response already in wire format: the chip set changes rarely, the kubelet asks often."""
+    """A message in wire format: a response encoded once (the chip set changes rarely, the kubelet asks
+    often), or an AllocateRequest not yet decoded."""
 
     __slots__ = ("data",)
 
@@ -309,12 +329,18 @@ class Encoded:
 
 
 class _Codec(ProtoCodec):
-    """The protobuf codec, passing pre-encoded responses through untouched."""
+    """The protobuf codec, passing pre-encoded responses through untouched and AllocateRequests through
+    undecoded (the plugin answers a request it has seen before without decoding it)."""
 
     def encode(self, message: Any, message_type: type[Any]) -> bytes:
         if isinstance(message, Encoded):
             return message.data
         return super().encode(message, message_type)
+
+    def decode(self, data: bytes, message_type: type[Any]) -> Any:
+        if message_type is AllocateRequest:
+            return Encoded(bytes(data))
+        return super().decode(data, message_type)
 
 
 def _repeated_field_entry(payload: bytes) -> bytes:
@@ -355,6 +381,7 @@ class _Service(DevicePluginBase):
 
     def __init__(self, plugin: PluginServer) -> None:
         self._plugin = plugin
+        self._allocated = ALLOCATIONS.labels(resource=plugin.resource, code="OK")
 
     async def get_device_plugin_options(self, message: Empty) -> DevicePluginOptions:
         return self._plugin.options_asked()
@@ -371,16 +398,15 @@ class _Service(DevicePluginBase):
 
     async def allocate(self, message: AllocateRequest) -> AllocateResponse:
         started = time.perf_counter()
-        resource = self._plugin.resource
         try:
-            response = self._plugin.allocate(message)
+            response = self._plugin.allocate(message)  # type: ignore[arg-type]
         except GRPCError as exc:
-            ALLOCATIONS.labels(resource=resource, code=exc.status.name).inc()
-            log.warning("Allocate refused for %s: %s", resource, exc.message)
+            ALLOCATIONS.labels(resource=self._plugin.resource, code=exc.status.name).inc()
+            log.warning("Allocate refused for %s: %s", self._plugin.resource, exc.message)
             raise
         finally:
             ALLOCATE_SECONDS.observe(time.perf_counter() - started)
-        ALLOCATIONS.labels(resource=resource, code="OK").inc()
+        self._allocated.inc()
         return response  # type: ignore[return-value]
 
     async def pre_start_container(self, message: PreStartContainerRequest) -> PreStartContainerResponse:

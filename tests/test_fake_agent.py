@@ -131,6 +131,21 @@ def test_allocate_refuses_bad_input_and_keeps_serving(
     assert _allocate(kubelet, stub, ["Ascend910-0"]).container_responses  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(
+    "request_bytes", [b"\x0a\x02\x0a\xff", b"\x0a\x03\x0a\x01\xff", b"\x0b"], ids=["cut", "utf8", "group"]
+)
+def test_allocate_refuses_bytes_that_do_not_decode(
+    kubelet: KubeletStandin, agent: AgentProcess, request_bytes: bytes
+) -> None:
+    channel, _ = kubelet.plugin_stub()
+    allocate = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+    with pytest.raises(grpc.RpcError) as caught:
+        allocate(request_bytes, timeout=5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert agent.proc.poll() is None
+    channel.close()
+
+
 def test_options_preferred_allocation_and_prestart(kubelet: KubeletStandin, stub: object) -> None:
     pb = kubelet.pb
     options = stub.GetDevicePluginOptions(pb.Empty())  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from agent_process import AgentProcess, fake_agent
 from kubelet_standin import KubeletStandin
@@ -123,6 +124,26 @@ def test_live_fault_and_recovery_reach_the_stream(
     _write_state(state, {})
     recovered = kubelet.wait_update(lambda u: set(u.health().values()) == {"Healthy"}, after=before + 1)
     assert len(recovered.devices) == 8
+
+
+def test_an_answer_given_before_a_fault_is_not_given_after_it(
+    kubelet: KubeletStandin, agent: AgentProcess, state: Path
+) -> None:
+    channel, stub = kubelet.plugin_stub()
+    request = kubelet.pb.AllocateRequest(
+        container_requests=[kubelet.pb.ContainerAllocateRequest(devices_ids=["Ascend910-2"])]
+    )
+    assert stub.Allocate(request, timeout=5).container_responses
+    before = len(kubelet.updates)
+    _write_state(state, {"unhealthy": [2]})
+    kubelet.wait_update(lambda u: u.health()["Ascend910-2"] == "Unhealthy", after=before)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Allocate(request, timeout=5)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    _write_state(state, {})
+    kubelet.wait_update(lambda u: set(u.health().values()) == {"Healthy"}, after=before + 1)
+    assert stub.Allocate(request, timeout=5).container_responses
+    channel.close()
 
 
 def test_an_invalid_state_file_keeps_the_last_state(
