@@ -430,9 +430,9 @@ async def discover_once(settings: Settings) -> Inventory:
         await backend.close()
 
 
-def _reap_children_by_pidfd() -> None:  # called on the running loop
-    """Python 3.11 waits for every npu-smi in a thread started for it; a pidfd on the event loop needs no
-    thread (3.12 and later choose it themselves)."""
+def _reap_children_by_pidfd() -> None:
+    """On the running loop: Python 3.11 waits for every npu-smi in a thread started for it; a pidfd on the
+    event loop needs no thread (3.12 and later choose it themselves)."""
     if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
         return
     try:

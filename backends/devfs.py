@@ -198,10 +198,10 @@ class DevfsBackend:
         path = self._settings.effective_sys_root / "bus/pci/devices" / bus_id.lower() / "numa_node"
         try:
             async with aiofiles.open(path) as handle:
-                node: int | None = int((await handle.read()).strip())
+                node = int((await handle.read()).strip())
         except (OSError, ValueError):
-            node = None  # no sysfs here (or no NUMA): asking again every health query would not change it
-        self._numa[bus_id] = node if node is not None and node >= 0 else None
+            node = -1  # what sysfs says for no NUMA node; asking again every health query would not change it
+        self._numa[bus_id] = node if node >= 0 else None
         return self._numa[bus_id]
 
     async def discover(self) -> Inventory:
