@@ -19,34 +19,27 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from grpclib.const import Status
-from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
-from grpclib.server import Server
 
 from ascend_agent._proto.v1beta1 import (
     AllocateRequest,
-    AllocateResponse,
     CdiDevice,
     ContainerAllocateResponse,
     ContainerPreferredAllocationResponse,
     Device,
-    DevicePluginBase,
     DevicePluginOptions,
     DevicePluginStub,
     DeviceSpec,
-    Empty,
-    ListAndWatchResponse,
     Mount,
     NumaNode,
     PreferredAllocationRequest,
     PreferredAllocationResponse,
     PreStartContainerRequest,
-    PreStartContainerResponse,
     TopologyInfo,
 )
+from ascend_agent.grpcserver import GrpcServer
 from ascend_agent.kubelet import LocalChannel, socket_identity
 from ascend_agent.model import MAX_DEVICE_ID_LENGTH, Chip, ContainerSpec, Health
 from ascend_agent.observability import ALLOCATE_SECONDS, ALLOCATIONS, STREAMS
@@ -64,6 +57,7 @@ _SHUTDOWN_GRACE = 0.3
 _MAX_CACHED_RESPONSES = 4096
 _MAX_CACHED_REQUEST_BYTES = 4096
 _SELF_CHECK_TIMEOUT = 2.0
+_SERVICE = "/v1beta1.DevicePlugin"
 
 
 class PluginServer:
@@ -83,13 +77,14 @@ class PluginServer:
         self._on_streams_changed = on_streams_changed
         self._devices: dict[str, Chip] = {}
         self._preference: Preference | None = None
-        self._snapshot = Encoded(b"")
+        self._snapshot = b""  # the encoded ListAndWatchResponse
         self._device_entries: dict[tuple[str, Health, int | None], bytes] = {}
         self._changed = asyncio.Event()
         self._responses: dict[tuple[int, ...], bytes] = {}
-        self._answers: dict[bytes, Encoded] = {}
+        self._answers: dict[bytes, bytes] = {}
         self._streams: set[object] = set()  # the open streams of the incarnation serving now
-        self._server: Server | None = None
+        self._server: GrpcServer | None = None
+        self._allocated = ALLOCATIONS.labels(resource=resource, code="OK")
         self._identity: tuple[int, int] | None = None
         # Which incarnation of the server is up, and how often the kubelet dialled it (GetDevicePluginOptions,
         # which the kubelet calls inside Register): tells whether a registration reached this incarnation.
@@ -141,7 +136,7 @@ class PluginServer:
                 bytes(_device(device_id, chip))
             )
         self._device_entries = entries
-        self._snapshot = Encoded(b"".join(entries.values()))
+        self._snapshot = b"".join(entries.values())
         self._responses.clear()
         self._answers.clear()
         changed, self._changed = self._changed, asyncio.Event()
@@ -153,8 +148,16 @@ class PluginServer:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        server = Server([_Service(self)], codec=_Codec())
-        await server.start(path=str(self.socket_path))
+        server = GrpcServer(
+            unary={
+                f"{_SERVICE}/GetDevicePluginOptions": lambda _: bytes(self.options_asked()),
+                f"{_SERVICE}/GetPreferredAllocation": self._preferred_allocation_rpc,
+                f"{_SERVICE}/Allocate": self._allocate_rpc,
+                f"{_SERVICE}/PreStartContainer": lambda _: b"",
+            },
+            streaming={f"{_SERVICE}/ListAndWatch": lambda _: self.list_and_watch()},
+        )
+        await server.start(str(self.socket_path))
         os.chmod(self.socket_path, 0o600)
         self._server = server
         self._identity = socket_identity(self.socket_path)
@@ -202,13 +205,13 @@ class PluginServer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), _SHUTDOWN_GRACE)
 
-    async def list_and_watch(self) -> AsyncIterator[Encoded]:
-        """The whole device list now, then again after every change, until the client goes away."""
+    async def list_and_watch(self) -> AsyncIterator[bytes]:
+        """The encoded device list now, then again after every change, until the client goes away."""
         streams, token = self._streams, object()
         streams.add(token)
         self._streams_changed()
         try:
-            sent: Encoded | None = None
+            sent: bytes | None = None
             while True:
                 snapshot, changed = self._snapshot, self._changed
                 if snapshot is not sent:
@@ -226,28 +229,39 @@ class PluginServer:
         if self._on_streams_changed is not None:
             self._on_streams_changed(self.resource, len(self._streams))
 
-    def allocate(self, request: Encoded) -> Encoded:
+    def allocate(self, request: bytes) -> bytes:
         """The encoded AllocateResponse to an encoded AllocateRequest: one container response per container
         request, in order; GRPCError names a bad ID. The kubelet repeats the same requests, so answers are
         kept by the request's bytes until the devices change."""
-        answer = self._answers.get(request.data)
+        answer = self._answers.get(request)
         if answer is not None:
             return answer
         try:
-            message = AllocateRequest.parse(request.data)
+            message = AllocateRequest.parse(request)
         except Exception as exc:
             raise GRPCError(Status.INVALID_ARGUMENT, f"AllocateRequest does not decode: {exc}") from None
-        answer = Encoded(
-            b"".join(
-                # A malformed entry can decode as None: it names no devices.
-                self._container_response(index, container.devices_ids if container else [])
-                for index, container in enumerate(message.container_requests, start=1)
-            )
+        answer = b"".join(
+            # A malformed entry can decode as None: it names no devices.
+            self._container_response(index, container.devices_ids if container else [])
+            for index, container in enumerate(message.container_requests, start=1)
         )
-        if len(request.data) <= _MAX_CACHED_REQUEST_BYTES:
+        if len(request) <= _MAX_CACHED_REQUEST_BYTES:
             if len(self._answers) >= _MAX_CACHED_RESPONSES:
                 self._answers.clear()
-            self._answers[request.data] = answer
+            self._answers[request] = answer
+        return answer
+
+    def _allocate_rpc(self, request: bytes) -> bytes:
+        started = time.perf_counter()
+        try:
+            answer = self.allocate(request)
+        except GRPCError as exc:
+            ALLOCATIONS.labels(resource=self.resource, code=exc.status.name).inc()
+            log.warning("Allocate refused for %s: %s", self.resource, exc.message)
+            raise
+        finally:
+            ALLOCATE_SECONDS.observe(time.perf_counter() - started)
+        self._allocated.inc()
         return answer
 
     def _container_response(self, index: int, device_ids: Sequence[str]) -> bytes:
@@ -317,30 +331,14 @@ class PluginServer:
             responses.append(ContainerPreferredAllocationResponse(device_i_ds=chosen))
         return PreferredAllocationResponse(container_responses=responses)
 
-
-class Encoded:
-    """A message in wire format: a response encoded once (the chip set changes rarely, the kubelet asks
-    often), or an AllocateRequest not yet decoded."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-
-class _Codec(ProtoCodec):
-    """The protobuf codec, passing pre-encoded responses through untouched and AllocateRequests through
-    undecoded (the plugin answers a request it has seen before without decoding it)."""
-
-    def encode(self, message: Any, message_type: type[Any]) -> bytes:
-        if isinstance(message, Encoded):
-            return message.data
-        return super().encode(message, message_type)
-
-    def decode(self, data: bytes, message_type: type[Any]) -> Any:
-        if message_type is AllocateRequest:
-            return Encoded(bytes(data))
-        return super().decode(data, message_type)
+    def _preferred_allocation_rpc(self, request: bytes) -> bytes:
+        try:
+            message = PreferredAllocationRequest.parse(request)
+        except Exception as exc:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"PreferredAllocationRequest does not decode: {exc}"
+            ) from None
+        return bytes(self.preferred_allocation(message))
 
 
 def _repeated_field_entry(payload: bytes) -> bytes:
@@ -374,40 +372,3 @@ def _container_response(spec: ContainerSpec) -> ContainerAllocateResponse:
         ],
         cdi_devices=[CdiDevice(name=name) for name in spec.cdi_devices],
     )
-
-
-class _Service(DevicePluginBase):
-    """The generated service base bound to one PluginServer."""
-
-    def __init__(self, plugin: PluginServer) -> None:
-        self._plugin = plugin
-        self._allocated = ALLOCATIONS.labels(resource=plugin.resource, code="OK")
-
-    async def get_device_plugin_options(self, message: Empty) -> DevicePluginOptions:
-        return self._plugin.options_asked()
-
-    # The generated base declares message types; these handlers answer with pre-encoded ones (see _Codec).
-    async def list_and_watch(self, message: Empty) -> AsyncIterator[ListAndWatchResponse]:
-        async for response in self._plugin.list_and_watch():
-            yield response  # type: ignore[misc]
-
-    async def get_preferred_allocation(
-        self, message: PreferredAllocationRequest
-    ) -> PreferredAllocationResponse:
-        return self._plugin.preferred_allocation(message)
-
-    async def allocate(self, message: AllocateRequest) -> AllocateResponse:
-        started = time.perf_counter()
-        try:
-            response = self._plugin.allocate(message)  # type: ignore[arg-type]
-        except GRPCError as exc:
-            ALLOCATIONS.labels(resource=self._plugin.resource, code=exc.status.name).inc()
-            log.warning("Allocate refused for %s: %s", self._plugin.resource, exc.message)
-            raise
-        finally:
-            ALLOCATE_SECONDS.observe(time.perf_counter() - started)
-        self._allocated.inc()
-        return response  # type: ignore[return-value]
-
-    async def pre_start_container(self, message: PreStartContainerRequest) -> PreStartContainerResponse:
-        return PreStartContainerResponse()

@@ -22,8 +22,8 @@ def test_published_list_equals_the_message_encoding() -> None:
             for c in chips
         ]
     )
-    assert server._snapshot.data == bytes(expected)
-    assert ListAndWatchResponse.parse(server._snapshot.data).devices[7].health == "Unhealthy"
+    assert server._snapshot == bytes(expected)
+    assert ListAndWatchResponse.parse(server._snapshot).devices[7].health == "Unhealthy"
     chips[7] = chips[7].with_health(Health.HEALTHY)
     server.publish({chip.device_id: chip for chip in chips})
-    assert ListAndWatchResponse.parse(server._snapshot.data).devices[7].health == "Healthy"
+    assert ListAndWatchResponse.parse(server._snapshot).devices[7].health == "Healthy"
