@@ -176,7 +176,12 @@ class KubeletStandin:
         if "/" not in name or name.startswith("requests.") or name.split("/")[0].endswith("kubernetes.io"):
             context.abort(grpc.StatusCode.UNKNOWN, f'the ResourceName "{name}" is invalid')
         registration = Registration(request.version, request.endpoint, name, request.options)
-        channel = grpc.insecure_channel(f"unix://{self.directory / request.endpoint}")
+        # A connection of its own, as the kubelet's fresh grpc-go ClientConn per registration has: grpcio
+        # otherwise shares connections process-wide, and one that failed (an earlier stream retried while
+        # the socket was being replaced) would fail this dial for its ~1 s reconnect back-off.
+        channel = grpc.insecure_channel(
+            f"unix://{self.directory / request.endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
         stub = self.pb_grpc.DevicePluginStub(channel)
         try:
             registration.dialed_options = stub.GetDevicePluginOptions(self.pb.Empty(), timeout=10)
