@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 
 import hpack
 from grpclib.const import Status
@@ -35,7 +35,7 @@ from grpclib.exceptions import GRPCError
 log = logging.getLogger(__name__)
 
 Unary = Callable[[bytes], bytes]
-Streaming = Callable[[bytes], AsyncIterator[bytes]]
+Streaming = Callable[[bytes], AsyncGenerator[bytes, None]]
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -52,10 +52,13 @@ _SETTINGS_MAX_CONCURRENT_STREAMS, _SETTINGS_MAX_HEADER_LIST_SIZE = 0x3, 0x6
 _DEFAULT_WINDOW = 65_535
 _MAX_WINDOW = 2**31 - 1
 _MAX_FRAME_SIZE = 16_384  # what we accept: the protocol's default, never raised
-_RECEIVE_WINDOW = 1 << 20  # what we grant the client, per stream and for the connection
+# What we grant the client, per stream and for the connection. The connection's window opens again only
+# as requests are consumed, so this also bounds what one connection can make us buffer.
+_RECEIVE_WINDOW = 1 << 20
 _MAX_STREAMS = 256
 _MAX_HEADER_BLOCK = 64 * 1024
-_MAX_MESSAGE = 4 * 1024 * 1024  # gRPC's usual default for a received message
+_MAX_MESSAGE = 512 * 1024  # a DevicePlugin request is a few KiB; under the stream window, so it is refused
+_MAX_REASON = 1024  # bytes of an error text we send, well inside one frame
 _FRAME_HEADER = struct.Struct(">3sBBL")
 
 
@@ -90,7 +93,8 @@ _OK_TRAILERS = _literal(b"grpc-status", b"0")
 def _status_block(status: Status, message: str) -> bytes:
     # grpc-message is percent-encoded UTF-8 outside printable ASCII.
     encoded = "".join(
-        chr(byte) if 0x20 <= byte <= 0x7E and byte != 0x25 else f"%{byte:02X}" for byte in message.encode()
+        chr(byte) if 0x20 <= byte <= 0x7E and byte != 0x25 else f"%{byte:02X}"
+        for byte in message.encode()[:_MAX_REASON]
     )
     return _literal(b"grpc-status", str(status.value).encode()) + _literal(b"grpc-message", encoded.encode())
 
@@ -112,7 +116,7 @@ class _Stream:
         self.body = bytearray()
         self.remote_closed = False
         self.send_window = send_window
-        self.received = 0  # bytes received since we last opened the stream's window again
+        self.received = 0  # flow-controlled bytes received and not yet given back to the connection window
         self.outbox = bytearray()  # DATA payload waiting for flow-control window
         self.task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()  # set when the outbox is empty
@@ -164,7 +168,8 @@ class _Connection(asyncio.Protocol):
         self._send_window = _DEFAULT_WINDOW
         self._peer_initial_window = _DEFAULT_WINDOW
         self._peer_max_frame = _MAX_FRAME_SIZE
-        self._received = 0
+        self._receive_window = _RECEIVE_WINDOW  # what the client may still send on the connection
+        self._consumed = 0  # bytes consumed since the connection window was last opened again
         self._header_block: tuple[int, int, bytearray] | None = None  # stream, flags, fragments so far
         self._going_away = False
         self._writable = asyncio.Event()  # cleared while the transport's buffer is over its high mark
@@ -222,10 +227,16 @@ class _Connection(asyncio.Protocol):
         self._flush()
 
     def pause_writing(self) -> None:
+        # Stop reading too: a client that sends requests (or PINGs) but never reads its answers must not
+        # grow our write buffer.
         self._writable.clear()
+        if self._transport is not None:
+            self._transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._writable.set()
+        if self._transport is not None:
+            self._transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server._connections.discard(self)
@@ -267,12 +278,13 @@ class _Connection(asyncio.Protocol):
         elif kind == _RST_STREAM:
             if len(payload) != 4 or not stream_id:
                 raise _ProtocolError(_FRAME_SIZE_ERROR, "a malformed RST_STREAM")
-            stream = self.streams.pop(stream_id, None)
-            if stream is not None and stream.task is not None:
-                stream.task.cancel()
+            stream = self.streams.get(stream_id)
+            if stream is not None:
+                self._close_stream(stream)
         elif kind == _GOAWAY:
             self._going_away = True
             if not self.streams and self._transport is not None:
+                self._flush()
                 self._transport.close()
         elif kind == _PUSH_PROMISE:
             raise _ProtocolError(_PROTOCOL_ERROR, "a client may not push")
@@ -295,6 +307,8 @@ class _Connection(asyncio.Protocol):
                 delta, self._peer_initial_window = value - self._peer_initial_window, value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > _MAX_WINDOW:
+                        raise _ProtocolError(_FLOW_CONTROL_ERROR, "a stream window overflowed")
             elif setting == _SETTINGS_MAX_FRAME_SIZE:
                 if not _MAX_FRAME_SIZE <= value <= 2**24 - 1:
                     raise _ProtocolError(_PROTOCOL_ERROR, f"a maximum frame size of {value}")
@@ -357,6 +371,7 @@ class _Connection(asyncio.Protocol):
             self._out += _frame(_RST_STREAM, 0, stream_id, _REFUSED_STREAM.to_bytes(4, "big"))
             return
         self.streams[stream_id] = stream
+        stream.remote_closed = bool(flags & _END_STREAM)
         fields: dict[bytes, bytes] = dict(headers)
         stream.path = fields.get(b":path", b"").decode("utf-8", "replace")
         if fields.get(b":method") != b"POST" or not fields.get(b"content-type", b"").startswith(
@@ -365,20 +380,18 @@ class _Connection(asyncio.Protocol):
             self._refuse(stream, Status.UNIMPLEMENTED, "only gRPC calls are served here")
         elif stream.path not in self._server._unary and stream.path not in self._server._streaming:
             self._refuse(stream, Status.UNIMPLEMENTED, f"no method {stream.path}")
-        elif flags & _END_STREAM:
+        elif stream.remote_closed:
             self._request_complete(stream)
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        self._received += len(payload)
-        if self._received > _RECEIVE_WINDOW:
+        self._receive_window -= len(payload)
+        if self._receive_window < 0:
             raise _ProtocolError(_FLOW_CONTROL_ERROR, "the client overran the connection window")
-        if self._received >= _RECEIVE_WINDOW // 2:
-            self._out += _frame(_WINDOW_UPDATE, 0, 0, self._received.to_bytes(4, "big"))
-            self._received = 0
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_closed:
             if stream_id > self._last_stream_id or not stream_id:
                 raise _ProtocolError(_PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            self._consume(len(payload))
             return  # a stream already closed: see _on_header_block
         stream.received += len(payload)
         if stream.received > _RECEIVE_WINDOW:
@@ -391,14 +404,21 @@ class _Connection(asyncio.Protocol):
         stream.body += data
         if flags & _END_STREAM:
             self._request_complete(stream)
-        elif stream.received >= _RECEIVE_WINDOW // 2:
-            self._out += _frame(_WINDOW_UPDATE, 0, stream_id, stream.received.to_bytes(4, "big"))
-            stream.received = 0
+
+    def _consume(self, size: int) -> None:
+        """``size`` received bytes are dealt with: open the connection window again, a quarter at a time."""
+        self._consumed += size
+        if self._consumed >= _RECEIVE_WINDOW // 4:
+            self._out += _frame(_WINDOW_UPDATE, 0, 0, self._consumed.to_bytes(4, "big"))
+            self._receive_window += self._consumed
+            self._consumed = 0
 
     # calls
 
     def _request_complete(self, stream: _Stream) -> None:
         stream.remote_closed = True
+        self._consume(stream.received)
+        stream.received = 0
         body = stream.body
         if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             self._refuse(stream, Status.INTERNAL, "the request is not one length-prefixed gRPC message")
@@ -430,15 +450,16 @@ class _Connection(asyncio.Protocol):
     async def _stream_call(self, stream: _Stream, message: bytes) -> None:
         trailers = _OK_TRAILERS
         try:
-            responses = self._server._streaming[stream.path](message)
             self._out += _frame(_HEADERS, _END_HEADERS, stream.id, _RESPONSE_HEADERS)
-            async for response in responses:
-                self._send_message(stream, response)
-                self._flush()
-                # The next response waits until this one is handed to the socket and the socket keeps
-                # up: a client that stops reading holds one response here, not a queue of them.
-                await stream.ready.wait()
-                await self._writable.wait()
+            # Closed on the way out, cancelled or not, so the handler's own clean-up runs now.
+            async with contextlib.aclosing(self._server._streaming[stream.path](message)) as responses:
+                async for response in responses:
+                    self._send_message(stream, response)
+                    self._flush()
+                    # The next response waits until this one is handed to the socket and the socket keeps
+                    # up: a client that stops reading holds one response here, not a queue of them.
+                    await stream.ready.wait()
+                    await self._writable.wait()
         except GRPCError as exc:
             trailers = _status_block(exc.status, exc.message or "")
         except asyncio.CancelledError:
@@ -479,6 +500,8 @@ class _Connection(asyncio.Protocol):
 
     def _close_stream(self, stream: _Stream) -> None:
         self.streams.pop(stream.id, None)
+        self._consume(stream.received)
+        stream.received = 0
         if stream.task is not None and stream.task is not asyncio.current_task():
             stream.task.cancel()
         if self._going_away and not self.streams and self._transport is not None:
@@ -501,7 +524,10 @@ class _Connection(asyncio.Protocol):
 
     def _go_away(self, code: int, reason: str) -> None:
         self._out += _frame(
-            _GOAWAY, 0, 0, self._last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + reason.encode()
+            _GOAWAY,
+            0,
+            0,
+            self._last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + reason.encode()[:_MAX_REASON],
         )
         self._flush()
         if self._transport is not None:

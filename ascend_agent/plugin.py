@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from pathlib import Path
 
 from grpclib.const import Status
@@ -205,7 +205,7 @@ class PluginServer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), _SHUTDOWN_GRACE)
 
-    async def list_and_watch(self) -> AsyncIterator[bytes]:
+    async def list_and_watch(self) -> AsyncGenerator[bytes, None]:
         """The encoded device list now, then again after every change, until the client goes away."""
         streams, token = self._streams, object()
         streams.add(token)

@@ -126,7 +126,7 @@ def test_refusals_reach_the_client_with_their_status_and_words(
     assert _code(path, "/t.S/Crash") == (grpc.StatusCode.INTERNAL, "/t.S/Crash failed inside the agent")
     assert _code(path, "/t.S/Nothing") == (grpc.StatusCode.UNIMPLEMENTED, "no method /t.S/Nothing")
     code, details = _code(path, "/t.S/Echo", b"x" * (5 << 20))
-    assert (code, details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "a request over 4194304 bytes")
+    assert (code, details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "a request over 524288 bytes")
     code, _ = _code(path, "/t.S/Echo", b"x" * 1000, compression=grpc.Compression.Gzip)
     assert code == grpc.StatusCode.UNIMPLEMENTED
     assert _call(path, "/t.S/Echo", b"still here") == b"still here"
@@ -207,25 +207,71 @@ def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
     return struct.pack(">L", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">L", stream_id) + payload
 
 
-def _until_ping_ack_or_close(sock: socket.socket, payload: bytes) -> str:
-    """Read frames until the server acknowledges PING ``payload`` ("alive") or closes ("closed")."""
+def _frames_from(sock: socket.socket) -> Iterator[tuple[int, int, bytes]]:
+    """(type, flags, payload) of each frame the server sends, until it closes the connection."""
     buffer = b""
     while True:
         try:
             data = sock.recv(65536)
         except ConnectionResetError:
-            return "closed"
+            return
         if not data:
-            return "closed"
+            return
         buffer += data
-        while len(buffer) >= 9:
+        while len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big"):
             length = int.from_bytes(buffer[:3], "big")
-            if len(buffer) < 9 + length:
-                break
-            kind, flags, body = buffer[3], buffer[4], buffer[9 : 9 + length]
+            yield buffer[3], buffer[4], buffer[9 : 9 + length]
             buffer = buffer[9 + length :]
-            if kind == 6 and flags & 1 and body == payload:
-                return "alive"
+
+
+def _until_ping_ack_or_close(sock: socket.socket, payload: bytes) -> str:
+    """Read frames until the server acknowledges PING ``payload`` ("alive") or closes ("closed")."""
+    for kind, flags, body in _frames_from(sock):
+        if kind == 6 and flags & 1 and body == payload:
+            return "alive"
+    return "closed"
+
+
+_ECHO_HEADERS = b"\x83\x86\x44\x09/t.S/Echo\x5f\x10application/grpc"  # POST, http, :path, content-type
+
+
+def test_requests_left_unfinished_do_not_reopen_the_connection_window(
+    served: tuple[str, GrpcServer, object, _Handlers],
+) -> None:
+    """Data of requests that never end is not given back: a client that keeps sending past the 1 MiB it
+    was granted is cut off with FLOW_CONTROL_ERROR instead of making the server buffer it."""
+    chunk = b"\x00" * 16_000
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(served[0])
+        sock.sendall(_PREFACE + _frame(4, 0, 0, b""))
+        try:
+            for stream_id in range(1, 41, 2):  # 20 streams x 64,000 bytes = 1.28 MB, none of them ended
+                sock.sendall(_frame(1, 4, stream_id, _ECHO_HEADERS) + _frame(0, 0, stream_id, chunk) * 4)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        goaways = [body for kind, _, body in _frames_from(sock) if kind == 7]
+    assert [int.from_bytes(body[4:8], "big") for body in goaways] == [3]
+
+
+def test_answers_go_out_before_the_close_a_client_asked_for(
+    served: tuple[str, GrpcServer, object, _Handlers],
+) -> None:
+    """A call and the client's GOAWAY in one write: the answer still arrives before the connection ends."""
+    request = b"\x00\x00\x00\x00\x02hi"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(served[0])
+        goaway = _frame(7, 0, 0, b"\x00\x00\x00\x01\x00\x00\x00\x00")
+        sock.sendall(
+            _PREFACE
+            + _frame(4, 0, 0, b"")
+            + _frame(1, 4, 1, _ECHO_HEADERS)
+            + _frame(0, 1, 1, request)
+            + goaway
+        )
+        data = [body for kind, _, body in _frames_from(sock) if kind == 0]
+    assert data == [request]
 
 
 def test_pings_are_answered_and_a_non_http2_client_is_turned_away(
@@ -257,7 +303,7 @@ class _Errors(logging.Handler):
 _WELL_FORMED = [
     b"\x00\x04\x00\x00\x10\x00\x00\x05\x00\x00\x40\x00",  # SETTINGS: window 4096, frame size 16384
     b"\x00\x00\x00\x01",  # WINDOW_UPDATE of 1, RST_STREAM PROTOCOL_ERROR
-    b"\x83\x86\x44\x0a/t.S/Echo\x5f\x10application/grpc",  # HEADERS: POST, http, :path, content-type
+    _ECHO_HEADERS,
     b"\x00\x00\x00\x00\x03abc",  # a gRPC message
     b"\x00\x00\x00\x00\x00\x00\x00\x00",  # GOAWAY, PING
 ]
