@@ -108,12 +108,24 @@ class _ProtocolError(Exception):
 
 
 class _Stream:
-    __slots__ = ("body", "id", "outbox", "path", "ready", "received", "remote_closed", "send_window", "task")
+    __slots__ = (
+        "body",
+        "id",
+        "outbox",
+        "path",
+        "ready",
+        "received",
+        "remote_closed",
+        "send_window",
+        "task",
+        "trailers",
+    )
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
         self.path = ""
         self.body = bytearray()
+        self.trailers: bytes | None = None  # to send once the outbox is empty
         self.remote_closed = False
         self.send_window = send_window
         self.received = 0  # flow-controlled bytes received and not yet given back to the connection window
@@ -480,7 +492,7 @@ class _Connection(asyncio.Protocol):
     def _finish(self, stream: _Stream, trailers: bytes) -> None:
         """End our side with ``trailers`` once everything before them is sent."""
         if stream.outbox:
-            stream.body = bytearray(trailers)  # the request is done with: the body holds the trailers
+            stream.trailers = trailers
             return
         self._out += _frame(_HEADERS, _END_HEADERS | _END_STREAM, stream.id, trailers)
         self._close_stream(stream)
@@ -519,8 +531,8 @@ class _Connection(asyncio.Protocol):
                 stream.send_window -= size
             if not stream.outbox:
                 stream.ready.set()
-                if stream.body and stream.remote_closed and self.streams.get(stream.id) is stream:
-                    self._finish(stream, bytes(stream.body))
+                if stream.trailers is not None and self.streams.get(stream.id) is stream:
+                    self._finish(stream, stream.trailers)
 
     def _go_away(self, code: int, reason: str) -> None:
         self._out += _frame(
@@ -538,8 +550,7 @@ class _Connection(asyncio.Protocol):
         for stream in self.streams.values():
             if stream.task is not None:
                 stream.task.cancel()
-        with contextlib.suppress(Exception):
-            self._go_away(_NO_ERROR, "the server is stopping")
+        self._go_away(_NO_ERROR, "the server is stopping")
 
     def _flush(self) -> None:
         if self._out and self._transport is not None:

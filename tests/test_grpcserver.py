@@ -164,10 +164,30 @@ def _h2_client(path: str, window: int) -> tuple[socket.socket, h2.connection.H2C
     )
     connection.initiate_connection()
     sock.sendall(connection.data_to_send())
+    # The server's settings and connection window come in its first write; wait for them before sending.
+    seen: set[type] = set()
+    while not {h2.events.RemoteSettingsChanged, h2.events.WindowUpdated} <= seen:
+        received = sock.recv(65536)
+        assert received, "the server closed the connection"
+        seen.update(type(event) for event in connection.receive_data(received))
+    sock.sendall(connection.data_to_send())
     return sock, connection
 
 
-def test_a_stream_never_overruns_a_small_window(served: tuple[str, GrpcServer, object, _Handlers]) -> None:
+def _message(payload: bytes) -> bytes:
+    return struct.pack(">BL", 0, len(payload)) + payload
+
+
+@pytest.mark.parametrize(
+    ("method", "request_message", "expected"),
+    [
+        ("/t.S/Big", b"", _message(_BIG) + _message(b"after")),  # a stream: messages, then trailers
+        ("/t.S/Echo", _BIG, _message(_BIG)),  # unary: its trailers wait for the window too
+    ],
+)
+def test_answers_never_overrun_a_small_window(
+    served: tuple[str, GrpcServer, object, _Handlers], method: str, request_message: bytes, expected: bytes
+) -> None:
     # h2 raises FlowControlError if the server sends more than the client's window allows.
     sock, connection = _h2_client(served[0], window=1000)
     with sock:
@@ -177,19 +197,23 @@ def test_a_stream_never_overruns_a_small_window(served: tuple[str, GrpcServer, o
             [
                 (":method", "POST"),
                 (":scheme", "http"),
-                (":path", "/t.S/Big"),
+                (":path", method),
                 (":authority", "localhost"),
                 ("content-type", "application/grpc"),
                 ("te", "trailers"),
             ],
         )
-        connection.send_data(stream, b"\x00\x00\x00\x00\x00", end_stream=True)
+        data = _message(request_message)
+        for offset in range(0, len(data), 16_384):
+            connection.send_data(
+                stream, data[offset : offset + 16_384], end_stream=offset + 16_384 >= len(data)
+            )
         sock.sendall(connection.data_to_send())
         body, trailers, frames = bytearray(), None, 0
         while trailers is None:
-            data = sock.recv(65536)
-            assert data, "the server closed the connection"
-            for event in connection.receive_data(data):
+            received = sock.recv(65536)
+            assert received, "the server closed the connection"
+            for event in connection.receive_data(received):
                 if isinstance(event, h2.events.DataReceived):
                     body += event.data
                     frames += 1
@@ -198,8 +222,7 @@ def test_a_stream_never_overruns_a_small_window(served: tuple[str, GrpcServer, o
                     trailers = dict(event.headers)
             sock.sendall(connection.data_to_send())
     assert frames > len(_BIG) // 1000
-    prefix = struct.pack(">BL", 0, len(_BIG))
-    assert bytes(body) == prefix + _BIG + struct.pack(">BL", 0, 5) + b"after"
+    assert bytes(body) == expected
     assert trailers[b"grpc-status"] == b"0"
 
 
