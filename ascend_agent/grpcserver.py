@@ -40,11 +40,11 @@ Streaming = Callable[[bytes], AsyncGenerator[bytes, None]]
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # Frame types, flags, error codes and settings of RFC 9113.
-_DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWAY = range(8)
+_DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWAY = 0, 1, 3, 4, 5, 6, 7
 _WINDOW_UPDATE, _CONTINUATION = 8, 9
 _END_STREAM = _ACK = 0x1
 _END_HEADERS, _PADDED, _PRIORITY_FLAG = 0x4, 0x8, 0x20
-_NO_ERROR, _PROTOCOL_ERROR, _INTERNAL_ERROR, _FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+_NO_ERROR, _PROTOCOL_ERROR, _FLOW_CONTROL_ERROR = 0x0, 0x1, 0x3
 _FRAME_SIZE_ERROR, _REFUSED_STREAM, _COMPRESSION_ERROR = 0x6, 0x7, 0x9
 _SETTINGS_INITIAL_WINDOW_SIZE, _SETTINGS_MAX_FRAME_SIZE = 0x4, 0x5
 _SETTINGS_MAX_CONCURRENT_STREAMS, _SETTINGS_MAX_HEADER_LIST_SIZE = 0x3, 0x6
@@ -66,12 +66,12 @@ def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes
     return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + payload
 
 
-def _hpack_integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    """An HPACK integer (RFC 7541 5.1) whose first byte carries ``first`` in the bits above the prefix."""
+def _hpack_integer(value: int, prefix_bits: int) -> bytes:
+    """An HPACK integer (RFC 7541 5.1) with the bits above its prefix clear."""
     limit = (1 << prefix_bits) - 1
     if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
+        return bytes((value,))
+    out = bytearray((limit,))
     value -= limit
     while value >= 0x80:
         out.append(value & 0x7F | 0x80)

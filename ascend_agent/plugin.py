@@ -200,8 +200,8 @@ class PluginServer:
                 self.socket_path.unlink()
         self._identity = None
         server.close()
-        # On Python 3.12+ wait_closed() also waits for every client connection, and the kubelet keeps its
-        # ListAndWatch connection open: bound the wait so shutdown stays prompt.
+        # On Python 3.12+ wait_closed() also waits for every connection to finish closing, which takes as
+        # long as a client takes to read what is still buffered for it: bound the wait, so shutdown is prompt.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), _SHUTDOWN_GRACE)
 

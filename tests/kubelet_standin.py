@@ -177,8 +177,8 @@ class KubeletStandin:
             context.abort(grpc.StatusCode.UNKNOWN, f'the ResourceName "{name}" is invalid')
         registration = Registration(request.version, request.endpoint, name, request.options)
         # A connection of its own, as the kubelet's fresh grpc-go ClientConn per registration has: grpcio
-        # otherwise shares connections process-wide, and one that failed (an earlier stream retried while
-        # the socket was being replaced) would fail this dial for its ~1 s reconnect back-off.
+        # otherwise shares connections process-wide, and one that failed to connect while the socket was
+        # being replaced would fail this dial for its ~1 s reconnect back-off.
         channel = grpc.insecure_channel(
             f"unix://{self.directory / request.endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
         )

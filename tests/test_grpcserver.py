@@ -8,7 +8,7 @@ import logging
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from grpclib.exceptions import GRPCError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ascend_agent.grpcserver import GrpcServer
+from ascend_agent.grpcserver import GrpcServer, Streaming, Unary
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _BIG = bytes(range(256)) * 1200  # 300 KiB: several times every default window
@@ -35,14 +35,14 @@ class _Handlers:
     def __init__(self) -> None:
         self.watch_ended = threading.Event()
 
-    def unary(self) -> dict[str, object]:
+    def unary(self) -> dict[str, Unary]:
         return {
             "/t.S/Echo": lambda data: data,
             "/t.S/Refuse": self._refuse,
             "/t.S/Crash": self._crash,
         }
 
-    def streaming(self) -> dict[str, object]:
+    def streaming(self) -> dict[str, Streaming]:
         return {"/t.S/Watch": self._watch, "/t.S/Big": self._big}
 
     @staticmethod
@@ -53,7 +53,7 @@ class _Handlers:
     def _crash(data: bytes) -> bytes:
         raise RuntimeError("a bug")
 
-    async def _watch(self, data: bytes) -> AsyncIterator[bytes]:
+    async def _watch(self, data: bytes) -> AsyncGenerator[bytes, None]:
         try:
             yield b"first"
             await asyncio.Event().wait()
@@ -61,7 +61,7 @@ class _Handlers:
             self.watch_ended.set()
 
     @staticmethod
-    async def _big(data: bytes) -> AsyncIterator[bytes]:
+    async def _big(data: bytes) -> AsyncGenerator[bytes, None]:
         yield _BIG
         yield b"after"
 
@@ -73,7 +73,7 @@ def _serving(
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = GrpcServer(handlers.unary(), handlers.streaming())  # type: ignore[arg-type]
+    server = GrpcServer(handlers.unary(), handlers.streaming())
     path = str(directory / "grpc.sock")
     asyncio.run_coroutine_threadsafe(server.start(path), loop).result(5)
     try:
@@ -369,7 +369,7 @@ def test_any_frames_end_in_an_answer_or_a_clean_close(
             sock.connect(served[0])
             data = b"".join(_frame(*frame) for frame in frames)
             sock.sendall(_PREFACE + _frame(4, 0, 0, b"") + data + _frame(6, 0, 0, b"probe!!!"))
-            assert _until_ping_ack_or_close(sock, b"probe!!!") in ("alive", "closed")
+            _until_ping_ack_or_close(sock, b"probe!!!")  # a client left hanging times out here
     finally:
         for name in ("asyncio", "ascend_agent"):
             logging.getLogger(name).removeHandler(errors)
