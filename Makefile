@@ -37,7 +37,7 @@ proto: $(STAMP)
 		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO)
 
 bench: $(STAMP)
-	$(BIN)/python bench/run.py
+	$(BIN)/python -m bench.run
 
 soak: $(STAMP)
 	$(BIN)/pytest -q -s -m soak -o addopts=''

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import aiofiles
 import aiofiles.os
+
 from ascend_agent.backends._container import container_spec
 from ascend_agent.backends.npusmi import (
     ChipRow,
@@ -30,7 +31,6 @@ from ascend_agent.backends.npusmi import (
     query_info,
     run_npu_smi,
 )
-
 from ascend_agent.config import Settings
 from ascend_agent.model import (
     Chip,

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiofiles
-from ascend_agent.backends._container import container_spec
 
+from ascend_agent.backends._container import container_spec
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.model import (
     Chip,

@@ -17,12 +17,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT / "tests"))
+from tests.support import ROOT
+from tests.support.agent_process import AgentProcess
+from tests.support.kubelet_standin import KubeletStandin, compile_api
 
-from agent_process import AgentProcess  # noqa: E402
-from kubelet_standin import KubeletStandin, compile_api  # noqa: E402
+RESULTS = ROOT / "bench" / "results"
 
 __all__ = [
     "AgentProcess",

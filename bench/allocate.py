@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from _common import Row, grpc_api, kubelet, quick, report, start_agent, stats
+
+from bench._common import Row, grpc_api, kubelet, quick, report, start_agent, stats
 
 
 def _sequential(stub: Any, request: Any, calls: int) -> list[float]:

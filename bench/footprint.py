@@ -9,9 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, Row, devfs_flags, grpc_api, kubelet, quick, report, start_agent, stats
-from host_tree import HostTree
-from npusmi_fake import FakeNpuSmi
+from bench._common import ROOT, Row, devfs_flags, grpc_api, kubelet, quick, report, start_agent, stats
+from tests.support.host_tree import HostTree
+from tests.support.npusmi_fake import FakeNpuSmi
 
 B4_INFO = (ROOT / "tests/fixtures/npu-smi/910B4x8-25.0.rc1.1-info.txt").read_text()
 CLOCK = 100  # USER_HZ: /proc/<pid>/stat counts CPU time in these ticks

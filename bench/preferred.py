@@ -4,7 +4,7 @@ Each call gets one of a fixed, seeded set of requests (random availability, some
 sizes from 1 to everything), so the figures cover the cheap and the expensive paths alike. The budget is 2 ms
 a call.
 
-    .venv/bin/python bench/preferred.py [--iterations N]
+    .venv/bin/python -m bench.preferred [--iterations N]
 
 Prints the median and p99 in microseconds and writes them to bench/results/preferred.json.
 """

@@ -7,17 +7,18 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("preferred.py", "allocate.py", "react.py", "footprint.py", "scale.py")
+SCRIPTS = ("preferred", "allocate", "react", "footprint", "scale")
 
 
 def main() -> int:
     failed = []
     for script in SCRIPTS:
-        print(f"\n### bench/{script}", flush=True)
+        print(f"\n### bench/{script}.py", flush=True)
         # preferred.py takes an iteration count; the others take --quick.
         quick = "--quick" in sys.argv[1:]
-        args = (["--iterations", "2000"] if quick else []) if script == "preferred.py" else sys.argv[1:]
-        if subprocess.run([sys.executable, str(HERE / script), *args], check=False).returncode:
+        args = (["--iterations", "2000"] if quick else []) if script == "preferred" else sys.argv[1:]
+        command = [sys.executable, "-m", f"bench.{script}", *args]
+        if subprocess.run(command, cwd=HERE.parent, check=False).returncode:
             failed.append(script)
     if failed:
         print(f"\nfailed: {', '.join(failed)}")

@@ -6,9 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from _common import Row, grpc_api, kubelet, quick, report, start_agent, stats
-
 from ascend_agent._proto.v1beta1 import Device, ListAndWatchResponse, NumaNode, TopologyInfo
+from bench._common import Row, grpc_api, kubelet, quick, report, start_agent, stats
 
 
 def _encode(count: int, iterations: int) -> list[float]:

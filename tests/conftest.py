@@ -10,7 +10,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from kubelet_standin import KubeletStandin, compile_api
+
+from tests.support.kubelet_standin import KubeletStandin, compile_api
 
 
 @pytest.fixture(scope="session")

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
-from agent_process import AgentProcess
-from host_tree import HostTree
-from kubelet_standin import KubeletStandin
-from npusmi_fake import FakeNpuSmi
 
-B4_INFO = (Path(__file__).parent / "fixtures" / "npu-smi" / "910B4x8-25.0.rc1.1-info.txt").read_text()
+from tests.support import FIXTURES
+from tests.support.agent_process import AgentProcess
+from tests.support.host_tree import HostTree
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.npusmi_fake import FakeNpuSmi
+
+B4_INFO = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
 
 
 def _doctor(*args: str) -> tuple[int, list[dict[str, Any]], str]:

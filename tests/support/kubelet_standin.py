@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 
 def compile_api(out: Path) -> tuple[ModuleType, ModuleType]:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agent_process import AgentProcess, fake_agent
-from kubelet_standin import KubeletStandin
+
+from tests.support.agent_process import AgentProcess, fake_agent
+from tests.support.kubelet_standin import KubeletStandin
 
 RESOURCE = "huawei.com/Ascend910"
 

@@ -20,8 +20,8 @@ from typer.main import get_command
 
 from ascend_agent.cli import app
 from ascend_agent.config import Settings, SettingsSource, camel_case, read_config_file
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 CONFIG = EXAMPLES / "config.yaml"
 CONTAINERFILE = ROOT / "Containerfile"

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_process import AgentProcess
-from host_tree import HostTree
-from kubelet_standin import KubeletStandin
-from npusmi_fake import FakeNpuSmi
 
-FIXTURES = Path(__file__).parent / "fixtures" / "npu-smi"
-CONSTRUCTED = Path(__file__).parent / "fixtures" / "npu-smi-constructed"
+from tests.support import CONSTRUCTED, FIXTURES
+from tests.support.agent_process import AgentProcess
+from tests.support.host_tree import HostTree
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.npusmi_fake import FakeNpuSmi
+
 B4_INFO = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
 B4_BUS = ["0000:C1:00.0", "0000:C2:00.0", "0000:81:00.0", "0000:82:00.0",
           "0000:01:00.0", "0000:02:00.0", "0000:41:00.0", "0000:42:00.0"]  # fmt: skip

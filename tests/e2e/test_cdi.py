@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from agent_process import fake_agent
-from kubelet_standin import KubeletStandin
+
+from tests.support.agent_process import fake_agent
+from tests.support.kubelet_standin import KubeletStandin
 
 
 def test_cdi_spec_and_allocate_agree(kubelet: KubeletStandin, short_dir: Path) -> None:

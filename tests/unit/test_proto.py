@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from grpc_tools import protoc
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
+
 GENERATED = ROOT / "ascend_agent" / "_proto"
 
 

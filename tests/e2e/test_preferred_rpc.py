@@ -7,8 +7,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from agent_process import fake_agent
-from kubelet_standin import KubeletStandin
+
+from tests.support.agent_process import fake_agent
+from tests.support.kubelet_standin import KubeletStandin
 
 
 @contextmanager

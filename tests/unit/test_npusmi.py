@@ -6,6 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from ascend_agent.backends.npusmi import (
     ChipRow,
     InfoTable,
@@ -20,16 +23,13 @@ from ascend_agent.backends.npusmi import (
     query_info,
     run_npu_smi,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from npusmi_fake import FakeNpuSmi
+from tests.support import CONSTRUCTED, FIXTURES
+from tests.support.npusmi_fake import FakeNpuSmi
 
-REAL = Path(__file__).parent / "fixtures" / "npu-smi"
-CONSTRUCTED = Path(__file__).parent / "fixtures" / "npu-smi-constructed"
-DIAG = (REAL / "910A-diag-collection-ok.txt").read_text()
+DIAG = (FIXTURES / "910A-diag-collection-ok.txt").read_text()
 
 
-def _info(name: str, folder: Path = REAL) -> InfoTable:
+def _info(name: str, folder: Path = FIXTURES) -> InfoTable:
     return parse_info((folder / name).read_text())
 
 
@@ -82,8 +82,9 @@ def test_310p3_single_device_column_and_na_power() -> None:
 
 
 def test_info_list_and_map() -> None:
-    assert parse_info_list((REAL / "910B4x8-25.0.rc1.1-info-l.txt").read_text()) == {i: 1 for i in range(8)}
-    rows = parse_info_map((REAL / "910B4x8-25.0.rc1.1-info-m.txt").read_text())
+    counts = parse_info_list((FIXTURES / "910B4x8-25.0.rc1.1-info-l.txt").read_text())
+    assert counts == {i: 1 for i in range(8)}
+    rows = parse_info_map((FIXTURES / "910B4x8-25.0.rc1.1-info-m.txt").read_text())
     assert len(rows) == 16
     chips = [r for r in rows if r.logic_id is not None]
     assert [(r.npu_id, r.chip_id, r.logic_id, r.name) for r in chips] == [
@@ -105,9 +106,9 @@ def test_diag_collection_blocks() -> None:
 
 
 def test_key_values_fixtures() -> None:
-    usages = parse_key_values((REAL / "910B1-23.0.rc2-info-t-usages-i-0.txt").read_text())
+    usages = parse_key_values((FIXTURES / "910B1-23.0.rc2-info-t-usages-i-0.txt").read_text())
     assert usages["HBM Capacity(MB)"] == "65536" and usages["NPU ID"] == "0"
-    common = parse_key_values((REAL / "910B1-23.0.rc2-info-t-common-i-1.txt").read_text())
+    common = parse_key_values((FIXTURES / "910B1-23.0.rc2-info-t-common-i-1.txt").read_text())
     assert common["Aicore Count"] == "24"
     assert common["Temperature(C)"] == "46", "the first occurrence wins over the MCU's"
 
@@ -168,7 +169,7 @@ def test_not_a_table_raises_the_typed_error(text: str) -> None:
 
 # hypothesis: mutated fixtures never raise anything but NpuSmiParseError ------------------------------------
 
-_SAMPLES = [p.read_text() for folder in (REAL, CONSTRUCTED) for p in sorted(folder.glob("*.txt"))]
+_SAMPLES = [p.read_text() for folder in (FIXTURES, CONSTRUCTED) for p in sorted(folder.glob("*.txt"))]
 _PARSERS = (parse_info, parse_info_list, parse_info_map, parse_key_values, parse_health)
 
 
@@ -225,7 +226,7 @@ def test_parsers_raise_only_their_own_error(text: str) -> None:
 @pytest.fixture
 def fake(short_dir: Path) -> FakeNpuSmi:
     npu_smi = FakeNpuSmi(short_dir)
-    npu_smi.set_output("info", (REAL / "910B4x8-25.0.rc1.1-info.txt").read_text())
+    npu_smi.set_output("info", (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text())
     return npu_smi
 
 

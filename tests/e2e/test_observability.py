@@ -10,8 +10,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from agent_process import AgentProcess
-from kubelet_standin import KubeletStandin
+
+from tests.support.agent_process import AgentProcess
+from tests.support.kubelet_standin import KubeletStandin
 
 
 def _free_port() -> int:
