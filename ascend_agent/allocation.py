@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ascend_agent.model import Chip, Generation
+from ascend_agent.naming import replica_ids
 
 _BOX16_RING_SIZE = 8
 _ATLAS800_RING_SIZE = 4
@@ -54,19 +55,6 @@ class Topology:
     order: Mapping[str, int]
 
 
-def advertised_ids(chip_id: str, replicas: int) -> tuple[str, ...]:
-    """The device ids advertised for one chip shared ``replicas`` times; ``ValueError`` if ``replicas < 1``.
-
-    >>> advertised_ids("Ascend310P-0", 1), advertised_ids("Ascend310P-0", 2)
-    (('Ascend310P-0',), ('Ascend310P-0-0', 'Ascend310P-0-1'))
-    """
-    if replicas < 1:
-        raise ValueError(f"replicas must be at least 1, got {replicas}")
-    if replicas == 1:
-        return (chip_id,)
-    return tuple(f"{chip_id}-{n}" for n in range(replicas))
-
-
 def topology_for(chips: Sequence[Chip], replicas: int = 1) -> Topology:
     """The topology of one resource's chips, each advertised ``replicas`` times.
 
@@ -90,7 +78,7 @@ def topology_for(chips: Sequence[Chip], replicas: int = 1) -> Topology:
         group_of={chip.device_id: chip.phys_id // group_size for chip in ordered} if group_size else {},
         numa_of={chip.device_id: chip.numa_node for chip in ordered if chip.numa_node is not None},
         chip_of={
-            device: chip.device_id for chip in ordered for device in advertised_ids(chip.device_id, replicas)
+            device: chip.device_id for chip in ordered for device in replica_ids(chip.device_id, replicas)
         },
         order={chip.device_id: chip.phys_id for chip in ordered},
     )

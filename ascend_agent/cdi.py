@@ -22,15 +22,10 @@ from typing import Any
 import yaml
 
 from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.naming import CDI_KIND
 
 CDI_VERSION = "0.6.0"
-CDI_KIND = "huawei.com/npu"
 SPEC_FILE = "huawei.com-npu.yaml"
-
-
-def device_name(chip: Chip) -> str:
-    """The fully qualified CDI name of a chip: ``huawei.com/npu=Ascend910-2``."""
-    return f"{CDI_KIND}={chip.device_id}"
 
 
 def build_spec(chips: Sequence[Chip], spec_for: Callable[[Sequence[Chip]], ContainerSpec]) -> dict[str, Any]:

@@ -40,6 +40,30 @@ KubeletDir = Annotated[
     Path | None,
     _option("--kubelet-dir", env="KUBELET_DIR", help="The kubelet's device plugin directory."),
 ]
+Registration = Annotated[
+    str | None,
+    _option(
+        "--registration",
+        env="REGISTRATION",
+        help="kubelet (Register on kubelet.sock) or plugin-watcher (the kubelet's plugins registry).",
+    ),
+]
+PluginsRegistryDir = Annotated[
+    Path | None,
+    _option(
+        "--plugins-registry-dir",
+        env="PLUGINS_REGISTRY_DIR",
+        help="The kubelet's plugin-watcher directory; default: <kubelet-dir>/../plugins_registry.",
+    ),
+]
+PluginDir = Annotated[
+    Path | None,
+    _option(
+        "--plugin-dir",
+        env="PLUGIN_DIR",
+        help="The agent's lock and plugin-watcher endpoints; default: <kubelet-dir>/../plugins/ascend-agent.",
+    ),
+]
 ConfigFile = Annotated[
     Path | None,
     _option("--config", env="CONFIG", help="YAML config file; keys are the flag names in camelCase."),
@@ -122,6 +146,9 @@ def _settings(overrides: dict[str, Any]) -> tuple[SettingsSource, Settings]:
 def run(
     backend: Backend = None,
     kubelet_dir: KubeletDir = None,
+    registration: Registration = None,
+    plugins_registry_dir: PluginsRegistryDir = None,
+    plugin_dir: PluginDir = None,
     config: ConfigFile = None,
     log_level: LogLevel = None,
     log_format: LogFormat = None,
@@ -218,6 +245,8 @@ def doctor(
     npu_smi: NpuSmi = None,
     npu_smi_timeout: NpuSmiTimeout = None,
     kubelet_dir: KubeletDir = None,
+    registration: Registration = None,
+    plugin_dir: PluginDir = None,
     metrics_address: MetricsAddress = None,
     json_output: Json = False,
 ) -> None:

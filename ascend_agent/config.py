@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from ascend_agent.backends._container import MODES, PLAIN_MODE
+from ascend_agent.naming import NAMING_SCHEMES
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_DRIVER_MOUNTS = (
@@ -31,7 +31,16 @@ DEFAULT_DRIVER_MOUNTS = (
 )
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-RESOURCE_NAMINGS = ("huawei", "model")
+# What Allocate hands a container: ``plain`` gives device nodes and driver mounts; ``ascend-runtime`` only the
+# environment, which Huawei's container runtime turns into devices and mounts itself.
+PLAIN_MODE = "plain"
+ASCEND_RUNTIME_MODE = "ascend-runtime"
+MODES = (PLAIN_MODE, ASCEND_RUNTIME_MODE)
+# How the kubelet learns of our sockets: ``kubelet`` calls Register on kubelet.sock; ``plugin-watcher``
+# serves a registration socket in the kubelet's plugins registry, which the kubelet finds and dials itself.
+KUBELET_REGISTRATION = "kubelet"
+PLUGIN_WATCHER_REGISTRATION = "plugin-watcher"
+REGISTRATIONS = (KUBELET_REGISTRATION, PLUGIN_WATCHER_REGISTRATION)
 
 
 class ConfigError(ValueError):
@@ -44,6 +53,9 @@ class Settings:
 
     backend: str = "devfs"
     kubelet_dir: Path = DEFAULT_KUBELET_DIR
+    registration: str = KUBELET_REGISTRATION
+    plugins_registry_dir: Path | None = None
+    plugin_dir: Path | None = None
     host_root: Path = Path("/")
     dev_root: Path | None = None
     sys_root: Path | None = None
@@ -64,6 +76,24 @@ class Settings:
     fake_chips: int = 8
     fake_model: str = "910B4"
     fake_state: Path | None = None
+
+    @property
+    def effective_plugins_registry_dir(self) -> Path:
+        """The kubelet's plugin-watcher directory, beside its device-plugins directory by default."""
+        return self.plugins_registry_dir or self.kubelet_dir.parent / "plugins_registry"
+
+    @property
+    def effective_plugin_dir(self) -> Path:
+        """The agent's own directory (its lock, and its endpoints in plugin-watcher mode), which the kubelet's
+        start-up never wipes."""
+        return self.plugin_dir or self.kubelet_dir.parent / "plugins" / "ascend-agent"
+
+    @property
+    def endpoint_dir(self) -> Path:
+        """Where the DevicePlugin sockets are served."""
+        if self.registration == PLUGIN_WATCHER_REGISTRATION:
+            return self.effective_plugin_dir
+        return self.kubelet_dir
 
     @property
     def effective_dev_root(self) -> Path:
@@ -136,6 +166,9 @@ def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "backend": _text,
     "kubelet_dir": _path,
+    "registration": _one_of(*REGISTRATIONS),
+    "plugins_registry_dir": _optional(_path),
+    "plugin_dir": _optional(_path),
     "host_root": _path,
     "dev_root": _optional(_path),
     "sys_root": _optional(_path),
@@ -147,7 +180,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "mode": _one_of(*MODES),
     "driver_mounts": _text_list,
     "model": _optional(_model),
-    "resource_naming": _one_of(*RESOURCE_NAMINGS),
+    "resource_naming": _one_of(*NAMING_SCHEMES),
     "replicas": _positive_int,
     "cdi_spec_dir": _optional(_path),
     "metrics_address": _text,

@@ -21,10 +21,11 @@ from typing import Any, cast
 
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
-from ascend_agent.config import Settings
-from ascend_agent.kubelet import KUBELET_SOCKET, LocalChannel
+from ascend_agent.config import ConfigError, Settings
+from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, LocalChannel
 from ascend_agent.model import Generation
 
 _DIAL_TIMEOUT = 3.0
@@ -32,7 +33,6 @@ _API_TIMEOUT = 10.0
 DAEMONSET = "ascend-device-plugin-daemonset"
 NAMESPACE = "kube-system"
 _CHIP_NODE = re.compile(r"^davinci(\d+)$")
-_SOCKETS = sorted({f"{generation.family}.sock" for generation in Generation})
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ async def run_checks(settings: Settings) -> list[Check]:
     checks.append(npu_smi)
     checks.append(_match(nodes, chips, dev_root))
     checks.append(_kubelet(settings.kubelet_dir))
-    checks.extend(await _our_sockets(settings.kubelet_dir))
+    checks.extend(await _our_sockets(settings))
     checks.append(await _readiness(settings.metrics_address))
     checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname()))
     return checks
@@ -152,14 +152,30 @@ def _kubelet(kubelet_dir: Path) -> Check:
     )
 
 
-async def _our_sockets(kubelet_dir: Path) -> list[Check]:
-    found = [kubelet_dir / name for name in _SOCKETS if (kubelet_dir / name).is_socket()]
+async def _expected_sockets(settings: Settings) -> list[str]:
+    """The socket names of the resources this configuration serves: those of the chips found, else (no
+    chips, or npu-smi failing) every name Huawei's naming can give."""
+    from ascend_agent.agent import discover_once
+
+    try:
+        resources = (await discover_once(settings)).by_resource()
+    except ConfigError:
+        resources = {}
+    if not resources:
+        resources = {naming.resource_name(generation.family): () for generation in Generation}
+    return sorted({naming.socket_name(resource) for resource in resources})
+
+
+async def _our_sockets(settings: Settings) -> list[Check]:
+    directory = settings.endpoint_dir
+    names = await _expected_sockets(settings)
+    found = [directory / name for name in names if (directory / name).is_socket()]
     if not found:
         return [
             Check(
                 "plugin socket",
                 False,
-                f"no {', '.join(_SOCKETS)} in {kubelet_dir}",
+                f"no {', '.join(names)} in {directory}",
                 "is the agent running? "
                 "kubectl -n kube-system get pods -l app.kubernetes.io/name=ascend-agent, "
                 "then kubectl -n kube-system logs <pod>",

@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-RESOURCE_DOMAIN = "huawei.com"
-MAX_DEVICE_ID_LENGTH = 63
+from ascend_agent import naming
 
 
 class Health(enum.StrEnum):
@@ -85,16 +84,6 @@ def normalise_model(name: str) -> str:
     return bare
 
 
-def resource_family(model: str, naming: str) -> str:
-    """The resource family a naming scheme gives a model: ``""`` keeps Huawei's per-generation names,
-    ``"model"`` names the SKU, as some schedulers expect.
-
-    >>> resource_family("910B4", "model"), resource_family("910B4", "huawei")
-    ('Ascend910B4', '')
-    """
-    return f"Ascend{normalise_model(model)}" if naming == "model" else ""
-
-
 @dataclass(frozen=True, slots=True)
 class Chip:
     """One physical NPU chip as a backend sees it."""
@@ -107,7 +96,7 @@ class Chip:
     bus_id: str | None = None
     numa_node: int | None = None
     npu_id: int | None = None
-    resource_family: str = ""
+    naming_scheme: str = "huawei"
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
@@ -116,21 +105,20 @@ class Chip:
 
     @property
     def family(self) -> str:
-        """The resource family: Huawei's by default, or the configured one (``Ascend910B4``)."""
-        return self.resource_family or self.generation.family
+        """The resource family under the chip's naming scheme (``Ascend910``, or ``Ascend910B4``)."""
+        return naming.family_for(self.generation.family, self.model, self.naming_scheme)
 
     @property
     def resource(self) -> str:
-        return f"{RESOURCE_DOMAIN}/{self.family}"
+        return naming.resource_name(self.family)
 
     @property
     def device_id(self) -> str:
-        return f"{self.family}-{self.phys_id}"
+        return naming.device_id(self.family, self.phys_id)
 
     @property
     def device_path(self) -> str:
-        """The chip's device node on the host, as the container runtime must see it."""
-        return f"/dev/davinci{self.phys_id}"
+        return naming.device_path(self.phys_id)
 
     @property
     def healthy(self) -> bool:
@@ -170,10 +158,9 @@ class ContainerSpec:
 
 @dataclass(frozen=True, slots=True)
 class Inventory:
-    """One discovery: the chips, the shared management devices, and what is wrong if anything."""
+    """One discovery: the chips, and what is wrong if anything."""
 
     chips: tuple[Chip, ...] = ()
-    management_devices: tuple[DeviceNode, ...] = ()
     problems: tuple[str, ...] = ()
 
     def by_resource(self) -> dict[str, tuple[Chip, ...]]:

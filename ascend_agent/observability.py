@@ -65,6 +65,9 @@ def configure_logging(level: str, log_format: str) -> None:
 # Metrics ---------------------------------------------------------------------------------------------------
 disable_created_metrics()  # type: ignore[no-untyped-call]
 DEVICES = Gauge("ascend_agent_devices", "Devices advertised to the kubelet.", ["resource", "health"])
+DEVICE_HEALTH = Gauge(
+    "ascend_agent_device_health", "1 while the chip is Healthy, 0 while Unhealthy.", ["resource", "device"]
+)
 REGISTRATIONS = Counter(
     "ascend_agent_registrations", "Successful registrations with the kubelet.", ["resource"]
 )

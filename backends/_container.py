@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ascend_agent.config import ASCEND_RUNTIME_MODE
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, HostMount
 
 VISIBLE_DEVICES_ENV = "ASCEND_VISIBLE_DEVICES"
 RUNTIME_OPTIONS_ENV = "ASCEND_RUNTIME_OPTIONS"
-
-PLAIN_MODE = "plain"
-ASCEND_RUNTIME_MODE = "ascend-runtime"
-MODES = (PLAIN_MODE, ASCEND_RUNTIME_MODE)
 
 
 def container_spec(

@@ -42,7 +42,6 @@ from ascend_agent.model import (
     UnknownModelError,
     classify,
     normalise_model,
-    resource_family,
 )
 from ascend_agent.observability import NPU_SMI_FAILURES, NPU_SMI_SECONDS
 
@@ -222,7 +221,7 @@ class DevfsBackend:
             problems.append(
                 f"{self._dev_root}/{MANAGER} is missing: every chip is Unhealthy until it returns"
             )
-        return Inventory(chips=chips, management_devices=self._management, problems=tuple(problems))
+        return Inventory(chips=chips, problems=tuple(problems))
 
     def _chips(self, nodes: set[str]) -> tuple[Chip, ...]:
         if not self._probed and self._settings.model is not None:
@@ -240,7 +239,7 @@ class DevfsBackend:
                 bus_id=probed.bus_id,
                 numa_node=probed.numa_node,
                 npu_id=probed.npu_id,
-                resource_family=resource_family(probed.model, self._settings.resource_naming),
+                naming_scheme=self._settings.resource_naming,
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:
@@ -262,7 +261,7 @@ class DevfsBackend:
         chip = Chip.make(
             phys_id,
             self._settings.model,
-            resource_family=resource_family(self._settings.model, self._settings.resource_naming),
+            naming_scheme=self._settings.resource_naming,
         )
         if MANAGER not in nodes and _MANAGER_310B not in nodes:
             return chip.with_health(Health.UNHEALTHY, f"/dev/{MANAGER} is missing")

@@ -28,7 +28,6 @@ from ascend_agent.model import (
     Inventory,
     UnknownModelError,
     classify,
-    resource_family,
 )
 
 log = logging.getLogger(__name__)
@@ -127,10 +126,7 @@ class FakeBackend:
             if str(exc) != self._state_error:
                 log.warning("%s; keeping the previous state", exc)
             self._state_error = str(exc)
-        return Inventory(
-            chips=tuple(self._chip(i) for i in range(self._settings.fake_chips)),
-            management_devices=_MANAGEMENT_DEVICES,
-        )
+        return Inventory(chips=tuple(self._chip(i) for i in range(self._settings.fake_chips)))
 
     def _chip(self, phys_id: int) -> Chip:
         chips = self._settings.fake_chips
@@ -140,7 +136,7 @@ class FakeBackend:
             bus_id=f"0000:{0x10 + phys_id:02x}:00.0",
             numa_node=phys_id * _NUMA_NODES // chips,
             npu_id=phys_id,
-            resource_family=resource_family(self._settings.fake_model, self._settings.resource_naming),
+            naming_scheme=self._settings.resource_naming,
         )
         if phys_id in self._state.absent:
             return chip.with_health(Health.UNHEALTHY, "absent: the device node is gone")

@@ -28,7 +28,7 @@ from ascend_agent._proto.v1beta1 import (
     RegisterRequest,
     RegistrationBase,
 )
-from ascend_agent.kubelet import API_VERSION, KUBELET_SOCKET, LocalChannel
+from ascend_agent.deviceplugin.kubelet import API_VERSION, KUBELET_SOCKET, LocalChannel
 
 _DIAL_TIMEOUT = 10.0
 

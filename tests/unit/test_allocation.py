@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ascend_agent import allocation
-from ascend_agent.allocation import Layout, Topology, advertised_ids, preferred, topology_for
+from ascend_agent.allocation import Layout, Topology, preferred, topology_for
 from ascend_agent.model import Chip
+from ascend_agent.naming import replica_ids
 
 ATLAS800 = "910ProB"
 A2 = "910B4"
@@ -36,14 +37,14 @@ def test_doctests() -> None:
     assert doctest.testmod(allocation).failed == 0
 
 
-# --- topology_for and advertised_ids ------------------------------------------------------------------------
+# --- topology_for and replica_ids ------------------------------------------------------------------------
 
 
-def test_advertised_ids() -> None:
-    assert advertised_ids("Ascend910-3", 1) == ("Ascend910-3",)
-    assert advertised_ids("Ascend910-3", 3) == ("Ascend910-3-0", "Ascend910-3-1", "Ascend910-3-2")
+def test_replica_ids() -> None:
+    assert replica_ids("Ascend910-3", 1) == ("Ascend910-3",)
+    assert replica_ids("Ascend910-3", 3) == ("Ascend910-3-0", "Ascend910-3-1", "Ascend910-3-2")
     with pytest.raises(ValueError):
-        advertised_ids("Ascend910-3", 0)
+        replica_ids("Ascend910-3", 0)
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,26 @@
-"""The kubelet's side of the contract: paths, constants, and ``register()``.
+"""Registration with the kubelet: ``register()`` over kubelet.sock, and the plugin-watcher registration
+service that the kubelet's plugin manager calls instead::
 
-await register(Path("/var/lib/kubelet/device-plugins"), "Ascend910.sock", "huawei.com/Ascend910", options)
+    await register(Path("/var/lib/kubelet/device-plugins"), "Ascend910.sock", "huawei.com/Ascend910", options)
+    server = Server([WatcherRegistration("huawei.com/Ascend910", endpoint, on_status)])
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from ascend_agent._proto.pluginregistration import (
+    InfoRequest,
+    PluginInfo,
+    RegistrationBase,
+    RegistrationStatus,
+    RegistrationStatusResponse,
+)
 from ascend_agent._proto.v1beta1 import DevicePluginOptions, RegisterRequest, RegistrationStub
 
 API_VERSION = "v1beta1"
@@ -31,11 +41,6 @@ class LocalChannel(Channel):
 
     def _get_authority(self, host: str, port: int) -> str:
         return "localhost"
-
-
-def socket_name(resource: str) -> str:
-    """``huawei.com/Ascend910`` -> ``Ascend910.sock``."""
-    return resource.rpartition("/")[2] + ".sock"
 
 
 def socket_identity(path: Path) -> tuple[int, int] | None:
@@ -79,3 +84,21 @@ async def register(
         ) from None
     finally:
         channel.close()
+
+
+class WatcherRegistration(RegistrationBase):
+    """``pluginregistration.Registration`` for one resource: GetInfo names the DevicePlugin endpoint, and the
+    kubelet's verdict arrives through NotifyRegistrationStatus as ``on_status(registered, error)``."""
+
+    def __init__(self, resource: str, endpoint: Path, on_status: Callable[[bool, str], None]) -> None:
+        self._info = PluginInfo(
+            type="DevicePlugin", name=resource, endpoint=str(endpoint), supported_versions=[API_VERSION]
+        )
+        self._on_status = on_status
+
+    async def get_info(self, message: InfoRequest) -> PluginInfo:
+        return self._info
+
+    async def notify_registration_status(self, message: RegistrationStatus) -> RegistrationStatusResponse:
+        self._on_status(message.plugin_registered, message.error)
+        return RegistrationStatusResponse()

@@ -1,0 +1,344 @@
+"""One resource's life with the kubelet: serve -> self-check -> register -> watch -> back-off -> serve again.
+
+A :class:`ResourcePlugin` runs as one task. Each turn of its loop looks at the world (is the socket file still
+the one we bound? which kubelet is listening? is the kubelet's ListAndWatch stream open?) and does the one
+thing that is missing, then sleeps until :meth:`poke` (a file event, a stream that opened or closed) or a
+timer wakes it::
+
+    plugin = ResourcePlugin("huawei.com/Ascend910", settings)
+    plugin.publish(devices, preference, spec_for)
+    task_group.start_soon(plugin.run)
+    ...
+    plugin.poke()          # kubelet.sock or our socket changed
+    ready, why = plugin.status()
+
+Two registration paths: ``kubelet`` calls Register on kubelet.sock (after a kubelet restart wiped our socket,
+serve again first, so the kubelet never dials an endpoint that is not listening); ``plugin-watcher`` serves a
+registration socket in the kubelet's plugins registry and waits for the kubelet to call it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import cast
+
+import anyio
+from grpclib.config import Configuration
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server
+
+from ascend_agent import naming
+from ascend_agent._proto.v1beta1 import DevicePluginOptions, DevicePluginStub, PreStartContainerRequest
+from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, Settings
+from ascend_agent.deviceplugin.kubelet import (
+    KUBELET_SOCKET,
+    LocalChannel,
+    RegistrationError,
+    WatcherRegistration,
+    register,
+    socket_identity,
+)
+from ascend_agent.deviceplugin.service import MAX_REQUEST, DevicePluginService, Preference, SpecFor
+from ascend_agent.deviceplugin.wire import BytesCodec
+from ascend_agent.model import Chip
+from ascend_agent.observability import REGISTRATIONS
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START = 0.1
+BACKOFF_CAP = 5.0
+# After the kubelet's ListAndWatch stream ends, wait this long for it to open a new one (it does so right
+# after a registration) before registering again. Losses soon after each other double the wait, so a kubelet
+# that drops every stream cannot drive a loop.
+STREAM_GRACE = 0.5
+STREAM_GRACE_CAP = 60.0
+_STREAK_WINDOW = 30.0
+_SELF_CHECK_TIMEOUT = 2.0
+_SHUTDOWN_GRACE = 0.3
+# grpclib's defaults are 4 MiB per stream and per connection; a kubelet sends a few KiB.
+_SERVER_CONFIG = Configuration(http2_connection_window_size=1 << 20, http2_stream_window_size=1 << 18)
+
+
+class _TrackedProtocol(H2Protocol):
+    """grpclib's connection protocol, remembered while connected so that stopping can close it."""
+
+    def __init__(self, made: H2Protocol, transports: set[asyncio.Transport]) -> None:
+        super().__init__(made.handler, made.config, made.h2_config)
+        self._transports = transports
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._transports.add(self._transport)
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._transport is not None:
+            self._transports.discard(self._transport)
+        super().connection_lost(exc)
+
+
+class _Server(Server):
+    """A grpclib server whose :meth:`close` also drops every connection: a client that stopped reading would
+    otherwise keep its connection, and what is buffered for it, after the server is gone."""
+
+    def __init__(self, handlers: list[object], **kwargs: object) -> None:
+        super().__init__(handlers, **kwargs)  # type: ignore[arg-type]
+        self._transports: set[asyncio.Transport] = set()
+
+    def _protocol_factory(self) -> H2Protocol:
+        return _TrackedProtocol(super()._protocol_factory(), self._transports)
+
+    def close(self) -> None:
+        super().close()
+        for transport in list(self._transports):
+            transport.abort()
+
+    async def serve(self, path: Path) -> tuple[int, int]:
+        """Listen on ``path`` (a stale file is removed first), mode 0600 before any client can connect; the
+        socket file's identity."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(path))
+            os.chmod(path, 0o600)
+            await self.start(sock=listener)
+        except BaseException:
+            listener.close()
+            raise
+        identity = socket_identity(path)
+        if identity is None:
+            raise FileNotFoundError(f"{path} vanished while it was being served")
+        return identity
+
+    async def shut(self) -> None:
+        self.close()
+        # On Python 3.12+ wait_closed() also waits for the connections to finish closing: bound it.
+        with anyio.move_on_after(_SHUTDOWN_GRACE):
+            await self.wait_closed()
+
+
+class _Backoff:
+    def __init__(self) -> None:
+        self._next = BACKOFF_START
+
+    def next(self) -> float:
+        delay, self._next = self._next, min(self._next * 2, BACKOFF_CAP)
+        return delay
+
+    def reset(self) -> None:
+        self._next = BACKOFF_START
+
+
+class ResourcePlugin:
+    """Keeps one resource served and registered; the agent publishes to it and pokes it, nothing more."""
+
+    def __init__(self, resource: str, settings: Settings) -> None:
+        self.resource = resource
+        self._kubelet_socket = settings.kubelet_dir / KUBELET_SOCKET
+        self._kubelet_dir = settings.kubelet_dir
+        self._watcher_mode = settings.registration == PLUGIN_WATCHER_REGISTRATION
+        self.socket_path = (settings.endpoint_dir / naming.socket_name(resource)).absolute()
+        self.registry_path = (
+            settings.effective_plugins_registry_dir / naming.registry_socket_name(resource)
+            if self._watcher_mode
+            else None
+        )
+        self.service = DevicePluginService(resource, on_stream_change=self.poke)
+        self._poked = anyio.Event()
+        self._servers: list[tuple[_Server, Path, tuple[int, int]]] = []
+        self._incarnation = 0
+        # kubelet.sock's identity when we registered (kubelet mode), or True once the kubelet said so
+        # (plugin-watcher mode); None while not registered.
+        self._registered_with: tuple[int, int] | bool | None = None
+        self._lost_at: float | None = None
+        self._lost_streak = 0
+        self._last_lost = -math.inf
+        self._problem = "not served yet"
+        self._logged_problem = ""
+
+    # what the agent may call -----------------------------------------------------------------------------
+    def publish(self, devices: Mapping[str, Chip], preference: Preference | None, spec_for: SpecFor) -> None:
+        """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``spec_for`` says
+        what a container that gets some of them needs."""
+        self.service.publish(devices, preference, spec_for)
+
+    def poke(self) -> None:
+        """Something in the world changed: look again."""
+        self._poked.set()
+
+    def status(self) -> tuple[bool, str]:
+        """(ready, why not): ready while registered and the kubelet's ListAndWatch stream is open."""
+        if self._registered_with is None:
+            return False, f"not registered with the kubelet: {self.resource} ({self._problem})"
+        if not self.service.kubelet_stream_open:
+            return False, f"{self.resource}: the kubelet's ListAndWatch stream is not open"
+        return True, ""
+
+    async def run(self) -> None:
+        """Serve, register and keep it so until cancelled; then stop serving and remove our sockets."""
+        backoff = _Backoff()
+        try:
+            while True:
+                poked = self._poked = anyio.Event()
+                if self._serving_ours():
+                    # Plugin-watcher mode: the kubelet finds the registry socket itself, after restarts too.
+                    delay = None if self._watcher_mode else await self._keep_registered(backoff)
+                elif await self._serve():
+                    backoff.reset()
+                    continue
+                else:
+                    delay = backoff.next()
+                if delay is None:
+                    await poked.wait()
+                elif delay > 0:
+                    with anyio.move_on_after(delay):
+                        await poked.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._stop_serving()
+
+    # serving ------------------------------------------------------------------------------------------------
+    def _serving_ours(self) -> bool:
+        """True while every socket we serve is still the file we bound (the kubelet's start-up wipes ours)."""
+        return bool(self._servers) and all(
+            socket_identity(path) == identity for _, path, identity in self._servers
+        )
+
+    async def _serve(self) -> bool:
+        if self._servers:
+            log.info("Socket %s is gone; serving %s again", self.socket_path, self.resource)
+        await self._stop_serving()
+        self._incarnation += 1
+        self._registered_with = None
+        try:
+            await self._listen(
+                _Server([self.service], codec=BytesCodec(MAX_REQUEST), config=_SERVER_CONFIG),
+                self.socket_path,
+            )
+            await self._self_check()
+            if self.registry_path is not None:
+                registration = WatcherRegistration(self.resource, self.socket_path, self._on_watcher_status)
+                await self._listen(_Server([registration], config=_SERVER_CONFIG), self.registry_path)
+        except (OSError, TimeoutError, GRPCError, StreamTerminatedError) as exc:
+            reason = (
+                exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+            )
+            self._problem = f"cannot serve on {self.socket_path}: {reason}"
+            if self._problem != self._logged_problem:
+                self._logged_problem = self._problem
+                log.error("Cannot serve %s on %s: %s", self.resource, self.socket_path, reason)
+            await self._stop_serving()
+            return False
+        self._problem = "waiting for the kubelet"
+        if self.registry_path is not None:
+            self._problem = f"waiting for the kubelet's plugin watcher to find {self.registry_path}"
+        return True
+
+    async def _listen(self, server: _Server, path: Path) -> None:
+        try:
+            identity = await server.serve(path)
+        except BaseException:
+            await server.shut()
+            raise
+        self._servers.append((server, path, identity))
+
+    async def _self_check(self) -> None:
+        """Dial our own socket and make a call, as the kubelet will: PreStartContainer, which the kubelet
+        never calls here, so that GetDevicePluginOptions counts only the kubelet's dials."""
+        channel = LocalChannel(self.socket_path)
+        try:
+            await DevicePluginStub(channel).pre_start_container(
+                PreStartContainerRequest(), timeout=_SELF_CHECK_TIMEOUT
+            )
+        finally:
+            channel.close()
+
+    async def _stop_serving(self) -> None:
+        servers, self._servers = self._servers, []
+        for server, path, identity in servers:
+            if socket_identity(path) == identity:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            await server.shut()
+
+    # registering ------------------------------------------------------------------------------------------
+    async def _keep_registered(self, backoff: _Backoff) -> float | None:
+        """Register when this kubelet has not got us, or its stream is gone past the grace; the seconds until
+        the next look (None: only when poked)."""
+        kubelet = socket_identity(self._kubelet_socket)
+        if self._registered_with is not None and self._registered_with == kubelet:
+            wait = self._stream_grace_left()
+            if wait is not None and wait > 0:
+                return wait
+            if wait is None:
+                return None
+            log.info("The kubelet's ListAndWatch stream for %s ended; registering again", self.resource)
+            self._registered_with = None
+        mark = (self._incarnation, self.service.dials)
+        try:
+            await register(self._kubelet_dir, self.socket_path.name, self.resource, self._options())
+        except RegistrationError as exc:
+            self._problem = str(exc)
+            if self._problem != self._logged_problem:
+                self._logged_problem = self._problem
+                log.warning("Cannot register %s: %s; retrying with back-off", self.resource, exc)
+            delay = backoff.next()
+            log.debug(
+                "Next registration attempt for %s in %.1f s, or when kubelet.sock appears",
+                self.resource,
+                delay,
+            )
+            return delay
+        # kubelet.sock may have appeared or been replaced while we registered: keep the one we reached.
+        kubelet = socket_identity(self._kubelet_socket)
+        if kubelet is None or self._incarnation != mark[0] or self.service.dials == mark[1]:
+            log.debug("The kubelet dialled an earlier %s server; registering again", self.resource)
+            return backoff.next()
+        backoff.reset()
+        self._registered(kubelet)
+        return 0
+
+    def _options(self) -> DevicePluginOptions:
+        return DevicePluginOptions.parse(self.service.options)
+
+    def _stream_grace_left(self) -> float | None:
+        """None while the kubelet's stream is open; else the seconds left before we register again."""
+        now = anyio.current_time()
+        if self.service.kubelet_stream_open:
+            self._lost_at = None
+            return None
+        if self._lost_at is None:
+            self._lost_at = now
+        grace = min(STREAM_GRACE * 2.0**self._lost_streak, STREAM_GRACE_CAP)
+        return self._lost_at + grace - now
+
+    def _registered(self, registered_with: tuple[int, int] | bool) -> None:
+        now = anyio.current_time()
+        if self._lost_at is not None:
+            self._lost_streak = self._lost_streak + 1 if now - self._last_lost < _STREAK_WINDOW else 0
+            self._last_lost = now
+        self._lost_at = None
+        self._registered_with = registered_with
+        self._problem = self._logged_problem = ""
+        REGISTRATIONS.labels(resource=self.resource).inc()
+        log.info("Registered resource %s", self.resource)
+
+    def _on_watcher_status(self, registered: bool, error: str) -> None:
+        if registered:
+            self._registered(True)
+        else:
+            self._registered_with = None
+            self._problem = f"the kubelet refused the registration: {error or 'no reason given'}"
+            log.warning("Cannot register %s: %s", self.resource, self._problem)
+        self.poke()

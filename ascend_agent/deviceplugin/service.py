@@ -1,0 +1,276 @@
+"""The five DevicePlugin RPCs of one resource, for a grpclib server, answered from what was last published.
+
+Nothing on a request path does I/O: Allocate and GetPreferredAllocation compute from the published devices,
+and answers already given are looked up by the request's bytes::
+
+    service = DevicePluginService("huawei.com/Ascend910", on_stream_change=wake)
+    service.publish({chip.device_id: chip for chip in chips}, preference, spec_for)
+    server = grpclib.server.Server([service], codec=BytesCodec(MAX_REQUEST))
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
+
+from ascend_agent.deviceplugin import wire
+from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.naming import MAX_DEVICE_ID_LENGTH
+from ascend_agent.observability import ALLOCATE_SECONDS, ALLOCATIONS, STREAMS
+
+log = logging.getLogger(__name__)
+
+SpecFor = Callable[[Sequence[Chip]], ContainerSpec]
+# (available, must_include, size) -> the preferred IDs
+Preference = Callable[[Sequence[str], Sequence[str], int], list[str]]
+
+_SERVICE = "/v1beta1.DevicePlugin"
+# A kubelet's Allocate request is a few hundred bytes per container; the caches hold the answers of many pods.
+MAX_REQUEST = 64 * 1024
+_CACHE_BYTES = 4 * 1024 * 1024
+
+
+class _BoundedCache:
+    """A mapping that holds at most ``limit`` bytes of keys and values; the oldest entries go first."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._size = 0
+        self._items: dict[Any, tuple[bytes, str, int]] = {}
+
+    def get(self, key: Any) -> tuple[bytes, str] | None:
+        item = self._items.get(key)
+        return None if item is None else (item[0], item[1])
+
+    def put(self, key: Any, value: bytes, label: str, size: int) -> None:
+        if size > self._limit:
+            return
+        while self._items and self._size + size > self._limit:
+            self._size -= self._items.pop(next(iter(self._items)))[2]
+        self._items[key] = (value, label, size)
+        self._size += size
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._size = 0
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+
+class DevicePluginService:
+    """The DevicePlugin service of one resource. ``on_stream_change`` runs whenever a ListAndWatch stream
+    opens or closes; :attr:`kubelet_stream_open` says whether the stream the kubelet opened after its last
+    dial-back (GetDevicePluginOptions) is still open, whatever other clients do."""
+
+    def __init__(self, resource: str, on_stream_change: Callable[[], None]) -> None:
+        self.resource = resource
+        self._on_stream_change = on_stream_change
+        self._devices: dict[str, Chip] = {}
+        self._preference: Preference | None = None
+        self._spec_for: SpecFor | None = None
+        self._device_list = wire.DeviceList()
+        self._snapshot = b""
+        self._changed = anyio.Event()
+        self._answers = _BoundedCache(_CACHE_BYTES)
+        self._entries = _BoundedCache(_CACHE_BYTES)
+        self._options = wire.options(preferred_allocation=False)
+        self._streams: set[object] = set()
+        self._kubelet_stream: object | None = None
+        self._expect_kubelet_stream = False
+        self.dials = 0
+        self._allocated = ALLOCATIONS.labels(resource=resource, code="OK")
+
+    @property
+    def kubelet_stream_open(self) -> bool:
+        return self._kubelet_stream is not None
+
+    @property
+    def options(self) -> bytes:
+        """The encoded DevicePluginOptions."""
+        return self._options
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the answer caches hold now, keys and values."""
+        return self._answers.size + self._entries.size
+
+    def publish(self, devices: Mapping[str, Chip], preference: Preference | None, spec_for: SpecFor) -> None:
+        """Advertise ``devices`` (advertised ID -> chip); every stream gets the new list if it changed. A new
+        ``spec_for`` (what containers get changed) forgets every answer given."""
+        self._preference = preference
+        self._options = wire.options(preferred_allocation=preference is not None)
+        if spec_for is not self._spec_for:
+            self._spec_for = spec_for
+            self._answers.clear()
+            self._entries.clear()
+        if devices == self._devices and self._snapshot:
+            return
+        self._devices = dict(devices)
+        self._snapshot = self._device_list.encode(devices)
+        self._answers.clear()
+        self._entries.clear()
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    def __mapping__(self) -> dict[str, Handler]:
+        unary = Cardinality.UNARY_UNARY
+        return {
+            f"{_SERVICE}/GetDevicePluginOptions": Handler(self._get_options, unary, bytes, bytes),
+            f"{_SERVICE}/ListAndWatch": Handler(self._list_and_watch, Cardinality.UNARY_STREAM, bytes, bytes),
+            f"{_SERVICE}/GetPreferredAllocation": Handler(self._get_preferred, unary, bytes, bytes),
+            f"{_SERVICE}/Allocate": Handler(self._allocate, unary, bytes, bytes),
+            f"{_SERVICE}/PreStartContainer": Handler(self._pre_start, unary, bytes, bytes),
+        }
+
+    async def _get_options(self, stream: Stream[bytes, bytes]) -> None:
+        await stream.recv_message()
+        # The kubelet asks for the options inside Register, then opens its ListAndWatch stream.
+        self.dials += 1
+        self._expect_kubelet_stream = True
+        await stream.send_message(self._options)
+
+    async def _pre_start(self, stream: Stream[bytes, bytes]) -> None:
+        await stream.recv_message()
+        await stream.send_message(b"")
+
+    async def _list_and_watch(self, stream: Stream[bytes, bytes]) -> None:
+        await stream.recv_message()
+        token = object()
+        self._streams.add(token)
+        if self._expect_kubelet_stream:
+            self._expect_kubelet_stream = False
+            self._kubelet_stream = token
+        self._streams_changed()
+        try:
+            sent: bytes | None = None
+            while True:
+                snapshot, changed = self._snapshot, self._changed
+                if snapshot is not sent:
+                    await stream.send_message(snapshot)
+                    sent = snapshot
+                await changed.wait()
+        finally:
+            self._streams.discard(token)
+            if self._kubelet_stream is token:
+                self._kubelet_stream = None
+            self._streams_changed()
+
+    def _streams_changed(self) -> None:
+        STREAMS.labels(resource=self.resource).set(len(self._streams))
+        self._on_stream_change()
+
+    async def _allocate(self, stream: Stream[bytes, bytes]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        started = time.perf_counter()
+        try:
+            answer, ids = self.allocate(request)
+        except GRPCError as exc:
+            ALLOCATIONS.labels(resource=self.resource, code=exc.status.name).inc()
+            log.warning("Allocate refused for %s: %s", self.resource, exc.message)
+            raise
+        finally:
+            ALLOCATE_SECONDS.observe(time.perf_counter() - started)
+        self._allocated.inc()
+        log.info("Allocated %s", ids)
+        await stream.send_message(answer)
+
+    def allocate(self, request: bytes) -> tuple[bytes, str]:
+        """The encoded AllocateResponse to an encoded AllocateRequest, and the IDs it hands over; GRPCError
+        names a bad ID. The kubelet repeats requests, so answers are kept by the request's bytes."""
+        cached = self._answers.get(request)
+        if cached is not None:
+            return cached
+        try:
+            containers = wire.allocate_request(request)
+        except wire.WireError as exc:
+            raise GRPCError(Status.INVALID_ARGUMENT, f"AllocateRequest does not decode: {exc}") from None
+        entries = [self._container_entry(index, ids) for index, ids in enumerate(containers, start=1)]
+        answer = b"".join(entries)
+        ids = ";".join(",".join(container) for container in containers)
+        self._answers.put(request, answer, ids, len(request) + len(answer) + len(ids))
+        return answer, ids
+
+    def _container_entry(self, index: int, device_ids: Sequence[str]) -> bytes:
+        if not device_ids:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"container request {index} for {self.resource} names no devices"
+            )
+        chips: dict[int, Chip] = {}
+        seen: set[str] = set()
+        for device_id in device_ids:
+            chip = self._checked_chip(device_id, seen)
+            chips[chip.phys_id] = chip
+        key = tuple(sorted(chips))
+        cached = self._entries.get(key)
+        if cached is not None:
+            return cached[0]
+        assert self._spec_for is not None
+        entry = wire.container_response(self._spec_for([chips[phys_id] for phys_id in key]))
+        self._entries.put(key, entry, "", len(entry) + 8 * len(key))
+        return entry
+
+    def _checked_chip(self, device_id: str, seen: set[str]) -> Chip:
+        if len(device_id) > MAX_DEVICE_ID_LENGTH:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"device ID {device_id[:MAX_DEVICE_ID_LENGTH]!r}... is {len(device_id)} characters, "
+                f"over the {MAX_DEVICE_ID_LENGTH} the device plugin API allows",
+            )
+        if device_id in seen:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"device {device_id!r} is named twice in one container request"
+            )
+        seen.add(device_id)
+        chip = self._devices.get(device_id)
+        if chip is None:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"unknown device {device_id!r} for {self.resource}: "
+                f"this node advertises {self._id_summary()}",
+            )
+        if not chip.healthy:
+            raise GRPCError(
+                Status.FAILED_PRECONDITION,
+                f"device {device_id!r} is Unhealthy ({chip.reason or 'no reason reported'}); "
+                "the kubelet will stop offering it once it reads the next device list",
+            )
+        return chip
+
+    def _id_summary(self) -> str:
+        ids = sorted(self._devices)
+        if not ids:
+            return "no devices"
+        return ", ".join(ids) if len(ids) <= 4 else f"{len(ids)} devices, {ids[0]} .. {ids[-1]}"
+
+    async def _get_preferred(self, stream: Stream[bytes, bytes]) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        await stream.send_message(self.preferred_allocation(request))
+
+    def preferred_allocation(self, request: bytes) -> bytes:
+        """The encoded PreferredAllocationResponse to an encoded request."""
+        try:
+            containers = wire.preferred_request(request)
+        except wire.WireError as exc:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"PreferredAllocationRequest does not decode: {exc}"
+            ) from None
+        choices = []
+        for container in containers:
+            if self._preference is not None:
+                chosen = self._preference(container.available, container.must_include, container.size)
+            else:
+                merged = dict.fromkeys([*container.must_include, *container.available])
+                chosen = list(merged)[: max(container.size, 0)]
+            choices.append(chosen)
+        return wire.preferred_response(choices)

@@ -1,0 +1,223 @@
+"""The protobuf bytes of the DevicePlugin API that the agent sends and reads on its hot paths.
+
+Answers are built once and kept as bytes: a ListAndWatchResponse is its devices' entries side by side, so a
+change re-encodes only the devices that changed. Requests are read by :func:`allocate_request` and
+:func:`preferred_request`, which walk the wire format once and skip unknown fields in linear time (a general
+decoder that keeps unknown fields can take seconds on a hostile request)::
+
+    devices = DeviceList()
+    snapshot = devices.encode({"Ascend910-0": chip})
+    allocate_request(b"\\x0a\\x0d\\x0a\\x0bAscend910-0")   # -> [['Ascend910-0']]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from grpclib.const import Status
+from grpclib.encoding.base import CodecBase
+from grpclib.exceptions import GRPCError
+
+from ascend_agent._proto.v1beta1 import (
+    CdiDevice,
+    ContainerAllocateResponse,
+    ContainerPreferredAllocationResponse,
+    Device,
+    DevicePluginOptions,
+    DeviceSpec,
+    Mount,
+    NumaNode,
+    TopologyInfo,
+)
+from ascend_agent.model import Chip, ContainerSpec, Health
+
+_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
+
+
+class WireError(ValueError):
+    """The bytes are not a valid encoding of the expected message."""
+
+
+def repeated_entry(payload: bytes) -> bytes:
+    """``payload`` as one entry of the repeated message field 1 (tag, varint length, bytes).
+
+    >>> repeated_entry(b"abc")
+    b'\\n\\x03abc'
+    """
+    return b"\x0a" + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise WireError("truncated or overlong varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) for every field: an int for varints, bytes for the rest."""
+    at = 0
+    while at < len(data):
+        key, at = _read_varint(data, at)
+        number, kind = key >> 3, key & 0x7
+        if number == 0:
+            raise WireError("field number 0")
+        if kind == _VARINT:
+            value, at = _read_varint(data, at)
+            yield number, kind, value
+            continue
+        if kind == _LENGTH_DELIMITED:
+            size, at = _read_varint(data, at)
+        elif kind in (_FIXED64, _FIXED32):
+            size = 8 if kind == _FIXED64 else 4
+        else:
+            raise WireError(f"unsupported wire type {kind}")
+        if at + size > len(data):
+            raise WireError("a field runs past the end of the message")
+        yield number, kind, data[at : at + size]
+        at += size
+
+
+def _strings(data: bytes, number: int) -> list[str]:
+    """The values of the repeated string field ``number`` of a message."""
+    found = []
+    for field, kind, value in _fields(data):
+        if field == number:
+            if kind != _LENGTH_DELIMITED:
+                raise WireError(f"field {number} is not a string")
+            try:
+                found.append(value.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise WireError(f"field {number} is not UTF-8") from None
+    return found
+
+
+def _entries(data: bytes) -> list[bytes]:
+    """The embedded messages of the repeated field 1 (``container_requests``)."""
+    entries = []
+    for field, kind, value in _fields(data):
+        if field == 1:
+            if kind != _LENGTH_DELIMITED:
+                raise WireError("container_requests is not a message")
+            entries.append(value)
+    return entries
+
+
+def allocate_request(data: bytes) -> list[list[str]]:
+    """An AllocateRequest's device IDs, per container request; :class:`WireError` when it does not decode."""
+    return [_strings(entry, 1) for entry in _entries(data)]
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredRequest:
+    """One ``ContainerPreferredAllocationRequest``."""
+
+    available: list[str]
+    must_include: list[str]
+    size: int
+
+
+def preferred_request(data: bytes) -> list[PreferredRequest]:
+    """A PreferredAllocationRequest's container requests; :class:`WireError` when it does not decode."""
+    requests = []
+    for entry in _entries(data):
+        size = 0
+        for field, kind, value in _fields(entry):
+            if field == 3:
+                if kind != _VARINT:
+                    raise WireError("allocation_size is not an integer")
+                size = value - (1 << 64) if value >= 1 << 63 else value  # int32 negatives are 10-byte varints
+        requests.append(PreferredRequest(_strings(entry, 1), _strings(entry, 2), size))
+    return requests
+
+
+def preferred_response(choices: list[list[str]]) -> bytes:
+    """The encoded PreferredAllocationResponse: one container response per request, in order."""
+    return b"".join(
+        repeated_entry(bytes(ContainerPreferredAllocationResponse(device_i_ds=chosen))) for chosen in choices
+    )
+
+
+def options(*, preferred_allocation: bool) -> bytes:
+    return bytes(
+        DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=preferred_allocation)
+    )
+
+
+class DeviceList:
+    """Encodes ListAndWatchResponses, re-encoding only the devices that changed since the last one."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, Health, int | None], bytes] = {}
+
+    def encode(self, devices: Mapping[str, Chip]) -> bytes:
+        """The ListAndWatchResponse advertising ``devices`` (advertised ID -> chip)."""
+        entries = {}
+        for device_id, chip in devices.items():
+            key = (device_id, chip.health, chip.numa_node)
+            entries[key] = self._entries.get(key) or repeated_entry(bytes(_device(device_id, chip)))
+        self._entries = entries
+        return b"".join(entries.values())
+
+
+def _device(device_id: str, chip: Chip) -> Device:
+    topology = None if chip.numa_node is None else TopologyInfo(nodes=[NumaNode(id=chip.numa_node)])
+    return Device(id=device_id, health=chip.health.value, topology=topology)
+
+
+def container_response(spec: ContainerSpec) -> bytes:
+    """One ``container_responses`` entry of an AllocateResponse."""
+    message = ContainerAllocateResponse(
+        envs=dict(spec.envs),
+        devices=[
+            DeviceSpec(container_path=n.container_path, host_path=n.host_path, permissions=n.permissions)
+            for n in spec.devices
+        ],
+        mounts=[
+            Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in spec.mounts
+        ],
+        cdi_devices=[CdiDevice(name=name) for name in spec.cdi_devices],
+    )
+    return repeated_entry(bytes(message))
+
+
+class BytesCodec(CodecBase):
+    """grpclib's codec for the plugin socket: requests arrive as bytes, answers leave as bytes; nothing is
+    decoded or encoded on the way. Requests over ``max_request`` bytes are refused before anything decodes
+    them."""
+
+    __content_subtype__ = "proto"
+
+    def __init__(self, max_request: int) -> None:
+        self.max_request = max_request
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if not isinstance(message, bytes):
+            raise TypeError(f"the plugin socket sends bytes, not {type(message).__name__}")
+        return message
+
+    def decode(self, data: bytes, message_type: Any) -> bytes:
+        if len(data) > self.max_request:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"a request of {len(data)} bytes is over the {self.max_request} bytes this plugin accepts",
+            )
+        return data

@@ -1,0 +1,63 @@
+"""Every name the agent gives to the outside: resources, device IDs, sockets, CDI devices. One place, so the
+kubelet, the CDI spec, the doctor and the backends always agree.
+
+>>> family_for("Ascend910", "910B4", "huawei"), family_for("Ascend910", "910B4", "model")
+('Ascend910', 'Ascend910B4')
+>>> resource = resource_name("Ascend910")
+>>> resource, device_id("Ascend910", 3), socket_name(resource), registry_socket_name(resource)
+('huawei.com/Ascend910', 'Ascend910-3', 'Ascend910.sock', 'huawei.com_Ascend910.sock')
+>>> replica_ids("Ascend310P-0", 2), cdi_device_name("Ascend910-3")
+(('Ascend310P-0-0', 'Ascend310P-0-1'), 'huawei.com/npu=Ascend910-3')
+"""
+
+from __future__ import annotations
+
+RESOURCE_DOMAIN = "huawei.com"
+# The kubelet refuses longer device IDs.
+MAX_DEVICE_ID_LENGTH = 63
+# ``huawei``: Huawei's per-generation names (``huawei.com/Ascend910``); ``model``: one resource per SKU
+# (``huawei.com/Ascend910B4``), as some schedulers expect.
+NAMING_SCHEMES = ("huawei", "model")
+CDI_KIND = "huawei.com/npu"
+
+
+def family_for(default_family: str, model: str, scheme: str) -> str:
+    """A chip's resource family: its generation's ``default_family``, or the SKU under ``model`` naming."""
+    return f"Ascend{model}" if scheme == "model" else default_family
+
+
+def resource_name(family: str) -> str:
+    return f"{RESOURCE_DOMAIN}/{family}"
+
+
+def device_id(family: str, phys_id: int) -> str:
+    return f"{family}-{phys_id}"
+
+
+def device_path(phys_id: int) -> str:
+    """The chip's device node on the host, as the container runtime must see it."""
+    return f"/dev/davinci{phys_id}"
+
+
+def replica_ids(chip_id: str, replicas: int) -> tuple[str, ...]:
+    """The device IDs advertised for one chip shared ``replicas`` times; ``ValueError`` below 1."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be at least 1, got {replicas}")
+    if replicas == 1:
+        return (chip_id,)
+    return tuple(f"{chip_id}-{n}" for n in range(replicas))
+
+
+def socket_name(resource: str) -> str:
+    """The DevicePlugin socket of a resource, in the kubelet's directory or the plugin directory."""
+    return resource.rpartition("/")[2] + ".sock"
+
+
+def registry_socket_name(resource: str) -> str:
+    """The plugin-watcher registration socket of a resource, in the kubelet's plugins registry."""
+    return resource.replace("/", "_") + ".sock"
+
+
+def cdi_device_name(chip_device_id: str) -> str:
+    """The fully qualified CDI name of a chip."""
+    return f"{CDI_KIND}={chip_device_id}"
