@@ -31,7 +31,7 @@ from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, load_backend
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, ConfigError, Settings, SettingsSource
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
-from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.deviceplugin.lifecycle import ResourcePlugin, ServeFailed
 from ascend_agent.deviceplugin.service import SpecFor
 from ascend_agent.instance import exclusive
 from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
@@ -432,12 +432,27 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
                 f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
             ) from None
         log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
-        async with exclusive(settings.effective_plugin_dir):
-            await agent.run(http)
+    failures: list[BaseException] = []
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
+            async with exclusive(settings.effective_plugin_dir):
+                await agent.run(http)
+    except* ServeFailed as failed:
+        failures.extend(_leaves(failed))
+    if failures:
+        log.error("Giving up: %s", failures[0])
+        return 1
     log.info("Stopped; sockets removed")
     return 0
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions inside nested task groups' exception groups."""
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
 
 
 async def _signals(agent: Agent, scope: anyio.CancelScope) -> None:

@@ -64,6 +64,14 @@ PluginDir = Annotated[
         help="The agent's lock and plugin-watcher endpoints; default: <kubelet-dir>/../plugins/ascend-agent.",
     ),
 ]
+ServeTimeout = Annotated[
+    float | None,
+    _option(
+        "--serve-timeout",
+        env="SERVE_TIMEOUT",
+        help="Seconds serving may keep failing (an unusable kubelet directory) before exit 1; default: 300.",
+    ),
+]
 ConfigFile = Annotated[
     Path | None,
     _option("--config", env="CONFIG", help="YAML config file; keys are the flag names in camelCase."),
@@ -149,6 +157,7 @@ def run(
     registration: Registration = None,
     plugins_registry_dir: PluginsRegistryDir = None,
     plugin_dir: PluginDir = None,
+    serve_timeout: ServeTimeout = None,
     config: ConfigFile = None,
     log_level: LogLevel = None,
     log_format: LogFormat = None,

@@ -56,6 +56,7 @@ class Settings:
     registration: str = KUBELET_REGISTRATION
     plugins_registry_dir: Path | None = None
     plugin_dir: Path | None = None
+    serve_timeout: float = 300.0
     host_root: Path = Path("/")
     dev_root: Path | None = None
     sys_root: Path | None = None
@@ -169,6 +170,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "registration": _one_of(*REGISTRATIONS),
     "plugins_registry_dir": _optional(_path),
     "plugin_dir": _optional(_path),
+    "serve_timeout": _positive_float,
     "host_root": _path,
     "dev_root": _optional(_path),
     "sys_root": _optional(_path),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -105,7 +106,10 @@ class _Server(Server):
     async def serve(self, path: Path) -> tuple[int, int]:
         """Listen on ``path`` (a stale file is removed first), mode 0600 before any client can connect; the
         socket file's identity."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a plain file where the directory should be
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from None
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -118,6 +122,7 @@ class _Server(Server):
             raise
         identity = socket_identity(path)
         if identity is None:
+            await self.shut()
             raise FileNotFoundError(f"{path} vanished while it was being served")
         return identity
 
@@ -126,6 +131,10 @@ class _Server(Server):
         # On Python 3.12+ wait_closed() also waits for the connections to finish closing: bound it.
         with anyio.move_on_after(_SHUTDOWN_GRACE):
             await self.wait_closed()
+
+
+class ServeFailed(Exception):
+    """Serving kept failing for the whole ``serve_timeout``: the message says why, in one line."""
 
 
 class _Backoff:
@@ -154,6 +163,8 @@ class ResourcePlugin:
             if self._watcher_mode
             else None
         )
+        self._serve_timeout = settings.serve_timeout
+        self._failing_since: float | None = None
         self.service = DevicePluginService(resource, on_stream_change=self.poke)
         self._poked = anyio.Event()
         self._servers: list[tuple[_Server, Path, tuple[int, int]]] = []
@@ -195,9 +206,11 @@ class ResourcePlugin:
                     # Plugin-watcher mode: the kubelet finds the registry socket itself, after restarts too.
                     delay = None if self._watcher_mode else await self._keep_registered(backoff)
                 elif await self._serve():
+                    self._failing_since = None
                     backoff.reset()
                     continue
                 else:
+                    self._give_up_after_timeout()
                     delay = backoff.next()
                 if delay is None:
                     await poked.wait()
@@ -245,13 +258,20 @@ class ResourcePlugin:
             self._problem = f"waiting for the kubelet's plugin watcher to find {self.registry_path}"
         return True
 
+    def _give_up_after_timeout(self) -> None:
+        """A directory that stays unusable (read-only, not a directory) ends the agent with one line, so that
+        Kubernetes restarts it and shows the reason, instead of a pod that runs and is never ready."""
+        now = anyio.current_time()
+        if self._failing_since is None:
+            self._failing_since = now
+        elif now - self._failing_since >= self._serve_timeout:
+            raise ServeFailed(
+                f"{self.resource}: {self._problem} for {self._serve_timeout:g} s; check that the directory "
+                "is the kubelet's, mounted read-write into the agent"
+            )
+
     async def _listen(self, server: _Server, path: Path) -> None:
-        try:
-            identity = await server.serve(path)
-        except BaseException:
-            await server.shut()
-            raise
-        self._servers.append((server, path, identity))
+        self._servers.append((server, path, await server.serve(path)))
 
     async def _self_check(self) -> None:
         """Dial our own socket and make a call, as the kubelet will: PreStartContainer, which the kubelet

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 from collections.abc import Iterable
 from random import Random
 
@@ -10,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ascend_agent import allocation
 from ascend_agent.allocation import Layout, Topology, preferred, topology_for
 from ascend_agent.model import Chip
 from ascend_agent.naming import replica_ids
@@ -31,10 +29,6 @@ def ids(*phys_ids: int, family: str = "Ascend910") -> list[str]:
 
 def numa_halves(count: int = 8) -> dict[int, int]:
     return {i: i * 2 // count for i in range(count)}
-
-
-def test_doctests() -> None:
-    assert doctest.testmod(allocation).failed == 0
 
 
 # --- topology_for and replica_ids ------------------------------------------------------------------------
