@@ -272,16 +272,29 @@ def doctor(
 
 @app.command("kubelet-sim")
 def kubelet_sim(
-    kubelet_dir: KubeletDir = None,
+    kubelet_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubelet-dir",
+            help="Required: a scratch directory to serve kubelet.sock in (never a live kubelet's).",
+        ),
+    ] = None,
     allocate: Annotated[
         int, typer.Option("--allocate", help="After the first device list, allocate N chips.")
     ] = 1,
 ) -> None:
     """A kubelet stand-in for local development: serves Registration, dials back, prints what it sees."""
+    if kubelet_dir is None:
+        raise _fail(
+            "kubelet-sim needs --kubelet-dir DIR, a scratch directory (it has no default)", EXIT_USAGE
+        )
     from ascend_agent.sim.kubelet import run_simulator
 
-    directory = kubelet_dir or Settings().kubelet_dir
-    raise typer.Exit(asyncio.run(run_simulator(directory, allocate=allocate)))
+    try:
+        code = asyncio.run(run_simulator(kubelet_dir, allocate=allocate))
+    except ConfigError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -10,6 +10,7 @@ sees two layers: what the command line said, and the file underneath it::
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -29,6 +30,10 @@ DEFAULT_DRIVER_MOUNTS = (
     "/usr/local/bin/npu-smi",
     "/etc/ascend_install.info",
 )
+# Each health query starts npu-smi, which takes a good part of a second on a busy node: a shorter interval
+# would keep it running all the time. A timeout below a second would fail healthy but slow queries.
+MIN_HEALTH_INTERVAL = 1.0
+MIN_NPU_SMI_TIMEOUT = 1.0
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # What Allocate hands a container: ``plain`` gives device nodes and driver mounts; ``ascend-runtime`` only the
@@ -124,10 +129,18 @@ def _positive_int(value: Any) -> int:
     return value
 
 
-def _positive_float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError("must be a number above 0")
-    return float(value)
+def _seconds(minimum: float) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < minimum
+        ):
+            raise ValueError(f"must be a finite number of seconds, at least {minimum:g}")
+        return float(value)
+
+    return check
 
 
 def _text(value: Any) -> str:
@@ -170,13 +183,13 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "registration": _one_of(*REGISTRATIONS),
     "plugins_registry_dir": _optional(_path),
     "plugin_dir": _optional(_path),
-    "serve_timeout": _positive_float,
+    "serve_timeout": _seconds(1.0),
     "host_root": _path,
     "dev_root": _optional(_path),
     "sys_root": _optional(_path),
     "npu_smi": _optional(_text),
-    "npu_smi_timeout": _positive_float,
-    "health_interval": _positive_float,
+    "npu_smi_timeout": _seconds(MIN_NPU_SMI_TIMEOUT),
+    "health_interval": _seconds(MIN_HEALTH_INTERVAL),
     "health_failure_threshold": _positive_int,
     "healthy_states": _text_list,
     "mode": _one_of(*MODES),
@@ -195,12 +208,29 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
 
 
+def decode_utf8(data: bytes, what: str) -> str:
+    """``data`` as text; :class:`ConfigError` names ``what`` and the first byte that is not UTF-8::
+
+    decode_utf8(b"a: 1 # \xb2\xe2", "config file c.yaml")
+    # ConfigError: config file c.yaml is not UTF-8: byte 0xb2 at offset 7 (line 1); save it as UTF-8
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{what} is not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} (line {line}); "
+            "save it as UTF-8"
+        ) from None
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """The settings a YAML file sets, by field name; :class:`ConfigError` names the file and the key."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    text = decode_utf8(data, f"config file {path}")
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -1,6 +1,7 @@
 """What operators see: log lines (text or JSON lines) and Prometheus metrics.
 
 configure_logging("info", "json")
+log.info("Registered resource %s", resource, extra=log_fields(resource=resource))
 REGISTRATIONS.labels(resource="huawei.com/Ascend910").inc()
 """
 
@@ -12,6 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 from prometheus_client import (
@@ -49,6 +51,34 @@ class _JsonFormatter(logging.Formatter):
         }
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS})
         return json.dumps(entry, default=str)
+
+
+def log_fields(**fields: Any) -> dict[str, Any]:
+    """Structured fields for a log call's ``extra=``: JSON lines carry each beside ``msg`` (text lines show
+    only the message, which names the same things). Fields that are None are left out; paths become strings,
+    sets and tuples lists::
+
+        log.warning("Allocate refused for %s: %s", resource, reason,
+                    extra=log_fields(resource=resource, devices=ids, reason=reason))
+
+    The names in use: ``resource`` (huawei.com/Ascend910), ``device`` / ``devices`` (device IDs),
+    ``reason`` (why, in words), ``path`` (a file or directory), ``ids`` (physical chip ids), ``count``.
+    A name the log record itself uses (``msg``, ``name``, ``args``, ...) is refused with ValueError.
+    """
+    reserved = _STANDARD_ATTRS.intersection(fields)
+    if reserved:
+        raise ValueError(f"log field names taken by the log record: {', '.join(sorted(reserved))}")
+    return {name: _plain(value) for name, value in fields.items() if value is not None}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
 
 
 def configure_logging(level: str, log_format: str) -> None:

@@ -5,7 +5,8 @@
 
     {"unhealthy": [3], "absent": [7]}
 
-An absent chip stays listed as Unhealthy, as a chip that fell off the bus does on a real node.
+An absent chip stays listed as Unhealthy, as a chip that fell off the bus does on a real node. The file
+must exist when the backend starts; one removed later, or turned invalid, leaves the previous state in place.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import aiofiles
 
 from ascend_agent.backends._container import container_spec
-from ascend_agent.config import ConfigError, Settings
+from ascend_agent.config import ConfigError, Settings, decode_utf8
 from ascend_agent.model import (
     Chip,
     ContainerSpec,
@@ -29,6 +30,7 @@ from ascend_agent.model import (
     UnknownModelError,
     classify,
 )
+from ascend_agent.observability import log_fields
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,7 @@ class FakeBackend:
         self._settings = settings
         self._state = FaultState()
         self._state_error: str | None = None
+        self._out_of_range: tuple[int, ...] = ()
 
     @property
     def health_interval(self) -> float | None:
@@ -102,21 +105,38 @@ class FakeBackend:
         await self._load_state()
 
     async def _load_state(self) -> None:
-        """Read the state file, raising :class:`ConfigError` when it is unreadable or invalid."""
+        """Read the state file, raising :class:`ConfigError` when it is missing, unreadable or invalid."""
         path = self._settings.fake_state
         if path is None:
             return
         try:
-            async with aiofiles.open(path, encoding="utf-8") as handle:
-                text = await handle.read()
+            async with aiofiles.open(path, "rb") as handle:
+                data = await handle.read()
         except FileNotFoundError:
-            text = ""
+            raise ConfigError(f"fake state file {path} does not exist (an empty one is {{}})") from None
         except OSError as exc:
             raise ConfigError(f"cannot read fake state file {path}: {exc.strerror or exc}") from None
         try:
-            self._state = parse_state(text, str(path))
+            state = parse_state(decode_utf8(data, f"fake state file {path}"), str(path))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        self._warn_out_of_range(path, state)
+        self._state = state
+
+    def _warn_out_of_range(self, path: Path, state: FaultState) -> None:
+        """One warning per change of the ids that name no chip: a typo there would fault nothing."""
+        chips = self._settings.fake_chips
+        out_of_range = tuple(sorted(i for i in state.unhealthy | state.absent if not 0 <= i < chips))
+        if out_of_range and out_of_range != self._out_of_range:
+            log.warning(
+                "fake state file %s names chips that do not exist: %s (%d chips, ids 0-%d); ignored",
+                path,
+                ", ".join(map(str, out_of_range)),
+                chips,
+                chips - 1,
+                extra=log_fields(path=path, ids=list(out_of_range)),
+            )
+        self._out_of_range = out_of_range
 
     async def discover(self) -> Inventory:
         try:
@@ -124,7 +144,11 @@ class FakeBackend:
             self._state_error = None
         except ConfigError as exc:
             if str(exc) != self._state_error:
-                log.warning("%s; keeping the previous state", exc)
+                log.warning(
+                    "%s; keeping the previous state",
+                    exc,
+                    extra=log_fields(path=self._settings.fake_state, reason=str(exc)),
+                )
             self._state_error = str(exc)
         return Inventory(chips=tuple(self._chip(i) for i in range(self._settings.fake_chips)))
 

@@ -3,10 +3,11 @@
 # Watch registration, the device list and a sample allocation; Ctrl-C stops both.
 set -euo pipefail
 dir=$(mktemp -d /tmp/ascend-agent-run.XXXXXX)
-trap 'kill "$sim" "$agent" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT INT TERM
+trap 'kill ${sim:-} ${agent:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT INT TERM
 ascend-agent kubelet-sim --kubelet-dir "$dir" --allocate 2 &
 sim=$!
-while [ ! -S "$dir/kubelet.sock" ]; do sleep 0.1; done
+# The simulator needs an explicit directory and refuses one where a kubelet.sock already exists.
+while [ ! -S "$dir/kubelet.sock" ]; do kill -0 "$sim" 2>/dev/null || exit 1; sleep 0.1; done
 ascend-agent run --backend fake --kubelet-dir "$dir" --metrics-address "" "$@" &
 agent=$!
 wait "$agent"

@@ -1,16 +1,22 @@
 """A kubelet stand-in for local development: ``ascend-agent kubelet-sim --kubelet-dir DIR``.
 
 It does what the kubelet's device manager does with a plugin, and prints it: serves Registration on
-``DIR/kubelet.sock`` (removing the other sockets first, as a starting kubelet does), dials the plugin
-back inside Register, asks for its options, follows ListAndWatch, and after the first device list
-allocates ``--allocate`` healthy devices (through GetPreferredAllocation when the plugin offers it).
+``DIR/kubelet.sock``, dials the plugin back inside Register, asks for its options, follows ListAndWatch,
+and after the first device list allocates ``--allocate`` healthy devices (through GetPreferredAllocation
+when the plugin offers it).
+
+Unlike a starting kubelet it deletes nothing it did not create: it refuses a directory where
+``kubelet.sock`` already exists (a live kubelet, or a stale socket someone must look at), leaves every
+other socket alone, and at exit removes ``kubelet.sock`` only while it is still the socket it bound.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import stat
 from pathlib import Path
 
 from grpclib.const import Status
@@ -28,9 +34,11 @@ from ascend_agent._proto.v1beta1 import (
     RegisterRequest,
     RegistrationBase,
 )
-from ascend_agent.deviceplugin.kubelet import API_VERSION, KUBELET_SOCKET, LocalChannel
+from ascend_agent.config import ConfigError
+from ascend_agent.deviceplugin.kubelet import API_VERSION, KUBELET_SOCKET, LocalChannel, socket_identity
 
 _DIAL_TIMEOUT = 10.0
+_PROBE_TIMEOUT = 2.0
 
 
 def _say(text: str) -> None:
@@ -131,14 +139,21 @@ def _print_devices(resource: str, update: ListAndWatchResponse) -> None:
 
 
 async def run_simulator(directory: Path, *, allocate: int = 1) -> int:
-    """Serve until SIGINT or SIGTERM; the exit status."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob("*.sock"):
-        stale.unlink()
+    """Serve until SIGINT or SIGTERM; the exit status. :class:`ConfigError` when ``directory`` is not free."""
+    socket_path = directory / KUBELET_SOCKET
+    await _refuse_if_taken(socket_path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create --kubelet-dir {directory}: {exc.strerror or exc}") from None
     service = _Registration(directory, allocate)
     server = Server([service])
-    await server.start(path=str(directory / KUBELET_SOCKET))
-    _say(f"listening on {directory / KUBELET_SOCKET}")
+    try:
+        await server.start(path=str(socket_path))
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {socket_path}: {exc.strerror or exc}") from None
+    bound = socket_identity(socket_path)
+    _say(f"listening on {socket_path}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -148,6 +163,37 @@ async def run_simulator(directory: Path, *, allocate: int = 1) -> int:
     server.close()
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(server.wait_closed(), 0.5)
-    with contextlib.suppress(FileNotFoundError):
-        (directory / KUBELET_SOCKET).unlink()
+    if bound is not None and socket_identity(socket_path) == bound:
+        with contextlib.suppress(FileNotFoundError):
+            socket_path.unlink()
     return 0
+
+
+async def _refuse_if_taken(socket_path: Path) -> None:
+    """Raise :class:`ConfigError` when anything is at ``socket_path``: listening on it would replace it."""
+    try:
+        mode = os.lstat(socket_path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"cannot check {socket_path}: {exc.strerror or exc}") from None
+    if not stat.S_ISSOCK(mode):
+        raise ConfigError(f"{socket_path} exists and is not a socket; pass an empty scratch --kubelet-dir")
+    try:
+        async with asyncio.timeout(_PROBE_TIMEOUT):
+            _, writer = await asyncio.open_unix_connection(str(socket_path))
+    except ConnectionRefusedError:
+        raise ConfigError(
+            f"{socket_path} exists but nothing answers (a stopped kubelet or an earlier kubelet-sim); "
+            "remove it yourself if it is stale, or pass another --kubelet-dir"
+        ) from None
+    except (OSError, TimeoutError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "no answer in time"
+        raise ConfigError(
+            f"{socket_path} exists and cannot be checked ({reason}); refusing to replace it"
+        ) from None
+    writer.close()
+    raise ConfigError(
+        f"{socket_path} accepts connections: a kubelet is running there; "
+        "kubelet-sim never replaces it, pass a scratch --kubelet-dir"
+    )

@@ -285,7 +285,7 @@ def test_hot_unplug_and_return_by_event(
 
 @pytest.mark.parametrize(
     "devfs_agent",
-    [("--health-interval", "0.2", "--npu-smi-timeout", "0.3", "--health-failure-threshold", "2")],
+    [("--health-interval", "1", "--npu-smi-timeout", "1", "--health-failure-threshold", "2")],
     indirect=True,
 )
 def test_hanging_npu_smi_fails_after_the_threshold_and_recovers(
@@ -305,7 +305,7 @@ def test_hanging_npu_smi_fails_after_the_threshold_and_recovers(
     devfs_agent.wait_log("npu-smi answers again")
 
 
-@pytest.mark.parametrize("devfs_agent", [("--health-interval", "0.2")], indirect=True)
+@pytest.mark.parametrize("devfs_agent", [("--health-interval", "1")], indirect=True)
 def test_health_from_npu_smi_goes_and_comes_back(
     kubelet: KubeletStandin, devfs_agent: AgentProcess, npu_smi: FakeNpuSmi
 ) -> None:

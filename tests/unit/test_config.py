@@ -58,3 +58,43 @@ def test_invalid_values_name_the_key(short_dir: Path, text: str) -> None:
         SettingsSource({}, path).load()
     assert str(path) in str(caught.value)
     assert text.split(":")[0] in str(caught.value)
+
+
+GBK_COMMENT = "# 节点配置\n".encode("gbk")  # a comment as saved by an editor set to GBK
+
+
+def test_a_file_that_is_not_utf8_names_the_file_and_the_byte(short_dir: Path) -> None:
+    path = short_dir / "c.yaml"
+    path.write_bytes(b"backend: fake\n" + GBK_COMMENT)
+    with pytest.raises(ConfigError) as caught:
+        SettingsSource({}, path).load()
+    assert str(caught.value) == (
+        f"config file {path} is not UTF-8: byte 0xbd at offset 16 (line 2); save it as UTF-8"
+    )
+
+
+def test_utf8_comments_are_fine(short_dir: Path) -> None:
+    path = short_dir / "c.yaml"
+    path.write_text("backend: fake\n# 节点配置\n", encoding="utf-8")
+    assert SettingsSource({}, path).load().backend == "fake"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 0.001, 0.999, 0, -1, True])
+@pytest.mark.parametrize("name", ["health_interval", "npu_smi_timeout"])
+def test_seconds_must_be_finite_and_at_least_one(name: str, value: float) -> None:
+    with pytest.raises(ConfigError) as caught:
+        SettingsSource({name: value}).load()
+    assert str(caught.value) == f"--{name.replace('_', '-')} must be a finite number of seconds, at least 1"
+
+
+@pytest.mark.parametrize("text", ["healthInterval: .nan\n", "healthInterval: .inf\n", "npuSmiTimeout: 0.5\n"])
+def test_seconds_from_the_file_are_checked_too(short_dir: Path, text: str) -> None:
+    path = short_dir / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="must be a finite number of seconds, at least 1"):
+        SettingsSource({}, path).load()
+
+
+def test_the_minimum_itself_is_accepted() -> None:
+    settings = SettingsSource({"health_interval": 1, "npu_smi_timeout": 1.0}).load()
+    assert (settings.health_interval, settings.npu_smi_timeout) == (1.0, 1.0)
