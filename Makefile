@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run test lint proto bench soak image clean
+.PHONY: install run test lint proto bench soak interop interop-packages image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,40 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/pytest -q -s -m soak -o addopts=''
+
+# The grpc-go kubelet stand-in (tests/interop/kubelet/), built offline in GOPATH mode from Debian's Go
+# packages, with its Go code generated from protos/ into build/interop/gopath; then the interop tests.
+INTEROP := build/interop
+# grpc-go marshals through github.com/golang/protobuf: its 1.5 package (not 1.3) handles today's generated code.
+INTEROP_DEBS := golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev \
+	golang-golang-x-sys-dev protoc-gen-go protoc-gen-go-grpc protobuf-compiler
+INTEROP_GO_SOURCES := $(wildcard tests/interop/kubelet/*.go)
+INTEROP_PROTO_MAP := Mdeviceplugin/v1beta1/api.proto=ascend-agent/protos/deviceplugin/v1beta1
+INTEROP_GO_ENV := GO111MODULE=off GOFLAGS= GOPATH="$(CURDIR)/$(INTEROP)/gopath:/usr/share/gocode" \
+	GOCACHE="$(CURDIR)/$(INTEROP)/gocache"
+
+interop-packages:
+	@missing=; for tool in go protoc protoc-gen-go protoc-gen-go-grpc; do \
+		command -v $$tool >/dev/null || missing=yes; done; \
+	for package in google.golang.org/grpc google.golang.org/protobuf golang.org/x/sys/unix; do \
+		test -d /usr/share/gocode/src/$$package || missing=yes; done; \
+	test -f /usr/share/gocode/src/github.com/golang/protobuf/proto/registry.go || missing=yes; \
+	if [ -n "$$missing" ]; then \
+		[ "$$(id -u)" = 0 ] || { echo "make interop: install the Debian packages $(INTEROP_DEBS) (as root), then run it again"; exit 1; }; \
+		echo "make interop: installing $(INTEROP_DEBS)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq $(INTEROP_DEBS) >/dev/null || \
+			{ apt-get update -qq && apt-get install -y -qq $(INTEROP_DEBS) >/dev/null; }; \
+	fi
+
+$(INTEROP)/kubelet-standin: $(INTEROP_GO_SOURCES) $(PROTO) | interop-packages
+	rm -rf $(INTEROP)/gopath && mkdir -p $(INTEROP)/gopath/src
+	protoc -I protos --go_out=$(INTEROP)/gopath/src --go_opt=$(INTEROP_PROTO_MAP) \
+		--go-grpc_out=$(INTEROP)/gopath/src --go-grpc_opt=$(INTEROP_PROTO_MAP) $(PROTO)
+	cd tests/interop/kubelet && $(INTEROP_GO_ENV) go build -o "$(CURDIR)/$@" .
+
+interop: $(STAMP) $(INTEROP)/kubelet-standin
+	INTEROP_REQUIRE_STANDIN=1 $(BIN)/pytest -q -s -m interop -o addopts='' tests/interop
 
 image:
 	@engine=$$(command -v podman || command -v docker) || { echo "make image: no container engine (podman or docker) here"; exit 1; }; \

@@ -40,25 +40,18 @@ default_message_pool.register_message("pluginregistration", "InfoRequest", InfoR
 
 @dataclass(eq=False, repr=False)
 class PluginInfo(betterproto2.Message):
+    """
+    For a device plugin: type "DevicePlugin", name the resource, endpoint the absolute path of the DevicePlugin
+    socket (empty: this socket itself), supported_versions containing "v1beta1".
+    """
+
     type: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
-    """
-    "DevicePlugin" for a device plugin.
-    """
 
     name: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
-    """
-    The resource name, e.g. huawei.com/Ascend910.
-    """
 
     endpoint: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
-    """
-    The absolute path of the DevicePlugin socket; empty means this registration socket.
-    """
 
     supported_versions: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
-    """
-    The DevicePlugin API versions served, e.g. v1beta1.
-    """
 
 
 default_message_pool.register_message("pluginregistration", "PluginInfo", PluginInfo)
