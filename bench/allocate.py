@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from bench._common import Row, grpc_api, kubelet, quick, report, start_agent, stats
+from bench._common import ROOT, Row, grpc_api, kubelet, quick, report, start_agent, stats
 
 
 def _sequential(stub: Any, request: Any, calls: int) -> list[float]:
@@ -73,7 +73,8 @@ def _start_reference(answers: dict[bytes, bytes]) -> tuple[subprocess.Popen[str]
     answers_file.write_text(json.dumps({k.hex(): v.hex() for k, v in answers.items()}))
     socket = directory / "ref.sock"
     process = subprocess.Popen(
-        [sys.executable, __file__, "--serve-reference", str(socket), str(answers_file)],
+        [sys.executable, "-m", "bench.allocate", "--serve-reference", str(socket), str(answers_file)],
+        cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
