@@ -23,7 +23,7 @@ from ascend_agent.naming import replica_ids
 
 _BOX16_RING_SIZE = 8
 _ATLAS800_RING_SIZE = 4
-_MODULE_SIZE = 2
+_MODULE_SIZE = 2  # dies per A3 NPU id
 
 _ChipKey = tuple[int, int, str]
 _DeviceKey = tuple[int, _ChipKey, int, str]
@@ -58,30 +58,44 @@ class Topology:
 def topology_for(chips: Sequence[Chip], replicas: int = 1) -> Topology:
     """The topology of one resource's chips, each advertised ``replicas`` times.
 
-    The layout follows the generation: 910A rings, 910B mesh, A3 modules, anything else (or a mix) flat.
+    The layout follows the generation: 910A rings, 910B and Ascend 950 mesh, A3 modules (the dies of one NPU
+    id), anything else (or a mix) flat.
 
-    >>> topology = topology_for([Chip.make(i, "910_9392") for i in range(4)], replicas=2)
+    >>> dies = [Chip.make(i, "910_9392", npu_id=(0, 0, 5, 5)[i]) for i in range(4)]
+    >>> topology = topology_for(dies, replicas=2)
     >>> topology.layout, topology.group_of["Ascend910-3"], topology.chip_of["Ascend910-3-1"]
     (<Layout.MODULES: 'modules'>, 1, 'Ascend910-3')
     """
     ordered = sorted(chips, key=lambda chip: chip.phys_id)
     layout = _layout_of(ordered)
-    group_size = 0
+    group_of: dict[str, int] = {}
     if layout is Layout.RINGS:
         # Counting the phys ids too keeps a Box16 on rings of 8 when only some of its chips are listed.
         box16 = len(ordered) > _BOX16_RING_SIZE or ordered[-1].phys_id >= _BOX16_RING_SIZE
-        group_size = _BOX16_RING_SIZE if box16 else _ATLAS800_RING_SIZE
+        ring_size = _BOX16_RING_SIZE if box16 else _ATLAS800_RING_SIZE
+        group_of = {chip.device_id: chip.phys_id // ring_size for chip in ordered}
     elif layout is Layout.MODULES:
-        group_size = _MODULE_SIZE
+        group_of = _modules(ordered)
     return Topology(
         layout=layout,
-        group_of={chip.device_id: chip.phys_id // group_size for chip in ordered} if group_size else {},
+        group_of=group_of,
         numa_of={chip.device_id: chip.numa_node for chip in ordered if chip.numa_node is not None},
         chip_of={
             device: chip.device_id for chip in ordered for device in replica_ids(chip.device_id, replicas)
         },
         order={chip.device_id: chip.phys_id for chip in ordered},
     )
+
+
+def _modules(chips: Sequence[Chip]) -> dict[str, int]:
+    """A3: the dies of one NPU id form a module, numbered in NPU id order; a chip without an NPU id pairs
+    with its phys-id neighbour."""
+    key_of = {
+        chip.device_id: (0, chip.npu_id) if chip.npu_id is not None else (1, chip.phys_id // _MODULE_SIZE)
+        for chip in chips
+    }
+    index = {key: n for n, key in enumerate(sorted(set(key_of.values())))}
+    return {device: index[key] for device, key in key_of.items()}
 
 
 def preferred(
@@ -129,6 +143,7 @@ def _layout_of(chips: Sequence[Chip]) -> Layout:
     return {
         Generation.ASCEND910A: Layout.RINGS,
         Generation.ASCEND910B: Layout.MESH,
+        Generation.ASCEND950: Layout.MESH,
         Generation.ASCEND910A3: Layout.MODULES,
     }.get(generations.pop(), Layout.FLAT)
 

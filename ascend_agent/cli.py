@@ -223,6 +223,9 @@ def list_chips(
             "device": chip.device_path,
             "bus_id": chip.bus_id,
             "numa_node": chip.numa_node,
+            "npu_id": chip.npu_id,
+            "faults": [{"code": fault.code, "text": fault.text} for fault in chip.faults],
+            "held": chip.held,
         }
         for chip in inventory.chips
     ]

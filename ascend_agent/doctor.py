@@ -111,8 +111,9 @@ async def _npu_smi(settings: Settings) -> tuple[list[int], Check]:
         return [], Check(
             "npu-smi reports chips",
             False,
-            str(exc),
-            "check that npu-smi runs on the host (it needs the driver's libraries) or pass --npu-smi",
+            exc.cause,
+            exc.next_step
+            or "check that npu-smi runs on the host (it needs the driver's libraries) or pass --npu-smi",
         )
     ids = list(physical_ids(table.chips))
     health = {row.health for row in table.chips}

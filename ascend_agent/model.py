@@ -32,30 +32,26 @@ class Generation(enum.StrEnum):
     ASCEND310P = "310P"
     ASCEND310B = "310B"
     ASCEND310 = "310"
+    ASCEND950 = "950"
 
     @property
     def family(self) -> str:
-        """The resource family (``Ascend910``), shared by every 910 generation."""
-        return _FAMILY[self]
+        """The resource family (``Ascend910``), shared by every 910 generation; ``npu`` for Ascend 950, as
+        Huawei advertises Atlas 350/850/950."""
+        return naming.DEFAULT_FAMILIES[self.value]
 
 
-_FAMILY = {
-    Generation.ASCEND910A: "Ascend910",
-    Generation.ASCEND910B: "Ascend910",
-    Generation.ASCEND910A3: "Ascend910",
-    Generation.ASCEND310P: "Ascend310P",
-    Generation.ASCEND310B: "Ascend310",
-    Generation.ASCEND310: "Ascend310",
-}
-
-# Huawei's classification order, with A3 (``910_93xx`` names) recognised before plain 910.
+# Huawei's classification order. ``910_93`` and ``910_93xx`` are the agent's own model names for A3 dies
+# (npu-smi prints ``Ascend910`` there; devfs tells A3 by the table's shape), ``910C*`` is what some A3
+# boards print; both come before plain 910.
 _GENERATION_PATTERNS: tuple[tuple[re.Pattern[str], Generation], ...] = (
     (re.compile(r"^(310P\d?|I2\d?)"), Generation.ASCEND310P),
     (re.compile(r"310B"), Generation.ASCEND310B),
     (re.compile(r"310"), Generation.ASCEND310),
     (re.compile(r"^(910B\d|A2G\d)"), Generation.ASCEND910B),
-    (re.compile(r"^(910_93|910C|A3)"), Generation.ASCEND910A3),
+    (re.compile(r"^(910_93|910C)"), Generation.ASCEND910A3),
     (re.compile(r"^910"), Generation.ASCEND910A),
+    (re.compile(r"^950"), Generation.ASCEND950),
 )
 
 
@@ -68,6 +64,9 @@ def classify(name: str) -> Generation:
 
     >>> classify("910B4"), classify("Ascend 310P3"), classify("910ProB")
     (<Generation.ASCEND910B: '910B'>, <Generation.ASCEND310P: '310P'>, <Generation.ASCEND910A: '910A'>)
+    >>> classify("Ascend950PR").family
+    'npu'
+
     """
     bare = normalise_model(name)
     for pattern, generation in _GENERATION_PATTERNS:
@@ -85,6 +84,14 @@ def normalise_model(name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Fault:
+    """An error code a chip reports (``npu-smi info -t health``) and its text."""
+
+    code: str
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Chip:
     """One physical NPU chip as a backend sees it."""
 
@@ -97,6 +104,8 @@ class Chip:
     numa_node: int | None = None
     npu_id: int | None = None
     naming_scheme: str = "huawei"
+    faults: tuple[Fault, ...] = ()
+    held: bool = False
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:

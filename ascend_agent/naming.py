@@ -19,6 +19,17 @@ MAX_DEVICE_ID_LENGTH = 63
 # (``huawei.com/Ascend910B4``), as some schedulers expect.
 NAMING_SCHEMES = ("huawei", "model")
 CDI_KIND = "huawei.com/npu"
+# Huawei's resource family of each chip generation (``model.Generation``): every 910 is ``Ascend910``; Atlas
+# 350/850/950 (Ascend 950) are advertised as ``huawei.com/npu``.
+DEFAULT_FAMILIES = {
+    "910A": "Ascend910",
+    "910B": "Ascend910",
+    "910A3": "Ascend910",
+    "310P": "Ascend310P",
+    "310B": "Ascend310",
+    "310": "Ascend310",
+    "950": "npu",
+}
 
 
 def family_for(default_family: str, model: str, scheme: str) -> str:

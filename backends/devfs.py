@@ -24,9 +24,15 @@ import aiofiles.os
 from ascend_agent.backends._container import container_spec
 from ascend_agent.backends.npusmi import (
     ChipRow,
+    InfoTable,
+    MapRow,
     NpuSmiError,
     NpuSmiParseError,
+    Shape,
+    a3_dies,
+    board_model,
     parse_info_map,
+    parse_key_values,
     physical_ids,
     query_info,
     run_npu_smi,
@@ -53,6 +59,8 @@ MANAGER = "davinci_manager"
 _MANAGEMENT = (MANAGER, "devmm_svm", "hisi_hdc", "dvpp_cmdlist")
 # 310B exposes its manager for containers under another name; it is mounted where the runtime expects it.
 _MANAGER_310B = "davinci_manager_docker"
+# The model of an A3 die when `npu-smi info -t board` does not name its SoC.
+A3_MODEL = "910_93"
 
 
 def is_device_name(name: str) -> bool:
@@ -66,6 +74,7 @@ class _Probed:
 
     phys_id: int
     npu_id: int
+    chip: int
     model: str
     generation: Generation
     health: str
@@ -83,7 +92,10 @@ class DevfsBackend:
         self._probed: dict[int, _Probed] = {}
         self._reported: frozenset[int] = frozenset()
         self._numa: dict[str, int | None] = {}
-        self._names: dict[tuple[int, int], str] = {}
+        # What npu-smi's slower commands said about the chip set last seen (their names, ids and SoC).
+        self._chip_set: tuple[tuple[int, int, str], ...] = ()
+        self._chip_map: tuple[MapRow, ...] = ()
+        self._a3_model = A3_MODEL
         self._failures = 0
         self._last_failure = ""
         self._query_problem = ""
@@ -117,13 +129,12 @@ class DevfsBackend:
         started = time.perf_counter()
         try:
             table = await query_info(executable, self._settings.npu_smi_timeout)
-            if any(not _known_model(row.name) for row in table.chips) and not self._names:
-                self._names = await self._chip_names(executable)
-            probed = {chip.phys_id: chip for chip in await self._probe(table.chips)}
+            await self._learn_chip_set(executable, table)
+            probed = {chip.phys_id: chip for chip in await self._probe(table)}
         except NpuSmiError as exc:
             NPU_SMI_SECONDS.observe(time.perf_counter() - started)
             NPU_SMI_FAILURES.labels(reason=exc.reason).inc()
-            self._failed(str(exc))
+            self._failed(exc)
             return
         NPU_SMI_SECONDS.observe(time.perf_counter() - started)
         if self._failures:
@@ -135,39 +146,82 @@ class DevfsBackend:
         self._probed.update(probed)
         self._reported = frozenset(probed)
 
-    def _failed(self, reason: str) -> None:
+    def _failed(self, error: NpuSmiError) -> None:
         self._failures += 1
         threshold = self._settings.health_failure_threshold
+        reason = str(error)
         if reason != self._last_failure:
             if self._probed:
                 log.warning("Health query failed, keeping the last known health: %s", reason)
             self._last_failure = reason
         if not self._probed:
+            # A failure npu-smi explained already names the next step; any other leaves the model unknown.
             self._query_problem = (
-                f"{reason}; without npu-smi the chip model is unknown: install the driver's npu-smi, "
-                "pass --npu-smi, or set model: in the config file"
+                reason
+                if error.next_step
+                else (
+                    f"{reason}; without npu-smi the chip model is unknown: install the driver's npu-smi, "
+                    "pass --npu-smi, or set model: in the config file"
+                )
             )
         elif self._failures == threshold:
             log.warning(
                 "npu-smi failed %d times in a row: every chip is Unhealthy until it answers", threshold
             )
 
-    async def _chip_names(self, executable: str) -> dict[tuple[int, int], str]:
-        """Chip names from ``npu-smi info -m``, for tables whose Name column is redacted."""
+    async def _learn_chip_set(self, executable: str, table: InfoTable) -> None:
+        """Once per chip set (not every health query): ``npu-smi info -m`` where the table's names are
+        redacted or its ids are not the physical ids (Ascend 950), and ``info -t board`` of one A3 die for
+        the SoC."""
+        chip_set = tuple((row.npu_id, row.chip, row.name) for row in table.chips)
+        if chip_set == self._chip_set:
+            return
+        self._chip_set = chip_set
+        self._chip_map = ()
+        redacted = any(not _known_model(row.name) for row in table.chips)
+        if table.shape is Shape.NPU_ID or redacted:
+            self._chip_map = await self._info_map(executable)
+            if redacted and not self._chip_map:
+                self._chip_set = ()  # the names are needed: ask again next query
+        dies = sorted(a3_dies(table))
+        self._a3_model = await self._board_model(executable, table.chips[dies[0]]) if dies else A3_MODEL
+
+    async def _info_map(self, executable: str) -> tuple[MapRow, ...]:
         try:
-            rows = parse_info_map(
+            return parse_info_map(
                 await run_npu_smi(executable, ["info", "-m"], self._settings.npu_smi_timeout)
             )
         except (NpuSmiError, NpuSmiParseError) as exc:
-            log.debug("npu-smi info -m gave no chip names: %s", exc)
-            return {}
-        return {(row.npu_id, row.chip_id): row.name for row in rows if row.logic_id is not None}
+            log.debug("npu-smi info -m gave no chip map: %s", exc)
+            return ()
 
-    async def _probe(self, rows: Sequence[ChipRow]) -> list[_Probed]:
+    async def _board_model(self, executable: str, die: ChipRow) -> str:
+        """``910_93xx`` when the board names a known A3 SoC, else ``910_93``."""
+        args = ["info", "-t", "board", "-i", str(die.npu_id), "-c", str(die.chip)]
+        try:
+            board = parse_key_values(await run_npu_smi(executable, args, self._settings.npu_smi_timeout))
+        except (NpuSmiError, NpuSmiParseError) as exc:
+            log.info("A3 chips; npu-smi %s did not name the SoC (%s): model %s", " ".join(args), exc,
+                     A3_MODEL)  # fmt: skip
+            return A3_MODEL
+        model = board_model(board)
+        if model is None:
+            log.info("A3 chips; the board names SoC %r, not a known A3 one: model %s",
+                     board.get("NPU Name", ""), A3_MODEL)  # fmt: skip
+            return A3_MODEL
+        return model
+
+    async def _probe(self, table: InfoTable) -> list[_Probed]:
         probed = []
-        for row, phys_id in zip(rows, physical_ids(rows), strict=True):
-            name = row.name if _known_model(row.name) else self._names.get((row.npu_id, row.chip), "")
-            model = normalise_model(name) if _known_model(name) else self._settings.model
+        rows = table.chips
+        dies = a3_dies(table)
+        names = {(row.npu_id, row.chip_id): row.name for row in self._chip_map if row.logic_id is not None}
+        for index, (row, phys_id) in enumerate(zip(rows, physical_ids(rows, self._chip_map), strict=True)):
+            name = row.name if _known_model(row.name) else names.get((row.npu_id, row.chip), "")
+            if index in dies:
+                model: str | None = self._a3_model
+            else:
+                model = normalise_model(name) if _known_model(name) else self._settings.model
             if model is None or not _known_model(model):
                 raise NpuSmiError(
                     "output",
@@ -178,6 +232,7 @@ class DevfsBackend:
                 _Probed(
                     phys_id=phys_id,
                     npu_id=row.npu_id,
+                    chip=row.chip,
                     model=model,
                     generation=classify(model),
                     health=row.health,

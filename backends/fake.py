@@ -25,6 +25,7 @@ from ascend_agent.model import (
     Chip,
     ContainerSpec,
     DeviceNode,
+    Generation,
     Health,
     Inventory,
     UnknownModelError,
@@ -81,9 +82,12 @@ class FakeBackend:
             classify(settings.fake_model)
         except UnknownModelError:
             raise ConfigError(
-                f"--fake-model {settings.fake_model!r} is not an Ascend chip (try 910B4, 910A, 310P3, 310)"
+                f"--fake-model {settings.fake_model!r} is not an Ascend chip "
+                "(try 910B4, 910A, 910_9392, 950PR, 310P3, 310)"
             ) from None
         self._settings = settings
+        # A3 boards have two dies per NPU id; every other model one chip per NPU id.
+        self._dies_per_npu = 2 if classify(settings.fake_model) is Generation.ASCEND910A3 else 1
         self._state = FaultState()
         self._state_error: str | None = None
         self._out_of_range: tuple[int, ...] = ()
@@ -159,7 +163,7 @@ class FakeBackend:
             self._settings.fake_model,
             bus_id=f"0000:{0x10 + phys_id:02x}:00.0",
             numa_node=phys_id * _NUMA_NODES // chips,
-            npu_id=phys_id,
+            npu_id=phys_id // self._dies_per_npu,
             naming_scheme=self._settings.resource_naming,
         )
         if phys_id in self._state.absent:

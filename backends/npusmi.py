@@ -1,7 +1,10 @@
 """Running ``npu-smi`` (asynchronously, with a timeout) and parsing what it prints.
 
-Parsers read the table by its ``|`` columns and its header rows, never by fixed offsets, so the widths of
-every release (21.x to 26.x) parse alike. Whatever the input, a parser raises only :class:`NpuSmiParseError`::
+Parsers read the table by its ``|`` columns and the labels of its two header rows, never by fixed offsets, so
+every release's widths (20.x to 26.x) and every layout (910/310 ``NPU Name``, 310P ``Chip Device``, A3
+``Chip Phy-ID``, Ascend 950's separate ``NPU ID`` and ``Name`` columns) parse alike. Whatever the input, a
+parser raises only :class:`NpuSmiParseError`; running npu-smi raises only :class:`NpuSmiError`, whose message
+names the cause and the next step::
 
     table = parse_info(text)                      # `npu-smi info`
     table = await query_info("npu-smi", timeout=10)
@@ -11,14 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
+from ascend_agent.model import Fault, normalise_model
+
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+# The A3 SoCs `npu-smi info -t board` names in its `NPU Name` line.
+A3_SOCS = frozenset({"9391", "9392", "9381", "9382", "9372", "9361"})
 
 
 class NpuSmiParseError(ValueError):
@@ -26,16 +35,28 @@ class NpuSmiParseError(ValueError):
 
 
 class NpuSmiError(Exception):
-    """Running npu-smi failed; ``reason`` is one of missing, timeout, exit, output."""
+    """Running npu-smi failed. ``reason`` is one of missing, permission, resources, timeout, exit, output,
+    driver, busy; ``cause`` says what happened and ``next_step`` (possibly empty) what to do about it."""
 
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, reason: str, cause: str, next_step: str = "") -> None:
+        super().__init__(f"{cause}; {next_step}" if next_step else cause)
         self.reason = reason
+        self.cause = cause
+        self.next_step = next_step
+
+
+class Shape(enum.StrEnum):
+    """The layout of an ``npu-smi info`` table, told by its header rows."""
+
+    STANDARD = "standard"  # `NPU Name` over `Chip` (910, 910B, 310)
+    DEVICE = "device"  # `Chip Device` (310P): the Device column is the physical id
+    PHY_ID = "phy-id"  # `Chip Phy-ID` (A3): the Phy-ID column is the physical id
+    NPU_ID = "npu-id"  # separate `NPU ID` and `Name` columns, no chip column (Ascend 950)
 
 
 @dataclass(frozen=True, slots=True)
 class ChipRow:
-    """One chip of the ``npu-smi info`` table."""
+    """One chip of the ``npu-smi info`` table; None where the table says ``NA``, ``-`` or nothing."""
 
     npu_id: int
     chip: int
@@ -45,7 +66,7 @@ class ChipRow:
     bus_id: str | None
     power_w: float | None
     temp_c: int | None
-    aicore_pct: int | None
+    utilization_pct: int | None
     memory_used_mb: int | None
     memory_total_mb: int | None
     hbm_used_mb: int | None
@@ -53,36 +74,30 @@ class ChipRow:
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessRow:
-    npu_id: int
-    chip: int
-    pid: int
-    name: str
-    memory_mb: int | None
-
-
-@dataclass(frozen=True, slots=True)
 class InfoTable:
     version: str | None
+    shape: Shape
     chips: tuple[ChipRow, ...]
-    processes: tuple[ProcessRow, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class MapRow:
-    """One row of ``npu-smi info -m``; MCU rows have no logic id."""
+    """One row of ``npu-smi info -m``; MCU rows have no logic id; ``phys_id`` where the table has a
+    ``Chip Phy-ID`` column (Ascend 950)."""
 
     npu_id: int
     chip_id: int
     logic_id: int | None
     name: str
+    phys_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class HealthDetail:
+    """``npu-smi info -t health``: the status and the faults (error codes with their text)."""
+
     status: str
-    error_code: str | None
-    error_information: str | None
+    faults: tuple[Fault, ...]
 
 
 def _typed_errors(parse: Callable[_P, _T]) -> Callable[_P, _T]:
@@ -103,17 +118,47 @@ def _typed_errors(parse: Callable[_P, _T]) -> Callable[_P, _T]:
 
 
 _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
-_VERSION = re.compile(r"Version:\s*(\S+)")
+_VERSION = re.compile(r"Version:\s*([^\s|]+)")
 _INT = re.compile(r"^-?\d+$")
 _FLOAT = re.compile(r"^-?\d+(\.\d+)?$")
+_PAIR = re.compile(r"^(\S+?)\s*/\s*(\S+)$")
+# A header cell's labels: two-word labels first, then single words.
+_LABEL = re.compile(r"NPU\s+ID|NPU\s+Util\(%\)|\S+")
+# A data cell's values: `used / total` pairs count as one value.
+_VALUE = re.compile(r"\S+?\s*/\s*\S+|\S+")
+_FIELD_OF_LABEL = {
+    "NPU": "npu_id",
+    "NPU ID": "npu_id",
+    "Name": "name",
+    "Health": "health",
+    "Power(W)": "power",
+    "Temp(C)": "temp",
+    "Chip": "chip",
+    "Device": "device",
+    "Phy-ID": "device",
+    "Bus-Id": "bus_id",
+    "AICore(%)": "utilization",
+    "NPU Util(%)": "utilization",
+    "Memory-Usage(MB)": "memory",
+    "HBM-Usage(MB)": "hbm",
+}
+_EMPTY = ("", "-", "NA", "N/A")
 
 
 def _cells(line: str) -> list[str] | None:
-    """The cells of a ``| a | b | c |`` row, stripped; None for borders and other lines."""
+    """The cells of a ``| a | b | c |`` row, stripped; None for borders and other lines. A row whose closing
+    ``|`` is missing still has its cells."""
     stripped = line.strip()
     if not stripped.startswith("|"):
         return None
-    return [cell.strip() for cell in stripped.strip("|").split("|")]
+    inner = stripped[1:]
+    if inner.endswith("|"):
+        inner = inner[:-1]
+    return [cell.strip() for cell in inner.split("|")]
+
+
+def _labels(cell: str) -> list[str]:
+    return [re.sub(r"\s+", " ", label) for label in _LABEL.findall(cell)]
 
 
 def _int(token: str | None) -> int | None:
@@ -124,99 +169,132 @@ def _float(token: str | None) -> float | None:
     return float(token) if token is not None and _FLOAT.match(token) else None
 
 
-def _pairs(text: str) -> list[tuple[int | None, int | None]]:
-    """``0    / 0   4175 / 65536`` -> [(0, 0), (4175, 65536)]."""
-    return [(_int(a), _int(b)) for a, b in re.findall(r"(\S+)\s*/\s*(\S+)", text)]
+def _pair(token: str | None) -> tuple[int | None, int | None]:
+    """``4175 / 65536`` -> (4175, 65536); ``NA / NA`` -> (None, None)."""
+    match = _PAIR.match(token) if token is not None else None
+    return (_int(match.group(1)), _int(match.group(2))) if match else (None, None)
+
+
+class _Header:
+    """What each cell of a data row holds, from the labels of one header row."""
+
+    def __init__(self, cells: list[str]) -> None:
+        self.labels = [[_FIELD_OF_LABEL.get(label, label) for label in _labels(cell)] for cell in cells]
+
+    @property
+    def fields(self) -> set[str]:
+        return {field for cell in self.labels for field in cell}
+
+    def read(self, cells: list[str]) -> dict[str, str] | None:
+        """The row's values by field; None when a cell holds values where the header has no label."""
+        values: dict[str, str] = {}
+        for labels, cell in zip(self.labels, cells, strict=True):
+            found = _VALUE.findall(cell)
+            if found and not labels:
+                return None
+            for i, label in enumerate(labels):
+                if i < len(found):
+                    # More values than labels: the rest belong to the last label (a name with a space).
+                    values[label] = " ".join(found[i:]) if i == len(labels) - 1 else found[i]
+        return values
 
 
 @_typed_errors
 def parse_info(text: str) -> InfoTable:
-    """The chips (and processes) of ``npu-smi info``.
+    """The chips of ``npu-smi info``, in table order.
 
     >>> table = parse_info(open("tests/fixtures/npu-smi/910B4x8-25.0.rc1.1-info.txt").read())
-    >>> len(table.chips), table.chips[0].name, table.chips[0].bus_id
-    (8, '910B4', '0000:C1:00.0')
+    >>> len(table.chips), table.chips[0].name, table.chips[0].bus_id, table.shape.value
+    (8, '910B4', '0000:C1:00.0', 'standard')
     """
     lines = text.splitlines()
-    header = next((i for i, line in enumerate(lines) if _is_chip_header(_cells(line))), None)
-    if header is None:
+    start = next((i for i, line in enumerate(lines) if _is_chip_header(_cells(line))), None)
+    if start is None:
         raise NpuSmiParseError("not an `npu-smi info` table: no 'NPU  Name | Health' header row")
-    version_match = next((m for line in lines[:header] if (m := _VERSION.search(line))), None)
-    second = _cells(lines[header + 1]) if header + 1 < len(lines) else None
-    if second is None or not second[0].startswith("Chip"):
+    first = _cells(lines[start])
+    second = _cells(lines[start + 1]) if start + 1 < len(lines) else None
+    assert first is not None
+    if second is None or len(second) != len(first) or "bus_id" not in _Header(second).fields:
         raise NpuSmiParseError("`npu-smi info`: the 'Chip | Bus-Id' header row is missing")
-    has_device = "Device" in second[0] or "Phy-ID" in second[0]
+    npu_header, chip_header = _Header(first), _Header(second)
+    shape = _shape(npu_header, chip_header, second)
+    version = next(
+        (m.group(1) for line in lines[:start] if _cells(line) and (m := _VERSION.search(line))), None
+    )
     chips: list[ChipRow] = []
-    processes: list[ProcessRow] = []
-    npu: list[str] | None = None
-    in_processes = False
-    for line in lines[header + 2 :]:
+    npu: dict[str, str] | None = None
+    for line in lines[start + 2 :]:
         cells = _cells(line)
         if cells is None:
             continue
         if any("Process id" in cell for cell in cells):
-            in_processes = True
+            break
+        if len(cells) != len(first):
             continue
-        if in_processes:
-            process = _process_row(cells)
-            if process is not None:
-                processes.append(process)
-            continue
-        if len(cells) != 3:
-            continue
-        if _is_chip_row(cells, after_npu=npu is not None):
-            if npu is not None:
-                chips.append(_chip_row(npu, cells, has_device))
-        elif _int(cells[0].split()[0] if cells[0] else None) is not None:
-            npu = cells
+        chip = _chip_values(chip_header, cells) if npu is not None else None
+        if npu is not None and chip is not None:
+            chips.append(_chip_row(npu, chip))
+        else:
+            npu = _npu_values(npu_header, cells)
     if not chips:
         raise NpuSmiParseError("`npu-smi info`: the table lists no chips")
-    return InfoTable(version_match.group(1) if version_match else None, tuple(chips), tuple(processes))
+    return InfoTable(version, shape, tuple(chips))
 
 
 def _is_chip_header(cells: list[str] | None) -> bool:
-    return cells is not None and len(cells) >= 2 and cells[0].startswith("NPU") and "Name" in cells[0]
-
-
-def _is_chip_row(cells: list[str], *, after_npu: bool) -> bool:
-    tokens = cells[0].split()
-    if not tokens or not all(_INT.match(t) for t in tokens) or len(tokens) > 2:
+    if cells is None or len(cells) < 3:
         return False
-    return bool(_BUS_ID.match(cells[1])) or (after_npu and cells[1].upper() in ("NA", "", "-"))
+    fields = _Header(cells).fields
+    return {"npu_id", "name", "health"} <= fields
 
 
-def _chip_row(npu: list[str], cells: list[str], has_device: bool) -> ChipRow:
-    npu_tokens = npu[0].split(None, 1)
-    chip_tokens = cells[0].split()
-    power_temp = npu[2].split()
-    usage = _pairs(cells[2])
-    memory = usage[0] if usage else (None, None)
-    hbm = usage[1] if len(usage) > 1 else (None, None)
+def _shape(npu_header: _Header, chip_header: _Header, second: list[str]) -> Shape:
+    if "chip" not in chip_header.fields:
+        return Shape.NPU_ID
+    labels = {label for cell in second for label in _labels(cell)}
+    if "Phy-ID" in labels:
+        return Shape.PHY_ID
+    return Shape.DEVICE if "Device" in labels else Shape.STANDARD
+
+
+def _npu_values(header: _Header, cells: list[str]) -> dict[str, str] | None:
+    values = header.read(cells)
+    if values is None or _int(values.get("npu_id")) is None or not values.get("health"):
+        return None
+    return values
+
+
+def _chip_values(header: _Header, cells: list[str]) -> dict[str, str] | None:
+    """The values of a chip row: its ids are numbers, its bus id a bus id or empty."""
+    values = header.read(cells)
+    if values is None:
+        return None
+    for field in ("chip", "device"):
+        if field in header.fields and _int(values.get(field)) is None:
+            return None
+    bus = values.get("bus_id", "")
+    if not _BUS_ID.match(bus) and bus not in _EMPTY:
+        return None
+    return values
+
+
+def _chip_row(npu: dict[str, str], chip: dict[str, str]) -> ChipRow:
+    memory, hbm = _pair(chip.get("memory")), _pair(chip.get("hbm"))
+    bus = chip.get("bus_id", "")
     return ChipRow(
-        npu_id=int(npu_tokens[0]),
-        chip=int(chip_tokens[0]),
-        device=int(chip_tokens[1]) if has_device and len(chip_tokens) > 1 else None,
-        name=npu_tokens[1].strip() if len(npu_tokens) > 1 else "",
-        health=npu[1],
-        bus_id=cells[1] if _BUS_ID.match(cells[1]) else None,
-        power_w=_float(power_temp[0]) if power_temp else None,
-        temp_c=_int(power_temp[1]) if len(power_temp) > 1 else None,
-        aicore_pct=_int(cells[2].split()[0]) if cells[2].split() else None,
+        npu_id=int(npu["npu_id"]),
+        chip=_int(chip.get("chip")) or 0,
+        device=_int(chip.get("device")),
+        name=npu.get("name", ""),
+        health=npu["health"],
+        bus_id=bus if _BUS_ID.match(bus) else None,
+        power_w=_float(npu.get("power")),
+        temp_c=_int(npu.get("temp")),
+        utilization_pct=_int(chip.get("utilization")),
         memory_used_mb=memory[0],
         memory_total_mb=memory[1],
         hbm_used_mb=hbm[0],
         hbm_total_mb=hbm[1],
-    )
-
-
-def _process_row(cells: list[str]) -> ProcessRow | None:
-    if len(cells) < 4:
-        return None
-    ids = cells[0].split()
-    if len(ids) != 2 or not all(_INT.match(t) for t in ids) or not _INT.match(cells[1]):
-        return None
-    return ProcessRow(
-        int(ids[0]), int(ids[1]), int(cells[1]), cells[2], _int(cells[3].split()[0] if cells[3] else None)
     )
 
 
@@ -231,7 +309,11 @@ def _key_value_lines(text: str) -> list[tuple[str, str]]:
 
 @_typed_errors
 def parse_key_values(text: str) -> dict[str, str]:
-    """``key : value`` lines of ``npu-smi info -t <type> -i <id>``; the first occurrence of a key wins."""
+    """``key : value`` lines of ``npu-smi info -t <type> -i <id>``; the first occurrence of a key wins.
+
+    >>> parse_key_values("\\tNPU Name : 9392\\n\\tChip Name : Ascend910\\n")["NPU Name"]
+    '9392'
+    """
     values: dict[str, str] = {}
     for key, value in _key_value_lines(text):
         values.setdefault(key, value)
@@ -240,78 +322,112 @@ def parse_key_values(text: str) -> dict[str, str]:
     return values
 
 
-@_typed_errors
-def parse_info_list(text: str) -> dict[int, int]:
-    """``npu-smi info -l``: NPU id -> chip count."""
-    counts: dict[int, int] = {}
-    total: int | None = None
-    npu: int | None = None
-    for key, value in _key_value_lines(text):
-        if key == "Total Count":
-            total = _int(value)
-        elif key == "NPU ID":
-            npu = _int(value)
-            if npu is None:
-                raise NpuSmiParseError(f"`npu-smi info -l`: NPU ID {value!r} is not a number")
-            counts[npu] = 1
-        elif key == "Chip Count" and npu is not None:
-            count = _int(value)
-            if count is None or count < 0:
-                raise NpuSmiParseError(
-                    f"`npu-smi info -l`: Chip Count {value!r} of NPU {npu} is not a number"
-                )
-            counts[npu] = count
-    if not counts:
-        raise NpuSmiParseError("`npu-smi info -l` lists no NPU")
-    if total is not None and total != len(counts):
-        raise NpuSmiParseError(f"`npu-smi info -l`: Total Count {total} but {len(counts)} NPUs listed")
-    return counts
+_MAP_FIELDS = {
+    "NPU ID": "npu_id",
+    "Chip ID": "chip_id",
+    "Chip Logic ID": "logic_id",
+    "Chip Phy-ID": "phys_id",
+    "Chip Name": "name",
+}
+_COLUMN_GAP = re.compile(r"\s{2,}|\t")
 
 
 @_typed_errors
 def parse_info_map(text: str) -> tuple[MapRow, ...]:
-    """``npu-smi info -m``: NPU id, chip id, logic id (None for MCU rows) and chip name."""
+    """``npu-smi info -m``: NPU id, chip id, logic id (None for MCU rows), chip name and, on Ascend 950,
+    the physical id. Columns are found by their header (950 adds ``Slot ID`` and ``Chip Phy-ID``)."""
     lines = text.splitlines()
-    header = next((i for i, line in enumerate(lines) if "NPU ID" in line and "Chip Name" in line), None)
-    if header is None:
+    start = next((i for i, line in enumerate(lines) if "NPU ID" in line and "Chip Name" in line), None)
+    if start is None:
         raise NpuSmiParseError("not `npu-smi info -m` output: no 'NPU ID ... Chip Name' header")
+    columns = [_MAP_FIELDS.get(name, name) for name in _COLUMN_GAP.split(lines[start].strip())]
+    if not {"npu_id", "chip_id", "name"} <= set(columns):
+        raise NpuSmiParseError("`npu-smi info -m`: the header lacks NPU ID, Chip ID or Chip Name")
     rows = []
-    for line in lines[header + 1 :]:
-        tokens = line.split()
-        if not tokens:
+    for line in lines[start + 1 :]:
+        if not line.strip():
             break
-        if len(tokens) < 4 or not _INT.match(tokens[0]) or not _INT.match(tokens[1]):
+        cells = _COLUMN_GAP.split(line.strip())
+        if len(cells) != len(columns):
             raise NpuSmiParseError(f"`npu-smi info -m`: unexpected row {line.strip()!r}")
-        rows.append(MapRow(int(tokens[0]), int(tokens[1]), _int(tokens[2]), " ".join(tokens[3:])))
+        row = dict(zip(columns, cells, strict=True))
+        npu_id, chip_id = _int(row["npu_id"]), _int(row["chip_id"])
+        if npu_id is None or chip_id is None:
+            raise NpuSmiParseError(f"`npu-smi info -m`: unexpected row {line.strip()!r}")
+        rows.append(MapRow(npu_id, chip_id, _int(row.get("logic_id")), row["name"], _int(row.get("phys_id"))))
     if not rows:
         raise NpuSmiParseError("`npu-smi info -m` lists no chips")
     return tuple(rows)
 
 
+_ERROR_CODE = re.compile(r"\b(?:0x)?([0-9A-Fa-f]{8})\b")
+
+
 @_typed_errors
 def parse_health(text: str) -> HealthDetail:
-    """``npu-smi info -t health -i <id>``: the status and, when not OK, the error code and text."""
+    """``npu-smi info -t health -i <id> [-c <chip>]``: the status and, when not OK, the error codes and text.
+
+    >>> parse_health("Health Status : Alarm\\nError Code : 80E3A203\\nError Information : link down\\n")
+    HealthDetail(status='Alarm', faults=(Fault(code='80E3A203', text='link down'),))
+    """
     values = parse_key_values(text)
     status = values.get("Health Status")
     if status is None:
         raise NpuSmiParseError("no 'Health Status' line")
+    codes = [code.upper() for code in _ERROR_CODE.findall(values.get("Error Code", ""))]
+    information = values.get("Error Information", "")
+    information = "" if information in _EMPTY else information
+    texts = [part.strip() for part in re.split(r"[;,]", information)] if information else []
+    if len(texts) != len(codes):
+        texts = [information] * len(codes)
+    unique = dict(zip(codes, texts, strict=True))
+    return HealthDetail(status, tuple(Fault(code, text) for code, text in unique.items()))
 
-    def optional(key: str) -> str | None:
-        value = values.get(key)
-        return None if value in (None, "", "NA") else value
 
-    return HealthDetail(status, optional("Error Code"), optional("Error Information"))
+def board_model(board: Mapping[str, str]) -> str | None:
+    """The A3 model a ``npu-smi info -t board -i <npu> -c <chip>`` record names, if it names one.
+
+    >>> board_model({"NPU Name": "9392", "Chip Name": "Ascend910"}), board_model({"Chip Name": "910B3"})
+    ('910_9392', None)
+    """
+    soc = board.get("NPU Name", "").strip()
+    if soc in A3_SOCS and normalise_model(board.get("Chip Name", "")) == "910":
+        return f"910_{soc}"
+    return None
 
 
-def physical_ids(chips: Sequence[ChipRow]) -> tuple[int, ...]:
+def a3_dies(table: InfoTable) -> frozenset[int]:
+    """The indexes of the chips in ``table`` that are A3 dies (model ``910_93``).
+
+    A3 prints a ``Chip  Phy-ID`` header and two rows per NPU id named ``Ascend910``; a ``910C*`` name is A3
+    too. A ``910B3`` (or any other 910 name with a letter) never is.
+    """
+    per_npu: dict[int, int] = {}
+    for row in table.chips:
+        per_npu[row.npu_id] = per_npu.get(row.npu_id, 0) + 1
+    dies = set()
+    for index, row in enumerate(table.chips):
+        name = normalise_model(row.name)
+        if name.startswith("910C") or (
+            name == "910" and table.shape is Shape.PHY_ID and per_npu[row.npu_id] == 2
+        ):
+            dies.add(index)
+    return frozenset(dies)
+
+
+def physical_ids(chips: Sequence[ChipRow], chip_map: Sequence[MapRow] = ()) -> tuple[int, ...]:
     """The ``/dev/davinci<N>`` number of each chip, in order.
 
-    The Device column where the table has one (310P, where NPU ids are card numbers); else the NPU id
-    when every NPU has one chip (910 boards); else, for cards with several chips and no Device column
-    (310), the chip's position in the table, which follows the logic ids.
+    The Device or Phy-ID column where the table has one (310P, A3); else ``npu-smi info -m``'s
+    ``Chip Phy-ID`` where given (Ascend 950); else the NPU id when every NPU has one chip (910 boards);
+    else, for cards with several chips and no Device column (310), the chip's position in the table, which
+    follows the logic ids.
     """
     if chips and all(chip.device is not None for chip in chips):
         return tuple(chip.device for chip in chips if chip.device is not None)
+    mapped = {(row.npu_id, row.chip_id): row.phys_id for row in chip_map if row.phys_id is not None}
+    if chips and all((chip.npu_id, chip.chip) in mapped for chip in chips):
+        return tuple(mapped[chip.npu_id, chip.chip] for chip in chips)
     per_npu: dict[int, int] = {}
     for chip in chips:
         per_npu[chip.npu_id] = per_npu.get(chip.npu_id, 0) + 1
@@ -320,8 +436,55 @@ def physical_ids(chips: Sequence[ChipRow]) -> tuple[int, ...]:
     return tuple(range(len(chips)))
 
 
+# What npu-smi prints when it cannot work, and what to do about it ------------------------------------------
+_DCMI_FAILED = re.compile(r"dcmi module initialize failed\.?\s*ret is\s*(-?\d+)", re.IGNORECASE)
+_DRIVER_NOT_VISIBLE = (
+    "driver",
+    "npu-smi cannot reach the chips (dcmi module initialize failed, ret -8005): "
+    "the driver is not visible here",
+    "mount the host's driver and its libraries (/usr/local/Ascend/driver with lib64, /usr/local/dcmi) "
+    "and /dev into the agent's container, and run it privileged",
+)
+_DEVICE_BUSY = (
+    "busy",
+    "the chips are busy (dcmi module initialize failed, ret -8020): another process holds the device",
+    "wait: the agent asks again every health interval; if it lasts, find the holder with npu-smi info "
+    "on the host",
+)
+_DENIED = (
+    "permission",
+    "npu-smi was denied access to the chips (permission denied)",
+    "run the agent as root in a privileged container",
+)
+
+
+def diagnose(output: str) -> NpuSmiError | None:
+    """The known failure ``output`` shows (permission denied, dcmi -8005, -8020, other dcmi codes), as the
+    error to raise; None when it shows none of them.
+
+    >>> print(diagnose("dcmi module initialize failed. ret is -8020\\n"))  # doctest: +ELLIPSIS
+    the chips are busy (... ret -8020): another process holds the device; wait: ...
+    """
+    if "permission denied" in output.lower():
+        return NpuSmiError(*_DENIED)
+    match = _DCMI_FAILED.search(output)
+    if match is not None:
+        code = match.group(1)
+        if code == "-8005":
+            return NpuSmiError(*_DRIVER_NOT_VISIBLE)
+        if code == "-8020":
+            return NpuSmiError(*_DEVICE_BUSY)
+        return NpuSmiError(
+            "driver",
+            f"npu-smi cannot reach the chips (dcmi module initialize failed, ret {code})",
+            "check the driver and firmware with npu-smi info on the host",
+        )
+    return None
+
+
 async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> str:
-    """Run ``executable args`` (no shell) and return its output; kill and reap it after ``timeout`` s."""
+    """Run ``executable args`` (no shell) and return its output; kill and reap it after ``timeout`` s.
+    Raises only :class:`NpuSmiError`."""
     command = " ".join([executable, *args])
     try:
         process = await asyncio.create_subprocess_exec(
@@ -331,8 +494,21 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+    except PermissionError as exc:
+        raise NpuSmiError(
+            "permission",
+            f"cannot run {executable}: {exc.strerror or exc}",
+            "make it executable, or run the agent as root",
+        ) from None
+    except (FileNotFoundError, NotADirectoryError) as exc:
         raise NpuSmiError("missing", f"cannot run {executable}: {exc.strerror or exc}") from None
+    except OSError as exc:
+        # EMFILE, ENFILE, ENOMEM, EAGAIN: this process or the node is short of descriptors or memory now.
+        raise NpuSmiError(
+            "resources",
+            f"cannot start {executable}: {exc.strerror or exc}",
+            "the agent is out of file descriptors or memory; it tries again next health interval",
+        ) from None
     try:
         async with asyncio.timeout(timeout):
             stdout, stderr = await process.communicate()
@@ -347,9 +523,15 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
         await process.wait()
         raise
     if process.returncode != 0:
-        said = (stderr or stdout).decode("utf-8", errors="replace").strip().splitlines()
-        first = said[0] if said else "no output"
-        raise NpuSmiError("exit", f"{command} exited with status {process.returncode}: {first}")
+        said = (stderr + stdout).decode("utf-8", errors="replace")
+        known = diagnose(said)
+        if known is not None:
+            raise known
+        lines = said.strip().splitlines()
+        raise NpuSmiError(
+            "exit",
+            f"{command} exited with status {process.returncode}: {lines[-1] if lines else 'no output'}",
+        )
     return stdout.decode("utf-8", errors="replace")
 
 
@@ -359,4 +541,7 @@ async def query_info(executable: str, timeout: float) -> InfoTable:
     try:
         return parse_info(text)
     except NpuSmiParseError as exc:
+        known = diagnose(text)
+        if known is not None:
+            raise known from None
         raise NpuSmiError("output", f"{executable} info printed something unexpected: {exc}") from None

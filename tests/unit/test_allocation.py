@@ -20,7 +20,9 @@ DUO = "310P3"
 
 
 def board(model: str, count: int, numa: dict[int, int] | None = None) -> list[Chip]:
-    return [Chip.make(i, model, numa_node=(numa or {}).get(i)) for i in range(count)]
+    """Chips as devfs gives them: on A3 two dies per NPU id (Phy-IDs 2n and 2n+1 on NPU n, as the sample)."""
+    npu = (lambda i: i // 2) if model == A3 else (lambda i: i)
+    return [Chip.make(i, model, numa_node=(numa or {}).get(i), npu_id=npu(i)) for i in range(count)]
 
 
 def ids(*phys_ids: int, family: str = "Ascend910") -> list[str]:
@@ -197,6 +199,21 @@ MODULES_CASES: dict[str, Case] = {
 @pytest.mark.parametrize("case", MODULES_CASES.values(), ids=MODULES_CASES.keys())
 def test_a3_modules(case: Case) -> None:
     check(A3, 8, case)
+
+
+def test_a3_modules_follow_the_npu_id_not_the_phys_id_parity() -> None:
+    # Phy-IDs 0 and 2 are the dies of NPU 7, 1 and 3 those of NPU 4.
+    chips = [Chip.make(i, A3, npu_id=(7, 4, 7, 4)[i]) for i in range(4)]
+    topology = topology_for(chips)
+    assert [topology.group_of[f"Ascend910-{i}"] for i in range(4)] == [1, 0, 1, 0]
+    assert preferred(topology, ids(0, 1, 2, 3), [], 2) == ids(1, 3)
+    assert preferred(topology, ids(0, 1, 2, 3), ids(2), 2) == ids(2, 0)
+
+
+def test_950_is_a_mesh_over_numa() -> None:
+    topology = topology_for(board("950PR", 8, numa_halves()))
+    assert topology.layout is Layout.MESH
+    assert preferred(topology, ids(0, 1, 4, 5, 6, family="npu"), [], 3) == ids(4, 5, 6, family="npu")
 
 
 def test_flat_uses_numa_when_known() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,15 +16,19 @@ from ascend_agent.backends.npusmi import (
     InfoTable,
     NpuSmiError,
     NpuSmiParseError,
+    Shape,
+    a3_dies,
+    board_model,
+    diagnose,
     parse_health,
     parse_info,
-    parse_info_list,
     parse_info_map,
     parse_key_values,
     physical_ids,
     query_info,
     run_npu_smi,
 )
+from ascend_agent.model import Fault
 from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.npusmi_fake import FakeNpuSmi
 
@@ -46,7 +52,7 @@ def test_910b4x8() -> None:
     assert table.chips[0].power_w == 87.2 and table.chips[0].temp_c == 33
     assert (table.chips[0].hbm_used_mb, table.chips[0].hbm_total_mb) == (2654, 32768)
     assert (table.chips[7].hbm_used_mb, table.chips[0].memory_total_mb) == (2653, 0)
-    assert table.processes == ()
+    assert table.shape is Shape.STANDARD and a3_dies(table) == frozenset()
 
 
 def test_910b1_elided_rows() -> None:
@@ -66,11 +72,6 @@ def test_910a_redacted_with_warnings_and_processes() -> None:
     assert [c.health for c in table.chips] == ["OK"] * 3 + ["Warning"] + ["OK"] * 3 + ["Warning"]
     assert table.chips[3].bus_id == "0000:01:00.0" and table.chips[3].power_w == 206.9
     assert physical_ids(table.chips) == tuple(range(8))
-    first = table.processes[0]
-    assert (first.npu_id, first.chip, first.pid, first.name, first.memory_mb) == (
-        0, 0, 37656, "hlt_host_devmm_", 686,
-    )  # fmt: skip
-    assert len(table.processes) == 4
 
 
 def test_310p3_single_device_column_and_na_power() -> None:
@@ -81,9 +82,7 @@ def test_310p3_single_device_column_and_na_power() -> None:
     assert (chip.memory_used_mb, chip.memory_total_mb, chip.hbm_total_mb) == (1832, 21527, None)
 
 
-def test_info_list_and_map() -> None:
-    counts = parse_info_list((FIXTURES / "910B4x8-25.0.rc1.1-info-l.txt").read_text())
-    assert counts == {i: 1 for i in range(8)}
+def test_info_map() -> None:
     rows = parse_info_map((FIXTURES / "910B4x8-25.0.rc1.1-info-m.txt").read_text())
     assert len(rows) == 16
     chips = [r for r in rows if r.logic_id is not None]
@@ -102,7 +101,8 @@ def test_diag_collection_blocks() -> None:
     assert values["Chip Name"] == "910A" and values["PCIe Bus Info"] == "0000:61:00.0"
     health = DIAG.split("/usr/local/bin/npu-smi info -i 0 -c 0 -t health\n", 1)[1]
     detail = parse_health(health)
-    assert (detail.status, detail.error_code, detail.error_information) == ("OK", None, None)
+    assert (detail.status, detail.faults) == ("OK", ())
+    assert board_model(values) is None, "a 910A board names no A3 SoC"
 
 
 def test_key_values_fixtures() -> None:
@@ -117,7 +117,116 @@ def test_health_with_an_error() -> None:
     text = "\tHealth Status                  : Critical\n\tError Code                     : 80E18005\n" \
            "\tError Information              : ascend_monitor adda heart beat lost error\n"  # fmt: skip
     detail = parse_health(text)
-    assert detail == type(detail)("Critical", "80E18005", "ascend_monitor adda heart beat lost error")
+    assert detail == type(detail)(
+        "Critical", (Fault("80E18005", "ascend_monitor adda heart beat lost error"),)
+    )
+
+
+def test_health_with_two_codes() -> None:
+    detail = parse_health((CONSTRUCTED / "910B3-26.0.0-info-t-health-i-2-c-0-two-codes.txt").read_text())
+    assert detail.status == "Critical"
+    assert detail.faults == (
+        Fault("80E18005", "ascend_monitor adda heart beat lost error"),
+        Fault("80CB8009", "hbm multi-bit ecc error"),
+    )
+
+
+def test_a3_sample_sixteen_dies_on_eight_npu_ids() -> None:
+    table = _info("Ascend910-A3x16-24.1.rc3.7-info.txt")
+    assert table.version == "24.1.rc3.7" and table.shape is Shape.PHY_ID
+    assert [(c.npu_id, c.chip, c.device) for c in table.chips] == [(i // 2, i % 2, i) for i in range(16)]
+    assert physical_ids(table.chips) == tuple(range(16))
+    assert {c.name for c in table.chips} == {"Ascend910"}
+    assert a3_dies(table) == frozenset(range(16))
+    assert [c.power_w for c in table.chips[:2]] == [181.4, None], "the second die's Power is '-'"
+    assert (table.chips[15].bus_id, table.chips[15].hbm_used_mb, table.chips[15].hbm_total_mb) == (
+        "0000:83:00.0", 3199, 65536,
+    )  # fmt: skip
+
+
+def test_a3_named_910c1_and_the_board_soc() -> None:
+    table = _info("910C1-A3x4-24.1.rc3.7-info.txt", CONSTRUCTED)
+    assert a3_dies(table) == frozenset(range(4))
+    board = parse_key_values((CONSTRUCTED / "Ascend910-A3-24.1.rc3.7-info-t-board-i-0-c-0.txt").read_text())
+    assert board_model(board) == "910_9392"
+    assert board_model({"NPU Name": "9999", "Chip Name": "Ascend910"}) is None
+    assert board_model({"NPU Name": "9392", "Chip Name": "910B3"}) is None
+
+
+def test_a_phy_id_header_with_910b3_names_is_not_a3() -> None:
+    text = (FIXTURES / "Ascend910-A3x16-24.1.rc3.7-info.txt").read_text().replace("Ascend910 ", "910B3     ")
+    table = parse_info(text)
+    assert len(table.chips) == 16 and table.shape is Shape.PHY_ID
+    assert a3_dies(table) == frozenset()
+
+
+def test_a3_health_with_the_alarm_code() -> None:
+    text = (CONSTRUCTED / "Ascend910-A3-24.1.rc3.7-info-t-health-i-1-c-1-alarm.txt").read_text()
+    assert parse_health(text) == type(parse_health(text))(
+        "Alarm", (Fault("80E3A203", "node type=CPU, sensor type=Heartbeat, event state=heartbeat lost"),)
+    )
+
+
+def test_950_excerpt_without_closing_border() -> None:
+    table = _info("Ascend950PRx1-25.7.rc1.6-info-excerpt.txt")
+    assert table.shape is Shape.NPU_ID and table.version == "25.7.rc1.6"
+    chip = table.chips[0]
+    assert (chip.npu_id, chip.chip, chip.device, chip.name, chip.health, chip.bus_id) == (
+        0, 0, None, "Ascend950PR", "OK", "0000:61:00.0",
+    )  # fmt: skip
+    assert (chip.power_w, chip.temp_c, chip.utilization_pct) == (195.6, 56, 0)
+    assert (chip.hbm_used_mb, chip.hbm_total_mb) == (5239, 131072)
+    assert physical_ids(table.chips) == (0,)
+
+
+def test_950_eight_chips_and_info_m_with_phy_ids() -> None:
+    table = _info("Ascend950PRx8-25.7.rc1.6-info.txt", CONSTRUCTED)
+    assert [c.npu_id for c in table.chips] == list(range(8))
+    rows = parse_info_map((CONSTRUCTED / "Ascend950PRx8-25.7.rc1.6-info-m.txt").read_text())
+    assert [(r.npu_id, r.chip_id, r.logic_id, r.phys_id, r.name) for r in rows][:2] == [
+        (0, 0, 0, 0, "Ascend950PR"), (1, 0, 1, 1, "Ascend950PR"),
+    ]  # fmt: skip
+    shifted = [replace(row, phys_id=row.npu_id + 8) for row in rows]
+    assert physical_ids(table.chips, shifted) == tuple(range(8, 16)), "-m's Chip Phy-ID wins over the NPU id"
+
+
+def test_950dt_health() -> None:
+    table = _info("Ascend950DTx2-25.7.rc1.6-info.txt", CONSTRUCTED)
+    assert [(c.name, c.health) for c in table.chips] == [("Ascend950DT", "OK"), ("Ascend950DT", "Critical")]
+
+
+def test_26x_table_with_process_id_in_container() -> None:
+    table = _info("910B3x8-26.1.0-info-with-process.txt")
+    assert table.version == "26.1.0" and len(table.chips) == 8
+    assert [c.bus_id for c in table.chips][:2] == ["0000:C1:00.0", "0000:C2:00.0"]
+    assert table.chips[0].hbm_used_mb == 8676
+
+
+def test_26x_inside_a_container_after_log_lines() -> None:
+    table = _info("910B3x2-26.1.0-info-in-container.txt", CONSTRUCTED)
+    assert [(c.npu_id, c.name, c.health) for c in table.chips] == [
+        (32768, "910B3", "OK"),
+        (96, "910B3", "OK"),
+    ]
+    assert (table.chips[1].power_w, table.chips[1].temp_c, table.chips[1].hbm_used_mb) == (None, None, 3403)
+    assert table.version == "26.1.0"
+
+
+@pytest.mark.parametrize(
+    ("name", "reason", "words"),
+    [
+        ("error-unknownchip-unknownver-info-dcmi-8005-container.txt", "driver", "mount the host's driver"),
+        ("error-info-dcmi-8020-busy.txt", "busy", "wait"),
+        ("error-info-permission-denied.txt", "permission", "run the agent as root"),
+    ],
+)
+def test_error_outputs_are_diagnosed(name: str, reason: str, words: str) -> None:
+    folder = FIXTURES if (FIXTURES / name).exists() else CONSTRUCTED
+    error = diagnose((folder / name).read_text())
+    assert error is not None
+    assert error.reason == reason and words in error.next_step
+    assert "\n" not in str(error)
+    assert diagnose((FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()) is None
 
 
 def test_constructed_310_four_chips_per_npu() -> None:
@@ -145,24 +254,17 @@ def test_constructed_310p3_duo() -> None:
     ]
 
 
-def test_constructed_a3_two_dies_per_npu() -> None:
-    table = _info("910_9392-a3-24.1.rc3-info.txt", CONSTRUCTED)
-    assert [(c.npu_id, c.chip, c.device) for c in table.chips] == [(0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)]
-    assert physical_ids(table.chips) == (0, 1, 2, 3)
-    assert table.chips[1].power_w is None
-
-
 def test_constructed_health_and_na_cells() -> None:
     table = _info("910B3-health-26.0.0-info.txt", CONSTRUCTED)
     assert [c.health for c in table.chips] == ["OK", "Alarm", "Critical", "UNKNOWN"]
     sick = table.chips[2]
-    assert (sick.bus_id, sick.power_w, sick.temp_c, sick.hbm_used_mb, sick.aicore_pct) == (None,) * 5
+    assert (sick.bus_id, sick.power_w, sick.temp_c, sick.hbm_used_mb, sick.utilization_pct) == (None,) * 5
     assert table.chips[3].bus_id == "0000:82:00.0"
 
 
 @pytest.mark.parametrize("text", ["", "hello", "+----+\n|  |\n+====+\n", "| NPU Name | Health |\n"])
 def test_not_a_table_raises_the_typed_error(text: str) -> None:
-    for parse in (parse_info, parse_info_list, parse_info_map, parse_key_values, parse_health):
+    for parse in (parse_info, parse_info_map, parse_key_values, parse_health):
         with pytest.raises(NpuSmiParseError):
             parse(text)
 
@@ -170,7 +272,7 @@ def test_not_a_table_raises_the_typed_error(text: str) -> None:
 # hypothesis: mutated fixtures never raise anything but NpuSmiParseError ------------------------------------
 
 _SAMPLES = [p.read_text() for folder in (FIXTURES, CONSTRUCTED) for p in sorted(folder.glob("*.txt"))]
-_PARSERS = (parse_info, parse_info_list, parse_info_map, parse_key_values, parse_health)
+_PARSERS = (parse_info, parse_info_map, parse_key_values, parse_health)
 
 
 @st.composite
@@ -220,6 +322,55 @@ def test_parsers_raise_only_their_own_error(text: str) -> None:
     assert len(physical_ids(table.chips)) == len(table.chips)
 
 
+# hypothesis: a valid table re-spaced, its columns padded differently, parses the same --------------------
+
+
+def _parses(text: str) -> bool:
+    try:
+        parse_info(text)
+    except NpuSmiParseError:
+        return False
+    return True
+
+
+_VALID_TABLES = [
+    text
+    for folder in (FIXTURES, CONSTRUCTED)
+    for p in sorted(folder.glob("*.txt"))
+    if _parses(text := p.read_text())
+]
+
+
+@st.composite
+def _respaced(draw: st.DrawFn) -> tuple[str, str]:
+    """A valid table and the same table with every cell's words re-spaced and every column padded anew."""
+    text = draw(st.sampled_from(_VALID_TABLES))
+    gaps = st.text(alphabet=" ", min_size=1, max_size=4)
+    lines = []
+    for line in text.splitlines():
+        if not line.lstrip().startswith("|"):
+            lines.append(line + draw(st.text(alphabet=" ", max_size=3)))
+            continue
+        cells = line.strip().strip("|").split("|")
+        new_cells = []
+        for cell in cells:
+            words = re.split(r"(\s*/\s*|\s+)", cell.strip())
+            rebuilt = "".join(
+                (" / " if "/" in part else draw(gaps)) if i % 2 else part for i, part in enumerate(words)
+            )
+            new_cells.append(draw(gaps) + rebuilt + draw(st.text(alphabet=" ", max_size=6)))
+        closing = "|" if draw(st.booleans()) or line.rstrip().endswith("|") else ""
+        lines.append(draw(st.text(alphabet=" ", max_size=2)) + "|" + "|".join(new_cells) + closing)
+    return text, "\n".join(lines) + "\n"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pair=_respaced())
+def test_respaced_tables_parse_the_same(pair: tuple[str, str]) -> None:
+    original, respaced = pair
+    assert parse_info(respaced) == parse_info(original)
+
+
 # running it ------------------------------------------------------------------------------------------------
 
 
@@ -236,12 +387,27 @@ async def test_query_info_ok(fake: FakeNpuSmi) -> None:
     assert fake.calls() == 1
 
 
-async def test_exit_status_is_reported(fake: FakeNpuSmi) -> None:
+async def test_a_dcmi_failure_names_the_cause_and_the_next_step(fake: FakeNpuSmi) -> None:
     fake.set_mode("fail")
     with pytest.raises(NpuSmiError) as caught:
         await run_npu_smi(str(fake.path), ["info"], timeout=5)
+    assert caught.value.reason == "driver"
+    assert "dcmi module initialize failed, ret -8005" in caught.value.cause
+    assert "mount the host's driver" in caught.value.next_step
+
+
+async def test_exit_status_is_reported(fake: FakeNpuSmi) -> None:
+    with pytest.raises(NpuSmiError) as caught:
+        await run_npu_smi(str(fake.path), ["info", "-t", "topo"], timeout=5)
     assert caught.value.reason == "exit"
-    assert "dcmi module initialize failed" in str(caught.value)
+    assert "exited with status 2: Usage: npu-smi info" in str(caught.value)
+
+
+async def test_an_error_printed_with_status_0_is_diagnosed(fake: FakeNpuSmi) -> None:
+    fake.set_output("info", (CONSTRUCTED / "error-info-dcmi-8020-busy.txt").read_text())
+    with pytest.raises(NpuSmiError) as caught:
+        await query_info(str(fake.path), timeout=5)
+    assert caught.value.reason == "busy"
 
 
 async def test_missing_executable(short_dir: Path) -> None:
