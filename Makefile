@@ -8,8 +8,16 @@ PYTEST_FLAGS ?= -q
 
 .PHONY: install run test lint proto bench soak image clean
 
+# The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
+# before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
+PYTHON_MIN := 3.11
+_python_version = $(shell $(PYTHON) -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)
+_python_ok = $(shell $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < ($(subst .,$(comma),$(PYTHON_MIN))))' 2>/dev/null && echo yes)
+comma := ,
+
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(if $(_python_ok),,$(error ascend-agent needs Python $(PYTHON_MIN) or newer but $(PYTHON) is $(or $(_python_version),not found); pick another with make PYTHON=python$(PYTHON_MIN)))
+	$(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
