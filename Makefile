@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 PROTO := protos/deviceplugin/v1beta1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run test lint proto bench soak image clean
+.PHONY: install run test lint proto bench soak image image-test clean
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -51,8 +51,12 @@ soak: $(STAMP)
 	$(BIN)/pytest -q -s -m soak -o addopts=''
 
 image:
-	@engine=$$(command -v podman || command -v docker) || { echo "make image: no container engine (podman or docker) here"; exit 1; }; \
+	@engine=$$(command -v podman || command -v docker || command -v buildah) || { echo "make image: no podman, docker or buildah here"; exit 1; }; \
 	$$engine build -f Containerfile -t ascend-agent:0.1.0 .
+
+# Builds the image with buildah (no daemon) and runs the agent inside it; needs root. See tests/image/.
+image-test:
+	tests/image/image-test.sh
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info bench/results

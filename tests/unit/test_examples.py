@@ -481,17 +481,45 @@ def _instructions(path: Path) -> list[tuple[str, str]]:
     return out
 
 
+def _global_args() -> dict[str, str]:
+    """The ARGs declared before the first FROM, with their defaults: what FROM lines may use."""
+    args: dict[str, str] = {}
+    for keyword, rest in _instructions(CONTAINERFILE):
+        if keyword == "FROM":
+            break
+        assert keyword == "ARG", f"{keyword} before the first FROM"
+        name, _, default = rest.partition("=")
+        args[name] = default
+    return args
+
+
+def _from_images() -> list[str]:
+    """Each FROM's image, as written."""
+    return [
+        next(word for word in rest.split() if not word.startswith("--"))
+        for keyword, rest in _instructions(CONTAINERFILE)
+        if keyword == "FROM"
+    ]
+
+
+def _expand(text: str, args: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], text)
+
+
 def _stages() -> list[tuple[str, list[tuple[str, str]]]]:
-    """(base image, instructions) per stage."""
+    """(base image with the ARG defaults filled in, instructions) per stage."""
+    args = _global_args()
     stages: list[tuple[str, list[tuple[str, str]]]] = []
     for keyword, rest in _instructions(CONTAINERFILE):
         if keyword == "FROM":
             words = [word for word in rest.split() if not word.startswith("--")]
-            stages.append((words[0], []))
-        else:
-            assert stages, f"{keyword} before the first FROM"
+            stages.append((_expand(words[0], args), []))
+        elif stages:
             stages[-1][1].append((keyword, rest))
     return stages
+
+
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
 def test_containerfile_bases_are_pinned() -> None:
@@ -501,7 +529,31 @@ def test_containerfile_bases_are_pinned() -> None:
     assert len(bases) == 1, f"builder and runtime should share one base: {bases}"
     (base,) = bases
     assert _pinned(base) and "slim" in base, base
+    assert _DIGEST.search(base), f"pin the default base by digest: {base}"
     assert "$" not in base
+
+
+def test_containerfile_base_is_one_build_argument() -> None:
+    """`--build-arg BASE_IMAGE=...` swaps both stages' base (make image-test builds on a local one)."""
+    assert set(_from_images()) == {"${BASE_IMAGE}"}
+    assert _DIGEST.search(_global_args()["BASE_IMAGE"])
+    # tests/image/image-test.sh reads the default with sed from the one `ARG BASE_IMAGE=` line.
+    text = CONTAINERFILE.read_text(encoding="utf-8")
+    assert len(re.findall(r"^ARG BASE_IMAGE=\S+$", text, re.MULTILINE)) == 1
+
+
+def test_containerfile_stages_declare_the_arguments_they_use() -> None:
+    """A global ARG is empty inside a stage unless the stage declares it again."""
+    for _, instructions in _stages():
+        declared: set[str] = set()
+        for keyword, rest in instructions:
+            if keyword == "ARG":
+                declared.add(rest.partition("=")[0])
+                continue
+            used = {a or b for a, b in re.findall(r"\$\{(\w+)\}|\$(\w+)", rest)} & set(_global_args())
+            assert used <= declared, f"{keyword} uses {used - declared} without ARG in its stage"
+    final = dict(_stages()[-1][1])
+    assert 'org.opencontainers.image.base.name="${BASE_IMAGE}"' in final["LABEL"]
 
 
 def test_containerfile_builds_and_installs_the_wheel() -> None:
