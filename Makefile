@@ -6,10 +6,18 @@ STAMP := $(VENV)/.installed-stamp
 PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run test lint proto bench soak interop interop-packages image clean
+.PHONY: install run test lint proto bench soak interop interop-packages image image-test clean
+
+# The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
+# before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
+PYTHON_MIN := 3.11
+_python_version = $(shell $(PYTHON) -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)
+_python_ok = $(shell $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < ($(subst .,$(comma),$(PYTHON_MIN))))' 2>/dev/null && echo yes)
+comma := ,
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(if $(_python_ok),,$(error ascend-agent needs Python $(PYTHON_MIN) or newer but $(PYTHON) is $(or $(_python_version),not found); pick another with make PYTHON=python$(PYTHON_MIN)))
+	$(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
@@ -77,8 +85,12 @@ interop: $(STAMP) $(INTEROP)/kubelet-standin
 	INTEROP_REQUIRE_STANDIN=1 $(BIN)/pytest -q -s -m interop -o addopts='' tests/interop
 
 image:
-	@engine=$$(command -v podman || command -v docker) || { echo "make image: no container engine (podman or docker) here"; exit 1; }; \
+	@engine=$$(command -v podman || command -v docker || command -v buildah) || { echo "make image: no podman, docker or buildah here"; exit 1; }; \
 	$$engine build -f Containerfile -t ascend-agent:0.1.0 .
+
+# Builds the image with buildah (no daemon) and runs the agent inside it; needs root. See tests/image/.
+image-test:
+	tests/image/image-test.sh
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info bench/results

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -66,7 +67,7 @@ RUN_OPTIONS = {opt: param for param in RUN.params if param.param_type_name == "o
 
 def test_the_examples_hold_the_expected_documents() -> None:
     kinds = sorted(doc["kind"] for _, doc in MANIFESTS)
-    for kind in ("DaemonSet", "Pod", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+    for kind in ("DaemonSet", "ConfigMap", "Pod", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
         assert kind in kinds
 
 
@@ -110,7 +111,7 @@ def _settings_from(command: Any, args: list[str]) -> Settings:
     overrides = dict(command.make_context(command.name, args).params)
     config = overrides.pop("config")
     overrides.pop("json_output", None)
-    return SettingsSource(overrides, config).load()
+    return SettingsSource(overrides, Path(config) if config else None).load()
 
 
 def _env() -> dict[str, Any]:
@@ -124,12 +125,44 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
+def _mounted_config() -> tuple[str, str]:
+    """(the path the DaemonSet passes to --config, the text its ConfigMap volume puts there)."""
+    args = _container()["args"]
+    assert "--config" in args, "the DaemonSet passes no --config"
+    path = PurePosixPath(args[args.index("--config") + 1])
+    _, volume = _mounts()[str(path.parent)]
+    config_map = _one("ConfigMap")
+    assert volume.get("configMap", {}).get("name") == config_map["metadata"]["name"], str(path.parent)
+    assert path.name in config_map["data"], f"the ConfigMap has no key {path.name}"
+    return str(path), config_map["data"][path.name]
+
+
 @pytest.fixture
-def run_settings(clean_env: pytest.MonkeyPatch) -> Settings:
-    """The Settings `ascend-agent run` builds from the DaemonSet's args alone."""
+def pod_config(tmp_path: Path) -> tuple[str, Path]:
+    """(the pod's --config path, a file here with what the ConfigMap puts there)."""
+    container_path, text = _mounted_config()
+    local = tmp_path / "config.yaml"
+    local.write_text(text, encoding="utf-8")
+    return container_path, local
+
+
+@pytest.fixture
+def pod_env(clean_env: pytest.MonkeyPatch, pod_config: tuple[str, Path]) -> pytest.MonkeyPatch:
+    """The container's ASCEND_AGENT_* environment, with the ConfigMap's file where it points."""
+    container_path, local = pod_config
+    for name, item in _env().items():
+        if name.startswith("ASCEND_AGENT_"):
+            clean_env.setenv(name, str(local) if item["value"] == container_path else item["value"])
+    return clean_env
+
+
+@pytest.fixture
+def run_settings(pod_env: pytest.MonkeyPatch, pod_config: tuple[str, Path]) -> Settings:
+    """The Settings `ascend-agent run` builds in the pod: its args, its environment and the ConfigMap."""
     args = _container()["args"]
     assert args[0] == "run"
-    return _settings_from(RUN, list(args[1:]))
+    container_path, local = pod_config
+    return _settings_from(RUN, [str(local) if arg == container_path else arg for arg in args[1:]])
 
 
 def test_daemonset_identity() -> None:
@@ -152,31 +185,56 @@ def test_daemonset_flags_are_real_run_options() -> None:
     assert not unknown, f"not options of `ascend-agent run`: {unknown}"
 
 
+def test_settings_are_the_config_maps_to_edit() -> None:
+    """A flag or environment variable wins over the file, so neither may set what the ConfigMap sets."""
+    assert _container()["args"][1:] == ["--config", _mounted_config()[0]]
+    _, text = _mounted_config()
+    in_file = set(yaml.safe_load(text))
+    in_env = {
+        camel_case(name.removeprefix("ASCEND_AGENT_").lower())
+        for name in _env()
+        if name.startswith("ASCEND_AGENT_") and name != "ASCEND_AGENT_CONFIG"
+    }
+    assert in_env == {"hostRoot", "npuSmi"}, "only what follows the pod's mounts"
+    assert not in_file & in_env, in_file & in_env
+
+
+def test_config_map_is_mounted_as_a_directory() -> None:
+    """A subPath mount never sees an edited ConfigMap: only a directory mount gets the kubelet's updates."""
+    container_path, _ = _mounted_config()
+    mount, _ = _mounts()[str(PurePosixPath(container_path).parent)]
+    assert "subPath" not in mount and "subPathExpr" not in mount
+    assert mount.get("readOnly") is True
+    config_map = _one("ConfigMap")["metadata"]
+    assert config_map["namespace"] == _one("DaemonSet")["metadata"]["namespace"]
+
+
 def test_daemonset_args_make_the_intended_settings(run_settings: Settings) -> None:
     assert run_settings.backend == "devfs"
     assert run_settings.host_root == Path("/host")
     assert run_settings.log_format == "json"
     assert run_settings.cdi_spec_dir == Path("/var/run/cdi")
+    assert run_settings.mode == "plain"
     host, _, port = run_settings.metrics_address.rpartition(":")
     assert host == "0.0.0.0", "the kubelet probes the pod IP: the endpoint must not listen on loopback only"
     assert port == "9410"
 
 
 def test_exec_commands_see_the_host_as_the_agent_does(
-    clean_env: pytest.MonkeyPatch, run_settings: Settings
+    pod_env: pytest.MonkeyPatch, run_settings: Settings
 ) -> None:
-    """`kubectl exec <pod> -- ascend-agent doctor` takes its view of the host from the container's env."""
-    ours = {name: item["value"] for name, item in _env().items() if name.startswith("ASCEND_AGENT_")}
-    assert {"ASCEND_AGENT_HOST_ROOT", "ASCEND_AGENT_NPU_SMI"} <= set(ours)
+    """`kubectl exec <pod> -- ascend-agent doctor` takes its settings from the container's env alone."""
     doctor_command = get_command(app).commands["doctor"]  # type: ignore[attr-defined]
     doctor_vars = {param.envvar for param in doctor_command.params}
-    assert set(ours) <= doctor_vars, "the doctor ignores some of them"
-    for name, value in ours.items():
-        clean_env.setenv(name, value)
+    ours = {name for name in _env() if name.startswith("ASCEND_AGENT_")}
+    assert {"ASCEND_AGENT_CONFIG", "ASCEND_AGENT_HOST_ROOT", "ASCEND_AGENT_NPU_SMI"} <= ours
+    assert ours <= doctor_vars, "the doctor ignores some of them"
     from_env = _settings_from(doctor_command, [])
-    for name in ours:
-        field = name.removeprefix("ASCEND_AGENT_").lower()
-        assert getattr(from_env, field) == getattr(run_settings, field), name
+    fields = {field.name for field in dataclasses.fields(Settings)}
+    compared = [param.name for param in doctor_command.params if param.name in fields]
+    assert "metrics_address" in compared and "host_root" in compared
+    for name in compared:
+        assert getattr(from_env, name) == getattr(run_settings, name), name
 
 
 def test_the_doctor_knows_its_node() -> None:
@@ -247,6 +305,27 @@ def test_npu_smi_and_its_libraries_are_inside_mounts(run_settings: Settings) -> 
     for directory in library_path.split(":"):
         mount = covering(directory)
         assert mount is not None and mount.get("readOnly") is True, directory
+
+
+def _host_path_of(container_path: str) -> str | None:
+    """The host path a hostPath mount shows at ``container_path``, or None."""
+    target = PurePosixPath(container_path)
+    for path, (_, volume) in _mounts().items():
+        mount_path = PurePosixPath(path)
+        if "hostPath" in volume and (target == mount_path or mount_path in target.parents):
+            return str(PurePosixPath(volume["hostPath"]["path"]) / target.relative_to(mount_path))
+    return None
+
+
+def test_npu_smi_runs_from_the_hosts_own_paths(run_settings: Settings) -> None:
+    """npu-smi, its libraries and the files they read by absolute path are where they are on the host."""
+    assert run_settings.npu_smi is not None
+    paths = [str(run_settings.npu_smi), *_env()["LD_LIBRARY_PATH"]["value"].split(":")]
+    paths += ["/etc/ascend_install.info", "/usr/local/Ascend/driver/version.info"]
+    for path in paths:
+        assert _host_path_of(path) == path, path
+    for directory in ("/usr/local/Ascend/driver/lib64", "/usr/local/dcmi"):
+        assert directory in paths
 
 
 def test_cdi_directory_is_mounted_writable(run_settings: Settings) -> None:
@@ -391,13 +470,69 @@ def test_images_are_pinned() -> None:
     assert not _pinned("ubuntu") and not _pinned("ubuntu:latest") and not _pinned("localhost:5000/ubuntu")
 
 
+def _smoke_container() -> Doc:
+    (container,) = _one("Pod", "pod.yaml")["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
 def test_smoke_pod() -> None:
     pod = _one("Pod", "pod.yaml")
     assert pod["metadata"]["name"] == "ascend-smoke"  # the README's `kubectl logs ascend-smoke`
     assert pod["spec"]["restartPolicy"] == "Never"
-    (container,) = pod["spec"]["containers"]
+    container = _smoke_container()
     assert int(container["resources"]["limits"]["huawei.com/Ascend910"]) == 1
-    assert "/dev/davinci" in " ".join(container.get("command", []) + container.get("args", []))
+    assert container["command"] == ["/bin/sh", "-c"]
+
+
+def _smoke(dev: Path, visible: str | None) -> subprocess.CompletedProcess[str]:
+    """The smoke pod's script under /bin/sh, with ``dev`` in place of /dev."""
+    (script,) = _smoke_container()["args"]
+    script = script.replace("/dev/", f"{dev}/").replace("/usr/local/bin/npu-smi", f"{dev}/no-npu-smi")
+    env = {"PATH": os.environ["PATH"]} | ({} if visible is None else {"ASCEND_VISIBLE_DEVICES": visible})
+    # A new session has no controlling terminal, so /dev/tty is a character device that does not open.
+    return subprocess.run(
+        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=30, start_new_session=True
+    )
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> Path:
+    """A /dev with chips 0 and 1 and the management device: links to /dev/null, a character device."""
+    for name in ("davinci0", "davinci1", "davinci_manager"):
+        (tmp_path / name).symlink_to("/dev/null")
+    return tmp_path
+
+
+def test_smoke_pod_opens_each_visible_chip(dev: Path) -> None:
+    result = _smoke(dev, "0,1")
+    assert result.returncode == 0, result.stderr
+    assert f"ascend-smoke: opened {dev}/davinci0" in result.stdout.splitlines()
+    assert f"ascend-smoke: opened {dev}/davinci1" in result.stdout.splitlines()
+    assert result.stdout.splitlines()[-1] == "ascend-smoke: ok"
+
+
+@pytest.mark.parametrize(
+    ("visible", "prepare", "message"),
+    [
+        (None, None, "ASCEND_VISIBLE_DEVICES is empty: no chip was allocated to this container"),
+        ("3", None, "davinci3 is missing: chip 3 was allocated but its device node is not here"),
+        ("2", "file", "davinci2 is missing"),
+        ("2", "tty", "cannot open "),
+    ],
+    ids=["nothing-allocated", "node-missing", "not-a-device", "does-not-open"],
+)
+def test_smoke_pod_fails_with_one_line(
+    dev: Path, visible: str | None, prepare: str | None, message: str
+) -> None:
+    if prepare == "file":
+        (dev / "davinci2").write_text("")  # a plain file where the device node should be
+    elif prepare == "tty":
+        (dev / "davinci2").symlink_to("/dev/tty")
+    result = _smoke(dev, visible)
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("ascend-smoke: FAILED: ") and message in line, line
+    assert "ascend-smoke: ok" not in result.stdout
 
 
 # --- examples/config.yaml -----------------------------------------------------------------------------
@@ -481,17 +616,45 @@ def _instructions(path: Path) -> list[tuple[str, str]]:
     return out
 
 
+def _global_args() -> dict[str, str]:
+    """The ARGs declared before the first FROM, with their defaults: what FROM lines may use."""
+    args: dict[str, str] = {}
+    for keyword, rest in _instructions(CONTAINERFILE):
+        if keyword == "FROM":
+            break
+        assert keyword == "ARG", f"{keyword} before the first FROM"
+        name, _, default = rest.partition("=")
+        args[name] = default
+    return args
+
+
+def _from_images() -> list[str]:
+    """Each FROM's image, as written."""
+    return [
+        next(word for word in rest.split() if not word.startswith("--"))
+        for keyword, rest in _instructions(CONTAINERFILE)
+        if keyword == "FROM"
+    ]
+
+
+def _expand(text: str, args: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], text)
+
+
 def _stages() -> list[tuple[str, list[tuple[str, str]]]]:
-    """(base image, instructions) per stage."""
+    """(base image with the ARG defaults filled in, instructions) per stage."""
+    args = _global_args()
     stages: list[tuple[str, list[tuple[str, str]]]] = []
     for keyword, rest in _instructions(CONTAINERFILE):
         if keyword == "FROM":
             words = [word for word in rest.split() if not word.startswith("--")]
-            stages.append((words[0], []))
-        else:
-            assert stages, f"{keyword} before the first FROM"
+            stages.append((_expand(words[0], args), []))
+        elif stages:
             stages[-1][1].append((keyword, rest))
     return stages
+
+
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
 def test_containerfile_bases_are_pinned() -> None:
@@ -501,7 +664,31 @@ def test_containerfile_bases_are_pinned() -> None:
     assert len(bases) == 1, f"builder and runtime should share one base: {bases}"
     (base,) = bases
     assert _pinned(base) and "slim" in base, base
+    assert _DIGEST.search(base), f"pin the default base by digest: {base}"
     assert "$" not in base
+
+
+def test_containerfile_base_is_one_build_argument() -> None:
+    """`--build-arg BASE_IMAGE=...` swaps both stages' base (make image-test builds on a local one)."""
+    assert set(_from_images()) == {"${BASE_IMAGE}"}
+    assert _DIGEST.search(_global_args()["BASE_IMAGE"])
+    # tests/image/image-test.sh reads the default with sed from the one `ARG BASE_IMAGE=` line.
+    text = CONTAINERFILE.read_text(encoding="utf-8")
+    assert len(re.findall(r"^ARG BASE_IMAGE=\S+$", text, re.MULTILINE)) == 1
+
+
+def test_containerfile_stages_declare_the_arguments_they_use() -> None:
+    """A global ARG is empty inside a stage unless the stage declares it again."""
+    for _, instructions in _stages():
+        declared: set[str] = set()
+        for keyword, rest in instructions:
+            if keyword == "ARG":
+                declared.add(rest.partition("=")[0])
+                continue
+            used = {a or b for a, b in re.findall(r"\$\{(\w+)\}|\$(\w+)", rest)} & set(_global_args())
+            assert used <= declared, f"{keyword} uses {used - declared} without ARG in its stage"
+    final = dict(_stages()[-1][1])
+    assert 'org.opencontainers.image.base.name="${BASE_IMAGE}"' in final["LABEL"]
 
 
 def test_containerfile_builds_and_installs_the_wheel() -> None:

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A Debian base image made with debootstrap, for building the Containerfile where its default base cannot be
+# pulled. It stands in for python:3.11-slim-bookworm: Debian bookworm's Python 3.11 with pip, `python` and
+# `pip` on PATH, pip allowed to install into the system (as in the python images).
+#
+#   tests/image/debian-base.sh STORAGE_ROOT    # prints the image name; builds it once, then reuses it
+#
+# The packages come from apt's own Debian mirror for bookworm, read at run time (apt-get indextargets), else
+# debootstrap's default; DEBIAN_MIRROR=<url> overrides both.
+set -euo pipefail
+
+root=$1
+suite=bookworm # its python3 is 3.11, what pyproject.toml's requires-python asks for
+packages=python3,python3-pip,ca-certificates
+arch=$(dpkg --print-architecture)
+key=$(printf '%s %s %s' "$suite" "$arch" "$packages" | sha256sum | cut -c1-12)
+image=localhost/ascend-agent-base:debian-$suite-$key
+store=(buildah --root "$root/storage" --runroot "$root/run" --storage-driver vfs)
+
+if "${store[@]}" inspect --type image "$image" >/dev/null 2>&1; then
+    echo "$image"
+    exit 0
+fi
+
+mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(ORIGIN)' 'Identifier: Packages' 2>/dev/null |
+    awk -v suite="$suite" '$2 == suite && $3 == "Debian" { print $1; exit }') || true
+mirror=${DEBIAN_MIRROR:-${mirror:-http://deb.debian.org/debian}}
+
+rootfs=$root/rootfs
+rm -rf "$rootfs"
+echo "debian-base: debootstrap $suite ($arch) from $mirror" >&2
+started=$SECONDS
+debootstrap --variant=minbase --include="$packages" "$suite" "$rootfs" "$mirror" >"$root/debootstrap.log" 2>&1 || {
+    echo "debian-base: debootstrap failed; its log is $root/debootstrap.log" >&2
+    tail -n 5 "$root/debootstrap.log" >&2
+    exit 1
+}
+echo "debian-base: debootstrap took $((SECONDS - started)) s" >&2
+
+# What a container image leaves out: package caches, documentation, translations; /dev, /proc and /sys come
+# from the runtime.
+rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs"/usr/share/doc/* \
+    "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/* "$rootfs"/dev/* "$rootfs"/proc/* "$rootfs"/sys/*
+rm -f "$rootfs"/usr/lib/python3*/EXTERNALLY-MANAGED
+ln -sf /usr/bin/python3 "$rootfs/usr/local/bin/python"
+ln -sf /usr/bin/pip3 "$rootfs/usr/local/bin/pip"
+
+container=$("${store[@]}" from scratch)
+mount=$("${store[@]}" mount "$container")
+tar --numeric-owner -C "$rootfs" -cf - . | tar --numeric-owner -xpf - -C "$mount"
+"${store[@]}" umount "$container" >/dev/null
+"${store[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
+    --cmd python3 --label "org.opencontainers.image.description=Debian $suite with python3 and pip" \
+    "$container"
+"${store[@]}" commit --quiet --rm "$container" "$image" >/dev/null
+rm -rf "$rootfs"
+echo "$image"

@@ -1,0 +1,72 @@
+#!/bin/sh
+# Runs inside the built image (POSIX sh: the image has no bash of its own to rely on). The kubelet simulator
+# and the agent on the fake backend, both from the image's own ascend-agent: passes when the agent logs its
+# registration and the simulator prints the device list it received, then stops both with SIGTERM and
+# expects exit status 0 from each.
+set -eu
+
+dir=$(mktemp -d /tmp/image-test.XXXXXX)
+sim_log=$dir/kubelet-sim.log
+agent_log=$dir/agent.log
+: >"$sim_log"
+: >"$agent_log"
+trap 'rm -rf "$dir"' EXIT
+sim=
+agent=
+
+show_logs() {
+    echo "--- kubelet-sim"
+    cat "$sim_log"
+    echo "--- agent"
+    cat "$agent_log"
+}
+
+fail() {
+    echo "in-image: $1" >&2
+    show_logs >&2
+    kill -TERM $sim $agent 2>/dev/null || true
+    exit 1
+}
+
+# await FILE TEXT: until FILE holds TEXT, for at most 30 s (the image has no inotify tool to wait with);
+# fails at once when the agent or the simulator has exited.
+await() {
+    tries=0
+    until grep -qF -- "$2" "$1"; do
+        for pid in $sim $agent; do
+            kill -0 "$pid" 2>/dev/null || fail "$(name_of "$pid") exited while waiting for '$2'"
+        done
+        tries=$((tries + 1))
+        [ "$tries" -le 300 ] || fail "no '$2' within 30 s"
+        sleep 0.1
+    done
+}
+
+name_of() {
+    if [ "$1" = "$sim" ]; then echo "kubelet-sim"; else echo "the agent"; fi
+}
+
+ascend-agent kubelet-sim --kubelet-dir "$dir/kubelet" >"$sim_log" 2>&1 &
+sim=$!
+await "$sim_log" "listening on"
+
+ascend-agent run --backend fake --kubelet-dir "$dir/kubelet" --metrics-address "" >"$agent_log" 2>&1 &
+agent=$!
+await "$agent_log" "Registered resource huawei.com/Ascend910"
+await "$sim_log" "ListAndWatch huawei.com/Ascend910: 8 devices, 8 healthy"
+await "$sim_log" "Allocate Ascend910-"
+
+status=0
+kill -TERM "$agent"
+wait "$agent" || status=$?
+agent=
+[ "$status" -eq 0 ] || fail "the agent exited with status $status after SIGTERM"
+kill -TERM "$sim"
+wait "$sim" || status=$?
+sim=
+[ "$status" -eq 0 ] || fail "kubelet-sim exited with status $status after SIGTERM"
+
+listed=$(grep -cE '^kubelet-sim: +Ascend910-[0-7] +Healthy' "$sim_log") || true
+[ "$listed" -eq 8 ] || fail "kubelet-sim printed $listed of the 8 devices as Healthy"
+show_logs
+echo "in-image: registered, 8 devices listed and allocated from, both stopped with status 0"
