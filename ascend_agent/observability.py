@@ -111,6 +111,11 @@ ALLOCATE_SECONDS = Histogram(
     buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1),
 )
 STREAMS = Gauge("ascend_agent_list_and_watch_streams", "Open ListAndWatch streams.", ["resource"])
+KUBELET_STREAM = Gauge(
+    "ascend_agent_kubelet_stream_open",
+    "1 while the kubelet's own ListAndWatch stream (after its dial-back) is open.",
+    ["resource"],
+)
 NPU_SMI_SECONDS = Histogram(
     "ascend_agent_npu_smi_seconds",
     "Duration of npu-smi queries.",

@@ -23,7 +23,7 @@ from grpclib.server import Stream
 from ascend_agent.deviceplugin import wire
 from ascend_agent.model import Chip, ContainerSpec
 from ascend_agent.naming import MAX_DEVICE_ID_LENGTH
-from ascend_agent.observability import ALLOCATE_SECONDS, ALLOCATIONS, STREAMS
+from ascend_agent.observability import ALLOCATE_SECONDS, ALLOCATIONS, KUBELET_STREAM, STREAMS
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ class DevicePluginService:
 
     def _streams_changed(self) -> None:
         STREAMS.labels(resource=self.resource).set(len(self._streams))
+        KUBELET_STREAM.labels(resource=self.resource).set(self.kubelet_stream_open)
         self._on_stream_change()
 
     async def _allocate(self, stream: Stream[bytes, bytes]) -> None:
