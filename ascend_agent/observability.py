@@ -50,6 +50,9 @@ class _JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS})
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            entry["error"] = f"{type(error).__name__}: {error}"
         return json.dumps(entry, default=str)
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 from inotify_simple import INotify
 from inotify_simple import flags as _flags
 
+from ascend_agent.observability import log_fields
+
 log = logging.getLogger(__name__)
 
 NameFilter = Callable[[str], bool]
@@ -98,7 +100,8 @@ class Watcher:
         try:
             wd = self._inotify.add_watch(place, _DIRECTORY_MASK)
         except OSError as exc:
-            log.warning("Cannot watch %s: %s", place, exc.strerror or exc)
+            reason = exc.strerror or str(exc)
+            log.warning("Cannot watch %s: %s", place, reason, extra=log_fields(path=place, reason=reason))
             return
         target.wd, target.armed_on = wd, place
         self._by_wd.setdefault(wd, []).append(target)

@@ -131,3 +131,24 @@ def test_json_log_lines(kubelet: KubeletStandin) -> None:
         assert found == [f"Found device /dev/davinci{i}" for i in range(8)]
     finally:
         process.close()
+
+
+def test_json_log_lines_carry_fields(kubelet: KubeletStandin, short_dir: Path) -> None:
+    state = short_dir / "state.json"
+    state.write_text('{"absent": [99]}')
+    process = AgentProcess(
+        ["run", "--backend", "fake", "--kubelet-dir", str(kubelet.directory), "--metrics-address", "",
+         "--log-format", "json", "--fake-state", str(state)]
+    )  # fmt: skip
+    try:
+        (line,) = process.wait_log(r'"msg": "fake state file .* names chips that do not exist')
+        entry = json.loads(line)
+        assert (entry["level"], entry["path"], entry["ids"]) == ("warning", str(state), [99])
+        kubelet.wait_registrations(1)
+        state.unlink()
+        (line,) = process.wait_log(r"keeping the previous state")
+        entry = json.loads(line)
+        assert entry["path"] == str(state)
+        assert "does not exist" in entry["reason"]
+    finally:
+        process.close()
