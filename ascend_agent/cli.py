@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
+from click.core import ParameterSource
 
 from ascend_agent import __version__
 from ascend_agent.config import ConfigError, Settings, SettingsSource
@@ -139,7 +141,11 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 def _settings(overrides: dict[str, Any]) -> tuple[SettingsSource, Settings]:
     config_file = overrides.pop("config", None)
-    source = SettingsSource(overrides=overrides, config_file=config_file)
+    context = click.get_current_context()
+    from_environment = frozenset(
+        name for name in overrides if context.get_parameter_source(name) is ParameterSource.ENVIRONMENT
+    )
+    source = SettingsSource(overrides=overrides, config_file=config_file, from_environment=from_environment)
     try:
         return source, source.load()
     except ConfigError as exc:
