@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
-from ascend_agent.observability import configure_logging, log_fields
+from ascend_agent.observability import RepeatLimiter, configure_logging, log_fields
 
 
 @pytest.fixture
@@ -68,3 +69,73 @@ def test_an_exception_is_one_field(json_logs: Callable[[], list[dict[str, object
 def test_names_the_record_uses_are_refused(name: str) -> None:
     with pytest.raises(ValueError, match=name):
         log_fields(**{name: "x"})
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _suppressed(event: str) -> float:
+    return REGISTRY.get_sample_value("ascend_agent_log_lines_suppressed_total", {"event": event}) or 0.0
+
+
+def test_the_first_line_passes_then_one_per_interval_with_the_count() -> None:
+    clock = _Clock()
+    limiter = RepeatLimiter("unit_interval", 10.0, clock=clock)
+    assert limiter.admit("a") == 0
+    assert [limiter.admit("a") for _ in range(1000)] == [None] * 1000
+    assert limiter.admit("b") == 0, "keys are limited apart"
+    clock.now += 9.999
+    assert limiter.admit("a") is None
+    clock.now += 0.001
+    assert limiter.admit("a") == 1001
+    assert limiter.admit("a") is None
+    clock.now += 30
+    assert limiter.admit("a") == 1
+    assert limiter.admit("b") == 0
+    assert _suppressed("unit_interval") == 1002
+
+
+def test_log_writes_the_admitted_lines_only(caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    limiter = RepeatLimiter("unit_log", 5.0, clock=clock)
+    log = logging.getLogger("ascend_agent.test")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3000):
+            limiter.log(
+                log,
+                logging.WARNING,
+                ("huawei.com/Ascend910", "Ascend910-9"),
+                "Allocate refused for %s: unknown device %s",
+                "huawei.com/Ascend910",
+                "Ascend910-9",
+                extra=log_fields(resource="huawei.com/Ascend910"),
+            )
+        clock.now += 5
+        limiter.log(
+            log, logging.WARNING, ("huawei.com/Ascend910", "Ascend910-9"), "Allocate refused: %s", "x"
+        )
+    assert [r.getMessage() for r in caplog.records] == [
+        "Allocate refused for huawei.com/Ascend910: unknown device Ascend910-9",
+        "Allocate refused: x (2999 repeats suppressed)",
+    ]
+    assert caplog.records[0].resource == "huawei.com/Ascend910"  # type: ignore[attr-defined]
+    assert caplog.records[1].suppressed == 2999  # type: ignore[attr-defined]
+    assert _suppressed("unit_log") == 2999
+
+
+def test_keys_are_bounded() -> None:
+    clock = _Clock()
+    limiter = RepeatLimiter("unit_bounded", 10.0, clock=clock, max_keys=3)
+    for key in range(3):
+        assert limiter.admit(key) == 0
+    clock.now += 10
+    assert limiter.admit(3) == 0  # the three whose interval is over are forgotten
+    assert [limiter.admit(key) for key in (4, 5)] == [0, 0]
+    assert limiter.admit(6) == 0  # over the bound with none expired: the oldest (3) goes
+    assert limiter.admit(3) == 0
+    assert limiter.admit(6) is None
