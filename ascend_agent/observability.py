@@ -26,6 +26,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from ascend_agent import __version__
+
 _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
@@ -122,6 +124,8 @@ NPU_SMI_FAILURES = Counter("ascend_agent_npu_smi_failures", "Failed npu-smi quer
 LOG_LINES_SUPPRESSED = Counter(
     "ascend_agent_log_lines_suppressed", "Repeated log lines held back by a rate limit.", ["event"]
 )
+BUILD_INFO = Gauge("ascend_agent_build_info", "The running ascend-agent; the value is always 1.", ["version"])
+BUILD_INFO.labels(version=__version__).set(1)
 
 
 # Repeated log lines --------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ascend_agent import __version__
 from tests.support.agent_process import AgentProcess
 from tests.support.kubelet_standin import KubeletStandin
 
@@ -68,6 +69,7 @@ def test_probes_follow_registration(kubelet_api: tuple[object, object], short_di
             assert 'ascend_agent_registrations_total{resource="huawei.com/Ascend910"} 1.0' in metrics
             assert 'ascend_agent_list_and_watch_streams{resource="huawei.com/Ascend910"} 1.0' in metrics
             assert "ascend_agent_kubelet_restarts_total 1.0" in metrics
+            assert f'ascend_agent_build_info{{version="{__version__}"}} 1.0' in metrics
             for name in (
                 "ascend_agent_allocate_seconds",
                 "ascend_agent_npu_smi_seconds",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from ascend_agent import __version__
 from ascend_agent.observability import RepeatLimiter, configure_logging, log_fields
 
 
@@ -139,3 +140,7 @@ def test_keys_are_bounded() -> None:
     assert limiter.admit(6) == 0  # over the bound with none expired: the oldest (3) goes
     assert limiter.admit(3) == 0
     assert limiter.admit(6) is None
+
+
+def test_build_info_names_the_version() -> None:
+    assert REGISTRY.get_sample_value("ascend_agent_build_info", {"version": __version__}) == 1.0
