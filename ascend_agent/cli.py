@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
+from click.core import ParameterSource
 
 from ascend_agent import __version__
 from ascend_agent.config import ConfigError, Settings, SettingsSource
@@ -22,6 +24,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Help text is rich markup: a literal [ is written \[.
+    rich_markup_mode="rich",
     help="Kubernetes device plugin for Huawei Ascend NPUs.",
 )
 
@@ -29,13 +33,26 @@ EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
 
-def _option(*names: str, env: str, help: str, **kwargs: Any) -> Any:
-    return typer.Option(*names, envvar=f"ASCEND_AGENT_{env}", help=help, show_default=False, **kwargs)
+_DEFAULTS = Settings()
 
 
-Backend = Annotated[
-    str | None, _option("--backend", env="BACKEND", help="devfs (real chips) or fake; default: devfs.")
-]
+def _option(*names: str, env: str, help: str, unset: str | None = None, **kwargs: Any) -> Any:
+    """A flag that is also ``ASCEND_AGENT_<env>``; ``--help`` shows the default from :class:`Settings`, or
+    ``unset``, which says what happens when a setting whose default is None is not given."""
+    setting = names[0].removeprefix("--").replace("-", "_")
+    default = getattr(_DEFAULTS, setting, None)
+    shown = unset if default is None else str(default)
+    assert shown is not None, f"{names[0]}: say what an unset value means"
+    return typer.Option(
+        *names,
+        envvar=f"ASCEND_AGENT_{env}",
+        help=f"{help} \\[default: {shown}]",
+        show_default=False,
+        **kwargs,
+    )
+
+
+Backend = Annotated[str | None, _option("--backend", env="BACKEND", help="devfs (real chips) or fake.")]
 KubeletDir = Annotated[
     Path | None,
     _option("--kubelet-dir", env="KUBELET_DIR", help="The kubelet's device plugin directory."),
@@ -53,7 +70,8 @@ PluginsRegistryDir = Annotated[
     _option(
         "--plugins-registry-dir",
         env="PLUGINS_REGISTRY_DIR",
-        help="The kubelet's plugin-watcher directory; default: <kubelet-dir>/../plugins_registry.",
+        help="The kubelet's plugin-watcher directory.",
+        unset="<kubelet-dir>/../plugins_registry",
     ),
 ]
 PluginDir = Annotated[
@@ -61,7 +79,8 @@ PluginDir = Annotated[
     _option(
         "--plugin-dir",
         env="PLUGIN_DIR",
-        help="The agent's lock and plugin-watcher endpoints; default: <kubelet-dir>/../plugins/ascend-agent.",
+        help="The agent's lock and plugin-watcher endpoints.",
+        unset="<kubelet-dir>/../plugins/ascend-agent",
     ),
 ]
 ServeTimeout = Annotated[
@@ -69,51 +88,63 @@ ServeTimeout = Annotated[
     _option(
         "--serve-timeout",
         env="SERVE_TIMEOUT",
-        help="Seconds serving may keep failing (an unusable kubelet directory) before exit 1; default: 300.",
+        help="Seconds serving may keep failing (an unusable kubelet directory) before exit 1.",
     ),
 ]
 ConfigFile = Annotated[
     Path | None,
-    _option("--config", env="CONFIG", help="YAML config file; keys are the flag names in camelCase."),
+    _option(
+        "--config",
+        env="CONFIG",
+        help="YAML config file; keys are the flag names in camelCase.",
+        unset="none",
+    ),
 ]
 LogLevel = Annotated[str | None, _option("--log-level", env="LOG_LEVEL", help="debug, info, warning, error.")]
 LogFormat = Annotated[str | None, _option("--log-format", env="LOG_FORMAT", help="text or json.")]
-HostRoot = Annotated[
-    Path | None, _option("--host-root", env="HOST_ROOT", help="Where the host's / is seen; default: /.")
-]
+HostRoot = Annotated[Path | None, _option("--host-root", env="HOST_ROOT", help="Where the host's / is seen.")]
 DevRoot = Annotated[
-    Path | None, _option("--dev-root", env="DEV_ROOT", help="Device files; default: <host-root>/dev.")
+    Path | None, _option("--dev-root", env="DEV_ROOT", help="Device files.", unset="<host-root>/dev")
 ]
 SysRoot = Annotated[
-    Path | None, _option("--sys-root", env="SYS_ROOT", help="sysfs; default: <host-root>/sys.")
+    Path | None, _option("--sys-root", env="SYS_ROOT", help="sysfs.", unset="<host-root>/sys")
 ]
-NpuSmi = Annotated[str | None, _option("--npu-smi", env="NPU_SMI", help="The npu-smi executable.")]
+NpuSmi = Annotated[
+    str | None,
+    _option(
+        "--npu-smi",
+        env="NPU_SMI",
+        help="The npu-smi executable.",
+        unset="npu-smi on PATH, else <host-root>/usr/local/bin/npu-smi",
+    ),
+]
 NpuSmiTimeout = Annotated[
     float | None,
     _option(
-        "--npu-smi-timeout", env="NPU_SMI_TIMEOUT", help="Seconds before npu-smi is killed; default: 10."
+        "--npu-smi-timeout",
+        env="NPU_SMI_TIMEOUT",
+        help="Seconds before npu-smi is killed; at least 1.",
     ),
 ]
 HealthInterval = Annotated[
     float | None,
-    _option("--health-interval", env="HEALTH_INTERVAL", help="Seconds between health queries; default: 5."),
+    _option("--health-interval", env="HEALTH_INTERVAL", help="Seconds between health queries; at least 1."),
 ]
 HealthThreshold = Annotated[
     int | None,
     _option(
         "--health-failure-threshold",
         env="HEALTH_FAILURE_THRESHOLD",
-        help="Failed health queries in a row before every chip is Unhealthy; default: 3.",
+        help="Failed health queries in a row before every chip is Unhealthy.",
     ),
 ]
 Mode = Annotated[
     str | None, _option("--mode", env="MODE", help="plain or ascend-runtime: what Allocate hands over.")
 ]
-Replicas = Annotated[
-    int | None, _option("--replicas", env="REPLICAS", help="Advertise each chip N times; default: 1.")
-]
+Replicas = Annotated[int | None, _option("--replicas", env="REPLICAS", help="Advertise each chip N times.")]
 CdiSpecDir = Annotated[
-    Path | None, _option("--cdi-spec-dir", env="CDI_SPEC_DIR", help="Write a CDI spec here.")
+    Path | None,
+    _option("--cdi-spec-dir", env="CDI_SPEC_DIR", help="Write a CDI spec here.", unset="none (no CDI)"),
 ]
 MetricsAddress = Annotated[
     str | None,
@@ -123,15 +154,16 @@ MetricsAddress = Annotated[
         help="HOST:PORT for /metrics, /healthz, /readyz; empty: off.",
     ),
 ]
-FakeChips = Annotated[
-    int | None, _option("--fake-chips", env="FAKE_CHIPS", help="Fake backend: chips; default: 8.")
-]
-FakeModel = Annotated[
-    str | None, _option("--fake-model", env="FAKE_MODEL", help="Fake backend: model; default: 910B4.")
-]
+FakeChips = Annotated[int | None, _option("--fake-chips", env="FAKE_CHIPS", help="Fake backend: chips.")]
+FakeModel = Annotated[str | None, _option("--fake-model", env="FAKE_MODEL", help="Fake backend: model.")]
 FakeState = Annotated[
     Path | None,
-    _option("--fake-state", env="FAKE_STATE", help='Fake backend: {"unhealthy": [..], "absent": [..]}'),
+    _option(
+        "--fake-state",
+        env="FAKE_STATE",
+        help='Fake backend: {"unhealthy": [..], "absent": [..]}, watched.',
+        unset="none (every chip healthy)",
+    ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 
@@ -143,7 +175,11 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 def _settings(overrides: dict[str, Any]) -> tuple[SettingsSource, Settings]:
     config_file = overrides.pop("config", None)
-    source = SettingsSource(overrides=overrides, config_file=config_file)
+    context = click.get_current_context()
+    from_environment = frozenset(
+        name for name in overrides if context.get_parameter_source(name) is ParameterSource.ENVIRONMENT
+    )
+    source = SettingsSource(overrides=overrides, config_file=config_file, from_environment=from_environment)
     try:
         return source, source.load()
     except ConfigError as exc:

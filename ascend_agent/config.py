@@ -1,15 +1,19 @@
 """Settings: defaults < YAML config file < environment < flags, validated with one-line messages.
 
 The command line (typer) already folds ``ASCEND_AGENT_<NAME>`` variables into the flag values, so this module
-sees two layers: what the command line said, and the file underneath it::
+sees two layers: what the command line said (and which of those values came from the environment), and the
+file underneath it::
 
     source = SettingsSource(overrides={"backend": "fake"}, config_file=Path("config.yaml"))
     settings = source.load()          # raises ConfigError with a line naming the file and the key
+    effective = source.load_effective()
+    str(effective)                    # "backend=fake (flag), kubeletDir=/var/lib/... (default), ..."
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import shutil
 from collections.abc import Callable, Mapping
@@ -267,20 +271,80 @@ def validate(settings: Settings) -> Settings:
     return settings
 
 
+class Origin(enum.StrEnum):
+    """Where a setting's value came from; later ones win."""
+
+    DEFAULT = "default"
+    FILE = "file"
+    ENV = "env"
+    FLAG = "flag"
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveSettings:
+    """The settings and, for each, where its value came from; ``str()`` is one line for the log::
+
+    backend=fake (flag), kubeletDir=/k (env), hostRoot=/ (default), ..., fakeChips=4 (file), ...
+    """
+
+    settings: Settings
+    origins: Mapping[str, Origin]
+
+    def entries(self) -> list[tuple[str, Any, Origin]]:
+        """(camelCase key, value, origin) for every setting, in the order :class:`Settings` declares them."""
+        return [
+            (camel_case(f.name), getattr(self.settings, f.name), self.origins.get(f.name, Origin.DEFAULT))
+            for f in fields(Settings)
+        ]
+
+    def as_fields(self) -> dict[str, dict[str, Any]]:
+        """``{key: {"value": ..., "from": origin}}``, for a JSON log line's ``settings`` field."""
+        return {key: {"value": _plain(value), "from": origin.value} for key, value, origin in self.entries()}
+
+    def __str__(self) -> str:
+        return ", ".join(f"{key}={_shown(value)} ({origin})" for key, value, origin in self.entries())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if value == "":
+        return '""'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
 @dataclass(frozen=True, slots=True)
 class SettingsSource:
     """The command line's values plus the config file: load again to pick up file changes (SIGHUP)."""
 
     overrides: Mapping[str, Any]
     config_file: Path | None = None
+    # The names in ``overrides`` whose values the command line took from ASCEND_AGENT_<NAME>.
+    from_environment: frozenset[str] = frozenset()
 
     def load(self) -> Settings:
+        return self.load_effective().settings
+
+    def load_effective(self) -> EffectiveSettings:
+        """The settings with the origin of each; :class:`ConfigError` names the file, flag or variable."""
         values = read_config_file(self.config_file) if self.config_file else {}
+        origins = dict.fromkeys(values, Origin.FILE)
         for name, value in self.overrides.items():
             if value is None:
                 continue
+            from_environment = name in self.from_environment
             try:
                 values[name] = _CONVERTERS[name](value)
             except ValueError as exc:
-                raise ConfigError(f"--{name.replace('_', '-')} {exc}") from None
-        return validate(dataclasses.replace(Settings(), **values))
+                given = f"ASCEND_AGENT_{name.upper()}" if from_environment else f"--{name.replace('_', '-')}"
+                raise ConfigError(f"{given} {exc}") from None
+            origins[name] = Origin.ENV if from_environment else Origin.FLAG
+        return EffectiveSettings(validate(dataclasses.replace(Settings(), **values)), origins)

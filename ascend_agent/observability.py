@@ -12,7 +12,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
@@ -24,6 +25,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+
+from ascend_agent import __version__
 
 _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -50,6 +53,9 @@ class _JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS})
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            entry["error"] = f"{type(error).__name__}: {error}"
         return json.dumps(entry, default=str)
 
 
@@ -62,7 +68,8 @@ def log_fields(**fields: Any) -> dict[str, Any]:
                     extra=log_fields(resource=resource, devices=ids, reason=reason))
 
     The names in use: ``resource`` (huawei.com/Ascend910), ``device`` / ``devices`` (device IDs),
-    ``reason`` (why, in words), ``path`` (a file or directory), ``ids`` (physical chip ids), ``count``.
+    ``reason`` (why, in words), ``path`` (a file or directory), ``ids`` (physical chip ids), ``count``,
+    ``settings`` (the effective configuration), ``suppressed`` (repeats held back, see RepeatLimiter).
     A name the log record itself uses (``msg``, ``name``, ``args``, ...) is refused with ValueError.
     """
     reserved = _STANDARD_ATTRS.intersection(fields)
@@ -122,6 +129,83 @@ NPU_SMI_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 NPU_SMI_FAILURES = Counter("ascend_agent_npu_smi_failures", "Failed npu-smi queries.", ["reason"])
+LOG_LINES_SUPPRESSED = Counter(
+    "ascend_agent_log_lines_suppressed", "Repeated log lines held back by a rate limit.", ["event"]
+)
+BUILD_INFO = Gauge("ascend_agent_build_info", "The running ascend-agent; the value is always 1.", ["version"])
+BUILD_INFO.labels(version=__version__).set(1)
+
+
+# Repeated log lines --------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Window:
+    started: float
+    held: int = 0
+
+
+class RepeatLimiter:
+    """Lets the first line for a key through, then at most one per ``interval`` seconds, which says how many
+    were held back since the last; each one held back counts in ``ascend_agent_log_lines_suppressed_total``
+    under ``event``. For lines a peer can repeat at will, such as a refused Allocate::
+
+        refusals = RepeatLimiter("allocate_refused", interval=10.0)
+        refusals.log(log, logging.WARNING, (resource, reason), "Allocate refused for %s: %s", resource,
+                     reason, extra=log_fields(resource=resource, reason=reason))
+
+    At most ``max_keys`` keys are remembered; past that the ones whose interval is over are forgotten first.
+    """
+
+    def __init__(
+        self,
+        event: str,
+        interval: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 1024,
+    ) -> None:
+        self._interval = interval
+        self._clock = clock
+        self._max_keys = max_keys
+        self._windows: dict[Hashable, _Window] = {}
+        self._suppressed = LOG_LINES_SUPPRESSED.labels(event=event)
+
+    def admit(self, key: Hashable) -> int | None:
+        """None when the line for ``key`` is to be held back; else how many were held back before it."""
+        now = self._clock()
+        window = self._windows.get(key)
+        if window is not None and now - window.started < self._interval:
+            window.held += 1
+            self._suppressed.inc()
+            return None
+        self._windows.pop(key, None)
+        self._windows[key] = _Window(now)
+        if len(self._windows) > self._max_keys:
+            self._forget(now)
+        return 0 if window is None else window.held
+
+    def _forget(self, now: float) -> None:
+        for key in [k for k, w in self._windows.items() if now - w.started >= self._interval]:
+            del self._windows[key]
+        while len(self._windows) > self._max_keys:
+            del self._windows[next(iter(self._windows))]  # the longest since it was let through
+
+    def log(
+        self,
+        logger: logging.Logger,
+        level: int,
+        key: Hashable,
+        msg: str,
+        *args: object,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """``logger.log(level, msg, *args)`` unless held back; a line after held-back ones says how many."""
+        held = self.admit(key)
+        if held is None:
+            return
+        if held:
+            msg, args = f"{msg} (%d repeats suppressed)", (*args, held)
+            extra = {**(extra or {}), "suppressed": held}
+        logger.log(level, msg, *args, extra=extra)
 
 
 # Probes and /metrics over HTTP ----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """inotify turned into an async stream of typed events, on the event loop (no threads, no polling).
 
-Directories are watched, never single files, so a file replaced by rename (as editors, ConfigMaps and
-``kubectl cp`` do) keeps being seen. A directory that does not exist yet is waited for by watching its nearest
+Directories are watched, never single files, so a file replaced by rename (as editors and ``kubectl cp``
+do) keeps being seen, and so does a mounted ConfigMap's file, whose content changes by a swap of the
+``..data`` link it points through. A directory that does not exist yet is waited for by watching its nearest
 existing parent; when it appears the watch moves down and an ``APPEARED`` event says "look again"::
 
     watcher = Watcher()
@@ -16,12 +17,15 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from inotify_simple import INotify
 from inotify_simple import flags as _flags
+
+from ascend_agent.observability import log_fields
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ class _Target:
     directory: Path
     tag: str
     accept: NameFilter
+    # Entries reported under another name: a link the watched file points through, reported as the file.
+    aliases: Mapping[str, str] = field(default_factory=dict)
     wd: int | None = None
     armed_on: Path | None = None  # the directory the watch sits on: the target, or an ancestor while waiting
 
@@ -79,14 +85,24 @@ class Watcher:
 
     def watch(self, directory: Path, tag: str, accept: NameFilter | None = None) -> None:
         """Report changes to entries of ``directory`` whose names ``accept`` allows, tagged ``tag``."""
-        target = _Target(directory.absolute(), tag, accept or (lambda name: True))
-        self._targets.append(target)
-        self._arm(target)
+        self._add(_Target(directory.absolute(), tag, accept or (lambda name: True)))
 
     def watch_file(self, path: Path, tag: str) -> None:
-        """Report writes, replacement and removal of one file, through its directory."""
+        """Report writes, replacement and removal of one file, through its directory.
+
+        When the file is a relative link through a sibling entry, as in a mounted ConfigMap
+        (``config.yaml -> ..data/config.yaml``, and an update renames a new ``..data_tmp`` link over
+        ``..data``), a change of that entry is reported as ``MODIFIED`` of the file itself.
+        """
         name = path.name
-        self.watch(path.parent, tag, lambda entry: entry == name)
+        step = _link_step(path)
+        aliases = {step: name} if step is not None else {}
+        names = {name, *aliases}
+        self._add(_Target(path.parent.absolute(), tag, lambda entry: entry in names, aliases))
+
+    def _add(self, target: _Target) -> None:
+        self._targets.append(target)
+        self._arm(target)
 
     def _arm(self, target: _Target) -> None:
         if target.wd is not None:
@@ -98,7 +114,8 @@ class Watcher:
         try:
             wd = self._inotify.add_watch(place, _DIRECTORY_MASK)
         except OSError as exc:
-            log.warning("Cannot watch %s: %s", place, exc.strerror or exc)
+            reason = exc.strerror or str(exc)
+            log.warning("Cannot watch %s: %s", place, reason, extra=log_fields(path=place, reason=reason))
             return
         target.wd, target.armed_on = wd, place
         self._by_wd.setdefault(wd, []).append(target)
@@ -156,6 +173,9 @@ class Watcher:
             change = Change.MODIFIED
         else:
             return []
+        alias = target.aliases.get(name)
+        if alias is not None:
+            return [WatchEvent(target.tag, alias, Change.MODIFIED if change is Change.CREATED else change)]
         return [WatchEvent(target.tag, name, change)]
 
     async def next_batch(self) -> list[WatchEvent]:
@@ -173,3 +193,15 @@ class Watcher:
         self._loop.remove_reader(self._inotify.fileno())
         with contextlib.suppress(OSError):
             self._inotify.close()
+
+
+def _link_step(path: Path) -> str | None:
+    """The sibling entry a relative link at ``path`` leads through: ``..data`` for ``..data/config.yaml``."""
+    try:
+        target = os.readlink(path)
+    except OSError:  # not a link, or not there
+        return None
+    if os.path.isabs(target):
+        return None
+    step = Path(target).parts[0]
+    return None if step in (".", "..", path.name) else step

@@ -49,7 +49,7 @@ from ascend_agent.model import (
     classify,
     normalise_model,
 )
-from ascend_agent.observability import NPU_SMI_FAILURES, NPU_SMI_SECONDS
+from ascend_agent.observability import NPU_SMI_FAILURES, NPU_SMI_SECONDS, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +138,19 @@ class DevfsBackend:
             return
         NPU_SMI_SECONDS.observe(time.perf_counter() - started)
         if self._failures:
-            log.info("npu-smi answers again after %d failed queries", self._failures)
+            log.info(
+                "npu-smi answers again after %d failed queries",
+                self._failures,
+                extra=log_fields(count=self._failures),
+            )
         self._failures, self._last_failure, self._query_problem = 0, "", ""
         gone = self._reported - set(probed)
         if gone:
-            log.warning("npu-smi no longer reports chips %s; they stay listed as Unhealthy", sorted(gone))
+            log.warning(
+                "npu-smi no longer reports chips %s; they stay listed as Unhealthy",
+                sorted(gone),
+                extra=log_fields(ids=gone, reason="npu-smi no longer reports them"),
+            )
         self._probed.update(probed)
         self._reported = frozenset(probed)
 
@@ -152,7 +160,11 @@ class DevfsBackend:
         reason = str(error)
         if reason != self._last_failure:
             if self._probed:
-                log.warning("Health query failed, keeping the last known health: %s", reason)
+                log.warning(
+                    "Health query failed, keeping the last known health: %s",
+                    reason,
+                    extra=log_fields(reason=reason),
+                )
             self._last_failure = reason
         if not self._probed:
             # A failure npu-smi explained already names the next step; any other leaves the model unknown.
@@ -166,7 +178,9 @@ class DevfsBackend:
             )
         elif self._failures == threshold:
             log.warning(
-                "npu-smi failed %d times in a row: every chip is Unhealthy until it answers", threshold
+                "npu-smi failed %d times in a row: every chip is Unhealthy until it answers",
+                threshold,
+                extra=log_fields(count=threshold, reason=reason),
             )
 
     async def _learn_chip_set(self, executable: str, table: InfoTable) -> None:
@@ -192,7 +206,7 @@ class DevfsBackend:
                 await run_npu_smi(executable, ["info", "-m"], self._settings.npu_smi_timeout)
             )
         except (NpuSmiError, NpuSmiParseError) as exc:
-            log.debug("npu-smi info -m gave no chip map: %s", exc)
+            log.debug("npu-smi info -m gave no chip map: %s", exc, extra=log_fields(reason=str(exc)))
             return ()
 
     async def _board_model(self, executable: str, die: ChipRow) -> str:

@@ -153,11 +153,12 @@ async def run_simulator(directory: Path, *, allocate: int = 1) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot listen on {socket_path}: {exc.strerror or exc}") from None
     bound = socket_identity(socket_path)
-    _say(f"listening on {socket_path}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    # Only now: whoever waits for this line may stop us at once, and gets a clean exit.
+    _say(f"listening on {socket_path}")
     await stop.wait()
     service.stop()
     server.close()

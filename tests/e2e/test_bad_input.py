@@ -59,7 +59,18 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
             {},
             "--npu-smi-timeout must be a finite number of seconds, at least 1",
         ),
-        ({}, [], {"ASCEND_AGENT_HEALTH_INTERVAL": "nan"}, "must be a finite number of seconds, at least 1"),
+        (
+            {},
+            [],
+            {"ASCEND_AGENT_HEALTH_INTERVAL": "nan"},
+            "ascend-agent: ASCEND_AGENT_HEALTH_INTERVAL must be a finite number of seconds, at least 1",
+        ),
+        (
+            {},
+            ["--health-interval", "0.5"],
+            {"ASCEND_AGENT_HEALTH_INTERVAL": "nan"},
+            "ascend-agent: --health-interval must be a finite number of seconds, at least 1",
+        ),
     ],
 )
 def test_exit_2_with_one_line(

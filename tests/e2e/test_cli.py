@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from ascend_agent.config import Settings
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -126,3 +129,20 @@ def test_help_of_every_command(command: str) -> None:
     result = cli(command, "--help")
     assert result.returncode == 0, result.stderr
     assert "Usage:" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "list", "doctor"])
+def test_help_shows_every_default_from_the_settings(command: str) -> None:
+    result = cli(command, "--help", env={"COLUMNS": "400"})
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[1]: line for line in result.stdout.splitlines() if line.startswith("│ --")}
+    defaults = Settings()
+    options = [flag for flag in lines if flag not in ("--help", "--json")]
+    assert "--config" in options and len(options) >= 8, lines
+    for flag in options:
+        name = flag.removeprefix("--").replace("-", "_")
+        value = getattr(defaults, name, None)
+        shown = re.search(r"\[default: ([^\]]+)\]", lines[flag])
+        assert shown is not None, lines[flag]
+        if value is not None:
+            assert shown.group(1) == str(value), flag

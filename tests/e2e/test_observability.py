@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from ascend_agent import __version__
 from tests.support.agent_process import AgentProcess
 from tests.support.kubelet_standin import KubeletStandin
 
@@ -68,6 +69,7 @@ def test_probes_follow_registration(kubelet_api: tuple[object, object], short_di
             assert 'ascend_agent_registrations_total{resource="huawei.com/Ascend910"} 1.0' in metrics
             assert 'ascend_agent_list_and_watch_streams{resource="huawei.com/Ascend910"} 1.0' in metrics
             assert "ascend_agent_kubelet_restarts_total 1.0" in metrics
+            assert f'ascend_agent_build_info{{version="{__version__}"}} 1.0' in metrics
             for name in (
                 "ascend_agent_allocate_seconds",
                 "ascend_agent_npu_smi_seconds",
@@ -129,5 +131,26 @@ def test_json_log_lines(kubelet: KubeletStandin) -> None:
         assert entry["time"].endswith("Z")
         found = [json.loads(item)["msg"] for item in process.wait_log("Found device", count=8)]
         assert found == [f"Found device /dev/davinci{i}" for i in range(8)]
+    finally:
+        process.close()
+
+
+def test_json_log_lines_carry_fields(kubelet: KubeletStandin, short_dir: Path) -> None:
+    state = short_dir / "state.json"
+    state.write_text('{"absent": [99]}')
+    process = AgentProcess(
+        ["run", "--backend", "fake", "--kubelet-dir", str(kubelet.directory), "--metrics-address", "",
+         "--log-format", "json", "--fake-state", str(state)]
+    )  # fmt: skip
+    try:
+        (line,) = process.wait_log(r'"msg": "fake state file .* names chips that do not exist')
+        entry = json.loads(line)
+        assert (entry["level"], entry["path"], entry["ids"]) == ("warning", str(state), [99])
+        kubelet.wait_registrations(1)
+        state.unlink()
+        (line,) = process.wait_log(r"keeping the previous state")
+        entry = json.loads(line)
+        assert entry["path"] == str(state)
+        assert "does not exist" in entry["reason"]
     finally:
         process.close()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from ascend_agent.config import ConfigError, Settings, SettingsSource, camel_case, read_config_file
+from ascend_agent.config import ConfigError, Origin, Settings, SettingsSource, camel_case, read_config_file
 
 
 def test_camel_case_keys() -> None:
@@ -98,3 +100,44 @@ def test_seconds_from_the_file_are_checked_too(short_dir: Path, text: str) -> No
 def test_the_minimum_itself_is_accepted() -> None:
     settings = SettingsSource({"health_interval": 1, "npu_smi_timeout": 1.0}).load()
     assert (settings.health_interval, settings.npu_smi_timeout) == (1.0, 1.0)
+
+
+def test_the_effective_settings_say_where_each_value_came_from(short_dir: Path) -> None:
+    path = short_dir / "c.yaml"
+    path.write_text("fakeChips: 4\nhealthyStates: [OK]\nbackend: devfs\n")
+    source = SettingsSource(
+        {"backend": "fake", "kubelet_dir": "/k", "mode": None},
+        path,
+        from_environment=frozenset({"kubelet_dir"}),
+    )
+    effective = source.load_effective()
+    assert effective.settings == source.load()
+    entries = {key: (value, origin) for key, value, origin in effective.entries()}
+    assert [key for key, _, _ in effective.entries()] == [camel_case(f.name) for f in fields(Settings)]
+    assert entries["backend"] == ("fake", Origin.FLAG)
+    assert entries["kubeletDir"] == (Path("/k"), Origin.ENV)
+    assert entries["fakeChips"] == (4, Origin.FILE)
+    assert entries["healthyStates"] == (("OK",), Origin.FILE)
+    assert entries["mode"] == ("plain", Origin.DEFAULT)
+    assert entries["devRoot"] == (None, Origin.DEFAULT)
+
+
+def test_the_effective_settings_as_one_line_and_as_fields() -> None:
+    effective = SettingsSource({"fake_chips": 2, "metrics_address": ""}).load_effective()
+    line = str(effective)
+    assert line.startswith("backend=devfs (default), kubeletDir=/var/lib/kubelet/device-plugins (default), ")
+    assert "fakeChips=2 (flag)" in line
+    assert 'metricsAddress="" (flag)' in line
+    assert "devRoot=unset (default)" in line
+    assert "healthyStates=[OK, Warning] (default)" in line
+    assert line.count("(") == len(fields(Settings))
+    as_fields = json.loads(json.dumps(effective.as_fields()))
+    assert as_fields["fakeChips"] == {"value": 2, "from": "flag"}
+    assert as_fields["kubeletDir"] == {"value": "/var/lib/kubelet/device-plugins", "from": "default"}
+    assert as_fields["healthyStates"] == {"value": ["OK", "Warning"], "from": "default"}
+
+
+def test_a_bad_value_from_the_environment_names_the_variable() -> None:
+    source = SettingsSource({"replicas": 0}, from_environment=frozenset({"replicas"}))
+    with pytest.raises(ConfigError, match=r"^ASCEND_AGENT_REPLICAS must be a whole number"):
+        source.load()

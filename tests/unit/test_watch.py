@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from pathlib import Path
 
 from ascend_agent.watch import Change, Watcher, WatchEvent
@@ -86,3 +87,49 @@ async def test_close_releases_the_descriptor(short_dir: Path) -> None:
         watcher.watch(short_dir, "x")
         watcher.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def _configmap_version(directory: Path, serial: int, text: str) -> str:
+    """A timestamped directory holding ``config.yaml``, as the kubelet writes one per ConfigMap version."""
+    name = f"..2026_12_04_10_00_{serial:02d}.{serial:09d}"
+    (directory / name).mkdir()
+    (directory / name / "config.yaml").write_text(text)
+    return name
+
+
+async def test_a_configmap_update_is_seen_through_the_data_link(short_dir: Path) -> None:
+    # The kubelet's layout of a mounted ConfigMap: the file links through ..data to a timestamped directory.
+    first = _configmap_version(short_dir, 0, "fakeChips: 8\n")
+    (short_dir / "..data").symlink_to(first)
+    config = short_dir / "config.yaml"
+    config.symlink_to("..data/config.yaml")
+    watcher = Watcher()
+    try:
+        watcher.watch_file(config, "config")
+        previous = first
+        for serial in (1, 2):
+            # An update: a new version, a ..data_tmp link to it renamed over ..data, the old version removed.
+            version = _configmap_version(short_dir, serial, f"fakeChips: {serial}\n")
+            (short_dir / "..data_tmp").symlink_to(version)
+            os.rename(short_dir / "..data_tmp", short_dir / "..data")
+            shutil.rmtree(short_dir / previous)
+            seen = await _until(watcher, WatchEvent("config", "config.yaml", Change.MODIFIED))
+            assert {event.name for event in seen} == {"config.yaml"}
+            assert config.read_text() == f"fakeChips: {serial}\n"
+            previous = version
+    finally:
+        watcher.close()
+
+
+async def test_a_plain_file_is_not_taken_for_a_link(short_dir: Path) -> None:
+    config = short_dir / "config.yaml"
+    config.write_text("a: 1\n")
+    watcher = Watcher()
+    try:
+        watcher.watch_file(config, "config")
+        (short_dir / "..data").mkdir()
+        config.write_text("a: 2\n")
+        seen = await _until(watcher, WatchEvent("config", "config.yaml", Change.MODIFIED))
+        assert {event.name for event in seen} == {"config.yaml"}
+    finally:
+        watcher.close()
