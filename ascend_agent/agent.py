@@ -29,7 +29,13 @@ from anyio.abc import TaskGroup
 from ascend_agent import __version__, cdi, naming
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, load_backend
-from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, ConfigError, Settings, SettingsSource
+from ascend_agent.config import (
+    PLUGIN_WATCHER_REGISTRATION,
+    ConfigError,
+    EffectiveSettings,
+    Settings,
+    SettingsSource,
+)
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin, ServeFailed
 from ascend_agent.deviceplugin.service import SpecFor
@@ -40,6 +46,7 @@ from ascend_agent.observability import (
     DEVICES,
     KUBELET_RESTARTS,
     configure_logging,
+    log_fields,
     serve_http,
 )
 from ascend_agent.watch import Change, Watcher, WatchEvent
@@ -216,10 +223,11 @@ class Agent:
     async def _apply_config(self) -> None:
         assert self._source is not None
         try:
-            settings = self._source.load()
+            effective = self._source.load_effective()
         except ConfigError as exc:
             log.error("Config not applied, keeping the running settings: %s", exc)
             return
+        settings = effective.settings
         if settings == self.settings:
             log.info("Config re-read: nothing changed")
             return
@@ -253,6 +261,7 @@ class Agent:
         self.settings = settings
         self._start_watching()
         log.info("Config applied: %s changed", ", ".join(changed))
+        _log_configuration(effective)
 
     async def _move_http(self, address: str) -> None:
         if not address:
@@ -346,20 +355,29 @@ class Agent:
         for chip in inventory.chips:
             if chip.device_path not in self._known_chips:
                 self._known_chips.add(chip.device_path)
-                log.info("Found device %s", chip.device_path)
+                log.info(
+                    "Found device %s",
+                    chip.device_path,
+                    extra=log_fields(device=chip.device_id, path=chip.device_path),
+                )
             before = self._health.get(chip.device_id)
             now = (chip.health, chip.reason)
             if before != now:
                 self._health[chip.device_id] = now
                 if chip.health is Health.UNHEALTHY:
+                    reason = chip.reason or "no reason reported"
                     log.warning(
                         "%s is Unhealthy: %s",
                         chip.device_id,
-                        chip.reason or "no reason reported",
-                        extra={"device": chip.device_id, "reason": chip.reason},
+                        reason,
+                        extra=log_fields(resource=chip.resource, device=chip.device_id, reason=reason),
                     )
                 elif before is not None:
-                    log.info("%s is Healthy again", chip.device_id, extra={"device": chip.device_id})
+                    log.info(
+                        "%s is Healthy again",
+                        chip.device_id,
+                        extra=log_fields(resource=chip.resource, device=chip.device_id),
+                    )
         if inventory.problems != self._problems:
             for problem in inventory.problems:
                 if problem not in self._problems:
@@ -422,6 +440,7 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.backend,
         settings.kubelet_dir,
     )
+    _log_configuration(source.load_effective())
     agent = Agent(settings, backend, source)
     http = None
     if settings.metrics_address:
@@ -445,6 +464,10 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         return 1
     log.info("Stopped; sockets removed")
     return 0
+
+
+def _log_configuration(effective: EffectiveSettings) -> None:
+    log.info("Configuration: %s", effective, extra=log_fields(settings=effective.as_fields()))
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

@@ -50,7 +50,7 @@ from ascend_agent.deviceplugin.kubelet import (
 from ascend_agent.deviceplugin.service import MAX_REQUEST, DevicePluginService, Preference, SpecFor
 from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip
-from ascend_agent.observability import REGISTRATIONS
+from ascend_agent.observability import REGISTRATIONS, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,13 @@ class ResourcePlugin:
             self._problem = f"cannot serve on {self.socket_path}: {reason}"
             if self._problem != self._logged_problem:
                 self._logged_problem = self._problem
-                log.error("Cannot serve %s on %s: %s", self.resource, self.socket_path, reason)
+                log.error(
+                    "Cannot serve %s on %s: %s",
+                    self.resource,
+                    self.socket_path,
+                    reason,
+                    extra=log_fields(resource=self.resource, path=self.socket_path, reason=reason),
+                )
             await self._stop_serving()
             return False
         self._problem = "waiting for the kubelet"
@@ -303,7 +309,11 @@ class ResourcePlugin:
                 return wait
             if wait is None:
                 return None
-            log.info("The kubelet's ListAndWatch stream for %s ended; registering again", self.resource)
+            log.info(
+                "The kubelet's ListAndWatch stream for %s ended; registering again",
+                self.resource,
+                extra=log_fields(resource=self.resource),
+            )
             self._registered_with = None
         mark = (self._incarnation, self.service.dials)
         try:
@@ -312,7 +322,12 @@ class ResourcePlugin:
             self._problem = str(exc)
             if self._problem != self._logged_problem:
                 self._logged_problem = self._problem
-                log.warning("Cannot register %s: %s; retrying with back-off", self.resource, exc)
+                log.warning(
+                    "Cannot register %s: %s; retrying with back-off",
+                    self.resource,
+                    exc,
+                    extra=log_fields(resource=self.resource, reason=str(exc)),
+                )
             delay = backoff.next()
             log.debug(
                 "Next registration attempt for %s in %.1f s, or when kubelet.sock appears",
@@ -352,7 +367,7 @@ class ResourcePlugin:
         self._registered_with = registered_with
         self._problem = self._logged_problem = ""
         REGISTRATIONS.labels(resource=self.resource).inc()
-        log.info("Registered resource %s", self.resource)
+        log.info("Registered resource %s", self.resource, extra=log_fields(resource=self.resource))
 
     def _on_watcher_status(self, registered: bool, error: str) -> None:
         if registered:
@@ -360,5 +375,10 @@ class ResourcePlugin:
         else:
             self._registered_with = None
             self._problem = f"the kubelet refused the registration: {error or 'no reason given'}"
-            log.warning("Cannot register %s: %s", self.resource, self._problem)
+            log.warning(
+                "Cannot register %s: %s",
+                self.resource,
+                self._problem,
+                extra=log_fields(resource=self.resource, reason=self._problem),
+            )
         self.poke()

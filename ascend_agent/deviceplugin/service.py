@@ -23,7 +23,14 @@ from grpclib.server import Stream
 from ascend_agent.deviceplugin import wire
 from ascend_agent.model import Chip, ContainerSpec
 from ascend_agent.naming import MAX_DEVICE_ID_LENGTH
-from ascend_agent.observability import ALLOCATE_SECONDS, ALLOCATIONS, KUBELET_STREAM, STREAMS
+from ascend_agent.observability import (
+    ALLOCATE_SECONDS,
+    ALLOCATIONS,
+    KUBELET_STREAM,
+    STREAMS,
+    RepeatLimiter,
+    log_fields,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +42,8 @@ _SERVICE = "/v1beta1.DevicePlugin"
 # A kubelet's Allocate request is a few hundred bytes per container; the caches hold the answers of many pods.
 MAX_REQUEST = 64 * 1024
 _CACHE_BYTES = 4 * 1024 * 1024
+# A client repeating a bad request thousands of times a second gets one log line per this many seconds.
+_REFUSAL_LOG_INTERVAL = 10.0
 
 
 class _BoundedCache:
@@ -88,6 +97,7 @@ class DevicePluginService:
         self._expect_kubelet_stream = False
         self.dials = 0
         self._allocated = ALLOCATIONS.labels(resource=resource, code="OK")
+        self._refusals = RepeatLimiter("allocate_refused", _REFUSAL_LOG_INTERVAL)
 
     @property
     def kubelet_stream_open(self) -> bool:
@@ -177,12 +187,20 @@ class DevicePluginService:
             answer, ids = self.allocate(request)
         except GRPCError as exc:
             ALLOCATIONS.labels(resource=self.resource, code=exc.status.name).inc()
-            log.warning("Allocate refused for %s: %s", self.resource, exc.message)
+            self._refusals.log(
+                log,
+                logging.WARNING,
+                exc.message,
+                "Allocate refused for %s: %s",
+                self.resource,
+                exc.message,
+                extra=log_fields(resource=self.resource, reason=exc.message),
+            )
             raise
         finally:
             ALLOCATE_SECONDS.observe(time.perf_counter() - started)
         self._allocated.inc()
-        log.info("Allocated %s", ids)
+        log.info("Allocated %s", ids, extra=log_fields(resource=self.resource, devices=ids.split(",")))
         await stream.send_message(answer)
 
     def allocate(self, request: bytes) -> tuple[bytes, str]:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tests.support import FIXTURES
@@ -89,3 +90,43 @@ def test_devfs_missing_device_node_and_alarm_are_logged(
     assert "Alarm" in lines[row]
     npu_smi.set_output("info", "".join(lines))
     agent.wait_log(r"Ascend910-2 is Unhealthy: .*Alarm")
+
+
+def test_a_refusal_repeated_a_thousand_times_is_logged_once_and_counted(
+    kubelet: KubeletStandin, short_dir: Path
+) -> None:
+    agent = fake_agent(kubelet.directory, "--metrics-address", "")
+    try:
+        kubelet.wait_update(lambda u: len(u.devices) == 8)
+        channel, stub = kubelet.plugin_stub()
+        request = kubelet.pb.AllocateRequest(
+            container_requests=[kubelet.pb.ContainerAllocateRequest(devices_ids=["Ascend910-99"])]
+        )
+        for _ in range(1000):
+            with pytest.raises(grpc.RpcError):
+                stub.Allocate(request, timeout=5)
+        # One more, different, is logged at once: repeats are held back per reason, not all refusals.
+        other = kubelet.pb.AllocateRequest(
+            container_requests=[kubelet.pb.ContainerAllocateRequest(devices_ids=["Ascend910-98"])]
+        )
+        with pytest.raises(grpc.RpcError):
+            stub.Allocate(other, timeout=5)
+        channel.close()
+        agent.wait_log(r"Allocate refused for huawei.com/Ascend910: unknown device 'Ascend910-98'")
+        assert len(agent.matching("Allocate refused.*Ascend910-99")) == 1
+    finally:
+        agent.close()
+
+
+def test_the_effective_configuration_is_logged_at_start(kubelet: KubeletStandin, short_dir: Path) -> None:
+    config = short_dir / "config.yaml"
+    config.write_text("fakeChips: 8\n")
+    agent = fake_agent(kubelet.directory, "--config", str(config), env={"ASCEND_AGENT_REPLICAS": "1"})
+    try:
+        (line,) = agent.wait_log(r"Configuration: ")
+        assert "backend=fake (flag)" in line
+        assert "fakeChips=8 (file)" in line
+        assert "replicas=1 (env)" in line
+        assert "healthInterval=5.0 (default)" in line
+    finally:
+        agent.close()
