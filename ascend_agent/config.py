@@ -10,6 +10,7 @@ sees two layers: what the command line said, and the file underneath it::
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from ascend_agent.backends._container import MODES, PLAIN_MODE
+from ascend_agent.faults import VERDICTS
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_DRIVER_MOUNTS = (
@@ -52,6 +54,11 @@ class Settings:
     health_interval: float = 5.0
     health_failure_threshold: int = 3
     healthy_states: tuple[str, ...] = ("OK", "Warning")
+    # Error codes (or prefixes) -> healthy/unhealthy, asked before the defaults in ascend_agent.faults.
+    fault_policy: tuple[tuple[str, str], ...] = ()
+    flap_threshold: int = 3
+    flap_window: float = 600.0
+    flap_quiet: float = 600.0
     mode: str = PLAIN_MODE
     driver_mounts: tuple[str, ...] = DEFAULT_DRIVER_MOUNTS
     model: str | None = None
@@ -99,6 +106,36 @@ def _positive_float(value: Any) -> float:
     return float(value)
 
 
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("must be a whole number of at least 0 (0: off)")
+    return value
+
+
+_HEX_PREFIX = re.compile(r"^[0-9A-Fa-f]{1,8}$")
+
+
+def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
+    """``{"80E3A203": healthy, "8C": unhealthy}``; YAML reads an all-digit code as a number, meant as text."""
+    if isinstance(value, tuple):
+        value = dict(value)
+    if not isinstance(value, dict):
+        raise ValueError(
+            'must be a mapping of error codes or prefixes to healthy or unhealthy, e.g. {"8C": unhealthy}'
+        )
+    policy = []
+    for code, verdict in value.items():
+        text = str(code) if isinstance(code, int) and not isinstance(code, bool) else code
+        if not isinstance(text, str) or not _HEX_PREFIX.match(text):
+            raise ValueError(
+                f"key {code!r} is not an error code or prefix (1 to 8 hex digits, e.g. 80E3A203)"
+            )
+        if verdict not in VERDICTS:
+            raise ValueError(f"{text}: {verdict!r} must be one of {', '.join(VERDICTS)}")
+        policy.append((text.upper(), str(verdict)))
+    return tuple(sorted(policy))
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("must be a string")
@@ -144,6 +181,10 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "health_interval": _positive_float,
     "health_failure_threshold": _positive_int,
     "healthy_states": _text_list,
+    "fault_policy": _fault_policy,
+    "flap_threshold": _non_negative_int,
+    "flap_window": _positive_float,
+    "flap_quiet": _positive_float,
     "mode": _one_of(*MODES),
     "driver_mounts": _text_list,
     "model": _optional(_model),

@@ -85,11 +85,6 @@ def _run_list(host: HostTree, npu_smi: FakeNpuSmi, *extra: str) -> tuple[list[di
     return json.loads(result.stdout), result.stderr
 
 
-def _calls(npu_smi: FakeNpuSmi, args: str) -> int:
-    log = npu_smi.directory / "calls.log"
-    return log.read_text().splitlines().count(args) if log.exists() else 0
-
-
 def test_every_captured_sample_is_checked() -> None:
     captured = {path.name for path in FIXTURES.glob("*.txt")}
     errors = {path.name for path in ERRORS if path.parent == FIXTURES}
@@ -120,7 +115,7 @@ def test_a3_modules_are_the_two_dies_of_each_npu_id(host: HostTree, npu_smi: Fak
     for row in rows:
         modules.setdefault(row["npu_id"], []).append(row["phys_id"])
     assert modules == {npu: [2 * npu, 2 * npu + 1] for npu in range(8)}
-    assert _calls(npu_smi, "info -t board -i 0 -c 0") == 1, "the board is asked once, for one die"
+    assert npu_smi.count("info -t board -i 0 -c 0") == 1, "the board is asked once, for one die"
 
 
 def test_a3_soc_from_the_board(host: HostTree, npu_smi: FakeNpuSmi) -> None:
@@ -251,9 +246,8 @@ def test_a3_prefers_the_two_dies_of_one_npu_id(
         "Ascend910-5",
     ]
     # Several health queries later the board was still asked only once.
-    queries = _calls(npu_smi, "info")
-    kubelet.wait_for(lambda: _calls(npu_smi, "info") >= queries + 2, what="two more health queries")
-    assert _calls(npu_smi, "info -t board -i 0 -c 0") == 1
+    npu_smi.wait_count("info", npu_smi.count("info") + 2)
+    assert npu_smi.count("info -t board -i 0 -c 0") == 1
 
 
 def test_950_registers_huawei_com_npu(kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi) -> None:
