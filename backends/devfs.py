@@ -152,15 +152,16 @@ class DevfsBackend:
         ``health_failure_threshold`` failures in a row every chip is Unhealthy until a query succeeds.
         True when what the chips look like changed."""
         before = self._view()
-        await self._query()
-        await self._check_device_listing()
+        if await self._query():
+            await self._check_device_listing()
         return self._view() != before or self._hold.release_due()
 
     def _view(self) -> tuple[object, ...]:
         failing = self._failures >= self._settings.health_failure_threshold
         return tuple(sorted(self._probed.items())), self._reported, failing, self._query_problem
 
-    async def _query(self) -> None:
+    async def _query(self) -> bool:
+        """Run and read npu-smi; False (and counted) when it failed."""
         executable = self._settings.effective_npu_smi
         started = time.perf_counter()
         try:
@@ -174,12 +175,12 @@ class DevfsBackend:
             self._failed(
                 NpuSmiError("resources", f"health query: {exc.strerror or exc}", _SHORT_OF_RESOURCES)
             )
-            return
+            return False
         except NpuSmiError as exc:
             NPU_SMI_SECONDS.observe(time.perf_counter() - started)
             NPU_SMI_FAILURES.labels(reason=exc.reason).inc()
             self._failed(exc)
-            return
+            return False
         NPU_SMI_SECONDS.observe(time.perf_counter() - started)
         if self._failures:
             log.info("npu-smi answers again after %d failed queries", self._failures)
@@ -191,10 +192,11 @@ class DevfsBackend:
         self._probed.update(probed)
         self._reported = frozenset(probed)
         self._record_telemetry(table, probed)
+        return True
 
     async def _check_device_listing(self) -> None:
-        """Read /dev as part of the health query: a listing that fails for want of descriptors or memory
-        counts as a failed query (the last known device nodes stay)."""
+        """Read /dev as part of a health query whose npu-smi answered: a listing that fails for want of
+        descriptors or memory counts as a failed query (the last known device nodes stay)."""
         await self._device_nodes()
         if self._listing_error is not None:
             NPU_SMI_FAILURES.labels(reason="resources").inc()
@@ -404,8 +406,12 @@ class DevfsBackend:
         try:
             async with aiofiles.open(path) as handle:
                 node = int((await handle.read()).strip())
-        except (OSError, ValueError):
+        except OSError as exc:
+            if exc.errno in _TRANSIENT_ERRNOS:
+                return None  # out of descriptors now: ask again next query
             node = -1  # what sysfs says for no NUMA node; asking again every health query would not change it
+        except ValueError:
+            node = -1
         self._numa[bus_id] = node if node >= 0 else None
         return self._numa[bus_id]
 
