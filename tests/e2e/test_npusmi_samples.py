@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support import CONSTRUCTED, FIXTURES
-from tests.support.agent_process import AgentProcess
+from tests.support.agent_process import AgentProcess, fake_agent
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi
@@ -262,5 +262,30 @@ def test_950_registers_huawei_com_npu(kubelet: KubeletStandin, host: HostTree, n
         assert sorted(update.health()) == sorted(f"npu-{i}" for i in range(8))
         assert set(update.health().values()) == {"Healthy"}
         process.wait_log("Registered resource huawei.com/npu")
+    finally:
+        process.close()
+
+
+def test_fake_a3_has_two_dies_per_npu_id(kubelet: KubeletStandin) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ascend_agent", "list", "--backend", "fake", "--fake-model", "910_9392",
+         "--json"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    rows = json.loads(result.stdout)
+    assert [(row["phys_id"], row["npu_id"]) for row in rows] == [(i, i // 2) for i in range(8)]
+    process = fake_agent(kubelet.directory, "--fake-model", "910_9392")
+    try:
+        kubelet.wait_update(lambda u: len(u.devices) == 8)
+        assert _prefer(kubelet, [0, 2, 3, 5], 2) == ["Ascend910-2", "Ascend910-3"]
+    finally:
+        process.close()
+
+
+def test_fake_950_registers_huawei_com_npu(kubelet: KubeletStandin) -> None:
+    process = fake_agent(kubelet.directory, "--fake-model", "950PR")
+    try:
+        (registration,) = kubelet.wait_registrations(1)
+        assert (registration.resource_name, registration.endpoint) == ("huawei.com/npu", "npu.sock")
     finally:
         process.close()
