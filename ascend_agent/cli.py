@@ -138,6 +138,27 @@ HealthThreshold = Annotated[
         help="Failed health queries in a row before every chip is Unhealthy.",
     ),
 ]
+FlapThreshold = Annotated[
+    int | None,
+    _option(
+        "--flap-threshold",
+        env="FLAP_THRESHOLD",
+        help="Times a chip may turn Unhealthy within --flap-window before it is held Unhealthy; 0: off; "
+        "default: 3.",
+    ),
+]
+FlapWindow = Annotated[
+    float | None,
+    _option("--flap-window", env="FLAP_WINDOW", help="Seconds in which the turns are counted; default: 600."),
+]
+FlapQuiet = Annotated[
+    float | None,
+    _option(
+        "--flap-quiet",
+        env="FLAP_QUIET",
+        help="Seconds a held chip must stay Healthy before it is Healthy again; default: 600.",
+    ),
+]
 Mode = Annotated[
     str | None, _option("--mode", env="MODE", help="plain or ascend-runtime: what Allocate hands over.")
 ]
@@ -204,6 +225,9 @@ def run(
     npu_smi_timeout: NpuSmiTimeout = None,
     health_interval: HealthInterval = None,
     health_failure_threshold: HealthThreshold = None,
+    flap_threshold: FlapThreshold = None,
+    flap_window: FlapWindow = None,
+    flap_quiet: FlapQuiet = None,
     mode: Mode = None,
     replicas: Replicas = None,
     cdi_spec_dir: CdiSpecDir = None,

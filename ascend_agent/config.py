@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from ascend_agent.faults import VERDICTS
 from ascend_agent.naming import NAMING_SCHEMES
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -74,6 +76,11 @@ class Settings:
     health_interval: float = 5.0
     health_failure_threshold: int = 3
     healthy_states: tuple[str, ...] = ("OK", "Warning")
+    # Error codes (or prefixes) -> healthy/unhealthy, asked before the defaults in ascend_agent.faults.
+    fault_policy: tuple[tuple[str, str], ...] = ()
+    flap_threshold: int = 3
+    flap_window: float = 600.0
+    flap_quiet: float = 600.0
     mode: str = PLAIN_MODE
     driver_mounts: tuple[str, ...] = DEFAULT_DRIVER_MOUNTS
     model: str | None = None
@@ -133,6 +140,17 @@ def _positive_int(value: Any) -> int:
     return value
 
 
+def _positive_float(value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError("must be a finite number above 0")
+    return float(value)
+
+
 def _seconds(minimum: float) -> Callable[[Any], float]:
     def check(value: Any) -> float:
         if (
@@ -145,6 +163,36 @@ def _seconds(minimum: float) -> Callable[[Any], float]:
         return float(value)
 
     return check
+
+
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("must be a whole number of at least 0 (0: off)")
+    return value
+
+
+_HEX_PREFIX = re.compile(r"^[0-9A-Fa-f]{1,8}$")
+
+
+def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
+    """``{"80E3A203": healthy, "8C": unhealthy}``; YAML reads an all-digit code as a number, meant as text."""
+    if isinstance(value, tuple):
+        value = dict(value)
+    if not isinstance(value, dict):
+        raise ValueError(
+            'must be a mapping of error codes or prefixes to healthy or unhealthy, e.g. {"8C": unhealthy}'
+        )
+    policy = []
+    for code, verdict in value.items():
+        text = str(code) if isinstance(code, int) and not isinstance(code, bool) else code
+        if not isinstance(text, str) or not _HEX_PREFIX.match(text):
+            raise ValueError(
+                f"key {code!r} is not an error code or prefix (1 to 8 hex digits, e.g. 80E3A203)"
+            )
+        if verdict not in VERDICTS:
+            raise ValueError(f"{text}: {verdict!r} must be one of {', '.join(VERDICTS)}")
+        policy.append((text.upper(), str(verdict)))
+    return tuple(sorted(policy))
 
 
 def _text(value: Any) -> str:
@@ -196,6 +244,10 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "health_interval": _seconds(MIN_HEALTH_INTERVAL),
     "health_failure_threshold": _positive_int,
     "healthy_states": _text_list,
+    "fault_policy": _fault_policy,
+    "flap_threshold": _non_negative_int,
+    "flap_window": _positive_float,
+    "flap_quiet": _positive_float,
     "mode": _one_of(*MODES),
     "driver_mounts": _text_list,
     "model": _optional(_model),

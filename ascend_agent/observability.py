@@ -129,6 +129,26 @@ NPU_SMI_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 NPU_SMI_FAILURES = Counter("ascend_agent_npu_smi_failures", "Failed npu-smi queries.", ["reason"])
+CHIP_FAULT = Gauge(
+    "ascend_agent_chip_fault",
+    "1 while npu-smi info -t health reports this error code for the chip; gone when it clears.",
+    ["device", "code"],
+)
+CHIP_HELD = Gauge(
+    "ascend_agent_chip_held", "1 while the chip is held Unhealthy for flapping, else 0.", ["device"]
+)
+# Telemetry the `npu-smi info` table carries, per chip, each health interval; absent where it prints NA or -.
+CHIP_TEMPERATURE = Gauge("ascend_agent_chip_temperature_celsius", "Chip temperature.", ["device"])
+CHIP_POWER = Gauge("ascend_agent_chip_power_watts", "Chip power draw.", ["device"])
+CHIP_UTILIZATION = Gauge(
+    "ascend_agent_chip_utilization_ratio", "AICore (NPU Util on Ascend 950) utilisation, 0 to 1.", ["device"]
+)
+CHIP_HBM_USED = Gauge("ascend_agent_chip_hbm_used_bytes", "HBM in use.", ["device"])
+CHIP_HBM_TOTAL = Gauge("ascend_agent_chip_hbm_total_bytes", "HBM size.", ["device"])
+CHIP_MEMORY_USED = Gauge("ascend_agent_chip_memory_used_bytes", "Chip DDR memory in use.", ["device"])
+CHIP_MEMORY_TOTAL = Gauge("ascend_agent_chip_memory_total_bytes", "Chip DDR memory size.", ["device"])
+
+
 LOG_LINES_SUPPRESSED = Counter(
     "ascend_agent_log_lines_suppressed", "Repeated log lines held back by a rate limit.", ["event"]
 )

@@ -11,16 +11,20 @@ node changes arrive as inotify events and only re-read the directory (``discover
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiofiles
 import aiofiles.os
+from prometheus_client import Gauge
 
+from ascend_agent import naming
 from ascend_agent.backends._container import container_spec
 from ascend_agent.backends.npusmi import (
     ChipRow,
@@ -31,6 +35,7 @@ from ascend_agent.backends.npusmi import (
     Shape,
     a3_dies,
     board_model,
+    parse_health,
     parse_info_map,
     parse_key_values,
     physical_ids,
@@ -38,10 +43,13 @@ from ascend_agent.backends.npusmi import (
     run_npu_smi,
 )
 from ascend_agent.config import Settings
+from ascend_agent.faults import FaultPolicy, describe
+from ascend_agent.flaphold import FlapHold, HoldEvent
 from ascend_agent.model import (
     Chip,
     ContainerSpec,
     DeviceNode,
+    Fault,
     Generation,
     Health,
     Inventory,
@@ -49,7 +57,20 @@ from ascend_agent.model import (
     classify,
     normalise_model,
 )
-from ascend_agent.observability import NPU_SMI_FAILURES, NPU_SMI_SECONDS, log_fields
+from ascend_agent.observability import (
+    CHIP_FAULT,
+    CHIP_HBM_TOTAL,
+    CHIP_HBM_USED,
+    CHIP_HELD,
+    CHIP_MEMORY_TOTAL,
+    CHIP_MEMORY_USED,
+    CHIP_POWER,
+    CHIP_TEMPERATURE,
+    CHIP_UTILIZATION,
+    NPU_SMI_FAILURES,
+    NPU_SMI_SECONDS,
+    log_fields,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +82,12 @@ _MANAGEMENT = (MANAGER, "devmm_svm", "hisi_hdc", "dvpp_cmdlist")
 _MANAGER_310B = "davinci_manager_docker"
 # The model of an A3 die when `npu-smi info -t board` does not name its SoC.
 A3_MODEL = "910_93"
+# `npu-smi info -t health` runs per chip whose Health changed to something not OK, at most this many per
+# query; the others are asked in the next queries.
+HEALTH_QUERIES_PER_INTERVAL = 4
+# Listing /dev can fail for want of descriptors or memory; that is not "no device nodes".
+_TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+_MIB = 1024 * 1024
 
 
 def is_device_name(name: str) -> bool:
@@ -80,6 +107,7 @@ class _Probed:
     health: str
     bus_id: str | None
     numa_node: int | None
+    faults: tuple[Fault, ...] = ()
 
 
 class DevfsBackend:
@@ -101,6 +129,14 @@ class DevfsBackend:
         self._query_problem = ""
         self._management: tuple[DeviceNode, ...] = ()
         self._mounts: tuple[str, ...] = ()
+        self._nodes: set[str] = set()
+        self._listing_error: OSError | None = None
+        self._policy = FaultPolicy(dict(settings.fault_policy))
+        # Per chip: the Health value `info -t health` was last run for, and the faults it gave.
+        self._asked_health: dict[int, tuple[str, tuple[Fault, ...]]] = {}
+        self._fault_labels: set[tuple[str, str]] = set()
+        self._telemetry_devices: set[str] = set()
+        self._hold = FlapHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
 
     @property
     def health_interval(self) -> float | None:
@@ -117,25 +153,35 @@ class DevfsBackend:
         ``health_failure_threshold`` failures in a row every chip is Unhealthy until a query succeeds.
         True when what the chips look like changed."""
         before = self._view()
-        await self._query()
-        return self._view() != before
+        if await self._query():
+            await self._check_device_listing()
+        return self._view() != before or self._hold.release_due()
 
     def _view(self) -> tuple[object, ...]:
         failing = self._failures >= self._settings.health_failure_threshold
         return tuple(sorted(self._probed.items())), self._reported, failing, self._query_problem
 
-    async def _query(self) -> None:
+    async def _query(self) -> bool:
+        """Run and read npu-smi; False (and counted) when it failed."""
         executable = self._settings.effective_npu_smi
         started = time.perf_counter()
         try:
             table = await query_info(executable, self._settings.npu_smi_timeout)
             await self._learn_chip_set(executable, table)
             probed = {chip.phys_id: chip for chip in await self._probe(table)}
+            probed = await self._with_faults(executable, table.shape, probed)
+        except OSError as exc:
+            NPU_SMI_SECONDS.observe(time.perf_counter() - started)
+            NPU_SMI_FAILURES.labels(reason="resources").inc()
+            self._failed(
+                NpuSmiError("resources", f"health query: {exc.strerror or exc}", _SHORT_OF_RESOURCES)
+            )
+            return False
         except NpuSmiError as exc:
             NPU_SMI_SECONDS.observe(time.perf_counter() - started)
             NPU_SMI_FAILURES.labels(reason=exc.reason).inc()
             self._failed(exc)
-            return
+            return False
         NPU_SMI_SECONDS.observe(time.perf_counter() - started)
         if self._failures:
             log.info(
@@ -151,8 +197,116 @@ class DevfsBackend:
                 sorted(gone),
                 extra=log_fields(ids=gone, reason="npu-smi no longer reports them"),
             )
+        self._report_faults(probed)
         self._probed.update(probed)
         self._reported = frozenset(probed)
+        self._record_telemetry(table, probed)
+        return True
+
+    async def _check_device_listing(self) -> None:
+        """Read /dev as part of a health query whose npu-smi answered: a listing that fails for want of
+        descriptors or memory counts as a failed query (the last known device nodes stay)."""
+        await self._device_nodes()
+        if self._listing_error is not None:
+            NPU_SMI_FAILURES.labels(reason="resources").inc()
+            self._failed(
+                NpuSmiError(
+                    "resources",
+                    f"cannot list {self._dev_root}: {self._listing_error.strerror or self._listing_error}",
+                    _SHORT_OF_RESOURCES,
+                )
+            )
+
+    async def _with_faults(
+        self, executable: str, shape: Shape, probed: Mapping[int, _Probed]
+    ) -> dict[int, _Probed]:
+        """The chips with the error codes of those whose Health is not OK: ``npu-smi info -t health`` runs
+        once per change of a chip's Health, never for a chip that is OK."""
+        asked = 0
+        result = {}
+        for phys_id, chip in probed.items():
+            if chip.health.upper() == "OK":
+                self._asked_health.pop(phys_id, None)
+                result[phys_id] = chip
+                continue
+            known = self._asked_health.get(phys_id)
+            if (known is None or known[0] != chip.health) and asked < HEALTH_QUERIES_PER_INTERVAL:
+                asked += 1
+                known = (chip.health, await self._faults(executable, shape, chip))
+                self._asked_health[phys_id] = known
+            result[phys_id] = replace(chip, faults=known[1]) if known is not None else chip
+        return result
+
+    async def _faults(self, executable: str, shape: Shape, chip: _Probed) -> tuple[Fault, ...]:
+        # Ascend 950's npu-smi rejects -c; its NPU id names the chip.
+        args = ["info", "-t", "health", "-i", str(chip.npu_id)]
+        if shape is not Shape.NPU_ID:
+            args += ["-c", str(chip.chip)]
+        try:
+            return parse_health(await run_npu_smi(executable, args, self._settings.npu_smi_timeout)).faults
+        except (NpuSmiError, NpuSmiParseError) as exc:
+            log.info("npu-smi %s gave no error codes: %s", " ".join(args), exc)
+            return ()
+
+    def _device_id(self, chip: _Probed) -> str:
+        family = naming.family_for(chip.generation.family, chip.model, self._settings.resource_naming)
+        return naming.device_id(family, chip.phys_id)
+
+    def _report_faults(self, probed: Mapping[int, _Probed]) -> None:
+        """Log each chip's error codes once per change, and keep ``ascend_agent_chip_fault`` in step."""
+        labels: set[tuple[str, str]] = set()
+        for phys_id, chip in probed.items():
+            device = self._device_id(chip)
+            labels.update((device, fault.code) for fault in chip.faults)
+            before = self._probed.get(phys_id)
+            if before is not None and before.faults == chip.faults:
+                continue
+            if chip.faults:
+                healthy = self._chip_healthy(chip)
+                log.warning(
+                    "%s is %s: %s%s",
+                    device,
+                    (Health.HEALTHY if healthy else Health.UNHEALTHY).value,
+                    describe(chip.health, chip.faults),
+                    " (faultPolicy: healthy)" if healthy else "",
+                )
+            elif before is not None:
+                log.info("%s reports no error code any more (health %s)", device, chip.health)
+        for device, code in self._fault_labels - labels:
+            with contextlib.suppress(KeyError):
+                CHIP_FAULT.remove(device, code)
+        for device, code in labels:
+            CHIP_FAULT.labels(device=device, code=code).set(1)
+        self._fault_labels = labels
+
+    def _record_telemetry(self, table: InfoTable, probed: Mapping[int, _Probed]) -> None:
+        """Temperature, power, utilisation, HBM and memory of every chip, as the table printed them."""
+        devices = set()
+        phys_ids = physical_ids(table.chips, self._chip_map)
+        for row, phys_id in zip(table.chips, phys_ids, strict=True):
+            chip = probed.get(phys_id)
+            if chip is None:
+                continue
+            device = self._device_id(chip)
+            devices.add(device)
+            utilization = None if row.utilization_pct is None else row.utilization_pct / 100
+            for gauge, value in (
+                (CHIP_TEMPERATURE, row.temp_c),
+                (CHIP_POWER, row.power_w),
+                (CHIP_UTILIZATION, utilization),
+                (CHIP_HBM_USED, _bytes(row.hbm_used_mb)),
+                (CHIP_HBM_TOTAL, _bytes(row.hbm_total_mb)),
+                (CHIP_MEMORY_USED, _bytes(row.memory_used_mb)),
+                (CHIP_MEMORY_TOTAL, _bytes(row.memory_total_mb)),
+            ):
+                _set_or_remove(gauge, device, value)
+        for device in self._telemetry_devices - devices:
+            for gauge in _TELEMETRY:
+                _set_or_remove(gauge, device, None)
+        self._telemetry_devices = devices
+
+    def _chip_healthy(self, chip: _Probed) -> bool:
+        return self._policy.healthy(chip.health.lower() in self._healthy_states, chip.faults)
 
     def _failed(self, error: NpuSmiError) -> None:
         self._failures += 1
@@ -267,8 +421,12 @@ class DevfsBackend:
         try:
             async with aiofiles.open(path) as handle:
                 node = int((await handle.read()).strip())
-        except (OSError, ValueError):
+        except OSError as exc:
+            if exc.errno in _TRANSIENT_ERRNOS:
+                return None  # out of descriptors now: ask again next query
             node = -1  # what sysfs says for no NUMA node; asking again every health query would not change it
+        except ValueError:
+            node = -1
         self._numa[bus_id] = node if node >= 0 else None
         return self._numa[bus_id]
 
@@ -309,6 +467,7 @@ class DevfsBackend:
                 numa_node=probed.numa_node,
                 npu_id=probed.npu_id,
                 naming_scheme=self._settings.resource_naming,
+                faults=probed.faults,
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:
@@ -319,10 +478,27 @@ class DevfsBackend:
                 reason = f"/dev/{MANAGER} is missing"
             elif failing:
                 reason = f"npu-smi failed {self._failures} times in a row: {self._last_failure}"
-            elif probed.health.lower() not in self._healthy_states:
-                reason = f"npu-smi reports health {probed.health}"
-            chips.append(chip.with_health(Health.UNHEALTHY, reason) if reason else chip)
+            elif not self._chip_healthy(probed):
+                reason = describe(probed.health, probed.faults)
+            chips.append(self._held(chip, reason))
         return tuple(chips)
+
+    def _held(self, chip: Chip, reason: str) -> Chip:
+        """The chip as reported: its own health, unless the flap hold keeps it Unhealthy."""
+        step = self._hold.observe(chip.device_id, healthy=not reason)
+        if step.event is HoldEvent.STARTED:
+            log.warning(
+                "%s is held Unhealthy: %s",
+                chip.device_id,
+                self._hold.reason().removeprefix("held Unhealthy: "),
+            )
+        elif step.event is HoldEvent.ENDED:
+            log.info("%s is no longer held: Healthy for %g s", chip.device_id, self._hold.quiet)
+        CHIP_HELD.labels(device=chip.device_id).set(1 if step.held else 0)
+        if step.held:
+            reason = f"{reason or 'Healthy now'}; {self._hold.reason()}"
+            return replace(chip, held=True).with_health(Health.UNHEALTHY, reason)
+        return chip.with_health(Health.UNHEALTHY, reason) if reason else chip
 
     def _fallback_chip(self, phys_id: int, nodes: set[str]) -> Chip:
         """A chip known only from its device node and the configured model (npu-smi is not usable)."""
@@ -337,11 +513,23 @@ class DevfsBackend:
         return chip
 
     async def _device_nodes(self) -> set[str]:
+        """The device entries of /dev; the last known ones when listing fails for want of descriptors or
+        memory (``_listing_error`` says why), none when /dev is not there."""
         try:
             names = await aiofiles.os.listdir(self._dev_root)
-        except OSError:
-            return set()
-        return {name for name in names if is_device_name(name)}
+        except OSError as exc:
+            if exc.errno in _TRANSIENT_ERRNOS:
+                if self._listing_error is None or self._listing_error.errno != exc.errno:
+                    log.warning("Cannot list %s (%s): keeping the last known device nodes",
+                                self._dev_root, exc.strerror or exc)  # fmt: skip
+                self._listing_error = exc
+                return self._nodes
+            names = []
+        if self._listing_error is not None:
+            log.info("Listing %s works again", self._dev_root)
+        self._listing_error = None
+        self._nodes = {name for name in names if is_device_name(name)}
+        return self._nodes
 
     def _is_310b(self) -> bool:
         return any(chip.generation is Generation.ASCEND310B for chip in self._probed.values())
@@ -366,6 +554,31 @@ class DevfsBackend:
 
     async def close(self) -> None:
         return None
+
+
+_SHORT_OF_RESOURCES = "the agent is out of file descriptors or memory; it tries again next health interval"
+_TELEMETRY = (
+    CHIP_TEMPERATURE,
+    CHIP_POWER,
+    CHIP_UTILIZATION,
+    CHIP_HBM_USED,
+    CHIP_HBM_TOTAL,
+    CHIP_MEMORY_USED,
+    CHIP_MEMORY_TOTAL,
+)
+
+
+def _bytes(mebibytes: int | None) -> int | None:
+    return None if mebibytes is None else mebibytes * _MIB
+
+
+def _set_or_remove(gauge: Gauge, device: str, value: float | None) -> None:
+    """A value the table printed; a cell it left ``NA`` or ``-`` removes the series."""
+    if value is None:
+        with contextlib.suppress(KeyError):
+            gauge.remove(device)
+    else:
+        gauge.labels(device=device).set(value)
 
 
 def _known_model(name: str) -> bool:

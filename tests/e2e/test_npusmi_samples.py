@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support import CONSTRUCTED, FIXTURES
-from tests.support.agent_process import AgentProcess
+from tests.support.agent_process import AgentProcess, fake_agent
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi
@@ -85,11 +85,6 @@ def _run_list(host: HostTree, npu_smi: FakeNpuSmi, *extra: str) -> tuple[list[di
     return json.loads(result.stdout), result.stderr
 
 
-def _calls(npu_smi: FakeNpuSmi, args: str) -> int:
-    log = npu_smi.directory / "calls.log"
-    return log.read_text().splitlines().count(args) if log.exists() else 0
-
-
 def test_every_captured_sample_is_checked() -> None:
     captured = {path.name for path in FIXTURES.glob("*.txt")}
     errors = {path.name for path in ERRORS if path.parent == FIXTURES}
@@ -120,7 +115,7 @@ def test_a3_modules_are_the_two_dies_of_each_npu_id(host: HostTree, npu_smi: Fak
     for row in rows:
         modules.setdefault(row["npu_id"], []).append(row["phys_id"])
     assert modules == {npu: [2 * npu, 2 * npu + 1] for npu in range(8)}
-    assert _calls(npu_smi, "info -t board -i 0 -c 0") == 1, "the board is asked once, for one die"
+    assert npu_smi.count("info -t board -i 0 -c 0") == 1, "the board is asked once, for one die"
 
 
 def test_a3_soc_from_the_board(host: HostTree, npu_smi: FakeNpuSmi) -> None:
@@ -251,9 +246,8 @@ def test_a3_prefers_the_two_dies_of_one_npu_id(
         "Ascend910-5",
     ]
     # Several health queries later the board was still asked only once.
-    queries = _calls(npu_smi, "info")
-    kubelet.wait_for(lambda: _calls(npu_smi, "info") >= queries + 2, what="two more health queries")
-    assert _calls(npu_smi, "info -t board -i 0 -c 0") == 1
+    npu_smi.wait_count("info", npu_smi.count("info") + 2)
+    assert npu_smi.count("info -t board -i 0 -c 0") == 1
 
 
 def test_950_registers_huawei_com_npu(kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi) -> None:
@@ -268,5 +262,30 @@ def test_950_registers_huawei_com_npu(kubelet: KubeletStandin, host: HostTree, n
         assert sorted(update.health()) == sorted(f"npu-{i}" for i in range(8))
         assert set(update.health().values()) == {"Healthy"}
         process.wait_log("Registered resource huawei.com/npu")
+    finally:
+        process.close()
+
+
+def test_fake_a3_has_two_dies_per_npu_id(kubelet: KubeletStandin) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ascend_agent", "list", "--backend", "fake", "--fake-model", "910_9392",
+         "--json"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    rows = json.loads(result.stdout)
+    assert [(row["phys_id"], row["npu_id"]) for row in rows] == [(i, i // 2) for i in range(8)]
+    process = fake_agent(kubelet.directory, "--fake-model", "910_9392")
+    try:
+        kubelet.wait_update(lambda u: len(u.devices) == 8)
+        assert _prefer(kubelet, [0, 2, 3, 5], 2) == ["Ascend910-2", "Ascend910-3"]
+    finally:
+        process.close()
+
+
+def test_fake_950_registers_huawei_com_npu(kubelet: KubeletStandin) -> None:
+    process = fake_agent(kubelet.directory, "--fake-model", "950PR")
+    try:
+        (registration,) = kubelet.wait_registrations(1)
+        assert (registration.resource_name, registration.endpoint) == ("huawei.com/npu", "npu.sock")
     finally:
         process.close()

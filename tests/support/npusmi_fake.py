@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
+
+from inotify_simple import INotify, flags
 
 _SCRIPT = Path(__file__).parent / "fakes" / "npu_smi.py"
 
@@ -34,3 +37,22 @@ class FakeNpuSmi:
     def calls(self) -> int:
         log = self.directory / "calls.log"
         return len(log.read_text().splitlines()) if log.exists() else 0
+
+    def count(self, args: str) -> int:
+        """How often npu-smi ran with exactly ``args`` (``"info -t health -i 1 -c 1"``)."""
+        log = self.directory / "calls.log"
+        return log.read_text().splitlines().count(args) if log.exists() else 0
+
+    def wait_count(self, args: str, count: int, timeout: float = 10.0) -> None:
+        """Wait until npu-smi ran with ``args`` ``count`` times in all, woken by inotify on its call log."""
+        deadline = time.monotonic() + timeout
+        inotify = INotify()
+        try:
+            inotify.add_watch(self.directory, flags.CREATE | flags.MODIFY)
+            while self.count(args) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"npu-smi ran {self.count(args)} times with {args!r}, not {count}")
+                inotify.read(timeout=int(left * 1000) + 1)
+        finally:
+            inotify.close()
