@@ -261,14 +261,14 @@ class DevfsBackend:
             before = self._probed.get(phys_id)
             if before is not None and before.faults == chip.faults:
                 continue
-            if chip.faults:
-                healthy = self._chip_healthy(chip)
+            # An Unhealthy chip's codes are in its reason, which the agent logs at each change; a chip the
+            # policy keeps Healthy despite its codes is logged here.
+            if chip.faults and self._chip_healthy(chip):
                 log.warning(
-                    "%s is %s: %s%s",
+                    "%s is Healthy: %s (faultPolicy: healthy)",
                     device,
-                    (Health.HEALTHY if healthy else Health.UNHEALTHY).value,
                     describe(chip.health, chip.faults),
-                    " (faultPolicy: healthy)" if healthy else "",
+                    extra=log_fields(device=device, reason=describe(chip.health, chip.faults)),
                 )
             elif before is not None:
                 log.info("%s reports no error code any more (health %s)", device, chip.health)
