@@ -154,17 +154,21 @@ def _kubelet(kubelet_dir: Path) -> Check:
 
 
 async def _expected_sockets(settings: Settings) -> list[str]:
-    """The socket names of the resources this configuration serves: those of the chips found, else (no
-    chips, or npu-smi failing) every name Huawei's naming can give."""
+    """The socket names of the resources this configuration serves: those of the chips found; else (no
+    chips, or npu-smi failing) every name Huawei's naming can give, and under ``model`` naming the sockets of
+    that shape that are there."""
     from ascend_agent.agent import discover_once
 
     try:
-        resources = (await discover_once(settings)).by_resource()
+        resources = set((await discover_once(settings)).by_resource())
     except ConfigError:
-        resources = {}
-    if not resources:
-        resources = {naming.resource_name(generation.family): () for generation in Generation}
-    return sorted({naming.socket_name(resource) for resource in resources})
+        resources = set()
+    names = {naming.socket_name(resource) for resource in resources}
+    if not names:
+        names = {naming.socket_name(naming.resource_name(generation.family)) for generation in Generation}
+        if settings.resource_naming == "model":
+            names.update(path.name for path in settings.endpoint_dir.glob("Ascend*.sock"))
+    return sorted(names)
 
 
 async def _our_sockets(settings: Settings) -> list[Check]:

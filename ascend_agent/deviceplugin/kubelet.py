@@ -43,13 +43,17 @@ class LocalChannel(Channel):
         return "localhost"
 
 
-def socket_identity(path: Path) -> tuple[int, int] | None:
-    """The (device, inode) of a socket file, to tell one kubelet instance's socket from the next."""
+SocketIdentity = tuple[int, int, int]
+
+
+def socket_identity(path: Path) -> SocketIdentity | None:
+    """What tells one incarnation of a socket file from the next: its device, inode and change time (a file
+    made again right after the old one was removed can get the same inode number)."""
     try:
         stat = os.stat(path)
     except OSError:
         return None
-    return stat.st_dev, stat.st_ino
+    return stat.st_dev, stat.st_ino, stat.st_ctime_ns
 
 
 async def register(

@@ -43,11 +43,12 @@ from ascend_agent.deviceplugin.kubelet import (
     KUBELET_SOCKET,
     LocalChannel,
     RegistrationError,
+    SocketIdentity,
     WatcherRegistration,
     register,
     socket_identity,
 )
-from ascend_agent.deviceplugin.service import MAX_REQUEST, DevicePluginService, Preference, SpecFor
+from ascend_agent.deviceplugin.service import DevicePluginService, Preference, SpecFor
 from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip
 from ascend_agent.observability import REGISTRATIONS, log_fields
@@ -103,7 +104,7 @@ class _Server(Server):
         for transport in list(self._transports):
             transport.abort()
 
-    async def serve(self, path: Path) -> tuple[int, int]:
+    async def serve(self, path: Path) -> SocketIdentity:
         """Listen on ``path`` (a stale file is removed first), mode 0600 before any client can connect; the
         socket file's identity."""
         try:
@@ -167,11 +168,11 @@ class ResourcePlugin:
         self._failing_since: float | None = None
         self.service = DevicePluginService(resource, on_stream_change=self.poke)
         self._poked = anyio.Event()
-        self._servers: list[tuple[_Server, Path, tuple[int, int]]] = []
+        self._servers: list[tuple[_Server, Path, SocketIdentity]] = []
         self._incarnation = 0
         # kubelet.sock's identity when we registered (kubelet mode), or True once the kubelet said so
         # (plugin-watcher mode); None while not registered.
-        self._registered_with: tuple[int, int] | bool | None = None
+        self._registered_with: SocketIdentity | bool | None = None
         self._lost_at: float | None = None
         self._lost_streak = 0
         self._last_lost = -math.inf
@@ -236,7 +237,7 @@ class ResourcePlugin:
         self._registered_with = None
         try:
             await self._listen(
-                _Server([self.service], codec=BytesCodec(MAX_REQUEST), config=_SERVER_CONFIG),
+                _Server([self.service], codec=BytesCodec(), config=_SERVER_CONFIG),
                 self.socket_path,
             )
             await self._self_check()
@@ -358,7 +359,7 @@ class ResourcePlugin:
         grace = min(STREAM_GRACE * 2.0**self._lost_streak, STREAM_GRACE_CAP)
         return self._lost_at + grace - now
 
-    def _registered(self, registered_with: tuple[int, int] | bool) -> None:
+    def _registered(self, registered_with: SocketIdentity | bool) -> None:
         now = anyio.current_time()
         if self._lost_at is not None:
             self._lost_streak = self._lost_streak + 1 if now - self._last_lost < _STREAK_WINDOW else 0

@@ -5,12 +5,13 @@ and answers already given are looked up by the request's bytes::
 
     service = DevicePluginService("huawei.com/Ascend910", on_stream_change=wake)
     service.publish({chip.device_id: chip for chip in chips}, preference, spec_for)
-    server = grpclib.server.Server([service], codec=BytesCodec(MAX_REQUEST))
+    server = grpclib.server.Server([service], codec=BytesCodec())
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -44,6 +45,24 @@ MAX_REQUEST = 64 * 1024
 _CACHE_BYTES = 4 * 1024 * 1024
 # A client repeating a bad request thousands of times a second gets one log line per this many seconds.
 _REFUSAL_LOG_INTERVAL = 10.0
+
+
+async def _request(stream: Stream[bytes, bytes]) -> bytes:
+    """The request's bytes. Its length prefix is checked before the body is read: grpclib's own
+    ``recv_message`` takes in a whole message, up to the 4 GiB a prefix can claim, before a codec sees it."""
+    h2_stream = stream._stream  # grpclib exposes no hook between the prefix and the body
+    prefix = await h2_stream.recv_data(5)
+    if len(prefix) < 5:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the request has no message")
+    compressed, length = struct.unpack(">?I", prefix)
+    if compressed:
+        raise GRPCError(Status.UNIMPLEMENTED, "compressed requests are not supported")
+    if length > MAX_REQUEST:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED,
+            f"a request of {length} bytes is over the {MAX_REQUEST} bytes this plugin accepts",
+        )
+    return await h2_stream.recv_data(length)
 
 
 class _BoundedCache:
@@ -142,18 +161,18 @@ class DevicePluginService:
         }
 
     async def _get_options(self, stream: Stream[bytes, bytes]) -> None:
-        await stream.recv_message()
+        await _request(stream)
         # The kubelet asks for the options inside Register, then opens its ListAndWatch stream.
         self.dials += 1
         self._expect_kubelet_stream = True
         await stream.send_message(self._options)
 
     async def _pre_start(self, stream: Stream[bytes, bytes]) -> None:
-        await stream.recv_message()
+        await _request(stream)
         await stream.send_message(b"")
 
     async def _list_and_watch(self, stream: Stream[bytes, bytes]) -> None:
-        await stream.recv_message()
+        await _request(stream)
         token = object()
         self._streams.add(token)
         if self._expect_kubelet_stream:
@@ -180,8 +199,7 @@ class DevicePluginService:
         self._on_stream_change()
 
     async def _allocate(self, stream: Stream[bytes, bytes]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await _request(stream)
         started = time.perf_counter()
         try:
             answer, ids = self.allocate(request)
@@ -272,8 +290,7 @@ class DevicePluginService:
         return ", ".join(ids) if len(ids) <= 4 else f"{len(ids)} devices, {ids[0]} .. {ids[-1]}"
 
     async def _get_preferred(self, stream: Stream[bytes, bytes]) -> None:
-        request = await stream.recv_message()
-        assert request is not None
+        request = await _request(stream)
         await stream.send_message(self.preferred_allocation(request))
 
     def preferred_allocation(self, request: bytes) -> bytes:

@@ -16,9 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from grpclib.const import Status
 from grpclib.encoding.base import CodecBase
-from grpclib.exceptions import GRPCError
 
 from ascend_agent._proto.v1beta1 import (
     CdiDevice,
@@ -71,52 +69,70 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value) for every field: an int for varints, bytes for the rest."""
-    at = 0
-    while at < len(data):
-        key, at = _read_varint(data, at)
+def _fields(data: bytes, wanted: frozenset[int]) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) for the ``wanted`` fields: an int for varints, bytes for the rest.
+    Every other field is checked and stepped over without being copied; one-byte varints, what a request full
+    of junk is made of, take the short way."""
+    at, end = 0, len(data)
+    while at < end:
+        key = data[at]
+        if key < 0x80:
+            at += 1
+        else:
+            key, at = _read_varint(data, at)
         number, kind = key >> 3, key & 0x7
         if number == 0:
             raise WireError("field number 0")
         if kind == _VARINT:
-            value, at = _read_varint(data, at)
-            yield number, kind, value
+            if at < end and data[at] < 0x80:
+                value, at = data[at], at + 1
+            else:
+                value, at = _read_varint(data, at)
+            if number in wanted:
+                yield number, kind, value
             continue
         if kind == _LENGTH_DELIMITED:
-            size, at = _read_varint(data, at)
-        elif kind in (_FIXED64, _FIXED32):
-            size = 8 if kind == _FIXED64 else 4
+            if at < end and data[at] < 0x80:
+                size, at = data[at], at + 1
+            else:
+                size, at = _read_varint(data, at)
+        elif kind == _FIXED64:
+            size = 8
+        elif kind == _FIXED32:
+            size = 4
         else:
             raise WireError(f"unsupported wire type {kind}")
-        if at + size > len(data):
+        if at + size > end:
             raise WireError("a field runs past the end of the message")
-        yield number, kind, data[at : at + size]
+        if number in wanted:
+            yield number, kind, data[at : at + size]
         at += size
+
+
+_FIRST = frozenset((1,))
+_SIZE = frozenset((3,))
 
 
 def _strings(data: bytes, number: int) -> list[str]:
     """The values of the repeated string field ``number`` of a message."""
     found = []
-    for field, kind, value in _fields(data):
-        if field == number:
-            if kind != _LENGTH_DELIMITED:
-                raise WireError(f"field {number} is not a string")
-            try:
-                found.append(value.decode("utf-8"))
-            except UnicodeDecodeError:
-                raise WireError(f"field {number} is not UTF-8") from None
+    for _, kind, value in _fields(data, frozenset((number,))):
+        if kind != _LENGTH_DELIMITED:
+            raise WireError(f"field {number} is not a string")
+        try:
+            found.append(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise WireError(f"field {number} is not UTF-8") from None
     return found
 
 
 def _entries(data: bytes) -> list[bytes]:
     """The embedded messages of the repeated field 1 (``container_requests``)."""
     entries = []
-    for field, kind, value in _fields(data):
-        if field == 1:
-            if kind != _LENGTH_DELIMITED:
-                raise WireError("container_requests is not a message")
-            entries.append(value)
+    for _, kind, value in _fields(data, _FIRST):
+        if kind != _LENGTH_DELIMITED:
+            raise WireError("container_requests is not a message")
+        entries.append(value)
     return entries
 
 
@@ -139,11 +155,10 @@ def preferred_request(data: bytes) -> list[PreferredRequest]:
     requests = []
     for entry in _entries(data):
         size = 0
-        for field, kind, value in _fields(entry):
-            if field == 3:
-                if kind != _VARINT:
-                    raise WireError("allocation_size is not an integer")
-                size = value - (1 << 64) if value >= 1 << 63 else value  # int32 negatives are 10-byte varints
+        for _, kind, value in _fields(entry, _SIZE):
+            if kind != _VARINT:
+                raise WireError("allocation_size is not an integer")
+            size = value - (1 << 64) if value >= 1 << 63 else value  # int32 negatives are 10-byte varints
         requests.append(PreferredRequest(_strings(entry, 1), _strings(entry, 2), size))
     return requests
 
@@ -200,14 +215,10 @@ def container_response(spec: ContainerSpec) -> bytes:
 
 
 class BytesCodec(CodecBase):
-    """grpclib's codec for the plugin socket: requests arrive as bytes, answers leave as bytes; nothing is
-    decoded or encoded on the way. Requests over ``max_request`` bytes are refused before anything decodes
-    them."""
+    """grpclib's codec for the plugin socket: answers leave as the bytes they already are. Requests are read
+    by the service itself, length prefix first (``service._request``), so nothing here decodes them."""
 
     __content_subtype__ = "proto"
-
-    def __init__(self, max_request: int) -> None:
-        self.max_request = max_request
 
     def encode(self, message: Any, message_type: Any) -> bytes:
         if not isinstance(message, bytes):
@@ -215,9 +226,4 @@ class BytesCodec(CodecBase):
         return message
 
     def decode(self, data: bytes, message_type: Any) -> bytes:
-        if len(data) > self.max_request:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"a request of {len(data)} bytes is over the {self.max_request} bytes this plugin accepts",
-            )
         return data

@@ -136,6 +136,26 @@ _FIRING: dict[str, tuple[list[tuple[str, str]], dict[str, str], str]] = {
         {"instance": "n1"},
         "15m",
     ),
+    "AscendDriverNotVisible": (
+        [(f'ascend_agent_npu_smi_failures_total{{{_N},reason="driver"}}', "1+1x20")],
+        {"instance": "n1"},
+        "10m",
+    ),
+    "AscendChipsBusy": (
+        [(f'ascend_agent_npu_smi_failures_total{{{_N},reason="busy"}}', "1+1x40")],
+        {"instance": "n1"},
+        "30m",
+    ),
+    "AscendChipFaultCode": (
+        [(f'ascend_agent_chip_fault{{{_N},device="Ascend910-3",code="80E3A203"}}', "1x20")],
+        {"instance": "n1", "device": "Ascend910-3", "code": "80E3A203"},
+        "5m",
+    ),
+    "AscendChipFlapping": (
+        [(f'ascend_agent_chip_held{{{_N},device="Ascend910-3"}}', "1x20")],
+        {"instance": "n1", "device": "Ascend910-3"},
+        "5m",
+    ),
     "AscendChipUnhealthy": (
         [(f'ascend_agent_device_health{{{_N},{_R},device="Ascend910-3"}}', "0x20")],
         {"instance": "n1", "resource": "huawei.com/Ascend910", "device": "Ascend910-3"},
@@ -161,6 +181,7 @@ _HEALTHY = [
     (f'ascend_agent_device_health{{{_N},{_R},device="Ascend910-3"}}', "1x20"),
     (f'ascend_agent_allocations_total{{{_N},{_R},code="OK"}}', "0+2x20"),
     (f"ascend_agent_kubelet_stream_open{{{_N},{_R}}}", "1x20"),
+    (f'ascend_agent_chip_held{{{_N},device="Ascend910-3"}}', "0x20"),
 ]
 
 

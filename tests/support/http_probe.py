@@ -1,0 +1,55 @@
+"""Probing the agent's HTTP endpoint from tests: a free port, one GET, and waiting for an answer to hold::
+
+port = free_port()
+status, body = wait_answer(port, "/readyz", lambda status, body: status == 200)
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import time
+from collections.abc import Callable
+
+_POLL = 0.01
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def get(port: int, path: str, timeout: float = 5.0) -> tuple[int, str] | None:
+    """(status, body) of ``GET path`` on 127.0.0.1:``port``; None when nothing listens there."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    except ConnectionRefusedError:
+        return None
+    finally:
+        connection.close()
+
+
+def wait_answer(
+    port: int,
+    path: str,
+    predicate: Callable[[int | None, str], bool],
+    timeout: float = 10.0,
+    what: str = "answer",
+) -> tuple[int | None, str]:
+    """GET ``path`` until ``predicate(status, body)`` holds (status None: refused); the answer that did."""
+    deadline = time.monotonic() + timeout
+    seen: list[tuple[int | None, str]] = []
+    while True:
+        answer = get(port, path)
+        status, body = answer if answer is not None else (None, "")
+        if predicate(status, body):
+            return status, body
+        if not seen or seen[-1] != (status, body):
+            seen.append((status, body))
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} from 127.0.0.1:{port}{path} within {timeout} s; saw {seen[-5:]}")
+        time.sleep(_POLL)

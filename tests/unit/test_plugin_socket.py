@@ -1,0 +1,299 @@
+"""The plugin socket's grpclib server as the lifecycle builds it, driven by raw HTTP/2 clients: concurrent
+requests with interleaved DATA frames, a client that stops reading, the request cap, and the answer caches'
+bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import anyio
+import h2.config
+import h2.connection
+import h2.settings
+import pytest
+from grpclib.client import Channel, UnaryUnaryMethod
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from ascend_agent._proto.v1beta1 import AllocateResponse
+from ascend_agent.deviceplugin.lifecycle import _SERVER_CONFIG, _Server
+from ascend_agent.deviceplugin.service import MAX_REQUEST, DevicePluginService, SpecFor
+from ascend_agent.deviceplugin.wire import BytesCodec
+from ascend_agent.model import Chip, ContainerSpec, DeviceNode, HostMount
+from tests.support.h2_client import RawGrpcClient, grpc_message
+
+RESOURCE = "huawei.com/Ascend910"
+ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
+LIST_AND_WATCH = "/v1beta1.DevicePlugin/ListAndWatch"
+CHIPS = [Chip.make(i, "910B4", numa_node=i // 4) for i in range(8)]
+RESOURCE_EXHAUSTED = Status.RESOURCE_EXHAUSTED.value
+
+
+def _small_spec(chips: Sequence[Chip]) -> ContainerSpec:
+    return ContainerSpec(envs={"ASCEND_VISIBLE_DEVICES": ",".join(str(c.phys_id) for c in chips)})
+
+
+def _big_spec(chips: Sequence[Chip]) -> ContainerSpec:
+    """About 40 KB per container: many environment variables, device nodes and mounts."""
+    ids = ",".join(str(c.phys_id) for c in chips)
+    return ContainerSpec(
+        envs={f"ASCEND_SETTING_{n:03d}_{ids}": "v" * 200 for n in range(150)},
+        devices=tuple(DeviceNode(f"/dev/davinci{c.phys_id}", f"/dev/davinci{c.phys_id}") for c in chips),
+        mounts=tuple(HostMount(f"/usr/local/Ascend/driver/lib{n:03d}", f"/lib{n:03d}") for n in range(50)),
+    )
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _allocate_request(containers: Sequence[Sequence[str]], size: int = 0, tag: bytes = b"") -> bytes:
+    """An AllocateRequest for ``containers``, with ``tag`` in an unknown field, padded with another to
+    ``size`` bytes if given."""
+    body = b"".join(_field(1, b"".join(_field(1, i.encode()) for i in ids)) for ids in containers)
+    if tag:
+        body += _field(14, tag)
+    if size:
+        filler = size - len(body) - 1 - len(_varint(size))
+        while len(body) + len(_field(15, b"x" * filler)) > size:
+            filler -= 1
+        body += _field(15, b"x" * filler)
+        assert len(body) == size, (len(body), size)
+    return body
+
+
+class _StreamChanges:
+    """Counts the service's ListAndWatch opens and closes; tests wait for a count."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+
+    def __call__(self) -> None:
+        self.count += 1
+        self._changed.set()
+
+    async def wait_for(self, count: int, what: str) -> None:
+        try:
+            with anyio.fail_after(5):
+                while self.count < count:
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"no {what} within 5 s ({self.count} stream changes)") from None
+
+
+def _service(spec_for: SpecFor = _small_spec) -> tuple[DevicePluginService, _StreamChanges]:
+    changes = _StreamChanges()
+    service = DevicePluginService(RESOURCE, on_stream_change=changes)
+    service.publish({chip.device_id: chip for chip in CHIPS}, None, spec_for)
+    return service, changes
+
+
+@pytest.fixture
+async def socket_path(short_dir: Path) -> AsyncIterator[Path]:
+    """A plugin server as the lifecycle builds it, serving ``Ascend910.sock``."""
+    service, _ = _service()
+    server = _Server([service], codec=BytesCodec(), config=_SERVER_CONFIG)
+    path = short_dir / "Ascend910.sock"
+    await server.serve(path)
+    yield path
+    await server.shut()
+
+
+@pytest.mark.parametrize(("size", "status"), [(40 * 1024, 0), (400 * 1024, RESOURCE_EXHAUSTED)])
+async def test_interleaved_concurrent_requests_each_get_an_answer(
+    socket_path: Path, size: int, status: int
+) -> None:
+    client = await RawGrpcClient.connect(str(socket_path))
+    try:
+        containers = [["Ascend910-0"], ["Ascend910-1", "Ascend910-2"], ["Ascend910-7"]]
+        streams = [client.request(ALLOCATE) for _ in containers]
+        bodies = {
+            stream_id: grpc_message(_allocate_request([ids], size))
+            for stream_id, ids in zip(streams, containers, strict=True)
+        }
+        with anyio.fail_after(20):
+            await client.send_bodies(bodies)
+            answers = await client.wait_answers(streams)
+    finally:
+        client.close()
+    for stream_id, ids in zip(streams, containers, strict=True):
+        answer = answers[stream_id]
+        # A refusal answered before the client finished sending is followed by RST_STREAM NO_ERROR: stop
+        # sending, the answer is complete (RFC 9113, 8.1).
+        assert answer.reset in (None, 0), f"stream {stream_id} was reset ({answer.reset})"
+        assert answer.status == status, (answer.status, answer.message)
+        if status == 0:
+            (payload,) = answer.payloads()
+            (container,) = AllocateResponse.parse(payload).container_responses
+            assert container.envs["ASCEND_VISIBLE_DEVICES"] == ",".join(i.rpartition("-")[2] for i in ids)
+        else:
+            assert f"{MAX_REQUEST} bytes" in answer.message
+
+
+async def test_a_request_claiming_megabytes_is_refused_before_they_are_all_taken_in(
+    socket_path: Path,
+) -> None:
+    """The 64 KiB cap must bound what the server buffers for one request, not only what it decodes: a client
+    that announces 8 MiB and keeps sending must be answered (or cut off) long before 8 MiB are in."""
+    claimed = 8 * 1024 * 1024
+    client = await RawGrpcClient.connect(str(socket_path))
+    try:
+        stream_id = client.request(ALLOCATE)
+        body = b"\x00" + struct.pack(">I", claimed) + bytes(claimed)
+        with anyio.move_on_after(10):
+            await client.send_bodies({stream_id: body})
+            await client.wait_answers([stream_id])
+        answer, accepted = client.answers[stream_id], client.sent[stream_id]
+    finally:
+        client.close()
+    limit = MAX_REQUEST + _SERVER_CONFIG.http2_stream_window_size + 64 * 1024
+    assert accepted <= limit, (
+        f"the server took in {accepted} bytes of a request announced as {claimed} bytes "
+        f"(status {answer.status}) before refusing it; the cap is {MAX_REQUEST}"
+    )
+    assert answer.status == RESOURCE_EXHAUSTED or answer.reset is not None, "no answer and no reset"
+
+
+async def test_a_client_that_stops_reading_is_disconnected_when_the_server_shuts(short_dir: Path) -> None:
+    # A device list of about 250 KB, changed a few times, so that what is sent to the client piles up.
+    devices = {f"Ascend910-{n:05d}-{'p' * 60}": CHIPS[n % 8] for n in range(3000)}
+    service, changes = _service()
+    service.publish(devices, None, _small_spec)
+    server = _Server([service], codec=BytesCodec(), config=_SERVER_CONFIG)
+    path = short_dir / "Ascend910.sock"
+    await server.serve(path)
+    # The client opens big windows, asks for ListAndWatch, then never reads again.
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
+    conn.increment_flow_control_window(2**31 - 1 - 65535)
+    stream_id = conn.get_next_available_stream_id()
+    conn.send_headers(stream_id, _request_headers(LIST_AND_WATCH))
+    conn.send_data(stream_id, grpc_message(b""), end_stream=True)
+    loop = asyncio.get_running_loop()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.setblocking(False)
+    try:
+        await loop.sock_connect(client, str(path))
+        await loop.sock_sendall(client, conn.data_to_send())
+        await changes.wait_for(1, "ListAndWatch stream")
+        for n in range(1, 5):
+            service.publish(dict(list(devices.items())[n:]), None, _small_spec)
+        await anyio.wait_all_tasks_blocked()
+        with anyio.fail_after(5):
+            await server.shut()
+        # What was in flight may still be read; then the connection ends.
+        closed = False
+        with anyio.fail_after(5):
+            while not closed:
+                try:
+                    closed = not await loop.sock_recv(client, 1 << 20)
+                except ConnectionResetError:
+                    closed = True
+        await changes.wait_for(2, "end of the server's ListAndWatch handler")
+    finally:
+        client.close()
+        await server.shut()
+
+
+def _request_headers(path: str) -> list[tuple[str, str]]:
+    return [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+
+
+async def test_the_request_cap_is_64_kib(socket_path: Path) -> None:
+    channel = Channel(path=str(socket_path), codec=BytesCodec())
+    allocate = UnaryUnaryMethod(channel, ALLOCATE, bytes, bytes)
+    try:
+        at_cap = await allocate(_allocate_request([["Ascend910-3"]], MAX_REQUEST), timeout=5)
+        (container,) = AllocateResponse.parse(at_cap).container_responses
+        assert container.envs["ASCEND_VISIBLE_DEVICES"] == "3"
+        with pytest.raises(GRPCError) as caught:
+            await allocate(_allocate_request([["Ascend910-3"]], MAX_REQUEST + 1), timeout=5)
+        assert caught.value.status is Status.RESOURCE_EXHAUSTED
+        assert str(MAX_REQUEST + 1) in (caught.value.message or "")
+        # The connection still serves.
+        assert await allocate(_allocate_request([["Ascend910-4"]]), timeout=5)
+    finally:
+        channel.close()
+
+
+def test_answer_caches_stay_under_8_mib_over_5000_distinct_large_requests() -> None:
+    service, _ = _service(_big_spec)
+    limit = 8 * 1024 * 1024
+    highest = 0
+    seen: set[bytes] = set()
+    ids = [chip.device_id for chip in CHIPS]
+    for n in range(5000):
+        # Four containers of distinct chip sets, so each answer is about 160 KB; the tag makes every request
+        # distinct, the padding about 16 KiB.
+        containers = [[ids[(n + k) % 8], ids[(n + k + 1 + n // 8 % 6) % 8]] for k in range(4)]
+        request = _allocate_request(containers, 16 * 1024 - 64 + n % 64, tag=str(n).encode())
+        assert request not in seen
+        seen.add(request)
+        answer, _ = service.allocate(request)
+        if n % 500 == 0:
+            assert len(AllocateResponse.parse(answer).container_responses) == 4
+        highest = max(highest, service.cached_bytes)
+        assert service.cached_bytes <= limit, f"{service.cached_bytes} bytes cached after {n + 1} requests"
+    print(f"answer caches: at most {highest} bytes over 5000 requests (bound {limit})")
+    assert highest > limit // 4, "the requests were meant to fill the caches"
+
+
+def _timed_allocate(service: DevicePluginService, request: bytes) -> float:
+    started = time.perf_counter()
+    with contextlib.suppress(GRPCError):
+        service.allocate(request)
+    return time.perf_counter() - started
+
+
+def test_a_64_kib_request_of_unknown_fields_decodes_quickly() -> None:
+    service, _ = _service()
+    units = {
+        "varints": b"\x10\x01",
+        "empty strings": b"\x1a\x00",
+        "fixed32": b"\x25\x00\x00\x00\x00",
+        "varints in a container": None,
+    }
+    worst: dict[str, float] = {}
+    median: dict[str, float] = {}
+    for name, unit in units.items():
+        times = []
+        for n in range(21):
+            tail = b"\x18" + bytes([n])  # field 3 = n: every request is new, none is answered from the cache
+            if unit is None:
+                inner = _field(1, b"Ascend910-0") + b"\x10\x01" * ((MAX_REQUEST - 40) // 2)
+                request = _field(1, inner) + tail
+            else:
+                request = unit * ((MAX_REQUEST - len(tail)) // len(unit)) + tail
+            assert MAX_REQUEST - 64 < len(request) <= MAX_REQUEST
+            times.append(_timed_allocate(service, request))
+        worst[name], median[name] = max(times), sorted(times)[len(times) // 2]
+    print(
+        "decode of a 64 KiB request of unknown fields, worst (median) of 21: "
+        + ", ".join(f"{name} {worst[name] * 1000:.2f} ms ({median[name] * 1000:.2f})" for name in units)
+    )
+    assert max(worst.values()) < 0.1, worst
