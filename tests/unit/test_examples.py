@@ -265,6 +265,14 @@ def test_kubelet_directory_is_the_hosts_own_and_writable(run_settings: Settings)
     assert not mount.get("readOnly", False)
 
 
+def test_the_instance_lock_is_on_the_host(run_settings: Settings) -> None:
+    # In the container's own filesystem every pod would hold a lock of its own: no lock at all.
+    mount, volume = _mounts()[str(run_settings.effective_plugin_dir)]
+    assert volume["hostPath"] == {"path": str(run_settings.effective_plugin_dir), "type": "DirectoryOrCreate"}
+    assert not mount.get("readOnly")
+    assert _container()["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
 def test_dev_and_sys_are_mounted_where_the_agent_looks(run_settings: Settings) -> None:
     for root, host in ((run_settings.effective_dev_root, "/dev"), (run_settings.effective_sys_root, "/sys")):
         _, volume = _host_path(root)
