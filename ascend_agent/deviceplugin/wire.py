@@ -44,10 +44,15 @@ def repeated_entry(payload: bytes) -> bytes:
     >>> repeated_entry(b"abc")
     b'\\n\\x03abc'
     """
-    return b"\x0a" + _varint(len(payload)) + payload
+    return b"\x0a" + varint(len(payload)) + payload
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """``value`` as a protobuf varint.
+
+    >>> varint(300)
+    b'\\xac\\x02'
+    """
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)

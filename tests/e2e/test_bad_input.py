@@ -5,28 +5,18 @@ going."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.agent_process import fake_agent
+from tests.support.cli import run_cli
 from tests.support.kubelet_standin import KubeletStandin
 
 GBK_COMMENT = "# 节点配置\n".encode("gbk")
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ascend_agent", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, **(env or {})},
-        stdin=subprocess.DEVNULL,
-    )
+_cli = run_cli
 
 
 @pytest.mark.parametrize(

@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ascend_agent.config import Settings
+from tests.support.cli import run_cli
 
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ascend_agent", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, **(env or {})},
-        stdin=subprocess.DEVNULL,
-    )
+cli = run_cli
 
 
 def test_version() -> None:

@@ -16,6 +16,7 @@ import yaml
 
 from tests.support import FIXTURES
 from tests.support.agent_process import AgentProcess
+from tests.support.cli import run_cli
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi
@@ -24,12 +25,7 @@ B4_INFO = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
 
 
 def _doctor(*args: str) -> tuple[int, list[dict[str, Any]], str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "ascend_agent", "doctor", "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("doctor", "--json", *args, timeout=60)
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, json.loads(result.stdout), result.stderr
 

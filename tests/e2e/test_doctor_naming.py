@@ -4,8 +4,6 @@ naming (``Ascend910B4.sock``), not for Huawei's per-generation names."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import yaml
 
 from tests.support import FIXTURES
 from tests.support.agent_process import fake_agent
+from tests.support.cli import run_cli
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi
@@ -24,12 +23,7 @@ SOCKET = "Ascend910B4.sock"
 
 
 def _doctor(*args: str) -> tuple[int, dict[str, dict[str, Any]], str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "ascend_agent", "doctor", "--json", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("doctor", "--json", *args, timeout=60)
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, {c["check"]: c for c in json.loads(result.stdout)}, result.stdout
 

@@ -25,6 +25,18 @@ import h2.settings
 _CHUNK = 16 * 1024
 
 
+def request_headers(path: str) -> list[tuple[str, str]]:
+    """The headers of a gRPC request for ``path`` over a unix socket, as the kubelet sends them."""
+    return [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
+
+
 def grpc_message(payload: bytes) -> bytes:
     """One length-prefixed gRPC message."""
     return b"\x00" + struct.pack(">I", len(payload)) + payload
@@ -91,17 +103,7 @@ class RawGrpcClient:
     def request(self, path: str) -> int:
         """Open a request stream (headers only); its stream id."""
         stream_id = self._conn.get_next_available_stream_id()
-        self._conn.send_headers(
-            stream_id,
-            [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", path),
-                (":authority", "localhost"),
-                ("content-type", "application/grpc"),
-                ("te", "trailers"),
-            ],
-        )
+        self._conn.send_headers(stream_id, request_headers(path))
         self.answers[stream_id] = Answer()
         self.sent[stream_id] = 0
         self._flush()

@@ -22,11 +22,12 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from ascend_agent._proto.v1beta1 import AllocateResponse
+from ascend_agent.deviceplugin import wire
 from ascend_agent.deviceplugin.lifecycle import _SERVER_CONFIG, _Server
 from ascend_agent.deviceplugin.service import MAX_REQUEST, DevicePluginService, SpecFor
 from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, HostMount
-from tests.support.h2_client import RawGrpcClient, grpc_message
+from tests.support.h2_client import RawGrpcClient, grpc_message, request_headers
 
 RESOURCE = "huawei.com/Ascend910"
 ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
@@ -49,17 +50,8 @@ def _big_spec(chips: Sequence[Chip]) -> ContainerSpec:
     )
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return wire.varint(number << 3 | 2) + wire.varint(len(payload)) + payload
 
 
 def _allocate_request(containers: Sequence[Sequence[str]], size: int = 0, tag: bytes = b"") -> bytes:
@@ -69,7 +61,7 @@ def _allocate_request(containers: Sequence[Sequence[str]], size: int = 0, tag: b
     if tag:
         body += _field(14, tag)
     if size:
-        filler = size - len(body) - 1 - len(_varint(size))
+        filler = size - len(body) - 1 - len(wire.varint(size))
         while len(body) + len(_field(15, b"x" * filler)) > size:
             filler -= 1
         body += _field(15, b"x" * filler)
@@ -185,7 +177,7 @@ async def test_a_client_that_stops_reading_is_disconnected_when_the_server_shuts
     conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
     conn.increment_flow_control_window(2**31 - 1 - 65535)
     stream_id = conn.get_next_available_stream_id()
-    conn.send_headers(stream_id, _request_headers(LIST_AND_WATCH))
+    conn.send_headers(stream_id, request_headers(LIST_AND_WATCH))
     conn.send_data(stream_id, grpc_message(b""), end_stream=True)
     loop = asyncio.get_running_loop()
     client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -211,17 +203,6 @@ async def test_a_client_that_stops_reading_is_disconnected_when_the_server_shuts
     finally:
         client.close()
         await server.shut()
-
-
-def _request_headers(path: str) -> list[tuple[str, str]]:
-    return [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", path),
-        (":authority", "localhost"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]
 
 
 async def test_the_request_cap_is_64_kib(socket_path: Path) -> None:
