@@ -8,6 +8,6 @@ ascend-agent kubelet-sim --kubelet-dir "$dir" --allocate 2 &
 sim=$!
 # The simulator needs an explicit directory and refuses one where a kubelet.sock already exists.
 while [ ! -S "$dir/kubelet.sock" ]; do kill -0 "$sim" 2>/dev/null || exit 1; sleep 0.1; done
-ascend-agent run --backend fake --kubelet-dir "$dir" --metrics-address "" "$@" &
+ascend-agent run --backend fake --kubelet-dir "$dir" --plugin-dir "$dir/agent" --metrics-address "" "$@" &
 agent=$!
 wait "$agent"
