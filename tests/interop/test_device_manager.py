@@ -29,6 +29,7 @@ def agent(go_kubelet: GoKubelet, state: Path) -> Iterator[AgentProcess]:
     process = fake_agent(go_kubelet.directory, "--fake-state", str(state))
     go_kubelet.wait_registrations(1)
     go_kubelet.wait_update(lambda u: len(u.devices) == 8, what="the first device list")
+    go_kubelet.wait_event("register")  # reported once Register has its answer
     yield process
     process.close()
 

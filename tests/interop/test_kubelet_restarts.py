@@ -22,6 +22,7 @@ def agent(go_kubelet: GoKubelet) -> Iterator[AgentProcess]:
     process = fake_agent(go_kubelet.directory)
     go_kubelet.wait_registrations(1)
     go_kubelet.wait_update(lambda u: len(u.devices) == 8, what="the first device list")
+    go_kubelet.wait_event("register")  # reported once Register has its answer
     yield process
     process.close()
 
@@ -45,6 +46,8 @@ def test_a_hundred_restarts_each_registered_exactly_once(go_kubelet: GoKubelet, 
             what=f"the device list after restart {restart}",
         )
         latencies.append(update.at - listening.at)
+        # The attempt is reported once Register has its answer, which may come after the list.
+        go_kubelet.wait_event("register", after=attempts)
         if restart == RESTARTS - 1:
             # A registration that arrives late would count for no restart: give one the time to show.
             with pytest.raises(AssertionError):

@@ -65,6 +65,7 @@ def agent(watching_kubelet: GoKubelet, plugin_dir: Path) -> Iterator[AgentProces
         _started(process)
         watching_kubelet.wait_registrations(1)
         watching_kubelet.wait_update(lambda u: len(u.devices) == 8, what="the first device list")
+        watching_kubelet.wait_event("register")  # reported once NotifyRegistrationStatus is answered
         yield process
     finally:
         process.close()
@@ -131,6 +132,8 @@ def test_after_a_restart_the_rescan_registers_it_again(
         watching_kubelet.wait_update(
             lambda u: len(u.devices) == 8, after=updates, what=f"the device list after restart {restart}"
         )
+        # The attempt is reported after NotifyRegistrationStatus, which may come after the list.
+        watching_kubelet.wait_event("register", after=attempts)
         new_attempts = watching_kubelet.of_kind("register", attempts)
         assert [(a["ok"], a["registry"]) for a in new_attempts] == [(True, str(registry_socket))]
         assert [d["error"] for d in watching_kubelet.of_kind("dial", dials) if not d["ok"]] == []

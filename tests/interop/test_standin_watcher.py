@@ -186,7 +186,7 @@ def test_a_restart_rescans_and_removing_the_socket_deregisters(
     watching_kubelet: GoKubelet, plugin_factory: Any
 ) -> None:
     plugin = plugin_factory()
-    watching_kubelet.wait_registrations(1)
+    plugin.wait_statuses(1)
     watching_kubelet.restart()
     watching_kubelet.wait_registrations(2)
     assert plugin.wait_statuses(2) == [(True, "")] * 2
