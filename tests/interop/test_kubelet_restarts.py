@@ -69,6 +69,6 @@ def test_a_hundred_restarts_each_registered_exactly_once(go_kubelet: GoKubelet, 
         f"failed dials {len(failed_dials)}"
     )
     assert failed_attempts == []
-    assert failed_dials == []
+    assert failed_dials == [], "each failed dial cost the kubelet grpc-go's ~1 s wait before redialling"
     assert attempts_per_restart == [1] * RESTARTS
     assert agent.proc.poll() is None
