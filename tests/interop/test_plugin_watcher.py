@@ -139,7 +139,7 @@ def test_after_a_restart_the_rescan_registers_it_again(
         assert [d["error"] for d in watching_kubelet.of_kind("dial", dials) if not d["ok"]] == []
     # Neither socket was made again: the wipe touched only the device-plugins directory.
     assert (registry_socket.stat().st_ino, endpoint.stat().st_ino) == identity
-    assert len(agent.matching(r"Registered resource huawei\.com/Ascend910$")) >= 11
+    agent.wait_log(r"Registered resource huawei\.com/Ascend910$", count=11)
 
 
 def test_removing_the_registry_socket_deregisters(watching_kubelet: GoKubelet, agent: AgentProcess) -> None:
