@@ -1,4 +1,5 @@
-"""Reaction times, against the grpcio kubelet stand-in: how long until the kubelet's view is true again."""
+"""Reaction times: how long until the kubelet's view is true again. Against the grpcio kubelet stand-in, and
+for a kubelet restart also against the grpc-go one (built by ``make interop``) in both registration modes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from pathlib import Path
 
 from bench._common import Row, devfs_flags, grpc_api, kubelet, quick, report, start_agent, stats
+from tests.support.gokubelet import BINARY, GoKubelet
 from tests.support.host_tree import HostTree
 from tests.support.npusmi_fake import FakeNpuSmi
 
@@ -38,14 +40,17 @@ def main() -> None:
         agent = start_agent(standin.directory, "--fake-state", str(state))
         try:
             standin.wait_registrations(1)
-            restart, deleted, fault, recovery = [], [], [], []
+            restart, listed, deleted, fault, recovery = [], [], [], [], []
             for _ in range(repetitions):
                 count = len(standin.registrations)
+                after = len(standin.updates)
                 standin.stop()
                 started = time.monotonic()
                 standin.start()  # removes every socket, then kubelet.sock appears
                 standin.wait_registrations(count + 1)
                 restart.append(standin.registrations[count].at - started)
+                update = standin.wait_update(lambda u: len(u.devices) == 8, after=after)
+                listed.append(update.at - started)
 
                 count = len(standin.registrations)
                 started = time.monotonic()
@@ -66,14 +71,51 @@ def main() -> None:
                 recovery.append(update.at - started)
             rows += [
                 _row("kubelet restart -> registered", restart),
+                _row("kubelet restart -> full device list (grpcio)", listed),
                 _row("own socket deleted -> registered", deleted),
                 _row("fault in state file -> on the stream", fault),
                 _row("recovery in state file -> on the stream", recovery),
             ]
         finally:
             agent.close()
+    rows += _go_restarts(repetitions, watcher=False)
+    rows += _go_restarts(repetitions, watcher=True)
     rows += _devfs(api, repetitions)
     report("react", rows)
+
+
+def _go_restarts(repetitions: int, *, watcher: bool) -> list[Row]:
+    """Kubelet restart -> the full device list at the grpc-go stand-in: kubelet.sock served again (or, with
+    ``watcher``, the registry directory rescanned) until the first complete ListAndWatch message."""
+    mode = "plugin-watcher" if watcher else "kubelet.sock"
+    if not BINARY.exists():
+        print(f"note: no grpc-go rows ({mode}): {BINARY} is not built; `make interop` builds it")
+        return []
+    scratch = Path(tempfile.mkdtemp(prefix="bench-go-", dir="/tmp"))
+    registry = scratch / "registry" if watcher else None
+    flags = ["--registration", "plugin-watcher", "--plugins-registry-dir", str(registry)] if watcher else []
+    flags += ["--plugin-dir", str(scratch / "plugins")] if watcher else []
+    with GoKubelet(scratch / "k", registry) as standin:
+        agent = start_agent(standin.directory, *flags)
+        try:
+            try:
+                agent.wait_log(r"Found device /dev/davinci7$")
+            except AssertionError:
+                said = [line.strip("│╭╰─╮╯ ") for line in agent.output.splitlines()]
+                reason = next((line for line in reversed(said) if line), "no output")
+                print(f"note: no grpc-go rows ({mode}): the agent did not start: {reason}")
+                return []
+            standin.wait_registrations(1)
+            standin.wait_update(lambda u: len(u.devices) == 8)
+            samples = []
+            for _ in range(repetitions):
+                after = len(standin.updates)
+                listening = standin.restart()
+                update = standin.wait_update(lambda u: len(u.devices) == 8, after=after, timeout=15)
+                samples.append(update.at - listening.at)
+        finally:
+            agent.close()
+    return [_row(f"kubelet restart -> full device list (grpc-go, {mode})", samples)]
 
 
 def _devfs(api: tuple[object, object], repetitions: int) -> list[Row]:

@@ -176,7 +176,9 @@ class GoKubelet:
         errors = self.count("error")
         self._send(f"end-stream {resource}")
         self.wait_for(
-            lambda: self.count("stream-ended") > ended or self.count("error") > errors, timeout, "stream-ended"
+            lambda: self.count("stream-ended") > ended or self.count("error") > errors,
+            timeout,
+            "stream-ended",
         )
         self._raise_new_error(errors)
 
@@ -211,7 +213,7 @@ class GoKubelet:
         after: int = 0,
         timeout: float = 10.0,
     ) -> Event:
-        """The first event of ``kind`` from index ``after`` on (of that kind) for which ``predicate`` holds."""
+        """The first event of ``kind``, from that kind's index ``after`` on, for which ``predicate`` holds."""
         found: list[Event] = []
 
         def check() -> bool:
@@ -257,7 +259,10 @@ class GoKubelet:
         self._raise_new_error(errors)
         event = self._by_kind[kind][answers]
         return Answer(
-            event["ok"], event.fields.get("response", {}), event.fields.get("code", ""), event.fields.get("message", "")
+            event["ok"],
+            event.fields.get("response", {}),
+            event.fields.get("code", ""),
+            event.fields.get("message", ""),
         )
 
     def _raise_new_error(self, before: int) -> None:
@@ -289,7 +294,9 @@ class GoKubelet:
         self._by_kind.setdefault(kind, []).append(event)
         if kind == "registered":
             self.registrations.append(
-                Registration(record["resource"], record["socket"], record["registry"], record["options"], event.at)
+                Registration(
+                    record["resource"], record["socket"], record["registry"], record["options"], event.at
+                )
             )
         elif kind == "devices":
             devices = [(d["id"], d["health"], d["numa"]) for d in record["devices"]]

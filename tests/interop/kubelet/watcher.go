@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -100,21 +101,21 @@ func (w *registryWatcher) forget(name string) {
 	}
 }
 
-// keepTrying registers the socket at path, again every retryInterval while it fails and the socket is
-// there; at once if the device manager restarted during an attempt.
+// keepTrying registers the socket at path until it is registered, again every retryInterval while it
+// fails and the socket is there; at once if the device manager restarted meanwhile (a rescan skips a
+// socket in flight, so this attempt must cover it).
 func (w *registryWatcher) keepTrying(path string) {
 	for {
 		generation := w.manager.currentGeneration()
-		resource, err := w.register(path, generation)
+		err := w.register(path, generation)
 		w.mu.Lock()
-		if err == nil && w.manager.currentGeneration() == generation {
-			w.registered[path] = resource
+		if _, registered := w.registered[path]; registered {
 			delete(w.inFlight, path)
 			w.mu.Unlock()
-			return
+			break
 		}
 		w.mu.Unlock()
-		if w.manager.currentGeneration() == generation {
+		if err != nil && w.manager.currentGeneration() == generation {
 			time.Sleep(retryInterval)
 		}
 		if _, err := os.Stat(path); err != nil {
@@ -124,10 +125,14 @@ func (w *registryWatcher) keepTrying(path string) {
 			return
 		}
 	}
+	// Removed while it was being registered: its deletion found nothing to deregister.
+	if _, err := os.Stat(path); err != nil {
+		w.forget(filepath.Base(path))
+	}
 }
 
-// register is one attempt: GetInfo, validate, connect the endpoint, NotifyRegistrationStatus.
-func (w *registryWatcher) register(path string, generation int) (string, error) {
+// register is one attempt: GetInfo, validate, connect the endpoint, record it, NotifyRegistrationStatus.
+func (w *registryWatcher) register(path string, generation int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
 	defer cancel()
 	outcome := fields{"via": "plugin-watcher", "registry": path}
@@ -138,13 +143,13 @@ func (w *registryWatcher) register(path string, generation int) (string, error) 
 		grpc.WithContextDialer(countedDialer(w.events, path)),
 	)
 	if err != nil {
-		return "", w.report(outcome, fmt.Errorf("failed to dial the registration socket: %v", err))
+		return w.report(outcome, fmt.Errorf("failed to dial the registration socket: %v", err))
 	}
 	defer conn.Close()
 	client := reg.NewRegistrationClient(conn)
 	info, err := client.GetInfo(ctx, &reg.InfoRequest{})
 	if err != nil {
-		return "", w.report(outcome, fmt.Errorf("GetInfo failed: %v", err))
+		return w.report(outcome, fmt.Errorf("GetInfo failed: %v", err))
 	}
 	endpoint := info.Endpoint
 	if endpoint == "" {
@@ -158,14 +163,28 @@ func (w *registryWatcher) register(path string, generation int) (string, error) 
 	if err == nil {
 		_, err = w.manager.connect(context.Background(), generation, info.Name, endpoint, path)
 	}
+	if err == nil {
+		err = w.record(path, info.Name, generation)
+	}
 	status := &reg.RegistrationStatus{PluginRegistered: err == nil, Error: errorText(err)}
 	_, notifyErr := client.NotifyRegistrationStatus(ctx, status)
 	outcome["notify_error"] = errorText(notifyErr)
 	if err == nil && notifyErr != nil {
-		w.manager.disconnect(info.Name, path)
+		w.forget(filepath.Base(path))
 		err = fmt.Errorf("NotifyRegistrationStatus failed: %v", notifyErr)
 	}
-	return info.Name, w.report(outcome, err)
+	return w.report(outcome, err)
+}
+
+// record notes the registration, unless the device manager restarted since generation (and so closed it).
+func (w *registryWatcher) record(path, resource string, generation int) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.manager.currentGeneration() != generation {
+		return errors.New("the kubelet restarted during the registration")
+	}
+	w.registered[path] = resource
+	return nil
 }
 
 func (w *registryWatcher) report(outcome fields, err error) error {

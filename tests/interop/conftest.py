@@ -1,0 +1,64 @@
+"""The grpc-go kubelet stand-in for the interop tests: skipped with the reason when it has not been built (a
+plain ``pytest`` stays green), a failure instead under ``make interop``, which builds it first."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.support import ROOT
+from tests.support.gokubelet import BINARY, GoKubelet
+
+
+@pytest.fixture(scope="session")
+def standin_binary() -> Path:
+    if BINARY.is_file() and os.access(BINARY, os.X_OK):
+        return BINARY
+    reason = f"the grpc-go kubelet stand-in is not built ({BINARY}): `make interop` builds it and runs these"
+    if os.environ.get("INTEROP_REQUIRE_STANDIN"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def go_kubelet(standin_binary: Path, short_dir: Path) -> Iterator[GoKubelet]:
+    """The stand-in serving ``short_dir/kubelet/kubelet.sock``, as the kubelet's device manager."""
+    with GoKubelet(short_dir / "kubelet", binary=standin_binary) as kubelet:
+        yield kubelet
+
+
+@pytest.fixture
+def watching_kubelet(standin_binary: Path, short_dir: Path) -> Iterator[GoKubelet]:
+    """The stand-in with its plugin watcher on ``short_dir/registry`` as well."""
+    with GoKubelet(short_dir / "kubelet", short_dir / "registry", binary=standin_binary) as kubelet:
+        yield kubelet
+
+
+@pytest.fixture(scope="session")
+def registration_api(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, ModuleType]:
+    """(api_pb2, api_pb2_grpc) of pluginregistration v1, compiled now from protos/ for grpcio."""
+    from grpc_tools import protoc
+
+    out = tmp_path_factory.mktemp("grpcio-pluginregistration")
+    include = Path(protoc.__file__).parent / "_proto"
+    proto = "pluginregistration/v1/api.proto"
+    arguments = [
+        "protoc",
+        f"-I{ROOT / 'protos'}",
+        f"-I{include}",
+        f"--python_out={out}",
+        f"--grpc_python_out={out}",
+    ]
+    if protoc.main([*arguments, proto]) != 0:
+        raise RuntimeError(f"grpc_tools.protoc failed on protos/{proto}")
+    sys.path.insert(0, str(out))
+    return (
+        importlib.import_module("pluginregistration.v1.api_pb2"),
+        importlib.import_module("pluginregistration.v1.api_pb2_grpc"),
+    )
