@@ -134,6 +134,12 @@ class _Server(Server):
             await self.wait_closed()
 
 
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Mark a given-up registration's outcome as seen (its error was already handled, or never matters)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class ServeFailed(Exception):
     """Serving kept failing for the whole ``serve_timeout``: the message says why, in one line."""
 
@@ -168,6 +174,7 @@ class ResourcePlugin:
         self._failing_since: float | None = None
         self.service = DevicePluginService(resource, on_stream_change=self.poke)
         self._poked = anyio.Event()
+        self._registering: anyio.Event | None = None
         self._servers: list[tuple[_Server, Path, SocketIdentity]] = []
         self._incarnation = 0
         # kubelet.sock's identity when we registered (kubelet mode), or True once the kubelet said so
@@ -188,6 +195,8 @@ class ResourcePlugin:
     def poke(self) -> None:
         """Something in the world changed: look again."""
         self._poked.set()
+        if self._registering is not None:
+            self._registering.set()
 
     def status(self) -> tuple[bool, str]:
         """(ready, why not): ready while registered and the kubelet's ListAndWatch stream is open."""
@@ -316,9 +325,21 @@ class ResourcePlugin:
                 extra=log_fields(resource=self.resource),
             )
             self._registered_with = None
+        # Our socket is looked at after kubelet.sock: a kubelet that wiped it at its start has done so before
+        # it listened, so a socket still ours now is one that kubelet dials.
+        if not self._serving_ours():
+            return 0
         mark = (self._incarnation, self.service.dials)
         try:
-            await register(self._kubelet_dir, self.socket_path.name, self.resource, self._options())
+            if kubelet is None:
+                # Not register() finding it a moment later: a kubelet that appears now may have just wiped
+                # our socket; its creation pokes us, and the look at our socket comes first then.
+                raise RegistrationError(
+                    f"the kubelet is not listening: {self._kubelet_socket} does not exist"
+                )
+            if not await self._register_while_served():
+                log.debug("%s: our socket went while registering; serving again first", self.resource)
+                return 0
         except RegistrationError as exc:
             self._problem = str(exc)
             if self._problem != self._logged_problem:
@@ -336,14 +357,40 @@ class ResourcePlugin:
                 delay,
             )
             return delay
-        # kubelet.sock may have appeared or been replaced while we registered: keep the one we reached.
-        kubelet = socket_identity(self._kubelet_socket)
-        if kubelet is None or self._incarnation != mark[0] or self.service.dials == mark[1]:
+        # Registered with the kubelet seen before the call: one that replaced it meanwhile is registered next.
+        if self._incarnation != mark[0] or self.service.dials == mark[1]:
             log.debug("The kubelet dialled an earlier %s server; registering again", self.resource)
             return backoff.next()
         backoff.reset()
         self._registered(kubelet)
         return 0
+
+    async def _register_while_served(self) -> bool:
+        """Register; False, at once, when our socket is wiped meanwhile: the kubelet's dial-back cannot reach
+        it, and waiting for its 10 s timeout would delay serving again. RegistrationError on failure.
+
+        The call runs as a task of its own, so that giving it up cancels that task only: grpclib can swallow
+        a cancellation while it takes a connection down, which inside a cancel scope of ours would leak into
+        this resource's lifecycle and end it."""
+        attempt = asyncio.ensure_future(
+            register(self._kubelet_dir, self.socket_path.name, self.resource, self._options())
+        )
+        attempt.add_done_callback(_retrieve)
+        try:
+            while not attempt.done():
+                changed = self._registering = anyio.Event()
+                waiter = asyncio.ensure_future(changed.wait())
+                try:
+                    await asyncio.wait({attempt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                if not attempt.done() and not self._serving_ours():
+                    return False
+            attempt.result()
+            return True
+        finally:
+            self._registering = None
+            attempt.cancel()
 
     def _options(self) -> DevicePluginOptions:
         return DevicePluginOptions.parse(self.service.options)
