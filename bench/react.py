@@ -16,6 +16,8 @@ from tests.support.npusmi_fake import FakeNpuSmi
 B4_INFO = (
     Path(__file__).resolve().parent.parent / "tests/fixtures/npu-smi/910B4x8-25.0.rc1.1-info.txt"
 ).read_text()
+# The kubelet's own gRPC stack waits 1 s before redialling an endpoint that was not there: 20 ms shows none.
+GO_TARGET = 0.020
 TARGET = 0.050
 
 
@@ -25,9 +27,9 @@ def _write_state(path: Path, state: dict[str, list[int]]) -> None:
     temporary.rename(path)
 
 
-def _row(name: str, samples: list[float]) -> Row:
+def _row(name: str, samples: list[float], target: float = TARGET) -> Row:
     median, p99 = stats(samples)
-    return Row(name, median * 1e3, p99 * 1e3, "ms", "p99 < 50", p99 < TARGET)
+    return Row(name, median * 1e3, p99 * 1e3, "ms", f"p99 < {target * 1e3:g}", p99 < target)
 
 
 def main() -> None:
@@ -115,7 +117,7 @@ def _go_restarts(repetitions: int, *, watcher: bool) -> list[Row]:
                 samples.append(update.at - listening.at)
         finally:
             agent.close()
-    return [_row(f"kubelet restart -> full device list (grpc-go, {mode})", samples)]
+    return [_row(f"kubelet restart -> full device list (grpc-go, {mode})", samples, GO_TARGET)]
 
 
 def _devfs(api: tuple[object, object], repetitions: int) -> list[Row]:
@@ -124,7 +126,8 @@ def _devfs(api: tuple[object, object], repetitions: int) -> list[Row]:
     npu_smi = FakeNpuSmi(scratch / "npu-smi")
     npu_smi.set_output("info", B4_INFO)
     with kubelet(api) as standin:  # type: ignore[arg-type]
-        agent = start_agent(standin.directory, *devfs_flags(host.root, npu_smi.path))
+        # Removing one chip's node again and again is what the flap hold exists for: off, to time the events.
+        agent = start_agent(standin.directory, *devfs_flags(host.root, npu_smi.path), "--flap-threshold", "0")
         try:
             standin.wait_registrations(1)
             standin.wait_update(lambda u: len(u.devices) == 8)
