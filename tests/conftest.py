@@ -29,6 +29,14 @@ def short_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
+def state(short_dir: Path) -> Path:
+    """An empty fake backend state file (``--fake-state``): no faults yet."""
+    path = short_dir / "state.json"
+    path.write_text("{}")
+    return path
+
+
+@pytest.fixture
 def kubelet(kubelet_api: tuple[ModuleType, ModuleType], short_dir: Path) -> Iterator[KubeletStandin]:
     """A started kubelet stand-in on ``short_dir/kubelet``."""
     standin = KubeletStandin(short_dir / "kubelet", *kubelet_api)

@@ -44,13 +44,7 @@ def test_doctor_checks_the_socket_of_model_naming(
         assert registration.resource_name == RESOURCE
         assert registration.endpoint == SOCKET
         kubelet.wait_update(lambda u: u.resource == RESOURCE and len(u.devices) == 8)
-        code, checks, output = _doctor(
-            "--config", str(config),
-            "--host-root", str(host.root),
-            "--npu-smi", str(npu_smi.path),
-            "--kubelet-dir", str(kubelet.directory),
-            "--metrics-address", "",
-        )  # fmt: skip
+        code, checks, output = _doctor_on(config, host, npu_smi, kubelet)
         assert f"plugin socket {SOCKET}" in checks, output
         check = checks[f"plugin socket {SOCKET}"]
         assert check["ok"] is True, check
@@ -60,6 +54,19 @@ def test_doctor_checks_the_socket_of_model_naming(
         assert code == 0, output
     finally:
         agent.close()
+
+
+def _doctor_on(
+    config: Path, host: HostTree, npu_smi: FakeNpuSmi, kubelet: KubeletStandin
+) -> tuple[int, dict[str, dict[str, Any]], str]:
+    """The doctor with ``config``, looking at ``host`` through ``npu_smi`` and at ``kubelet``'s directory."""
+    return _doctor(
+        "--config", str(config),
+        "--host-root", str(host.root),
+        "--npu-smi", str(npu_smi.path),
+        "--kubelet-dir", str(kubelet.directory),
+        "--metrics-address", "",
+    )  # fmt: skip
 
 
 def test_doctor_finds_the_model_named_socket_when_discovery_finds_no_chips(
@@ -76,13 +83,7 @@ def test_doctor_finds_the_model_named_socket_when_discovery_finds_no_chips(
     try:
         kubelet.wait_registrations(1)
         kubelet.wait_update(lambda u: u.resource == RESOURCE and len(u.devices) == 8)
-        _, checks, output = _doctor(
-            "--config", str(config),
-            "--host-root", str(host.root),
-            "--npu-smi", str(npu_smi.path),
-            "--kubelet-dir", str(kubelet.directory),
-            "--metrics-address", "",
-        )  # fmt: skip
+        _, checks, output = _doctor_on(config, host, npu_smi, kubelet)
         assert checks["npu-smi reports chips"]["ok"] is False
         assert f"plugin socket {SOCKET}" in checks, output
         assert checks[f"plugin socket {SOCKET}"]["ok"] is True

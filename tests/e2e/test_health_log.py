@@ -11,17 +11,12 @@ import pytest
 
 from tests.support import FIXTURES
 from tests.support.agent_process import AgentProcess, fake_agent
+from tests.support.files import replace_text
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi
 
 B4_INFO = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
-
-
-def _replace(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    temporary.rename(path)
 
 
 def test_fake_fault_and_recovery_are_logged_once(kubelet: KubeletStandin, short_dir: Path) -> None:
@@ -30,11 +25,11 @@ def test_fake_fault_and_recovery_are_logged_once(kubelet: KubeletStandin, short_
     agent = fake_agent(kubelet.directory, "--fake-state", str(state))
     try:
         kubelet.wait_update(lambda u: len(u.devices) == 8)
-        _replace(state, json.dumps({"unhealthy": [3]}))
+        replace_text(state, json.dumps({"unhealthy": [3]}))
         agent.wait_log(r"Ascend910-3 is Unhealthy: fault scripted in the state file$")
-        _replace(state, "{}")
+        replace_text(state, "{}")
         agent.wait_log(r"Ascend910-3 is Healthy again$")
-        _replace(state, json.dumps({"absent": [5]}))
+        replace_text(state, json.dumps({"absent": [5]}))
         agent.wait_log(r"Ascend910-5 is Unhealthy: absent")
         assert len(agent.matching("Ascend910-3 is Unhealthy")) == 1
         assert agent.matching(r"Ascend910-[0-24-7] is Healthy again") == [], "only transitions are logged"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -12,14 +11,8 @@ import grpc
 import pytest
 
 from tests.support.agent_process import AgentProcess, fake_agent
+from tests.support.files import write_state
 from tests.support.kubelet_standin import KubeletStandin
-
-
-@pytest.fixture
-def state(short_dir: Path) -> Path:
-    path = short_dir / "state.json"
-    path.write_text("{}")
-    return path
 
 
 @pytest.fixture
@@ -33,13 +26,6 @@ def agent(kubelet: KubeletStandin, state: Path) -> Iterator[AgentProcess]:
 
 def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _write_state(path: Path, state: dict[str, list[int]]) -> None:
-    """Replace the file by rename, as tools and ConfigMaps do."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(state))
-    temporary.rename(path)
 
 
 def _no_more_registrations(kubelet: KubeletStandin, count: int, within: float) -> None:
@@ -116,13 +102,13 @@ def test_live_fault_and_recovery_reach_the_stream(
     kubelet: KubeletStandin, agent: AgentProcess, state: Path, faults: dict[str, list[int]], chip: str
 ) -> None:
     before = len(kubelet.updates)
-    _write_state(state, faults)
+    write_state(state, faults)
     fault = kubelet.wait_update(
         lambda u: u.health()[chip] == "Unhealthy", after=before, what=f"{chip} Unhealthy"
     )
     assert len(fault.devices) == 8, "a faulty or absent chip stays listed"
     assert sum(h == "Healthy" for h in fault.health().values()) == 7
-    _write_state(state, {})
+    write_state(state, {})
     recovered = kubelet.wait_update(lambda u: set(u.health().values()) == {"Healthy"}, after=before + 1)
     assert len(recovered.devices) == 8
 
@@ -136,12 +122,12 @@ def test_an_answer_given_before_a_fault_is_not_given_after_it(
     )
     assert stub.Allocate(request, timeout=5).container_responses
     before = len(kubelet.updates)
-    _write_state(state, {"unhealthy": [2]})
+    write_state(state, {"unhealthy": [2]})
     kubelet.wait_update(lambda u: u.health()["Ascend910-2"] == "Unhealthy", after=before)
     with pytest.raises(grpc.RpcError) as caught:
         stub.Allocate(request, timeout=5)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    _write_state(state, {})
+    write_state(state, {})
     kubelet.wait_update(lambda u: set(u.health().values()) == {"Healthy"}, after=before + 1)
     assert stub.Allocate(request, timeout=5).container_responses
     channel.close()
@@ -150,11 +136,11 @@ def test_an_answer_given_before_a_fault_is_not_given_after_it(
 def test_an_invalid_state_file_keeps_the_last_state(
     kubelet: KubeletStandin, agent: AgentProcess, state: Path
 ) -> None:
-    _write_state(state, {"unhealthy": [1]})
+    write_state(state, {"unhealthy": [1]})
     kubelet.wait_update(lambda u: u.health()["Ascend910-1"] == "Unhealthy")
     state.write_text("{broken")
     agent.wait_log("not valid JSON.*keeping the previous state")
-    _write_state(state, {"unhealthy": [1, 2]})
+    write_state(state, {"unhealthy": [1, 2]})
     update = kubelet.wait_update(lambda u: u.health()["Ascend910-2"] == "Unhealthy")
     assert update.health()["Ascend910-1"] == "Unhealthy"
 

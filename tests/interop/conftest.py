@@ -3,17 +3,15 @@ plain ``pytest`` stays green), a failure instead under ``make interop``, which b
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.support import ROOT
 from tests.support.gokubelet import BINARY, GoKubelet
+from tests.support.kubelet_standin import compile_proto
 
 
 @pytest.fixture(scope="session")
@@ -43,22 +41,6 @@ def watching_kubelet(standin_binary: Path, short_dir: Path) -> Iterator[GoKubele
 @pytest.fixture(scope="session")
 def registration_api(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, ModuleType]:
     """(api_pb2, api_pb2_grpc) of pluginregistration v1, compiled now from protos/ for grpcio."""
-    from grpc_tools import protoc
-
-    out = tmp_path_factory.mktemp("grpcio-pluginregistration")
-    include = Path(protoc.__file__).parent / "_proto"
-    proto = "pluginregistration/v1/api.proto"
-    arguments = [
-        "protoc",
-        f"-I{ROOT / 'protos'}",
-        f"-I{include}",
-        f"--python_out={out}",
-        f"--grpc_python_out={out}",
-    ]
-    if protoc.main([*arguments, proto]) != 0:
-        raise RuntimeError(f"grpc_tools.protoc failed on protos/{proto}")
-    sys.path.insert(0, str(out))
-    return (
-        importlib.import_module("pluginregistration.v1.api_pb2"),
-        importlib.import_module("pluginregistration.v1.api_pb2_grpc"),
+    return compile_proto(
+        tmp_path_factory.mktemp("grpcio-pluginregistration"), "pluginregistration/v1/api.proto"
     )

@@ -3,7 +3,6 @@ dial-back, the device list, Allocate, GetPreferredAllocation, a fault on the str
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -12,16 +11,10 @@ import grpc
 import pytest
 
 from tests.support.agent_process import AgentProcess, fake_agent
+from tests.support.files import write_state
 from tests.support.gokubelet import RESOURCE, GoKubelet
 
 pytestmark = pytest.mark.interop
-
-
-@pytest.fixture
-def state(short_dir: Path) -> Path:
-    path = short_dir / "state.json"
-    path.write_text("{}")
-    return path
 
 
 @pytest.fixture
@@ -32,13 +25,6 @@ def agent(go_kubelet: GoKubelet, state: Path) -> Iterator[AgentProcess]:
     go_kubelet.wait_event("register")  # reported once Register has its answer
     yield process
     process.close()
-
-
-def _write_state(path: Path, state: dict[str, list[int]]) -> None:
-    """Replace the file by rename, as tools and ConfigMaps do."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(state))
-    temporary.rename(path)
 
 
 def test_registration_fields_and_the_dial_back(go_kubelet: GoKubelet, agent: AgentProcess) -> None:
@@ -104,13 +90,13 @@ def test_a_fault_in_the_state_file_reaches_the_stream_and_goes(
     go_kubelet: GoKubelet, agent: AgentProcess, state: Path
 ) -> None:
     after = len(go_kubelet.updates)
-    _write_state(state, {"unhealthy": [3]})
+    write_state(state, {"unhealthy": [3]})
     update = go_kubelet.wait_update(lambda u: u.health()["Ascend910-3"] == "Unhealthy", after=after)
     assert [h for i, h in update.health().items() if i != "Ascend910-3"] == ["Healthy"] * 7
     assert go_kubelet.allocate(RESOURCE, ["Ascend910-3"]).code == "FailedPrecondition"
 
     after = len(go_kubelet.updates)
-    _write_state(state, {})
+    write_state(state, {})
     go_kubelet.wait_update(lambda u: set(u.health().values()) == {"Healthy"}, after=after, what="recovery")
     assert go_kubelet.allocate(RESOURCE, ["Ascend910-3"]).ok
 

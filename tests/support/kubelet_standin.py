@@ -24,11 +24,16 @@ from tests.support import ROOT
 
 
 def compile_api(out: Path) -> tuple[ModuleType, ModuleType]:
-    """(api_pb2, api_pb2_grpc): protobuf and grpcio classes compiled now from protos/, into ``out``."""
+    """(api_pb2, api_pb2_grpc) of the device plugin API: protobuf and grpcio classes compiled now."""
+    return compile_proto(out, "deviceplugin/v1beta1/api.proto")
+
+
+def compile_proto(out: Path, proto: str) -> tuple[ModuleType, ModuleType]:
+    """(api_pb2, api_pb2_grpc) of ``protos/<proto>``, compiled now into ``out`` for grpcio, independent of the
+    agent's own generated code."""
     from grpc_tools import protoc
 
     include = Path(protoc.__file__).parent / "_proto"
-    proto = "deviceplugin/v1beta1/api.proto"
     arguments = [
         "protoc",
         f"-I{ROOT / 'protos'}",
@@ -37,12 +42,10 @@ def compile_api(out: Path) -> tuple[ModuleType, ModuleType]:
         f"--grpc_python_out={out}",
     ]
     if protoc.main([*arguments, proto]) != 0:
-        raise RuntimeError("grpc_tools.protoc failed on protos/")
+        raise RuntimeError(f"grpc_tools.protoc failed on protos/{proto}")
     sys.path.insert(0, str(out))
-    return (
-        importlib.import_module("deviceplugin.v1beta1.api_pb2"),
-        importlib.import_module("deviceplugin.v1beta1.api_pb2_grpc"),
-    )
+    module = proto.removesuffix(".proto").replace("/", ".")
+    return importlib.import_module(f"{module}_pb2"), importlib.import_module(f"{module}_pb2_grpc")
 
 
 @dataclass
