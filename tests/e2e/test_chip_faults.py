@@ -36,11 +36,6 @@ def _b4_with_chip_5(health: str) -> str:
 
 
 @pytest.fixture
-def host(short_dir: Path) -> HostTree:
-    return HostTree(short_dir / "host").add_driver().add_management()
-
-
-@pytest.fixture
 def npu_smi(short_dir: Path) -> FakeNpuSmi:
     fake = FakeNpuSmi(short_dir / "npu-smi")
     fake.set_output(HEALTH_ARGS, A3_HEALTH)

@@ -25,11 +25,6 @@ B4_NUMA = {bus: (1 if bus[5] in "C8" else 0) for bus in B4_BUS}
 
 
 @pytest.fixture
-def host(short_dir: Path) -> HostTree:
-    return HostTree(short_dir / "host").add_driver().add_management()
-
-
-@pytest.fixture
 def npu_smi(short_dir: Path) -> FakeNpuSmi:
     fake = FakeNpuSmi(short_dir / "npu-smi")
     fake.set_output("info", B4_INFO)

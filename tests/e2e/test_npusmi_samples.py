@@ -65,11 +65,6 @@ NOT_INFO_TABLES = {
 
 
 @pytest.fixture
-def host(short_dir: Path) -> HostTree:
-    return HostTree(short_dir / "host").add_driver().add_management()
-
-
-@pytest.fixture
 def npu_smi(short_dir: Path) -> FakeNpuSmi:
     return FakeNpuSmi(short_dir / "npu-smi")
 
