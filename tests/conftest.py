@@ -11,13 +11,21 @@ from types import ModuleType
 
 import pytest
 
-from tests.support.kubelet_standin import KubeletStandin, compile_api
+from tests.support.kubelet_standin import KubeletStandin, compile_api, compile_proto
 
 
 @pytest.fixture(scope="session")
 def kubelet_api(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, ModuleType]:
     """(api_pb2, api_pb2_grpc): protobuf and grpcio classes compiled from our .proto, independent of ours."""
     return compile_api(tmp_path_factory.mktemp("grpcio-api"))
+
+
+@pytest.fixture(scope="session")
+def registration_api(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, ModuleType]:
+    """(api_pb2, api_pb2_grpc) of pluginregistration v1, compiled now from protos/ for grpcio."""
+    return compile_proto(
+        tmp_path_factory.mktemp("grpcio-pluginregistration"), "pluginregistration/v1/api.proto"
+    )
 
 
 @pytest.fixture

@@ -3,24 +3,18 @@ one line, so that Kubernetes shows the reason instead of a pod that runs and is 
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from tests.support.agent_process import AgentProcess
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.support.http_probe import free_port
 
 
 def test_a_plain_file_as_kubelet_dir_is_retried_then_ends_the_agent(short_dir: Path) -> None:
     kubelet_dir = short_dir / "device-plugins"
     kubelet_dir.write_text("not a directory\n")
-    port = _free_port()
+    port = free_port()
     process = AgentProcess(
         [
             "run",

@@ -6,12 +6,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from tests.support.gokubelet import BINARY, GoKubelet
-from tests.support.kubelet_standin import compile_proto
 
 
 @pytest.fixture(scope="session")
@@ -36,11 +34,3 @@ def watching_kubelet(standin_binary: Path, short_dir: Path) -> Iterator[GoKubele
     """The stand-in with its plugin watcher on ``short_dir/registry`` as well."""
     with GoKubelet(short_dir / "kubelet", short_dir / "registry", binary=standin_binary) as kubelet:
         yield kubelet
-
-
-@pytest.fixture(scope="session")
-def registration_api(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, ModuleType]:
-    """(api_pb2, api_pb2_grpc) of pluginregistration v1, compiled now from protos/ for grpcio."""
-    return compile_proto(
-        tmp_path_factory.mktemp("grpcio-pluginregistration"), "pluginregistration/v1/api.proto"
-    )
