@@ -143,20 +143,19 @@ FlapThreshold = Annotated[
     _option(
         "--flap-threshold",
         env="FLAP_THRESHOLD",
-        help="Times a chip may turn Unhealthy within --flap-window before it is held Unhealthy; 0: off; "
-        "default: 3.",
+        help="Times a chip may turn Unhealthy within --flap-window before it is held Unhealthy; 0: off.",
     ),
 ]
 FlapWindow = Annotated[
     float | None,
-    _option("--flap-window", env="FLAP_WINDOW", help="Seconds in which the turns are counted; default: 600."),
+    _option("--flap-window", env="FLAP_WINDOW", help="Seconds in which the turns are counted."),
 ]
 FlapQuiet = Annotated[
     float | None,
     _option(
         "--flap-quiet",
         env="FLAP_QUIET",
-        help="Seconds a held chip must stay Healthy before it is Healthy again; default: 600.",
+        help="Seconds a held chip must stay Healthy before it is Healthy again.",
     ),
 ]
 Mode = Annotated[
