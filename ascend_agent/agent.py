@@ -65,6 +65,7 @@ _AGENT_SETTINGS = frozenset(
         "plugins_registry_dir",
         "plugin_dir",
         "replicas",
+        "serve_timeout",
         "cdi_spec_dir",
         "metrics_address",
         "log_level",
@@ -99,6 +100,7 @@ class Agent:
         self._spec_for: SpecFor | None = None
         self._cdi_document: dict[str, Any] | None = None
         self._tasks: TaskGroup | None = None
+        self._standby: str | None = None
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
 
@@ -111,8 +113,15 @@ class Agent:
         self._reload = True
         self.wake()
 
+    def standby(self, holder: str) -> None:
+        """Another agent holds the node: until it stops, this one is ready as a standby, so that a rolling
+        update with ``maxSurge`` (which waits for the new pod to be ready) lets the old pod go."""
+        self._standby = holder
+
     def ready(self) -> tuple[bool, str]:
-        """``/readyz``: every resource with chips registered, and its kubelet stream open."""
+        """``/readyz``: every resource with chips registered, and its kubelet stream open; or standing by."""
+        if self._standby is not None:
+            return True, f"standby: the ascend-agent with pid {self._standby} holds this node until it stops"
         if not self._plugins:
             return False, "; ".join(self.inventory.problems) or "no chips found"
         reasons = [
@@ -122,6 +131,7 @@ class Agent:
 
     async def run(self, http: asyncio.Server | None = None) -> None:
         """Reconcile on every wake-up until cancelled; then every plugin stops serving."""
+        self._standby = None
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
@@ -245,8 +255,12 @@ class Agent:
             self.backend = backend
             await backend.query()
         configure_logging(settings.log_level, settings.log_format)
-        if settings.metrics_address != self.settings.metrics_address:
-            await self._move_http(settings.metrics_address)
+        if settings.metrics_address != self.settings.metrics_address and not await self._move_http(
+            settings.metrics_address
+        ):
+            settings = replace(settings, metrics_address=self.settings.metrics_address)
+        for running in self._plugins.values():
+            running.plugin.set_serve_timeout(settings.serve_timeout)
         if settings.cdi_spec_dir != self.settings.cdi_spec_dir and self.settings.cdi_spec_dir is not None:
             cdi.remove_spec(self.settings.cdi_spec_dir)
             self._cdi_document = None
@@ -261,22 +275,24 @@ class Agent:
         self.settings = settings
         self._start_watching()
         log.info("Config applied: %s changed", ", ".join(changed))
-        _log_configuration(effective)
+        _log_configuration(replace(effective, settings=settings))
 
-    async def _move_http(self, address: str) -> None:
+    async def _move_http(self, address: str) -> bool:
+        """Serve the HTTP endpoint on ``address`` instead; False (and the old one kept) when it cannot."""
         if not address:
             self._http_scope.cancel()
             log.info("Stopped serving /metrics, /healthz and /readyz")
-            return
+            return True
         try:
             server = await serve_http(address, self.ready)
         except OSError as exc:
             log.error(
                 "Cannot serve /metrics on %s, keeping the old address: %s", address, exc.strerror or exc
             )
-            return
+            return False
         self._serve_http(server)
         log.info("Serving /metrics, /healthz and /readyz on %s", address)
+        return True
 
     # reconciling ------------------------------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -338,7 +354,8 @@ class Agent:
         """Keep the CDI spec in step with the chips. It stays when the agent stops: containers that restart
         while the agent is down resolve their CDI devices from it."""
         directory = self.settings.cdi_spec_dir
-        if directory is None:
+        if directory is None or not inventory.chips:
+            # No chips at all (npu-smi failing at start, say) must not empty the spec containers rely on.
             return
         document = cdi.build_spec(inventory.chips, self.backend.container_spec)
         if document == self._cdi_document:
@@ -455,7 +472,7 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
-            async with exclusive(settings.effective_plugin_dir):
+            async with exclusive(settings.effective_plugin_dir, on_wait=agent.standby):
                 await agent.run(http)
     except* ServeFailed as failed:
         failures.extend(_leaves(failed))

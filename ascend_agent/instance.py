@@ -3,20 +3,20 @@
 A second instance (a DaemonSet rolling update with ``maxSurge``, or a second ``ascend-agent run`` by hand)
 logs who holds the lock and waits until that one stops, so two agents never fight over the same sockets::
 
-    async with exclusive(Path("/var/lib/kubelet/plugins/ascend-agent")):
+    async with exclusive(Path("/var/lib/kubelet/plugins/ascend-agent"), on_wait=note_standby):
         ...
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-
-import anyio.to_thread
 
 from ascend_agent.config import ConfigError
 
@@ -26,8 +26,9 @@ LOCK_FILE = "agent.lock"
 
 
 @contextlib.asynccontextmanager
-async def exclusive(directory: Path) -> AsyncIterator[None]:
-    """Hold ``directory/agent.lock`` exclusively, waiting for its holder to stop first; it carries our pid."""
+async def exclusive(directory: Path, on_wait: Callable[[str], None] | None = None) -> AsyncIterator[None]:
+    """Hold ``directory/agent.lock`` exclusively, waiting for its holder to stop first (``on_wait`` hears the
+    holder's pid); the file carries our pid while we hold it."""
     path = directory / LOCK_FILE
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -40,11 +41,30 @@ async def exclusive(directory: Path) -> AsyncIterator[None]:
         except BlockingIOError:
             holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip() or "unknown"
             log.info("Another ascend-agent (pid %s) holds %s; waiting for it to stop", holder, path)
-            # The kernel says when the lock is free: a thread waits for it, abandoned if we are stopped.
-            await anyio.to_thread.run_sync(fcntl.flock, descriptor, fcntl.LOCK_EX, abandon_on_cancel=True)
+            if on_wait is not None:
+                on_wait(holder)
+            await _wait_for(descriptor)
             log.info("The ascend-agent with pid %s stopped; taking over", holder)
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(descriptor)
+
+
+async def _wait_for(descriptor: int) -> None:
+    """The kernel says when the lock is free: a daemon thread blocks in flock, so that an agent stopped while
+    it waits exits at once instead of waiting for that thread."""
+    loop = asyncio.get_running_loop()
+    free = asyncio.Event()
+
+    def wait() -> None:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        except OSError:  # the descriptor was closed: the agent is stopping
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the agent is stopping
+            loop.call_soon_threadsafe(free.set)
+
+    threading.Thread(target=wait, name="instance lock", daemon=True).start()
+    await free.wait()

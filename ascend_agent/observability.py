@@ -288,9 +288,7 @@ def _route(method: str, path: str, ready: Readiness) -> tuple[int, str, bytes]:
         return 200, "text/plain", b"ok\n"
     if path == "/readyz":
         is_ready, reason = ready()
-        return (
-            (200, "text/plain", b"ready\n")
-            if is_ready
-            else (503, "text/plain", f"not ready: {reason}\n".encode())
-        )
+        if is_ready:
+            return 200, "text/plain", f"ready: {reason}\n".encode() if reason else b"ready\n"
+        return 503, "text/plain", f"not ready: {reason}\n".encode()
     return 404, "text/plain", b"not found: try /metrics, /healthz or /readyz\n"

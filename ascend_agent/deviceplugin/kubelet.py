@@ -91,16 +91,25 @@ async def register(
 
 
 class WatcherRegistration(RegistrationBase):
-    """``pluginregistration.Registration`` for one resource: GetInfo names the DevicePlugin endpoint, and the
-    kubelet's verdict arrives through NotifyRegistrationStatus as ``on_status(registered, error)``."""
+    """``pluginregistration.Registration`` for one resource: GetInfo names the DevicePlugin endpoint (and
+    ``on_info()`` runs: the kubelet dials it next), and the kubelet's verdict arrives through
+    NotifyRegistrationStatus as ``on_status(registered, error)``."""
 
-    def __init__(self, resource: str, endpoint: Path, on_status: Callable[[bool, str], None]) -> None:
+    def __init__(
+        self,
+        resource: str,
+        endpoint: Path,
+        on_info: Callable[[], None],
+        on_status: Callable[[bool, str], None],
+    ) -> None:
         self._info = PluginInfo(
             type="DevicePlugin", name=resource, endpoint=str(endpoint), supported_versions=[API_VERSION]
         )
+        self._on_info = on_info
         self._on_status = on_status
 
     async def get_info(self, message: InfoRequest) -> PluginInfo:
+        self._on_info()
         return self._info
 
     async def notify_registration_status(self, message: RegistrationStatus) -> RegistrationStatusResponse:

@@ -65,6 +65,9 @@ STREAM_GRACE_CAP = 60.0
 _STREAK_WINDOW = 30.0
 _SELF_CHECK_TIMEOUT = 2.0
 _SHUTDOWN_GRACE = 0.3
+# The kubelet's plugin watcher looks at its directory about once a second; a restarted kubelet finds the
+# registry socket again within that, and the agent must not act first.
+_WATCHER_GRACE = 5.0
 # grpclib's defaults are 4 MiB per stream and per connection; a kubelet sends a few KiB.
 _SERVER_CONFIG = Configuration(http2_connection_window_size=1 << 20, http2_stream_window_size=1 << 18)
 
@@ -118,8 +121,10 @@ class _Server(Server):
             listener.bind(str(path))
             os.chmod(path, 0o600)
             await self.start(sock=listener)
-        except BaseException:
+        except BaseException:  # cancelled too (SIGTERM): the file we bound goes with the listener
             listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
             raise
         identity = socket_identity(path)
         if identity is None:
@@ -176,11 +181,13 @@ class ResourcePlugin:
         self._poked = anyio.Event()
         self._registering: anyio.Event | None = None
         self._servers: list[tuple[_Server, Path, SocketIdentity]] = []
+        self._stale = False  # serve again although the sockets are still ours
         self._incarnation = 0
         # kubelet.sock's identity when we registered (kubelet mode), or True once the kubelet said so
         # (plugin-watcher mode); None while not registered.
         self._registered_with: SocketIdentity | bool | None = None
         self._lost_at: float | None = None
+        self._streams_at_registration = 0
         self._lost_streak = 0
         self._last_lost = -math.inf
         self._problem = "not served yet"
@@ -191,6 +198,10 @@ class ResourcePlugin:
         """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``spec_for`` says
         what a container that gets some of them needs."""
         self.service.publish(devices, preference, spec_for)
+
+    def set_serve_timeout(self, seconds: float) -> None:
+        """How long serving may keep failing before the agent gives up (``serveTimeout``, live)."""
+        self._serve_timeout = seconds
 
     def poke(self) -> None:
         """Something in the world changed: look again."""
@@ -213,8 +224,10 @@ class ResourcePlugin:
             while True:
                 poked = self._poked = anyio.Event()
                 if self._serving_ours():
-                    # Plugin-watcher mode: the kubelet finds the registry socket itself, after restarts too.
-                    delay = None if self._watcher_mode else await self._keep_registered(backoff)
+                    if self._watcher_mode:
+                        delay = self._keep_watched()
+                    else:
+                        delay = await self._keep_registered(backoff)
                 elif await self._serve():
                     self._failing_since = None
                     backoff.reset()
@@ -234,38 +247,42 @@ class ResourcePlugin:
     # serving ------------------------------------------------------------------------------------------------
     def _serving_ours(self) -> bool:
         """True while every socket we serve is still the file we bound (the kubelet's start-up wipes ours)."""
-        return bool(self._servers) and all(
-            socket_identity(path) == identity for _, path, identity in self._servers
+        return (
+            not self._stale
+            and bool(self._servers)
+            and all(socket_identity(path) == identity for _, path, identity in self._servers)
         )
 
     async def _serve(self) -> bool:
-        if self._servers:
+        if self._servers and not self._stale:
             log.info("Socket %s is gone; serving %s again", self.socket_path, self.resource)
         await self._stop_serving()
         self._incarnation += 1
         self._registered_with = None
+        self._stale = False
+        path = self.socket_path
         try:
-            await self._listen(
-                _Server([self.service], codec=BytesCodec(), config=_SERVER_CONFIG),
-                self.socket_path,
-            )
+            await self._listen(_Server([self.service], codec=BytesCodec(), config=_SERVER_CONFIG), path)
             await self._self_check()
             if self.registry_path is not None:
-                registration = WatcherRegistration(self.resource, self.socket_path, self._on_watcher_status)
-                await self._listen(_Server([registration], config=_SERVER_CONFIG), self.registry_path)
+                path = self.registry_path
+                registration = WatcherRegistration(
+                    self.resource, self.socket_path, self._expect_kubelet, self._on_watcher_status
+                )
+                await self._listen(_Server([registration], config=_SERVER_CONFIG), path)
         except (OSError, TimeoutError, GRPCError, StreamTerminatedError) as exc:
             reason = (
                 exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
             )
-            self._problem = f"cannot serve on {self.socket_path}: {reason}"
+            self._problem = f"cannot serve on {path}: {reason}"
             if self._problem != self._logged_problem:
                 self._logged_problem = self._problem
                 log.error(
                     "Cannot serve %s on %s: %s",
                     self.resource,
-                    self.socket_path,
+                    path,
                     reason,
-                    extra=log_fields(resource=self.resource, path=self.socket_path, reason=reason),
+                    extra=log_fields(resource=self.resource, path=path, reason=reason),
                 )
             await self._stop_serving()
             return False
@@ -290,8 +307,8 @@ class ResourcePlugin:
         self._servers.append((server, path, await server.serve(path)))
 
     async def _self_check(self) -> None:
-        """Dial our own socket and make a call, as the kubelet will: PreStartContainer, which the kubelet
-        never calls here, so that GetDevicePluginOptions counts only the kubelet's dials."""
+        """Dial our own socket and make a call, as the kubelet will (PreStartContainer: it answers at once
+        and opens no stream)."""
         channel = LocalChannel(self.socket_path)
         try:
             await DevicePluginStub(channel).pre_start_container(
@@ -315,21 +332,15 @@ class ResourcePlugin:
         kubelet = socket_identity(self._kubelet_socket)
         if self._registered_with is not None and self._registered_with == kubelet:
             wait = self._stream_grace_left()
-            if wait is not None and wait > 0:
+            if wait is None or wait > 0:
                 return wait
-            if wait is None:
-                return None
-            log.info(
-                "The kubelet's ListAndWatch stream for %s ended; registering again",
-                self.resource,
-                extra=log_fields(resource=self.resource),
-            )
+            self._stream_lost("registering again")
             self._registered_with = None
         # Our socket is looked at after kubelet.sock: a kubelet that wiped it at its start has done so before
         # it listened, so a socket still ours now is one that kubelet dials.
         if not self._serving_ours():
             return 0
-        mark = (self._incarnation, self.service.dials)
+        incarnation = self._incarnation
         try:
             if kubelet is None:
                 # Not register() finding it a moment later: a kubelet that appears now may have just wiped
@@ -358,7 +369,7 @@ class ResourcePlugin:
             )
             return delay
         # Registered with the kubelet seen before the call: one that replaced it meanwhile is registered next.
-        if self._incarnation != mark[0] or self.service.dials == mark[1]:
+        if self._incarnation != incarnation:
             log.debug("The kubelet dialled an earlier %s server; registering again", self.resource)
             return backoff.next()
         backoff.reset()
@@ -372,6 +383,7 @@ class ResourcePlugin:
         The call runs as a task of its own, so that giving it up cancels that task only: grpclib can swallow
         a cancellation while it takes a connection down, which inside a cancel scope of ours would leak into
         this resource's lifecycle and end it."""
+        self._expect_kubelet()
         attempt = asyncio.ensure_future(
             register(self._kubelet_dir, self.socket_path.name, self.resource, self._options())
         )
@@ -395,22 +407,54 @@ class ResourcePlugin:
     def _options(self) -> DevicePluginOptions:
         return DevicePluginOptions.parse(self.service.options)
 
-    def _stream_grace_left(self) -> float | None:
-        """None while the kubelet's stream is open; else the seconds left before we register again."""
+    def _stream_grace_left(self, floor: float = 0.0) -> float | None:
+        """None while the kubelet's stream is open; else the seconds left before we act on its loss. Losses
+        that follow each other within the streak window double the grace; a quiet spell resets it."""
         now = anyio.current_time()
         if self.service.kubelet_stream_open:
             self._lost_at = None
             return None
         if self._lost_at is None:
             self._lost_at = now
-        grace = min(STREAM_GRACE * 2.0**self._lost_streak, STREAM_GRACE_CAP)
+            if now - self._last_lost >= _STREAK_WINDOW:
+                self._lost_streak = 0
+        grace = max(min(STREAM_GRACE * 2.0**self._lost_streak, STREAM_GRACE_CAP), floor)
         return self._lost_at + grace - now
 
-    def _registered(self, registered_with: SocketIdentity | bool) -> None:
+    def _stream_lost(self, action: str) -> None:
+        """The kubelet's stream stayed away past the grace, with no kubelet restart: count it, say so."""
         now = anyio.current_time()
-        if self._lost_at is not None:
-            self._lost_streak = self._lost_streak + 1 if now - self._last_lost < _STREAK_WINDOW else 0
-            self._last_lost = now
+        self._lost_streak += 1
+        self._last_lost = now
+        opened = self.service.kubelet_streams_opened != self._streams_at_registration
+        log.info(
+            "The kubelet's ListAndWatch stream for %s %s; %s",
+            self.resource,
+            "ended" if opened else "never opened after the registration",
+            action,
+            extra=log_fields(resource=self.resource),
+        )
+
+    def _keep_watched(self) -> float | None:
+        """Plugin-watcher mode: the kubelet finds the registry socket by itself, after its restarts too. A
+        stream lost while that kubelet stays is the one case to act on: the registry socket is made again,
+        which the plugin watcher sees as a new plugin."""
+        if self._registered_with is None:
+            return None
+        wait = self._stream_grace_left(floor=_WATCHER_GRACE)
+        if wait is None or wait > 0:
+            return wait
+        self._stream_lost("serving the registry socket again")
+        self._stale = True
+        return 0
+
+    def _expect_kubelet(self) -> None:
+        """A registration starts (Register, or the plugin watcher's GetInfo): the kubelet's next stream is
+        the one to follow."""
+        self._streams_at_registration = self.service.kubelet_streams_opened
+        self.service.expect_kubelet()
+
+    def _registered(self, registered_with: SocketIdentity | bool) -> None:
         self._lost_at = None
         self._registered_with = registered_with
         self._problem = self._logged_problem = ""

@@ -43,6 +43,9 @@ _SERVICE = "/v1beta1.DevicePlugin"
 # A kubelet's Allocate request is a few hundred bytes per container; the caches hold the answers of many pods.
 MAX_REQUEST = 64 * 1024
 _CACHE_BYTES = 4 * 1024 * 1024
+# The kubelet asks for one container per call; a pod's containers, init containers included, stay far below
+# this. It bounds the work one request can ask for.
+MAX_CONTAINERS = 16
 # A client repeating a bad request thousands of times a second gets one log line per this many seconds.
 _REFUSAL_LOG_INTERVAL = 10.0
 
@@ -51,18 +54,35 @@ async def _request(stream: Stream[bytes, bytes]) -> bytes:
     """The request's bytes. Its length prefix is checked before the body is read: grpclib's own
     ``recv_message`` takes in a whole message, up to the 4 GiB a prefix can claim, before a codec sees it."""
     h2_stream = stream._stream  # grpclib exposes no hook between the prefix and the body
-    prefix = await h2_stream.recv_data(5)
-    if len(prefix) < 5:
-        raise GRPCError(Status.INVALID_ARGUMENT, "the request has no message")
-    compressed, length = struct.unpack(">?I", prefix)
-    if compressed:
-        raise GRPCError(Status.UNIMPLEMENTED, "compressed requests are not supported")
-    if length > MAX_REQUEST:
+    try:
+        prefix = await h2_stream.recv_data(5)
+        if len(prefix) < 5:
+            raise GRPCError(Status.INVALID_ARGUMENT, "the request has no message")
+        compressed, length = struct.unpack(">?I", prefix)
+        if compressed:
+            raise GRPCError(Status.UNIMPLEMENTED, "compressed requests are not supported")
+        if length > MAX_REQUEST:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"a request of {length} bytes is over the {MAX_REQUEST} bytes this plugin accepts",
+            )
+        return await h2_stream.recv_data(length)
+    except AssertionError:  # grpclib's buffer, when the stream ends before what the prefix announced
+        raise GRPCError(Status.INVALID_ARGUMENT, "the request ends before its message does") from None
+
+
+def _check_containers(count: int) -> None:
+    if count > MAX_CONTAINERS:
         raise GRPCError(
-            Status.RESOURCE_EXHAUSTED,
-            f"a request of {length} bytes is over the {MAX_REQUEST} bytes this plugin accepts",
+            Status.INVALID_ARGUMENT,
+            f"a request for {count} containers; the kubelet asks for one at a time, and at most "
+            f"{MAX_CONTAINERS} are answered in one call",
         )
-    return await h2_stream.recv_data(length)
+
+
+def _connection(stream: Stream[bytes, bytes]) -> object:
+    """The HTTP/2 connection a call came on (grpclib keeps it private; the peer object is new per call)."""
+    return stream._stream.connection
 
 
 class _BoundedCache:
@@ -95,9 +115,13 @@ class _BoundedCache:
 
 
 class DevicePluginService:
-    """The DevicePlugin service of one resource. ``on_stream_change`` runs whenever a ListAndWatch stream
-    opens or closes; :attr:`kubelet_stream_open` says whether the stream the kubelet opened after its last
-    dial-back (GetDevicePluginOptions) is still open, whatever other clients do."""
+    """The DevicePlugin service of one resource.
+
+    "The kubelet's stream" is the first ListAndWatch opened after :meth:`expect_kubelet` (called as a
+    registration starts): on the connection that asked for the options when one did (kubelets since 1.25
+    call GetDevicePluginOptions inside Register), else the first at all (older kubelets never ask).
+    :attr:`kubelet_stream_open` says whether it is still open, whatever other clients do, and
+    ``on_stream_change`` runs when it opens or closes."""
 
     def __init__(self, resource: str, on_stream_change: Callable[[], None]) -> None:
         self.resource = resource
@@ -114,13 +138,19 @@ class DevicePluginService:
         self._streams: set[object] = set()
         self._kubelet_stream: object | None = None
         self._expect_kubelet_stream = False
-        self.dials = 0
+        self._options_connection: object | None = None
+        self.kubelet_streams_opened = 0
         self._allocated = ALLOCATIONS.labels(resource=resource, code="OK")
         self._refusals = RepeatLimiter("allocate_refused", _REFUSAL_LOG_INTERVAL)
 
     @property
     def kubelet_stream_open(self) -> bool:
         return self._kubelet_stream is not None
+
+    def expect_kubelet(self) -> None:
+        """A registration is starting: the kubelet's next stream is the one to follow."""
+        self._expect_kubelet_stream = True
+        self._options_connection = None
 
     @property
     def options(self) -> bytes:
@@ -162,9 +192,8 @@ class DevicePluginService:
 
     async def _get_options(self, stream: Stream[bytes, bytes]) -> None:
         await _request(stream)
-        # The kubelet asks for the options inside Register, then opens its ListAndWatch stream.
-        self.dials += 1
-        self._expect_kubelet_stream = True
+        if self._expect_kubelet_stream and self._options_connection is None:
+            self._options_connection = _connection(stream)
         await stream.send_message(self._options)
 
     async def _pre_start(self, stream: Stream[bytes, bytes]) -> None:
@@ -175,10 +204,12 @@ class DevicePluginService:
         await _request(stream)
         token = object()
         self._streams.add(token)
-        if self._expect_kubelet_stream:
+        kubelets = self._expect_kubelet_stream and self._options_connection in (None, _connection(stream))
+        if kubelets:
             self._expect_kubelet_stream = False
             self._kubelet_stream = token
-        self._streams_changed()
+            self.kubelet_streams_opened += 1
+        self._count_streams(kubelets)
         try:
             sent: bytes | None = None
             while True:
@@ -189,14 +220,16 @@ class DevicePluginService:
                 await changed.wait()
         finally:
             self._streams.discard(token)
-            if self._kubelet_stream is token:
+            kubelets = self._kubelet_stream is token
+            if kubelets:
                 self._kubelet_stream = None
-            self._streams_changed()
+            self._count_streams(kubelets)
 
-    def _streams_changed(self) -> None:
+    def _count_streams(self, kubelets: bool) -> None:
         STREAMS.labels(resource=self.resource).set(len(self._streams))
         KUBELET_STREAM.labels(resource=self.resource).set(self.kubelet_stream_open)
-        self._on_stream_change()
+        if kubelets:  # other clients' streams change nothing the lifecycle acts on
+            self._on_stream_change()
 
     async def _allocate(self, stream: Stream[bytes, bytes]) -> None:
         request = await _request(stream)
@@ -205,10 +238,11 @@ class DevicePluginService:
             answer, ids = self.allocate(request)
         except GRPCError as exc:
             ALLOCATIONS.labels(resource=self.resource, code=exc.status.name).inc()
+            # Keyed by the status, not the words: a client cycling through bad IDs gets no line per ID.
             self._refusals.log(
                 log,
                 logging.WARNING,
-                exc.message,
+                exc.status,
                 "Allocate refused for %s: %s",
                 self.resource,
                 exc.message,
@@ -231,6 +265,7 @@ class DevicePluginService:
             containers = wire.allocate_request(request)
         except wire.WireError as exc:
             raise GRPCError(Status.INVALID_ARGUMENT, f"AllocateRequest does not decode: {exc}") from None
+        _check_containers(len(containers))
         entries = [self._container_entry(index, ids) for index, ids in enumerate(containers, start=1)]
         answer = b"".join(entries)
         ids = ";".join(",".join(container) for container in containers)
@@ -301,6 +336,7 @@ class DevicePluginService:
             raise GRPCError(
                 Status.INVALID_ARGUMENT, f"PreferredAllocationRequest does not decode: {exc}"
             ) from None
+        _check_containers(len(containers))
         choices = []
         for container in containers:
             if self._preference is not None:

@@ -90,25 +90,27 @@ def test_devfs_missing_device_node_and_alarm_are_logged(
 def test_a_refusal_repeated_a_thousand_times_is_logged_once_and_counted(
     kubelet: KubeletStandin, short_dir: Path
 ) -> None:
-    agent = fake_agent(kubelet.directory, "--metrics-address", "")
+    state = short_dir / "state.json"
+    state.write_text('{"unhealthy": [3]}')
+    agent = fake_agent(kubelet.directory, "--fake-state", str(state))
     try:
         kubelet.wait_update(lambda u: len(u.devices) == 8)
         channel, stub = kubelet.plugin_stub()
-        request = kubelet.pb.AllocateRequest(
-            container_requests=[kubelet.pb.ContainerAllocateRequest(devices_ids=["Ascend910-99"])]
-        )
-        for _ in range(1000):
+
+        def refuse(device: str) -> None:
+            request = kubelet.pb.AllocateRequest(
+                container_requests=[kubelet.pb.ContainerAllocateRequest(devices_ids=[device])]
+            )
             with pytest.raises(grpc.RpcError):
                 stub.Allocate(request, timeout=5)
-        # One more, different, is logged at once: repeats are held back per reason, not all refusals.
-        other = kubelet.pb.AllocateRequest(
-            container_requests=[kubelet.pb.ContainerAllocateRequest(devices_ids=["Ascend910-98"])]
-        )
-        with pytest.raises(grpc.RpcError):
-            stub.Allocate(other, timeout=5)
+
+        for n in range(1000):
+            refuse(f"Ascend910-{100 + n}")  # a thousand different unknown IDs: one kind of refusal
+        # A refusal of another kind (an Unhealthy chip) is logged at once.
+        refuse("Ascend910-3")
         channel.close()
-        agent.wait_log(r"Allocate refused for huawei.com/Ascend910: unknown device 'Ascend910-98'")
-        assert len(agent.matching("Allocate refused.*Ascend910-99")) == 1
+        agent.wait_log(r"Allocate refused for huawei.com/Ascend910: device 'Ascend910-3' is Unhealthy")
+        assert len(agent.matching("Allocate refused.*unknown device")) == 1
     finally:
         agent.close()
 

@@ -28,12 +28,6 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _no_more_registrations(kubelet: KubeletStandin, count: int, within: float) -> None:
-    """A negative check: no registration beyond ``count`` arrives within ``within`` seconds."""
-    with pytest.raises(AssertionError):
-        kubelet.wait_registrations(count + 1, timeout=within)
-
-
 def test_exactly_one_registration_per_kubelet_restart(kubelet: KubeletStandin, agent: AgentProcess) -> None:
     fds_after_first = None
     for restart in range(1, 31):
@@ -42,7 +36,7 @@ def test_exactly_one_registration_per_kubelet_restart(kubelet: KubeletStandin, a
         kubelet.wait_update(lambda u: len(u.devices) == 8, after=len(kubelet.updates) - 1)
         if restart == 1:
             fds_after_first = _fds(agent.proc.pid)
-    _no_more_registrations(kubelet, 31, within=1.5)
+    kubelet.no_registration_beyond(31, within=1.5)
     assert fds_after_first is not None
     # Connections of the old kubelet close asynchronously: the count may only be lower than after the first.
     assert _fds(agent.proc.pid) <= fds_after_first
@@ -59,7 +53,7 @@ def test_a_mixed_event_storm_still_gives_one_registration(
         kubelet.plugin_socket().unlink()
         kubelet.start()
         kubelet.wait_registrations(1 + storm)
-    _no_more_registrations(kubelet, 6, within=1.5)
+    kubelet.no_registration_beyond(6, within=1.5)
 
 
 def test_socket_deleted_right_after_a_registration_registers_again(
@@ -82,14 +76,14 @@ def test_socket_deleted_while_the_kubelet_stays(kubelet: KubeletStandin, agent: 
     kubelet.wait_registrations(2)
     assert kubelet.plugin_socket().is_socket()
     agent.wait_log("is gone; serving huawei.com/Ascend910 again")
-    _no_more_registrations(kubelet, 2, within=1.5)
+    kubelet.no_registration_beyond(2, within=1.5)
 
 
 def test_stream_ended_registers_once_not_in_a_loop(kubelet: KubeletStandin, agent: AgentProcess) -> None:
     kubelet.end_stream()
     kubelet.wait_registrations(2)
     agent.wait_log("ListAndWatch stream for huawei.com/Ascend910 ended; registering again")
-    _no_more_registrations(kubelet, 2, within=2.0)
+    kubelet.no_registration_beyond(2, within=2.0)
     assert len(agent.matching("registering again")) == 1
 
 

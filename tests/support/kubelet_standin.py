@@ -69,11 +69,22 @@ class Update:
 
 
 class KubeletStandin:
-    def __init__(self, directory: Path, pb: ModuleType, pb_grpc: ModuleType, refuse: int = 0) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        pb: ModuleType,
+        pb_grpc: ModuleType,
+        refuse: int = 0,
+        *,
+        asks_options: bool = True,
+    ) -> None:
+        """``asks_options=False`` behaves as kubelets up to 1.24: Register answers at once, the options are
+        taken from the request, and the dial-back only opens ListAndWatch."""
         self.directory = directory
         self.pb = pb
         self.pb_grpc = pb_grpc
         self.refuse = refuse
+        self.asks_options = asks_options
         self.registrations: list[Registration] = []
         self.refused = 0
         self.updates: list[Update] = []
@@ -140,6 +151,17 @@ class KubeletStandin:
         self.wait_for(lambda: len(self.registrations) >= count, timeout, f"{count} registration(s)")
         return list(self.registrations)
 
+    def no_registration_beyond(self, count: int, within: float) -> None:
+        """A negative check: no registration beyond ``count`` arrives within ``within`` seconds (a bounded
+        wait for something that must not happen, not a sleep to let something happen)."""
+        try:
+            self.wait_registrations(count + 1, timeout=within)
+        except AssertionError:
+            return
+        raise AssertionError(
+            f"registration {count + 1} arrived: {[r.resource_name for r in self.registrations]}"
+        )
+
     def wait_update(
         self, predicate: Callable[[Update], bool], after: int = 0, timeout: float = 10.0, what: str = "update"
     ) -> Update:
@@ -186,11 +208,12 @@ class KubeletStandin:
             f"unix://{self.directory / request.endpoint}", options=[("grpc.use_local_subchannel_pool", 1)]
         )
         stub = self.pb_grpc.DevicePluginStub(channel)
-        try:
-            registration.dialed_options = stub.GetDevicePluginOptions(self.pb.Empty(), timeout=10)
-        except grpc.RpcError as exc:
-            channel.close()
-            context.abort(grpc.StatusCode.UNKNOWN, f"failed to dial device plugin: {exc.details()}")
+        if self.asks_options:
+            try:
+                registration.dialed_options = stub.GetDevicePluginOptions(self.pb.Empty(), timeout=10)
+            except grpc.RpcError as exc:
+                channel.close()
+                context.abort(grpc.StatusCode.UNKNOWN, f"failed to dial device plugin: {exc.details()}")
         call = stub.ListAndWatch(self.pb.Empty())
         with self._cond:
             old = self._streams.pop(name, None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import struct
 import time
@@ -24,7 +25,7 @@ from grpclib.exceptions import GRPCError
 from ascend_agent._proto.v1beta1 import AllocateResponse
 from ascend_agent.deviceplugin import wire
 from ascend_agent.deviceplugin.lifecycle import _SERVER_CONFIG, _Server
-from ascend_agent.deviceplugin.service import MAX_REQUEST, DevicePluginService, SpecFor
+from ascend_agent.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService, SpecFor
 from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, HostMount
 from tests.support.h2_client import RawGrpcClient, grpc_message, request_headers
@@ -168,6 +169,7 @@ async def test_a_client_that_stops_reading_is_disconnected_when_the_server_shuts
     devices = {f"Ascend910-{n:05d}-{'p' * 60}": CHIPS[n % 8] for n in range(3000)}
     service, changes = _service()
     service.publish(devices, None, _small_spec)
+    service.expect_kubelet()  # this client's stream is followed as the kubelet's
     server = _Server([service], codec=BytesCodec(), config=_SERVER_CONFIG)
     path = short_dir / "Ascend910.sock"
     await server.serve(path)
@@ -278,3 +280,42 @@ def test_a_64_kib_request_of_unknown_fields_decodes_quickly() -> None:
         + ", ".join(f"{name} {worst[name] * 1000:.2f} ms ({median[name] * 1000:.2f})" for name in units)
     )
     assert max(worst.values()) < 0.1, worst
+
+
+async def test_a_request_that_ends_early_is_invalid_without_a_traceback(
+    socket_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await RawGrpcClient.connect(str(socket_path))
+    try:
+        short_prefix, short_body = client.request(ALLOCATE), client.request(ALLOCATE)
+        with caplog.at_level(logging.ERROR):
+            await client.send_bodies(
+                {short_prefix: b"\x00\x00\x00", short_body: b"\x00" + struct.pack(">I", 100) + b"0123456789"}
+            )
+            with anyio.fail_after(5):
+                answers = await client.wait_answers([short_prefix, short_body])
+    finally:
+        client.close()
+    for answer in answers.values():
+        assert answer.status == Status.INVALID_ARGUMENT.value, answer.message
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_more_containers_than_a_pod_has_are_refused_and_the_largest_accepted_is_cheap() -> None:
+    service, _ = _service()
+    service.publish({chip.device_id: chip for chip in CHIPS}, None, _big_spec)
+    ids = [chip.device_id for chip in CHIPS]
+    too_many = _allocate_request([ids[n % 8 : n % 8 + 1] for n in range(MAX_CONTAINERS + 1)])
+    with pytest.raises(GRPCError) as refused:
+        service.allocate(too_many)
+    assert refused.value.status is Status.INVALID_ARGUMENT
+    assert f"at most {MAX_CONTAINERS}" in (refused.value.message or "")
+    # The most work one accepted request can ask for: every container a different set of chips, each new.
+    sets = [[ids[(n + k) % 8] for k in range(1 + n % 8)] for n in range(MAX_CONTAINERS)]
+    started = time.perf_counter()
+    answer, _ = service.allocate(_allocate_request(sets))
+    elapsed = time.perf_counter() - started
+    print(
+        f"\nAllocate of {MAX_CONTAINERS} new chip sets, ~40 KB each: {elapsed * 1e3:.1f} ms, {len(answer)} bytes"
+    )
+    assert len(AllocateResponse.parse(answer).container_responses) == MAX_CONTAINERS
