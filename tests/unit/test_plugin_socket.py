@@ -316,6 +316,6 @@ def test_more_containers_than_a_pod_has_are_refused_and_the_largest_accepted_is_
     answer, _ = service.allocate(_allocate_request(sets))
     elapsed = time.perf_counter() - started
     print(
-        f"\nAllocate of {MAX_CONTAINERS} new chip sets, ~40 KB each: {elapsed * 1e3:.1f} ms, {len(answer)} bytes"
+        f"\nAllocate of {MAX_CONTAINERS} new chip sets, ~40 KB each: {elapsed * 1e3:.1f} ms, {len(answer)} B"
     )
     assert len(AllocateResponse.parse(answer).container_responses) == MAX_CONTAINERS
