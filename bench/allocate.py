@@ -3,18 +3,25 @@ server in its own process that answers the same bytes, in the same run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import grpc
+from grpclib.exceptions import GRPCError
 
+from ascend_agent._proto.v1beta1 import AllocateRequest, ContainerAllocateRequest
+from ascend_agent.backends._container import container_spec
+from ascend_agent.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService
+from ascend_agent.model import Chip, ContainerSpec, DeviceNode
 from bench._common import ROOT, Row, grpc_api, kubelet, quick, report, start_agent, stats
 
 
@@ -83,6 +90,57 @@ def _start_reference(answers: dict[bytes, bytes]) -> tuple[subprocess.Popen[str]
     return process, socket
 
 
+def _worst_requests(repetitions: int) -> list[Row]:
+    """What the largest requests the plugin socket accepts cost the event loop, in the service itself: 64 KiB
+    full of unknown fields, and the most containers one call may name, each a chip set not seen before."""
+    service = DevicePluginService("huawei.com/Ascend910", on_stream_change=lambda: None)
+    chips = [Chip.make(i, "910B4", numa_node=i // 4) for i in range(8)]
+    service.publish({chip.device_id: chip for chip in chips}, None, _real_spec)
+    rows = []
+    junk = b"\x10\x01" * ((MAX_REQUEST - 2) // 2)
+    times = []
+    for n in range(repetitions):
+        request = junk + b"\x18" + bytes([n % 128])  # every request new: none is answered from the cache
+        started = time.perf_counter()
+        with contextlib.suppress(GRPCError):
+            service.allocate(request)
+        times.append(time.perf_counter() - started)
+    median, p99 = stats(times)
+    rows.append(
+        Row("64 KiB request of unknown fields, decode", median * 1e3, p99 * 1e3, "ms", "< 10", p99 < 0.01)
+    )
+    ids = [chip.device_id for chip in chips]
+    times = []
+    for n in range(repetitions):
+        sets = [[ids[(k + c) % 8] for k in range(1 + (c + n) % 8)] for c in range(MAX_CONTAINERS)]
+        request = AllocateRequest(container_requests=[ContainerAllocateRequest(devices_ids=s) for s in sets])
+        # A new spec_for each time: the service forgets every answer, so each chip set is built anew.
+        service.publish({chip.device_id: chip for chip in chips}, None, lambda cs: _real_spec(cs))
+        started = time.perf_counter()
+        service.allocate(bytes(request))
+        times.append(time.perf_counter() - started)
+    median, p99 = stats(times)
+    rows.append(
+        Row(
+            f"{MAX_CONTAINERS} containers, all new chip sets",
+            median * 1e3,
+            p99 * 1e3,
+            "ms",
+            "< 10",
+            p99 < 0.01,
+        )
+    )
+    return rows
+
+
+def _real_spec(chips: Sequence[Chip]) -> ContainerSpec:
+    """What the fake backend hands a container: device nodes, management devices, no driver mounts."""
+    management = [
+        DeviceNode(f"/dev/{name}", f"/dev/{name}") for name in ("davinci_manager", "devmm_svm", "hisi_hdc")
+    ]
+    return container_spec(chips, mode="plain", management_devices=management)
+
+
 def main() -> None:
     calls = 500 if quick() else 2000
     api = grpc_api()
@@ -149,6 +207,7 @@ def main() -> None:
             server.wait(10)
         finally:
             agent.close()
+    rows += _worst_requests(20 if quick() else 100)
     report("allocate", rows, {"ratios": figures})
 
 

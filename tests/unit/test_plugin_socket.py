@@ -5,11 +5,9 @@ bound."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import struct
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -246,40 +244,16 @@ def test_answer_caches_stay_under_8_mib_over_5000_distinct_large_requests() -> N
     assert highest > limit // 4, "the requests were meant to fill the caches"
 
 
-def _timed_allocate(service: DevicePluginService, request: bytes) -> float:
-    started = time.perf_counter()
-    with contextlib.suppress(GRPCError):
-        service.allocate(request)
-    return time.perf_counter() - started
-
-
-def test_a_64_kib_request_of_unknown_fields_decodes_quickly() -> None:
+def test_a_64_kib_request_of_unknown_fields_is_read_for_what_it_names() -> None:
+    # What these cost is measured by bench/allocate.py; here: they are read right, and refused or answered.
     service, _ = _service()
-    units = {
-        "varints": b"\x10\x01",
-        "empty strings": b"\x1a\x00",
-        "fixed32": b"\x25\x00\x00\x00\x00",
-        "varints in a container": None,
-    }
-    worst: dict[str, float] = {}
-    median: dict[str, float] = {}
-    for name, unit in units.items():
-        times = []
-        for n in range(21):
-            tail = b"\x18" + bytes([n])  # field 3 = n: every request is new, none is answered from the cache
-            if unit is None:
-                inner = _field(1, b"Ascend910-0") + b"\x10\x01" * ((MAX_REQUEST - 40) // 2)
-                request = _field(1, inner) + tail
-            else:
-                request = unit * ((MAX_REQUEST - len(tail)) // len(unit)) + tail
-            assert MAX_REQUEST - 64 < len(request) <= MAX_REQUEST
-            times.append(_timed_allocate(service, request))
-        worst[name], median[name] = max(times), sorted(times)[len(times) // 2]
-    print(
-        "decode of a 64 KiB request of unknown fields, worst (median) of 21: "
-        + ", ".join(f"{name} {worst[name] * 1000:.2f} ms ({median[name] * 1000:.2f})" for name in units)
-    )
-    assert max(worst.values()) < 0.1, worst
+    junk = b"\x10\x01" * ((MAX_REQUEST - 64) // 2)
+    assert service.allocate(junk) == (b"", ""), "no container requests: an answer for none"
+    inner = _field(1, b"Ascend910-3") + b"\x10\x01" * ((MAX_REQUEST - 64) // 2)
+    answer, ids = service.allocate(_field(1, inner))
+    assert ids == "Ascend910-3"
+    (container,) = AllocateResponse.parse(answer).container_responses
+    assert container.envs["ASCEND_VISIBLE_DEVICES"] == "3"
 
 
 async def test_a_request_that_ends_early_is_invalid_without_a_traceback(
@@ -310,12 +284,7 @@ def test_more_containers_than_a_pod_has_are_refused_and_the_largest_accepted_is_
         service.allocate(too_many)
     assert refused.value.status is Status.INVALID_ARGUMENT
     assert f"at most {MAX_CONTAINERS}" in (refused.value.message or "")
-    # The most work one accepted request can ask for: every container a different set of chips, each new.
+    # The most one accepted request can ask for (its cost is measured by bench/allocate.py).
     sets = [[ids[(n + k) % 8] for k in range(1 + n % 8)] for n in range(MAX_CONTAINERS)]
-    started = time.perf_counter()
     answer, _ = service.allocate(_allocate_request(sets))
-    elapsed = time.perf_counter() - started
-    print(
-        f"\nAllocate of {MAX_CONTAINERS} new chip sets, ~40 KB each: {elapsed * 1e3:.1f} ms, {len(answer)} B"
-    )
     assert len(AllocateResponse.parse(answer).container_responses) == MAX_CONTAINERS

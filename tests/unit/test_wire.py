@@ -3,8 +3,6 @@ with the message classes on every request, including hostile ones, in linear tim
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -105,11 +103,7 @@ def test_malformed_requests_raise_wire_error(data: bytes) -> None:
         wire.allocate_request(data)
 
 
-def test_a_request_full_of_unknown_fields_reads_in_linear_time() -> None:
-    # 64 KiB of one-byte varint fields: the largest request the plugin socket accepts.
-    data = b"\x10\x01" * (32 * 1024)
-    started = time.process_time()
-    assert wire.allocate_request(data) == []
-    elapsed = time.process_time() - started
-    # Not a timing assertion on speed, a bound on the shape: a quadratic reader takes seconds here.
-    assert elapsed < 1.0
+def test_a_request_full_of_unknown_fields_names_nothing() -> None:
+    # 64 KiB of one-byte varint fields, the largest request the plugin socket accepts (bench/allocate.py
+    # measures what reading it costs).
+    assert wire.allocate_request(b"\x10\x01" * (32 * 1024)) == []
