@@ -73,17 +73,23 @@ def test_kubelet_restarts_do_not_stretch_the_grace_for_a_lost_stream(kubelet: Ku
 
 def test_a_waiting_second_agent_is_a_ready_standby_and_stops_at_once(kubelet: KubeletStandin) -> None:
     first = fake_agent(kubelet.directory)
-    port = free_port()
-    second = fake_agent(kubelet.directory, "--metrics-address", f"127.0.0.1:{port}")
     try:
-        kubelet.wait_registrations(1)
-        second.wait_log(rf"Another ascend-agent \(pid {first.proc.pid}\) holds .*; waiting for it to stop")
-        _, body = wait_answer(port, "/readyz", lambda status, body: status == 200)
-        holder = first.proc.pid
-        assert body == f"ready: standby: the ascend-agent with pid {holder} holds this node until it stops\n"
-        code, _ = second.terminate(signal.SIGTERM)
-        assert code == 0
-        kubelet.no_registration_beyond(1, within=0.5)
+        kubelet.wait_registrations(1)  # the first holds the lock before the second starts
+        port = free_port()
+        second = fake_agent(kubelet.directory, "--metrics-address", f"127.0.0.1:{port}")
+        try:
+            second.wait_log(
+                rf"Another ascend-agent \(pid {first.proc.pid}\) holds .*; waiting for it to stop"
+            )
+            _, body = wait_answer(port, "/readyz", lambda status, body: status == 200)
+            holder = first.proc.pid
+            assert (
+                body == f"ready: standby: the ascend-agent with pid {holder} holds this node until it stops\n"
+            )
+            code, _ = second.terminate(signal.SIGTERM)
+            assert code == 0
+            kubelet.no_registration_beyond(1, within=0.5)
+        finally:
+            second.close()
     finally:
-        second.close()
         first.close()
