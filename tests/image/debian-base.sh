@@ -24,13 +24,16 @@ fi
 
 mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(ORIGIN)' 'Identifier: Packages' 2>/dev/null |
     awk -v suite="$suite" '$2 == suite && $3 == "Debian" { print $1; exit }') || true
-mirror=${DEBIAN_MIRROR:-${mirror:-http://deb.debian.org/debian}}
+mirror=${DEBIAN_MIRROR:-$mirror}
+# No mirror known: debootstrap's own default (an empty argument list, not an empty argument).
+mirror_arg=()
+[[ -n $mirror ]] && mirror_arg=("$mirror")
 
 rootfs=$root/rootfs
 rm -rf "$rootfs"
-echo "debian-base: debootstrap $suite ($arch) from $mirror" >&2
+echo "debian-base: debootstrap $suite ($arch) from ${mirror:-the default mirror of debootstrap}" >&2
 started=$SECONDS
-debootstrap --variant=minbase --include="$packages" "$suite" "$rootfs" "$mirror" >"$root/debootstrap.log" 2>&1 || {
+debootstrap --variant=minbase --include="$packages" "$suite" "$rootfs" "${mirror_arg[@]}" >"$root/debootstrap.log" 2>&1 || {
     echo "debian-base: debootstrap failed; its log is $root/debootstrap.log" >&2
     tail -n 5 "$root/debootstrap.log" >&2
     exit 1
