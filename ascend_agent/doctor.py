@@ -52,7 +52,9 @@ async def run_checks(settings: Settings) -> list[Check]:
     checks.append(npu_smi)
     checks.append(_match(nodes, chips, dev_root))
     checks.append(_kubelet(settings.kubelet_dir))
-    checks.extend(await _our_sockets(settings))
+    # npu-smi already failed on devfs: asking the backend would run it (and wait out its timeout) again.
+    discover = settings.backend != "devfs" or npu_smi.ok is True
+    checks.extend(await _our_sockets(settings, discover))
     checks.append(await _readiness(settings.metrics_address))
     checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname()))
     return checks
@@ -153,16 +155,16 @@ def _kubelet(kubelet_dir: Path) -> Check:
     )
 
 
-async def _expected_sockets(settings: Settings) -> list[str]:
+async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     """The socket names of the resources this configuration serves: those of the chips found; else (no
     chips, or npu-smi failing) every name Huawei's naming can give, and under ``model`` naming the sockets of
     that shape that are there."""
     from ascend_agent.agent import discover_once
 
-    try:
-        resources = set((await discover_once(settings)).by_resource())
-    except ConfigError:
-        resources = set()
+    resources: set[str] = set()
+    if discover:
+        with contextlib.suppress(ConfigError):
+            resources = set((await discover_once(settings)).by_resource())
     names = {naming.socket_name(resource) for resource in resources}
     if not names:
         names = {naming.socket_name(naming.resource_name(generation.family)) for generation in Generation}
@@ -171,9 +173,9 @@ async def _expected_sockets(settings: Settings) -> list[str]:
     return sorted(names)
 
 
-async def _our_sockets(settings: Settings) -> list[Check]:
+async def _our_sockets(settings: Settings, discover: bool) -> list[Check]:
     directory = settings.endpoint_dir
-    names = await _expected_sockets(settings)
+    names = await _expected_sockets(settings, discover)
     found = [directory / name for name in names if (directory / name).is_socket()]
     if not found:
         return [
