@@ -4,6 +4,7 @@ again and again, and a second agent waiting for the node."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -15,10 +16,10 @@ from tests.support.kubelet_standin import KubeletStandin
 
 
 @pytest.fixture
-def old_kubelet(kubelet_api: tuple[ModuleType, ModuleType], short_dir: Path) -> KubeletStandin:
+def old_kubelet(kubelet_api: tuple[ModuleType, ModuleType], short_dir: Path) -> Iterator[KubeletStandin]:
     standin = KubeletStandin(short_dir / "kubelet", *kubelet_api, asks_options=False)
     standin.start()
-    yield standin  # type: ignore[misc]
+    yield standin
     standin.stop()
 
 
