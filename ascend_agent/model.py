@@ -3,6 +3,13 @@
 >>> chip = Chip.make(3, "910B4")
 >>> chip.device_id, chip.resource, chip.device_path
 ('Ascend910-3', 'huawei.com/Ascend910', '/dev/davinci3')
+
+A vNPU is advertised as a slice of its chip: the chip with ``vnpu`` set, so it shares the chip's health and
+NUMA node and has names of its own:
+
+>>> part = Chip.make(0, "310P3").slice(VNpu(100, "vir02", aicore=2, memory_gb=6))
+>>> part.device_id, part.resource, part.device_path, part.chip_device_id
+('Ascend310P-2c-100-0', 'huawei.com/Ascend310P-2c', '/dev/vdavinci100', 'Ascend310P-0')
 """
 
 from __future__ import annotations
@@ -92,6 +99,40 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class Template:
+    """A vNPU template as ``npu-smi info -t template-info`` lists it: what each vNPU made from it gets."""
+
+    name: str
+    aicore: int
+    memory_gb: int | None = None
+    aicpu: int | None = None
+
+
+# What npu-smi shows in the Container ID column of a vNPU no container runs on.
+NO_CONTAINER_IDS = frozenset({"", "ffffffffffff", "000000000000", "-", "NA"})
+
+
+@dataclass(frozen=True, slots=True)
+class VNpu:
+    """One vNPU: a part of a chip made from a template (``npu-smi info -t info-vnpu``); its resources as the
+    template gives them, None where unknown."""
+
+    vnpu_id: int
+    template: str
+    aicore: int | None = None
+    memory_gb: int | None = None
+    aicpu: int | None = None
+    vgroup_id: int | None = None
+    container_id: str = ""
+    status: str = ""
+
+    @property
+    def in_container(self) -> bool:
+        """npu-smi names a container running on it (it cannot tell one that has not touched it yet)."""
+        return self.container_id.lower() not in NO_CONTAINER_IDS
+
+
+@dataclass(frozen=True, slots=True)
 class Chip:
     """One physical NPU chip as a backend sees it."""
 
@@ -106,6 +147,7 @@ class Chip:
     naming_scheme: str = "huawei"
     faults: tuple[Fault, ...] = ()
     held: bool = False
+    vnpu: VNpu | None = None
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
@@ -119,15 +161,36 @@ class Chip:
 
     @property
     def resource(self) -> str:
+        if self.vnpu is not None:
+            return naming.resource_name(self.vnpu_type)
         return naming.resource_name(self.family)
 
     @property
     def device_id(self) -> str:
+        if self.vnpu is not None:
+            return naming.vnpu_device_id(self.vnpu_type, self.vnpu.vnpu_id, self.phys_id)
+        return self.chip_device_id
+
+    @property
+    def chip_device_id(self) -> str:
+        """The device ID of the whole chip, for a vNPU too."""
         return naming.device_id(self.family, self.phys_id)
 
     @property
     def device_path(self) -> str:
+        if self.vnpu is not None:
+            return naming.vnpu_device_path(self.vnpu.vnpu_id)
         return naming.device_path(self.phys_id)
+
+    @property
+    def vnpu_type(self) -> str:
+        """Huawei's device type of the vNPU (``Ascend310P-2c``); every 910 is ``Ascend910``."""
+        assert self.vnpu is not None
+        return naming.vnpu_type(self.generation.family, self.vnpu.template)
+
+    def slice(self, vnpu: VNpu) -> Chip:
+        """The vNPU ``vnpu`` of this chip, as the device it is advertised as."""
+        return replace(self, vnpu=vnpu)
 
     @property
     def healthy(self) -> bool:
@@ -167,13 +230,21 @@ class ContainerSpec:
 
 @dataclass(frozen=True, slots=True)
 class Inventory:
-    """One discovery: the chips, and what is wrong if anything."""
+    """One discovery: the chips, their vNPUs (chips with ``vnpu`` set), and what is wrong if anything."""
 
     chips: tuple[Chip, ...] = ()
     problems: tuple[str, ...] = ()
+    vnpus: tuple[Chip, ...] = ()
+
+    @property
+    def advertised(self) -> tuple[Chip, ...]:
+        """What the kubelet is offered: every vNPU, and every chip that holds none (a chip split into vNPUs
+        is never handed out whole as well)."""
+        split = {part.phys_id for part in self.vnpus}
+        return (*(chip for chip in self.chips if chip.phys_id not in split), *self.vnpus)
 
     def by_resource(self) -> dict[str, tuple[Chip, ...]]:
         grouped: dict[str, list[Chip]] = {}
-        for chip in self.chips:
+        for chip in self.advertised:
             grouped.setdefault(chip.resource, []).append(chip)
         return {resource: tuple(chips) for resource, chips in grouped.items()}

@@ -8,9 +8,14 @@ kubelet, the CDI spec, the doctor and the backends always agree.
 ('huawei.com/Ascend910', 'Ascend910-3', 'Ascend910.sock', 'huawei.com_Ascend910.sock')
 >>> replica_ids("Ascend310P-0", 2), cdi_device_name("Ascend910-3")
 (('Ascend310P-0-0', 'Ascend310P-0-1'), 'huawei.com/npu=Ascend910-3')
+>>> kind = vnpu_type("Ascend310P", "vir02")
+>>> kind, vnpu_device_id(kind, 100, 0), vnpu_device_path(100)
+('Ascend310P-2c', 'Ascend310P-2c-100-0', '/dev/vdavinci100')
 """
 
 from __future__ import annotations
+
+import re
 
 RESOURCE_DOMAIN = "huawei.com"
 # The kubelet refuses longer device IDs.
@@ -72,3 +77,64 @@ def registry_socket_name(resource: str) -> str:
 def cdi_device_name(chip_device_id: str) -> str:
     """The fully qualified CDI name of a chip."""
     return f"{CDI_KIND}={chip_device_id}"
+
+
+# Huawei's vNPU templates and the suffix of the device type each gives (``vir02`` -> ``Ascend310P-2c``).
+VNPU_SUFFIXES = {
+    "vir01": "1c",
+    "vir02": "2c",
+    "vir04": "4c",
+    "vir08": "8c",
+    "vir16": "16c",
+    "vir02_1c": "2c.1cpu",
+    "vir04_3c": "4c.3cpu",
+    "vir04_3c_ndvpp": "4c.3cpu.ndvpp",
+    "vir04_4c_dvpp": "4c.4cpu.dvpp",
+    "vir03_1c_8g": "3c.1cpu.8g",
+    "vir05_1c_8g": "5c.1cpu.8g",
+    "vir05_1c_16g": "5c.1cpu.16g",
+    "vir06_1c_16g": "6c.1cpu.16g",
+    "vir10_3c_16g": "10c.3cpu.16g",
+    "vir10_3c_16g_nm": "10c.3cpu.16g.ndvpp",
+    "vir10_3c_32g": "10c.3cpu.32g",
+    "vir10_4c_16g_m": "10c.4cpu.16g.dvpp",
+    "vir12_3c_32g": "12c.3cpu.32g",
+}
+# A template the table does not list yet, named by the same rule: AI cores, AI CPUs, memory, media units.
+_TEMPLATE = re.compile(r"^vir(\d+)(?:_(\d+)c)?(?:_(\d+)g)?(?:_(ndvpp|dvpp|nm|m))?$")
+_MEDIA = {"ndvpp": "ndvpp", "nm": "ndvpp", "dvpp": "dvpp", "m": "dvpp"}
+
+
+def vnpu_suffix(template: str) -> str:
+    """The device type suffix of a vNPU template; ``ValueError`` for a name that is not a template.
+
+    >>> vnpu_suffix("vir10_3c_16g_nm"), vnpu_suffix("vir20_6c_64g")
+    ('10c.3cpu.16g.ndvpp', '20c.6cpu.64g')
+    """
+    known = VNPU_SUFFIXES.get(template)
+    if known is not None:
+        return known
+    match = _TEMPLATE.match(template)
+    if match is None:
+        raise ValueError(f"{template!r} is not a vNPU template name (vir02, vir04_3c, vir10_3c_32g, ...)")
+    cores, cpus, memory, media = match.groups()
+    parts = [f"{int(cores)}c"]
+    parts += [f"{int(cpus)}cpu"] if cpus else []
+    parts += [f"{int(memory)}g"] if memory else []
+    parts += [_MEDIA[media]] if media else []
+    return ".".join(parts)
+
+
+def vnpu_type(family: str, template: str) -> str:
+    """The device type of a vNPU of ``template`` on a chip of ``family`` (``Ascend910``, ``Ascend310P``)."""
+    return f"{family}-{vnpu_suffix(template)}"
+
+
+def vnpu_device_id(kind: str, vnpu_id: int, phys_id: int) -> str:
+    """Huawei's device ID of a vNPU: ``<type>-<vnpu id>-<phys id>``."""
+    return f"{kind}-{vnpu_id}-{phys_id}"
+
+
+def vnpu_device_path(vnpu_id: int) -> str:
+    """The vNPU's device node on the host; a container sees it as ``/dev/davinci<vnpu id>``."""
+    return f"/dev/vdavinci{vnpu_id}"

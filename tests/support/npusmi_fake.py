@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from inotify_simple import INotify, flags
 
@@ -27,6 +30,40 @@ class FakeNpuSmi:
         temporary = target.with_suffix(".tmp")
         temporary.write_text(text)
         temporary.replace(target)
+
+    def set_error(self, args: str, text: str) -> None:
+        """npu-smi ``args`` prints ``text`` on stderr and exits 1."""
+        (self.directory / "err").mkdir(exist_ok=True)
+        (self.directory / "err" / (args.replace(" ", "_") + ".txt")).write_text(text)
+
+    def set_vnpu_state(self, dev: Path, chips: Mapping[tuple[int, int], Mapping[str, Any]],
+                       templates: Mapping[str, Sequence[int]], **options: Any) -> None:  # fmt: skip
+        """Answer the vNPU commands from state: ``chips`` by (npu id, chip) with ``phys``, ``aicore``,
+        ``memory``, ``aicpu`` and ``vnpus`` (``{"id", "template", "container"?}``); ``templates`` name ->
+        (AI cores, memory GB, AI CPUs); ``dev`` gets and loses ``vdavinci<id>`` nodes. ``reject=[..]``:
+        templates create refuses; ``fail_create=True``: every create fails."""
+        state = {
+            "dev": str(dev),
+            "chips": {f"{npu}:{chip}": dict(value) for (npu, chip), value in chips.items()},
+            "templates": {name: list(values) for name, values in templates.items()},
+            **options,
+        }
+        for chip_state in state["chips"].values():
+            for vnpu in chip_state["vnpus"]:
+                (dev / f"vdavinci{vnpu['id']}").write_text("")
+        temporary = self.directory / "vnpu.json.tmp"
+        temporary.write_text(json.dumps(state))
+        temporary.replace(self.directory / "vnpu.json")
+
+    def vnpu_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads((self.directory / "vnpu.json").read_text())
+        return state
+
+    def calls_of(self, prefix: str) -> list[str]:
+        """Every call whose arguments start with ``prefix``, in order."""
+        log = self.directory / "calls.log"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [line for line in lines if line.startswith(prefix)]
 
     def set_mode(self, mode: str) -> None:
         assert mode in ("ok", "fail", "hang", "garbage"), mode

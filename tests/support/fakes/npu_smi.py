@@ -1,6 +1,10 @@
 """A stand-in for the npu-smi executable, controlled through files next to it (read on every run, so a
-running agent sees changes at once): ``mode`` (ok, fail, hang, garbage) and ``out/<args>.txt``."""
+running agent sees changes at once): ``mode`` (ok, fail, hang, garbage), ``out/<args>.txt`` (printed),
+``err/<args>.txt`` (printed on stderr, exit status 1) and ``vnpu.json``, the chips' vNPUs, which makes it
+answer ``info -t info-vnpu``, ``set -t create-vnpu`` and ``set -t destroy-vnpu`` as a node would, device nodes
+``vdavinci<id>`` included."""
 
+import json
 import os
 import sys
 import time
@@ -19,7 +23,118 @@ elif mode == "fail":
 elif mode == "garbage":
     sys.stdout.write("\x1b[31m?? npu-smi \x00 segmentation fault\n|| | ||\n+=+\n")
     sys.exit(0)
-path = os.path.join(here, "out", args.replace(" ", "_") + ".txt")
+name = args.replace(" ", "_") + ".txt"
+error = os.path.join(here, "err", name)
+if os.path.exists(error):
+    with open(error, encoding="utf-8") as handle:
+        sys.stderr.write(handle.read())
+    sys.exit(1)
+
+BORDER = "+" + "-" * 79 + "+"
+
+
+def row(text):
+    return "| " + text.ljust(78) + "|"
+
+
+def option(flag):
+    words = sys.argv[1:]
+    return words[words.index(flag) + 1] if flag in words else None
+
+
+def render(chip, templates):
+    used = [templates[v["template"]] for v in chip["vnpus"]]
+    aicore = chip["aicore"] - sum(t[0] for t in used)
+    memory = chip["memory"] - sum(t[1] for t in used)
+    aicpu = chip["aicpu"] - sum(t[2] for t in used)
+    lines = [
+        BORDER,
+        row("NPU resource static info as follow:"),
+        row("Format:Free/Total                   NA: Currently, query is not supported."),
+        row("AICORE    Memory    AICPU    VPC    VENC    VDEC    JPEGD    JPEGE    PNGD"),
+        row("           GB"),
+        "|" + "=" * 79 + "|",
+        row(
+            f"{aicore}/{chip['aicore']}".ljust(10)
+            + f"{memory}/{chip['memory']}".ljust(10)
+            + f"{aicpu}/{chip['aicpu']}".ljust(9)
+            + "NA/NA  NA/NA   NA/NA   NA/NA    NA/NA    NA/NA"
+        ),
+        BORDER,
+        row(f"Total number of vnpu: {len(chip['vnpus'])}"),
+        BORDER,
+    ]
+    if chip["vnpus"]:
+        lines += ["|  Vnpu ID  |  Vgroup ID     |  Container ID  |  Status  |  Template Name       |", BORDER]
+    for index, vnpu in enumerate(chip["vnpus"]):
+        container = vnpu.get("container") or "ffffffffffff"
+        status = "1" if vnpu.get("container") else "0"
+        lines += [
+            f"|  {str(vnpu['id']).ljust(9)}|  {str(index).ljust(14)}|  {container.ljust(14)}|  "
+            f"{status.ljust(8)}|  {vnpu['template'].ljust(20)}|",
+            BORDER,
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def save(state):
+    path = os.path.join(here, "vnpu.json")
+    with open(path + ".tmp", "w") as handle:
+        json.dump(state, handle)
+    os.replace(path + ".tmp", path)
+
+
+def vnpu_command():
+    """Answer a vNPU command from vnpu.json; False when it is not one."""
+    path = os.path.join(here, "vnpu.json")
+    if not os.path.exists(path) or not (args.startswith("info -t info-vnpu") or args.startswith("set -t")):
+        return False
+    with open(path) as handle:
+        state = json.load(handle)
+    chip = state["chips"].get(f"{option('-i')}:{option('-c')}")
+    if chip is None:
+        sys.stderr.write("Error: dcmi get vnpu info failed, ret = -8255 (not support)\n")
+        sys.exit(1)
+    templates = state["templates"]
+    if args.startswith("info"):
+        sys.stdout.write(render(chip, templates))
+        return True
+    if args.startswith("set -t create-vnpu"):
+        template = option("-f")
+        if state.get("fail_create"):
+            sys.stderr.write("dcmi create vnpu failed, ret = -8001\n")
+            sys.exit(1)
+        if template not in templates or template in state.get("reject", []):
+            sys.stdout.write("       Status : FAILED\n       Message : The template is not supported\n")
+            sys.exit(1)
+        used = sum(templates[v["template"]][0] for v in chip["vnpus"])
+        if used + templates[template][0] > chip["aicore"]:
+            sys.stdout.write("       Status : FAILED\n       Message : Not enough resources\n")
+            sys.exit(1)
+        taken = {v["id"] for v in chip["vnpus"]}
+        vnpu_id = next(i for i in range(chip["phys"] * 16 + 100, chip["phys"] * 16 + 116) if i not in taken)
+        chip["vnpus"].append({"id": vnpu_id, "template": template})
+        save(state)
+        open(os.path.join(state["dev"], f"vdavinci{vnpu_id}"), "w").close()
+        sys.stdout.write("       Status : OK\n       Message : Create vnpu success\n")
+        return True
+    if args.startswith("set -t destroy-vnpu"):
+        vnpu_id = int(option("-v"))
+        kept = [v for v in chip["vnpus"] if v["id"] != vnpu_id]
+        if len(kept) == len(chip["vnpus"]):
+            sys.stdout.write(f"       Status : FAILED\n       Message : vnpu {vnpu_id} does not exist\n")
+            sys.exit(1)
+        chip["vnpus"] = kept
+        save(state)
+        os.unlink(os.path.join(state["dev"], f"vdavinci{vnpu_id}"))
+        sys.stdout.write(f"       Status : OK\n       Message : Destroy vnpu {vnpu_id} success\n")
+        return True
+    return False
+
+
+if vnpu_command():
+    sys.exit(0)
+path = os.path.join(here, "out", name)
 if not os.path.exists(path):
     sys.stderr.write(f"Usage: npu-smi info [-l | -m | -t <type> -i <id>]; no output for '{args}'\n")
     sys.exit(2)
