@@ -28,7 +28,7 @@ from anyio.abc import TaskGroup
 
 from ascend_agent import __version__, cdi, naming
 from ascend_agent.allocation import preferred, topology_for
-from ascend_agent.backends import Backend, load_backend
+from ascend_agent.backends import Backend, VnpuLayoutBackend, load_backend
 from ascend_agent.config import (
     PLUGIN_WATCHER_REGISTRATION,
     ConfigError,
@@ -49,6 +49,7 @@ from ascend_agent.observability import (
     log_fields,
     serve_http,
 )
+from ascend_agent.vnpu_layout import ChipPlan, HeldDevices
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ _AGENT_SETTINGS = frozenset(
         "metrics_address",
         "log_level",
         "log_format",
+        "vnpu",
     }
 )
 # Settings that decide where and how each resource is served: a change re-serves every resource.
@@ -85,8 +87,19 @@ class _Running:
 class Agent:
     """Keeps one ResourcePlugin per resource with chips, published with what the backend reports."""
 
-    def __init__(self, settings: Settings, backend: Backend, source: SettingsSource | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        source: SettingsSource | None = None,
+        held_devices: HeldDevices | None = None,
+    ) -> None:
+        """``held_devices`` says which device IDs containers hold now (the kubelet's PodResources view):
+        the vNPU layout never destroys one of them."""
         self.settings = settings
+        self.held_devices: HeldDevices = held_devices or _nothing_held
+        self._vnpu_pending = False
+        self._vnpu_refused: tuple[str, ...] = ()
         self.backend = backend
         self._source = source
         self._plugins: dict[str, _Running] = {}
@@ -144,6 +157,7 @@ class Agent:
                     if self._reload:
                         self._reload = False
                         await self._apply_config()
+                        await self.apply_vnpu_layout(fresh=True)
                     await self.reconcile()
                     await self._wakeup.wait()
         finally:
@@ -214,6 +228,8 @@ class Agent:
                     continue
                 if changed:
                     self.wake()
+                if self._vnpu_pending:
+                    await self.apply_vnpu_layout(fresh=True)
 
     def _serve_http(self, server: asyncio.Server) -> None:
         assert self._tasks is not None
@@ -294,6 +310,31 @@ class Agent:
         log.info("Serving /metrics, /healthz and /readyz on %s", address)
         return True
 
+    # vNPUs ------------------------------------------------------------------------------------------------
+    async def apply_vnpu_layout(self, *, fresh: bool = False) -> tuple[ChipPlan, ...]:
+        """Make the chips hold the ``vnpu:`` layout (at start, on reload, and each health interval while a
+        vNPU it would destroy is held); with ``fresh``, npu-smi is asked for the vNPUs again first even
+        without a layout (SIGHUP). A refused layout is logged once and nothing runs."""
+        backend = self.backend
+        if not isinstance(backend, VnpuLayoutBackend):
+            return ()
+        if fresh:
+            backend.forget_vnpus()
+        layout = self.settings.vnpu
+        if layout is None:
+            self._vnpu_pending = False
+            return ()
+        plans = await backend.apply_vnpu_layout(layout, self.held_devices, run=True)
+        refused = tuple(plan.refused for plan in plans if plan.refused)
+        if refused != self._vnpu_refused:
+            for line in refused:
+                log.error("%s", line)
+            self._vnpu_refused = refused
+        self._vnpu_pending = not refused and any(plan.in_use or plan.waiting for plan in plans)
+        if any(not plan.empty for plan in plans):
+            self.wake()
+        return plans
+
     # reconciling ------------------------------------------------------------------------------------------
     async def reconcile(self) -> None:
         """Discover, then make the plugins and what they advertise match."""
@@ -306,9 +347,10 @@ class Agent:
         for resource in [r for r in self._plugins if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
             self._stop_plugin(resource)
-        replicas = self.settings.replicas
         for resource, chips in desired.items():
             running = self._plugins.get(resource) or self._start_plugin(resource)
+            # A vNPU is isolated by the driver and handed out once: replicas share whole chips only.
+            replicas = 1 if any(chip.vnpu is not None for chip in chips) else self.settings.replicas
             devices = {
                 device_id: chip
                 for chip in chips
@@ -357,7 +399,7 @@ class Agent:
         if directory is None or not inventory.chips:
             # No chips at all (npu-smi failing at start, say) must not empty the spec containers rely on.
             return
-        document = cdi.build_spec(inventory.chips, self.backend.container_spec)
+        document = cdi.build_spec((*inventory.chips, *inventory.vnpus), self.backend.container_spec)
         if document == self._cdi_document:
             return
         try:
@@ -413,6 +455,10 @@ class Agent:
                 DEVICE_HEALTH.labels(resource=resource, device=chip.device_id).set(chip.healthy)
 
 
+def _nothing_held() -> frozenset[str]:
+    return frozenset()
+
+
 def _backend(settings: Settings) -> Backend:
     try:
         return load_backend(settings.backend)(settings)
@@ -429,6 +475,36 @@ async def discover_once(settings: Settings) -> Inventory:
         return await backend.discover()
     finally:
         await backend.close()
+
+
+async def print_vnpu_plan(settings: Settings) -> int:
+    """``run --dry-run-vnpu``: print the npu-smi commands the ``vnpu:`` layout needs now, run none; the exit
+    status (a refused layout is a :class:`ConfigError`)."""
+    if settings.vnpu is None:
+        raise ConfigError("--dry-run-vnpu: the config sets no vnpu: layout, so there is nothing to plan")
+    _reap_children_by_pidfd()
+    backend = _backend(settings)
+    if not isinstance(backend, VnpuLayoutBackend):
+        raise ConfigError(f"--dry-run-vnpu: the {settings.backend} backend does not create vNPUs")
+    try:
+        await backend.start()
+        await backend.query()
+        plans = await backend.apply_vnpu_layout(settings.vnpu, _nothing_held, run=False)
+    finally:
+        await backend.close()
+    refused = [plan.refused for plan in plans if plan.refused]
+    if refused:
+        raise ConfigError(refused[0])
+    for plan in plans:
+        for command in plan.commands():
+            print(command)
+        for vnpu in plan.in_use:
+            print(f"# kept: vNPU {vnpu.vnpu_id} ({vnpu.template}) on chip {plan.chip.phys_id} is in use")
+        for template in plan.waiting:
+            print(f"# waits for a vNPU in use to be freed: {template} on chip {plan.chip.phys_id}")
+    if all(plan.empty and not plan.in_use for plan in plans):
+        print("# nothing to do: every chip the layout names holds it")
+    return 0
 
 
 def _reap_children_by_pidfd() -> None:
@@ -459,6 +535,12 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
     )
     _log_configuration(source.load_effective())
     agent = Agent(settings, backend, source)
+    if settings.vnpu is not None:
+        await backend.query()
+        refused = [plan.refused for plan in await agent.apply_vnpu_layout() if plan.refused]
+        if refused:
+            await backend.close()
+            raise ConfigError(refused[0])
     http = None
     if settings.metrics_address:
         try:

@@ -19,6 +19,7 @@ from click.core import ParameterSource
 
 from ascend_agent import __version__
 from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.model import Chip
 
 app = typer.Typer(
     add_completion=False,
@@ -185,6 +186,22 @@ FakeState = Annotated[
         unset="none (every chip healthy)",
     ),
 ]
+FakeVnpus = Annotated[
+    str | None,
+    _option(
+        "--fake-vnpus",
+        env="FAKE_VNPUS",
+        help="Fake backend: vNPUs as PHYS_ID:TEMPLATE items, e.g. 0:vir02,0:vir02,1:vir04.",
+        unset="none",
+    ),
+]
+DryRunVnpu = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run-vnpu",
+        help="Print the npu-smi commands that make the chips hold the vnpu: layout, and exit.",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 
 
@@ -234,13 +251,17 @@ def run(
     fake_chips: FakeChips = None,
     fake_model: FakeModel = None,
     fake_state: FakeState = None,
+    fake_vnpus: FakeVnpus = None,
+    dry_run_vnpu: DryRunVnpu = False,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
-    source, settings = _settings(dict(locals()))
-    from ascend_agent.agent import run_agent
+    overrides = dict(locals())
+    overrides.pop("dry_run_vnpu")
+    source, settings = _settings(overrides)
+    from ascend_agent.agent import print_vnpu_plan, run_agent
 
     try:
-        code = asyncio.run(run_agent(source, settings))
+        code = asyncio.run(print_vnpu_plan(settings) if dry_run_vnpu else run_agent(source, settings))
     except ConfigError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     raise typer.Exit(code)
@@ -259,9 +280,10 @@ def list_chips(
     fake_chips: FakeChips = None,
     fake_model: FakeModel = None,
     fake_state: FakeState = None,
+    fake_vnpus: FakeVnpus = None,
     json_output: Json = False,
 ) -> None:
-    """Print the chips the backend sees."""
+    """Print the chips the backend sees, and their vNPUs under them."""
     overrides = dict(locals())
     overrides.pop("json_output")
     _, settings = _settings(overrides)
@@ -285,6 +307,7 @@ def list_chips(
             "npu_id": chip.npu_id,
             "faults": [{"code": fault.code, "text": fault.text} for fault in chip.faults],
             "held": chip.held,
+            "vnpus": [_vnpu_row(part) for part in inventory.vnpus if part.phys_id == chip.phys_id],
         }
         for chip in inventory.chips
     ]
@@ -296,12 +319,48 @@ def list_chips(
         print(f"ascend-agent: {problem}", file=sys.stderr)
 
 
+def _vnpu_row(part: Chip) -> dict[str, Any]:
+    assert part.vnpu is not None
+    return {
+        "id": part.device_id,
+        "resource": part.resource,
+        "health": part.health.value,
+        "reason": part.reason,
+        "vnpu_id": part.vnpu.vnpu_id,
+        "template": part.vnpu.template,
+        "aicore": part.vnpu.aicore,
+        "memory_gb": part.vnpu.memory_gb,
+        "device": part.device_path,
+        "container_id": part.vnpu.container_id if part.vnpu.in_container else None,
+    }
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
+    """One line per chip; a chip's vNPUs on lines under it, with their template, AI cores and memory."""
     if not rows:
         print("no chips found")
         return
     columns = ("id", "model", "health", "bus_id", "numa_node", "resource", "reason")
-    cells = [[("-" if row[c] is None else str(row[c])) for c in columns] for row in rows]
+    lines = []
+    for row in rows:
+        lines.append(row)
+        if row["vnpus"]:
+            lines[-1] = {**row, "resource": "vNPUs below"}
+        for part in row["vnpus"]:
+            cores = "?" if part["aicore"] is None else part["aicore"]
+            memory = "?" if part["memory_gb"] is None else part["memory_gb"]
+            lines.append(
+                {
+                    "id": f"  {part['id']}",
+                    "model": f"{part['template']}: {cores} AI cores, {memory} GB",
+                    "health": part["health"],
+                    "bus_id": None,
+                    "numa_node": None,
+                    "resource": part["resource"],
+                    "reason": part["reason"],
+                }
+            )
+    cells = [[("-" if row[c] is None else str(row[c])) for c in columns] for row in lines]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
     for line in [list(columns), *cells]:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())

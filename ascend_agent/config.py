@@ -26,6 +26,7 @@ import yaml
 
 from ascend_agent.faults import VERDICTS
 from ascend_agent.naming import NAMING_SCHEMES
+from ascend_agent.vnpu_layout import Layout, parse_layout
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_DRIVER_MOUNTS = (
@@ -93,6 +94,10 @@ class Settings:
     fake_chips: int = 8
     fake_model: str = "910B4"
     fake_state: Path | None = None
+    # The vNPUs each chip should hold, by physical id or chip name (``ascend_agent.vnpu_layout``); None:
+    # vNPUs are never created or destroyed.
+    vnpu: Layout | None = None
+    fake_vnpus: Layout | None = None
 
     @property
     def effective_plugins_registry_dir(self) -> Path:
@@ -216,6 +221,24 @@ def _text_list(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def fake_vnpus(value: Any) -> Layout:
+    """``"0:vir02,0:vir02,1:vir04"`` (the flag) or ``{"0": [vir02, vir02]}`` (the file): templates by
+    physical id."""
+    if isinstance(value, str):
+        entries: dict[str, list[str]] = {}
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            phys_id, sep, template = item.partition(":")
+            if not sep or not phys_id.strip().isdigit():
+                raise ValueError(f"{item!r} must be PHYS_ID:TEMPLATE, e.g. 0:vir02,0:vir02,1:vir04")
+            entries.setdefault(phys_id.strip(), []).append(template.strip())
+        value = entries
+    layout = parse_layout(value)
+    for key, _ in layout:
+        if not key.isdigit():
+            raise ValueError(f"{key}: the fake backend's vNPUs are given by physical chip id (0, 1, ...)")
+    return layout
+
+
 def _one_of(*choices: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -260,6 +283,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "fake_chips": _positive_int,
     "fake_model": _model,
     "fake_state": _optional(_path),
+    "vnpu": _optional(parse_layout),
+    "fake_vnpus": _optional(fake_vnpus),
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
 

@@ -148,6 +148,8 @@ class Chip:
     faults: tuple[Fault, ...] = ()
     held: bool = False
     vnpu: VNpu | None = None
+    # The chip's place on its card: npu-smi's ``-c`` beside ``-i <npu id>``.
+    chip_on_card: int = 0
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ascend_agent.model import Chip, ContainerSpec, Inventory
 
 if TYPE_CHECKING:
     from ascend_agent.config import Settings
+    from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout
 
 ENTRY_POINT_GROUP = "ascend_agent.backends"
 
@@ -49,6 +50,20 @@ class Backend(Protocol):
 
     async def close(self) -> None:
         """Release what the backend holds."""
+
+
+@runtime_checkable
+class VnpuLayoutBackend(Protocol):
+    """A backend that can create and destroy vNPUs (devfs, through npu-smi)."""
+
+    def forget_vnpus(self) -> None:
+        """Ask the hardware for the vNPUs again at the next discovery."""
+
+    async def apply_vnpu_layout(
+        self, layout: Layout, held: HeldDevices, *, run: bool
+    ) -> tuple[ChipPlan, ...]:
+        """The plan of each chip the layout names, against the chips now; carried out with ``run`` unless
+        a chip refuses its entry. Never destroys a vNPU that ``held`` names or npu-smi shows in use."""
 
 
 class BackendFactory(Protocol):

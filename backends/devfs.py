@@ -42,6 +42,7 @@ from ascend_agent.backends.npusmi import (
     query_info,
     run_npu_smi,
 )
+from ascend_agent.backends.vnpu import VnpuProbe
 from ascend_agent.config import Settings
 from ascend_agent.faults import FaultPolicy, describe
 from ascend_agent.flaphold import FlapHold, HoldEvent
@@ -71,10 +72,12 @@ from ascend_agent.observability import (
     NPU_SMI_SECONDS,
     log_fields,
 )
+from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout
 
 log = logging.getLogger(__name__)
 
 _CHIP_NODE = re.compile(r"^davinci(\d+)$")
+_VNPU_NODE = re.compile(r"^vdavinci(\d+)$")
 MANAGER = "davinci_manager"
 # Shared management devices, handed to every container that gets a chip, each only if present.
 _MANAGEMENT = (MANAGER, "devmm_svm", "hisi_hdc", "dvpp_cmdlist")
@@ -92,7 +95,9 @@ _MIB = 1024 * 1024
 
 def is_device_name(name: str) -> bool:
     """The ``/dev`` entries whose appearance or loss changes what the node can offer."""
-    return bool(_CHIP_NODE.match(name)) or name in _MANAGEMENT or name == _MANAGER_310B
+    return (
+        bool(_CHIP_NODE.match(name) or _VNPU_NODE.match(name)) or name in _MANAGEMENT or name == _MANAGER_310B
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,8 @@ class DevfsBackend:
         self._fault_labels: set[tuple[str, str]] = set()
         self._telemetry_devices: set[str] = set()
         self._hold = FlapHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
+        self._vnpus = VnpuProbe(settings)
+        self._chip_list: tuple[Chip, ...] = ()
 
     @property
     def health_interval(self) -> float | None:
@@ -438,6 +445,10 @@ class DevfsBackend:
         )
         problems = [self._query_problem] if self._query_problem else []
         chips = self._chips(nodes)
+        # npu-smi runs here only when /dev/vdavinci* nodes (or the chips) changed since it was last asked.
+        if self._probed:
+            await self._vnpus.refresh_if_stale(chips, nodes)
+        self._chip_list = chips
         if not any(_CHIP_NODE.match(name) for name in nodes):
             problems.append(
                 f"no /dev/davinci* device files under {self._dev_root}: the Ascend driver or firmware is not "
@@ -448,7 +459,19 @@ class DevfsBackend:
             problems.append(
                 f"{self._dev_root}/{MANAGER} is missing: every chip is Unhealthy until it returns"
             )
-        return Inventory(chips=chips, problems=tuple(problems))
+        return Inventory(chips=chips, problems=tuple(problems), vnpus=self._vnpus.slices(chips, nodes))
+
+    def forget_vnpus(self) -> None:
+        """Ask npu-smi for the vNPUs again at the next discovery (SIGHUP)."""
+        self._vnpus.forget()
+
+    async def apply_vnpu_layout(
+        self, layout: Layout, held: HeldDevices, *, run: bool
+    ) -> tuple[ChipPlan, ...]:
+        """Plan (and with ``run`` carry out) the ``vnpu:`` layout on the chips of the last discovery."""
+        if not self._chip_list:
+            await self.discover()
+        return await self._vnpus.apply(layout, self._chip_list, held, self._nodes, run=run)
 
     def _chips(self, nodes: set[str]) -> tuple[Chip, ...]:
         if not self._probed and self._settings.model is not None:
@@ -468,6 +491,7 @@ class DevfsBackend:
                 npu_id=probed.npu_id,
                 naming_scheme=self._settings.resource_naming,
                 faults=probed.faults,
+                chip_on_card=probed.chip,
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:

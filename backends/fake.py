@@ -5,6 +5,9 @@
 
     {"unhealthy": [3], "absent": [7]}
 
+``--fake-vnpus 0:vir02,0:vir02`` splits chips into vNPUs (IDs from ``phys*16+100``, as npu-smi numbers
+them); a state file's ``"vnpus": {"0": ["vir02"]}`` replaces that list while it is there.
+
 An absent chip stays listed as Unhealthy, as a chip that fell off the bus does on a real node. The file
 must exist when the backend starts; one removed later, or turned invalid, leaves the previous state in place.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 import aiofiles
 
 from ascend_agent.backends._container import container_spec
-from ascend_agent.config import ConfigError, Settings, decode_utf8
+from ascend_agent.config import ConfigError, Settings, decode_utf8, fake_vnpus
 from ascend_agent.model import (
     Chip,
     ContainerSpec,
@@ -29,9 +32,11 @@ from ascend_agent.model import (
     Health,
     Inventory,
     UnknownModelError,
+    VNpu,
     classify,
 )
 from ascend_agent.observability import log_fields
+from ascend_agent.vnpu_layout import Layout, parse_layout, template_cores
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,7 @@ class FaultState:
 
     unhealthy: frozenset[int] = frozenset()
     absent: frozenset[int] = frozenset()
+    vnpus: Layout | None = None
 
 
 def parse_state(text: str, source: str) -> FaultState:
@@ -60,10 +66,10 @@ def parse_state(text: str, source: str) -> FaultState:
         raise ValueError(
             f'fake state file {source} must be an object like {{"unhealthy": [1], "absent": []}}'
         )
-    unknown = set(document) - {"unhealthy", "absent"}
+    unknown = set(document) - {"unhealthy", "absent", "vnpus"}
     if unknown:
         raise ValueError(
-            f"fake state file {source}: unknown key {sorted(unknown)[0]!r} (keys: unhealthy, absent)"
+            f"fake state file {source}: unknown key {sorted(unknown)[0]!r} (keys: unhealthy, absent, vnpus)"
         )
     lists: dict[str, frozenset[int]] = {}
     for key in ("unhealthy", "absent"):
@@ -71,7 +77,13 @@ def parse_state(text: str, source: str) -> FaultState:
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise ValueError(f"fake state file {source}: {key} must be a list of physical ids")
         lists[key] = frozenset(ids)
-    return FaultState(**lists)
+    vnpus = None
+    if "vnpus" in document:
+        try:
+            vnpus = fake_vnpus(document["vnpus"])
+        except ValueError as exc:
+            raise ValueError(f"fake state file {source}: vnpus {exc}") from None
+    return FaultState(**lists, vnpus=vnpus)
 
 
 class FakeBackend:
@@ -85,6 +97,11 @@ class FakeBackend:
                 f"--fake-model {settings.fake_model!r} is not an Ascend chip "
                 "(try 910B4, 910A, 910_9392, 950PR, 310P3, 310)"
             ) from None
+        for _, templates in settings.fake_vnpus or ():
+            try:
+                parse_layout({settings.fake_model: list(templates)})
+            except ValueError as exc:
+                raise ConfigError(f"--fake-vnpus: {exc}") from None
         self._settings = settings
         # A3 boards have two dies per NPU id; every other model one chip per NPU id.
         self._dies_per_npu = 2 if classify(settings.fake_model) is Generation.ASCEND910A3 else 1
@@ -154,7 +171,21 @@ class FakeBackend:
                     extra=log_fields(path=self._settings.fake_state, reason=str(exc)),
                 )
             self._state_error = str(exc)
-        return Inventory(chips=tuple(self._chip(i) for i in range(self._settings.fake_chips)))
+        chips = tuple(self._chip(i) for i in range(self._settings.fake_chips))
+        return Inventory(chips=chips, vnpus=self._vnpus(chips))
+
+    def _vnpus(self, chips: Sequence[Chip]) -> tuple[Chip, ...]:
+        """The vNPUs of the state file, else of ``--fake-vnpus``; numbered as npu-smi numbers them."""
+        layout = self._state.vnpus if self._state.vnpus is not None else self._settings.fake_vnpus
+        parts = []
+        for key, templates in layout or ():
+            phys_id = int(key)
+            if phys_id >= len(chips):
+                continue
+            for index, template in enumerate(templates):
+                vnpu = VNpu(phys_id * 16 + 100 + index, template, aicore=template_cores(template))
+                parts.append(chips[phys_id].slice(vnpu))
+        return tuple(parts)
 
     def _chip(self, phys_id: int) -> Chip:
         chips = self._settings.fake_chips

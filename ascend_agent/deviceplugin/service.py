@@ -277,18 +277,25 @@ class DevicePluginService:
             raise GRPCError(
                 Status.INVALID_ARGUMENT, f"container request {index} for {self.resource} names no devices"
             )
-        chips: dict[int, Chip] = {}
+        # Keyed by the chip's own device ID: the replicas of one chip are one chip, each vNPU is its own.
+        chips: dict[str, Chip] = {}
         seen: set[str] = set()
         for device_id in device_ids:
             chip = self._checked_chip(device_id, seen)
-            chips[chip.phys_id] = chip
+            chips[chip.device_id] = chip
+        if len(device_ids) > 1 and any(chip.vnpu is not None for chip in chips.values()):
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"container request {index} names {len(device_ids)} vNPUs of {self.resource}; a container "
+                "gets one vNPU (ask for 1, or for a larger template)",
+            )
         key = tuple(sorted(chips))
         cached = self._entries.get(key)
         if cached is not None:
             return cached[0]
         assert self._spec_for is not None
-        entry = wire.container_response(self._spec_for([chips[phys_id] for phys_id in key]))
-        self._entries.put(key, entry, "", len(entry) + 8 * len(key))
+        entry = wire.container_response(self._spec_for([chips[device_id] for device_id in key]))
+        self._entries.put(key, entry, "", len(entry) + sum(map(len, key)))
         return entry
 
     def _checked_chip(self, device_id: str, seen: set[str]) -> Chip:

@@ -111,6 +111,7 @@ def _settings_from(command: Any, args: list[str]) -> Settings:
     overrides = dict(command.make_context(command.name, args).params)
     config = overrides.pop("config")
     overrides.pop("json_output", None)
+    overrides.pop("dry_run_vnpu", None)
     return SettingsSource(overrides, Path(config) if config else None).load()
 
 

@@ -1,0 +1,259 @@
+"""The vNPU layout of the config (``vnpu:``) and the plan that makes a chip hold it; pure, no I/O.
+
+A key is a physical chip id (``"3"``) or a chip name (``"310P3"``: every chip of that name without an entry
+of its own); a value lists the templates the chip should hold, ``[]`` for none::
+
+    layout = parse_layout({"3": ["vir04", "vir02"], "310P3": ["vir02", "vir02"]})   # ValueError: one line
+    wanted = templates_for(layout, chip)                                             # None: not managed
+    step = plan_chip(chip, wanted, state, templates, held=lambda vnpu: vnpu.in_container)
+    step.commands()   # ["npu-smi set -t destroy-vnpu -i 1 -c 0 -v 117", "npu-smi set -t create-vnpu ..."]
+
+The layout is checked twice: at load against the published templates of each product (a name key must fit
+one product of its generation; a physical id key, some product), and before anything runs against what the
+chip itself reports (its ``template-info`` and its AI cores and memory).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from ascend_agent.model import Chip, Template, UnknownModelError, VNpu, classify, normalise_model
+from ascend_agent.naming import vnpu_suffix
+
+# ((chip name or physical id, (template, ...)), ...), in the order the config gives them.
+Layout = tuple[tuple[str, tuple[str, ...]], ...]
+# The device IDs containers hold now, as the kubelet knows them (its PodResources API); a vNPU among them is
+# never destroyed. Without a cluster view: nothing, and npu-smi's container column alone decides.
+HeldDevices = Callable[[], Collection[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Product:
+    """A product line that can split its chips: its generation (``model.Generation`` value), AI cores per
+    chip and templates, as Huawei publishes them."""
+
+    name: str
+    generation: str
+    aicores: int
+    templates: frozenset[str]
+
+
+PRODUCTS = (
+    Product("Atlas training (910)", "910A", 32, frozenset({"vir02", "vir04", "vir08", "vir16"})),
+    Product(
+        "Atlas inference (310P)",
+        "310P",
+        8,
+        frozenset({"vir01", "vir02", "vir04", "vir02_1c", "vir04_3c", "vir04_3c_ndvpp", "vir04_4c_dvpp"}),
+    ),
+    Product("Atlas A2 training (910B)", "910B", 24, frozenset({"vir06_1c_16g", "vir12_3c_32g"})),
+    Product(
+        "Atlas A2 inference (910B)",
+        "910B",
+        20,
+        frozenset(
+            {
+                "vir05_1c_8g",
+                "vir05_1c_16g",
+                "vir10_3c_16g",
+                "vir10_3c_16g_nm",
+                "vir10_4c_16g_m",
+                "vir10_3c_32g",
+            }
+        ),
+    ),
+    Product("Atlas A3 training", "910A3", 48, frozenset({"vir06_1c_16g", "vir12_3c_32g"})),
+    Product("Atlas A3 inference", "910A3", 40, frozenset({"vir05_1c_16g", "vir10_3c_32g"})),
+)
+SPLITTABLE_GENERATIONS = frozenset(product.generation for product in PRODUCTS)
+_CORES = re.compile(r"^vir(\d+)")
+
+
+def template_cores(template: str) -> int:
+    """The AI cores a template's name gives (``vir04_3c`` -> 4)."""
+    match = _CORES.match(template)
+    if match is None:
+        raise ValueError(f"{template!r} is not a vNPU template name")
+    return int(match.group(1))
+
+
+def parse_layout(value: object) -> Layout:
+    """The ``vnpu:`` setting, checked against the published templates; ``ValueError`` in one line.
+
+    >>> parse_layout({3: ["vir04", "vir02"], "310P3": []})
+    (('3', ('vir04', 'vir02')), ('310P3', ()))
+    >>> parse_layout({"310P3": ["vir04", "vir04", "vir02"]})
+    Traceback (most recent call last):
+    ValueError: 310P3: vir04, vir04, vir02 need 10 AI cores; a 310P3 chip has 8
+    """
+    if isinstance(value, tuple):
+        value = dict(value)
+    if not isinstance(value, dict):
+        raise ValueError('must map chips to template lists, e.g. {"3": [vir04, vir02], "310P3": [vir02]}')
+    layout = []
+    for raw_key, raw_templates in value.items():
+        key = str(raw_key) if isinstance(raw_key, int) and not isinstance(raw_key, bool) else raw_key
+        if not isinstance(key, str) or not key.strip():
+            raise ValueError(f"key {raw_key!r} is neither a physical chip id (3) nor a chip name (310P3)")
+        if isinstance(raw_templates, tuple):
+            raw_templates = list(raw_templates)
+        if not isinstance(raw_templates, list) or not all(isinstance(t, str) for t in raw_templates):
+            raise ValueError(f"{key}: must be a list of template names, e.g. [vir02, vir02]; [] for none")
+        templates = tuple(raw_templates)
+        _check_entry(key, templates)
+        layout.append((key, templates))
+    return tuple(layout)
+
+
+def _check_entry(key: str, templates: tuple[str, ...]) -> None:
+    for template in templates:
+        try:
+            vnpu_suffix(template)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+    if key.isdigit():
+        products: tuple[Product, ...] = PRODUCTS
+        what = f"chip {key}"
+    else:
+        try:
+            generation = classify(key).value
+        except UnknownModelError:
+            raise ValueError(
+                f"{key!r} is neither a physical chip id (3) nor an Ascend chip name (310P3)"
+            ) from None
+        products = tuple(product for product in PRODUCTS if product.generation == generation)
+        what = f"a {normalise_model(key)} chip"
+        if not products:
+            raise ValueError(f"{key}: {normalise_model(key)} chips cannot be split into vNPUs")
+    if not templates:
+        return
+    offering = [product for product in products if set(templates) <= product.templates]
+    if not offering:
+        foreign = sorted({t for t in templates if not any(t in product.templates for product in products)})
+        if foreign:
+            known = ", ".join(sorted({t for product in products for t in product.templates}))
+            raise ValueError(f"{key}: {', '.join(foreign)} is not a template of {what} (templates: {known})")
+        raise ValueError(f"{key}: no chip offers {', '.join(sorted(set(templates)))} together")
+    cores = sum(template_cores(t) for t in templates)
+    most = max(product.aicores for product in offering)
+    if cores > most:
+        has = f"{what} has {most}" if not key.isdigit() else f"no chip that offers them has more than {most}"
+        raise ValueError(f"{key}: {', '.join(templates)} need {cores} AI cores; {has}")
+
+
+def templates_for(layout: Layout, chip: Chip) -> tuple[str, ...] | None:
+    """The templates ``layout`` gives ``chip``: its physical id's entry, else its name's; None when neither
+    names it (its vNPUs are left as they are)."""
+    entries = dict(layout)
+    own = entries.get(str(chip.phys_id))
+    if own is not None:
+        return own
+    for key, templates in layout:
+        if not key.isdigit() and normalise_model(key).lower() == chip.model.lower():
+            return templates
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ChipState:
+    """What npu-smi says a chip holds now: its vNPUs and its totals (None where unknown)."""
+
+    vnpus: tuple[VNpu, ...]
+    aicore: int | None = None
+    memory_gb: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChipPlan:
+    """What makes one chip hold its layout: vNPUs to destroy, templates to create, vNPUs that stay because a
+    container holds them, templates that wait for those; ``refused`` (one line) when the layout cannot be
+    held at all, and then nothing else is set."""
+
+    chip: Chip
+    destroy: tuple[VNpu, ...] = ()
+    create: tuple[str, ...] = ()
+    in_use: tuple[VNpu, ...] = ()
+    waiting: tuple[str, ...] = ()
+    refused: str = ""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.destroy or self.create)
+
+    def commands(self) -> list[str]:
+        """The npu-smi commands, destroys first, as they run."""
+        where = f"-i {self.chip.npu_id} -c {self.chip.chip_on_card}"
+        return [f"npu-smi set -t destroy-vnpu {where} -v {v.vnpu_id}" for v in self.destroy] + [
+            f"npu-smi set -t create-vnpu {where} -f {t}" for t in self.create
+        ]
+
+
+def plan_chip(
+    chip: Chip,
+    wanted: Sequence[str],
+    state: ChipState,
+    templates: Mapping[str, Template],
+    held: Callable[[VNpu], bool],
+) -> ChipPlan:
+    """The steps from ``state`` to ``wanted`` on ``chip``. vNPUs of a wanted template are kept (those a
+    container holds first); others are destroyed unless ``held``; what is missing is created, as far as the
+    AI cores left by vNPUs still held allow.
+
+    >>> chip = Chip.make(1, "310P3", npu_id=1)
+    >>> now = ChipState((VNpu(116, "vir04"), VNpu(117, "vir02")), aicore=8)
+    >>> offered = {"vir02": Template("vir02", 2), "vir04": Template("vir04", 4)}
+    >>> plan_chip(chip, ["vir02", "vir02"], now, offered, held=lambda v: False).commands()
+    ['npu-smi set -t destroy-vnpu -i 1 -c 0 -v 116', 'npu-smi set -t create-vnpu -i 1 -c 0 -f vir02']
+    """
+    name = f"chip {chip.phys_id} ({chip.model})"
+    unknown = sorted({t for t in wanted if t not in templates})
+    if unknown:
+        return ChipPlan(
+            chip,
+            refused=f"vnpu: {name} offers no template {', '.join(unknown)} (npu-smi info -t template-info "
+            f"lists {', '.join(sorted(templates)) or 'none'}); nothing created",
+        )
+    for label, total, need in (
+        ("AI cores", state.aicore, sum(templates[t].aicore for t in wanted)),
+        ("GB of memory", state.memory_gb, sum(templates[t].memory_gb or 0 for t in wanted)),
+    ):
+        if total is not None and need > total:
+            return ChipPlan(
+                chip,
+                refused=f"vnpu: {name}: {', '.join(wanted)} need {need} {label}; the chip has {total}; "
+                "nothing created",
+            )
+    missing = Counter(wanted)
+    ordered = sorted(state.vnpus, key=lambda v: (not held(v), v.vnpu_id))
+    kept: list[VNpu] = []
+    extra: list[VNpu] = []
+    for vnpu in ordered:
+        if missing[vnpu.template] > 0:
+            missing[vnpu.template] -= 1
+            kept.append(vnpu)
+        else:
+            extra.append(vnpu)
+    in_use = tuple(v for v in extra if held(v))
+    destroy = tuple(sorted((v for v in extra if not held(v)), key=lambda v: v.vnpu_id))
+    create: list[str] = []
+    waiting: list[str] = []
+    used = sum(_cores(v.template, templates) for v in (*kept, *in_use))
+    for template in wanted:
+        if missing[template] == 0:
+            continue
+        missing[template] -= 1
+        cores = templates[template].aicore
+        if state.aicore is not None and used + cores > state.aicore:
+            waiting.append(template)
+        else:
+            used += cores
+            create.append(template)
+    return ChipPlan(chip, destroy, tuple(create), in_use, tuple(waiting))
+
+
+def _cores(template: str, templates: Mapping[str, Template]) -> int:
+    known = templates.get(template)
+    return known.aicore if known is not None else template_cores(template)

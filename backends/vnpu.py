@@ -1,0 +1,286 @@
+"""The vNPUs of a node's chips, read with npu-smi, and the runs that make them match the ``vnpu:`` layout.
+
+npu-smi is asked per chip (``info -t info-vnpu``) only when told to look again: at start, when
+``/dev/vdavinci*`` nodes appear or disappear, on SIGHUP, after a layout ran, and when the chip set changed;
+the template table once per chip model. A chip that cannot hold vNPUs (310, 310B, 950, or npu-smi says
+-8255 or ``not support``) stays a plain chip, and is not asked again::
+
+    probe = VnpuProbe(settings)
+    await probe.refresh(chips, vdavinci_nodes)          # the devfs backend's discover, when the nodes changed
+    parts = probe.slices(chips, nodes)                  # the vNPUs, as devices of their chips
+    plans = await probe.apply(layout, chips, held, run=True)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+
+import anyio
+
+from ascend_agent.backends.npusmi import NpuSmiError
+from ascend_agent.backends.npusmi_vnpu import (
+    ChipVnpus,
+    create_vnpu,
+    destroy_vnpu,
+    query_templates,
+    query_vnpus,
+)
+from ascend_agent.config import Settings
+from ascend_agent.model import Chip, Health, Template, VNpu
+from ascend_agent.observability import log_fields
+from ascend_agent.vnpu_layout import (
+    SPLITTABLE_GENERATIONS,
+    ChipPlan,
+    ChipState,
+    HeldDevices,
+    Layout,
+    plan_chip,
+    template_cores,
+    templates_for,
+)
+
+log = logging.getLogger(__name__)
+
+# npu-smi's Status column: numbers (0 idle, 1 in use) say nothing of health; so does OK.
+_HEALTHY_STATUS = frozenset({"", "ok", "normal"})
+
+
+class VnpuProbe:
+    """What npu-smi last said about each chip's vNPUs, and the layout runs."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._states: dict[int, ChipVnpus] = {}
+        self._unsupported: set[int] = set()
+        self._templates: dict[str, dict[str, Template]] = {}
+        self._asked: tuple[frozenset[int], frozenset[str]] | None = None
+        self._failures: dict[int, str] = {}
+        self._warned: set[tuple[int, int]] = set()
+        self._lock = anyio.Lock()
+
+    @property
+    def _npu_smi(self) -> str:
+        return self._settings.effective_npu_smi
+
+    def stale(self, chips: Sequence[Chip], nodes: Collection[str]) -> bool:
+        """True when the chips or the ``/dev/vdavinci*`` nodes changed since npu-smi was last asked."""
+        return bool(chips) and self._asked != _asked_key(chips, nodes)
+
+    def forget(self) -> None:
+        """Ask npu-smi again at the next :meth:`refresh_if_stale` (SIGHUP)."""
+        self._asked = None
+
+    async def refresh_if_stale(self, chips: Sequence[Chip], nodes: Collection[str]) -> None:
+        if self.stale(chips, nodes):
+            await self.refresh(chips, nodes)
+
+    async def refresh(self, chips: Sequence[Chip], nodes: Collection[str]) -> None:
+        """Ask npu-smi for the vNPUs of every chip that may hold some."""
+        async with self._lock:
+            self._asked = _asked_key(chips, nodes)
+            present = {chip.phys_id for chip in chips}
+            self._states = {phys: state for phys, state in self._states.items() if phys in present}
+            for chip in chips:
+                if chip.generation.value in SPLITTABLE_GENERATIONS and chip.phys_id not in self._unsupported:
+                    await self._ask(chip)
+
+    async def _ask(self, chip: Chip) -> None:
+        assert chip.npu_id is not None
+        try:
+            state = await query_vnpus(
+                self._npu_smi, chip.npu_id, chip.chip_on_card, self._settings.npu_smi_timeout
+            )
+        except NpuSmiError as exc:
+            if self._failures.get(chip.phys_id) != str(exc):
+                log.warning(
+                    "Cannot read the vNPUs of chip %d, keeping what was known: %s",
+                    chip.phys_id,
+                    exc,
+                    extra=log_fields(device=chip.device_id, reason=str(exc)),
+                )
+            self._failures[chip.phys_id] = str(exc)
+            return
+        self._failures.pop(chip.phys_id, None)
+        if state is None:
+            log.debug("Chip %d (%s) cannot hold vNPUs", chip.phys_id, chip.model)
+            self._unsupported.add(chip.phys_id)
+            self._states.pop(chip.phys_id, None)
+            return
+        if state.vnpus:
+            await self._templates_of(chip)
+        self._states[chip.phys_id] = state
+
+    async def _templates_of(self, chip: Chip) -> dict[str, Template]:
+        """The chip model's templates (``info -t template-info -i <npu id>``), asked once per model."""
+        known = self._templates.get(chip.model)
+        if known is not None:
+            return known
+        assert chip.npu_id is not None
+        try:
+            templates = await query_templates(self._npu_smi, chip.npu_id, self._settings.npu_smi_timeout)
+        except NpuSmiError as exc:
+            log.info("No vNPU template table for %s chips: %s", chip.model, exc)
+            return {}
+        self._templates[chip.model] = {template.name: template for template in templates}
+        return self._templates[chip.model]
+
+    def slices(self, chips: Sequence[Chip], nodes: Collection[str]) -> tuple[Chip, ...]:
+        """Every vNPU as a device of its chip: the chip's health, unless its device node is missing or
+        npu-smi shows a status other than a number or OK."""
+        parts = []
+        for chip in chips:
+            state = self._states.get(chip.phys_id)
+            if state is None:
+                continue
+            templates = self._templates.get(chip.model, {})
+            for vnpu in state.vnpus:
+                part = chip.slice(_with_resources(vnpu, templates.get(vnpu.template)))
+                if part.healthy and f"vdavinci{vnpu.vnpu_id}" not in nodes:
+                    part = part.with_health(Health.UNHEALTHY, f"device node {part.device_path} is missing")
+                elif part.healthy and not (vnpu.status.isdigit() or vnpu.status.lower() in _HEALTHY_STATUS):
+                    part = part.with_health(Health.UNHEALTHY, f"npu-smi shows vNPU status {vnpu.status}")
+                parts.append(part)
+        return tuple(parts)
+
+    async def apply(
+        self, layout: Layout, chips: Sequence[Chip], held: HeldDevices, nodes: Collection[str], *, run: bool
+    ) -> tuple[ChipPlan, ...]:
+        """Plan every chip the layout names against what npu-smi says now, and with ``run`` carry the plans
+        out; when any chip refuses its entry, nothing runs anywhere."""
+        await self.refresh(chips, nodes)
+        async with self._lock:
+            plans = [await self._plan(chip, wanted, held) for chip, wanted in _managed(layout, chips)]
+            if not run or any(plan.refused for plan in plans):
+                return tuple(plans)
+            for plan in plans:
+                self._warn_in_use(plan)
+                if not plan.empty:
+                    await self._carry_out(plan)
+        if any(not plan.empty for plan in plans):
+            await self.refresh(chips, nodes)
+        return tuple(plans)
+
+    async def _plan(self, chip: Chip, wanted: tuple[str, ...], held: HeldDevices) -> ChipPlan:
+        name = f"chip {chip.phys_id} ({chip.model})"
+        if chip.generation.value not in SPLITTABLE_GENERATIONS or chip.phys_id in self._unsupported:
+            if not wanted:
+                return ChipPlan(chip)
+            return ChipPlan(chip, refused=f"vnpu: {name} cannot be split into vNPUs; nothing created")
+        state = self._states.get(chip.phys_id)
+        if state is None:
+            why = self._failures.get(chip.phys_id, "npu-smi did not say")
+            return ChipPlan(chip, refused=f"vnpu: the vNPUs of {name} are unknown ({why}); nothing created")
+        templates = await self._templates_of(chip)
+        if not templates and wanted:
+            return ChipPlan(
+                chip, refused=f"vnpu: npu-smi lists no vNPU templates for {name}; nothing created"
+            )
+        held_ids = frozenset(held())
+
+        def holds(vnpu: VNpu) -> bool:
+            return vnpu.in_container or chip.slice(vnpu).device_id in held_ids
+
+        current = ChipState(state.vnpus, aicore=state.total("aicore"), memory_gb=state.total("memory"))
+        return plan_chip(chip, wanted, current, templates, holds)
+
+    def _warn_in_use(self, plan: ChipPlan) -> None:
+        for vnpu in plan.in_use:
+            key = (plan.chip.phys_id, vnpu.vnpu_id)
+            if key not in self._warned:
+                self._warned.add(key)
+                part = plan.chip.slice(vnpu)
+                log.warning(
+                    "vnpu: %s (%s) is not in the layout but a container holds it; kept until it is free",
+                    part.device_id,
+                    vnpu.template,
+                    extra=log_fields(device=part.device_id),
+                )
+        if plan.waiting:
+            log.info(
+                "vnpu: chip %d waits for vNPUs in use to be freed before creating %s",
+                plan.chip.phys_id,
+                ", ".join(plan.waiting),
+            )
+
+    async def _carry_out(self, plan: ChipPlan) -> None:
+        """Destroys and creates on one chip. Creates go first when they fit beside what is there, so that a
+        failed create leaves the chip as it was: the vNPUs this run created are destroyed again."""
+        chip = plan.chip
+        assert chip.npu_id is not None
+        timeout = self._settings.npu_smi_timeout
+        state = self._states[chip.phys_id]
+        templates = self._templates.get(chip.model, {})
+        free = state.resources.get("aicore", (None, None))[0]
+        need = sum(templates[t].aicore for t in plan.create)
+        destroy_first = free is not None and need > free
+        before = {vnpu.vnpu_id for vnpu in state.vnpus}
+        if destroy_first and not await self._destroy(chip, plan.destroy):
+            return
+        for template in plan.create:
+            try:
+                await create_vnpu(self._npu_smi, chip.npu_id, chip.chip_on_card, template, timeout)
+            except NpuSmiError as exc:
+                await self._undo_creates(chip, before, exc)
+                return
+            log.info("vnpu: created a %s vNPU on chip %d", template, chip.phys_id)
+        if not destroy_first:
+            await self._destroy(chip, plan.destroy)
+
+    async def _destroy(self, chip: Chip, vnpus: Sequence[VNpu]) -> bool:
+        assert chip.npu_id is not None
+        for vnpu in vnpus:
+            try:
+                await destroy_vnpu(
+                    self._npu_smi,
+                    chip.npu_id,
+                    chip.chip_on_card,
+                    vnpu.vnpu_id,
+                    self._settings.npu_smi_timeout,
+                )
+            except NpuSmiError as exc:
+                log.error("vnpu: chip %d: %s; its other steps are skipped", chip.phys_id, exc)
+                return False
+            log.info("vnpu: destroyed vNPU %d (%s) on chip %d", vnpu.vnpu_id, vnpu.template, chip.phys_id)
+        return True
+
+    async def _undo_creates(self, chip: Chip, before: set[int], error: NpuSmiError) -> None:
+        assert chip.npu_id is not None
+        timeout = self._settings.npu_smi_timeout
+        made: list[int] = []
+        try:
+            state = await query_vnpus(self._npu_smi, chip.npu_id, chip.chip_on_card, timeout)
+            made = [v.vnpu_id for v in state.vnpus if v.vnpu_id not in before] if state else []
+            for vnpu_id in made:
+                await destroy_vnpu(self._npu_smi, chip.npu_id, chip.chip_on_card, vnpu_id, timeout)
+        except NpuSmiError as exc:
+            log.error(
+                "vnpu: chip %d: %s; undoing this run's vNPUs %s failed too (%s): check npu-smi info -t "
+                "info-vnpu -i %d -c %d",
+                chip.phys_id, error, made, exc, chip.npu_id, chip.chip_on_card,
+            )  # fmt: skip
+            return
+        log.error("vnpu: chip %d: %s; the chip is left as it was", chip.phys_id, error)
+
+
+def _asked_key(chips: Sequence[Chip], nodes: Collection[str]) -> tuple[frozenset[int], frozenset[str]]:
+    return frozenset(chip.phys_id for chip in chips), frozenset(n for n in nodes if n.startswith("vdavinci"))
+
+
+def _managed(layout: Layout, chips: Sequence[Chip]) -> list[tuple[Chip, tuple[str, ...]]]:
+    managed = []
+    for chip in sorted(chips, key=lambda c: c.phys_id):
+        wanted = templates_for(layout, chip)
+        if wanted is not None:
+            managed.append((chip, wanted))
+    return managed
+
+
+def _with_resources(vnpu: VNpu, template: Template | None) -> VNpu:
+    if template is None:
+        try:
+            return replace(vnpu, aicore=template_cores(vnpu.template))
+        except ValueError:
+            return vnpu
+    return replace(vnpu, aicore=template.aicore, memory_gb=template.memory_gb, aicpu=template.aicpu)
