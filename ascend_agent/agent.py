@@ -229,7 +229,7 @@ class Agent:
                 if changed:
                     self.wake()
                 if self._vnpu_pending:
-                    await self.apply_vnpu_layout(fresh=True)
+                    await self.apply_vnpu_layout(fresh=True, quiet=True)
 
     def _serve_http(self, server: asyncio.Server) -> None:
         assert self._tasks is not None
@@ -311,10 +311,14 @@ class Agent:
         return True
 
     # vNPUs ------------------------------------------------------------------------------------------------
-    async def apply_vnpu_layout(self, *, fresh: bool = False) -> tuple[ChipPlan, ...]:
+    async def apply_vnpu_layout(
+        self, *, fresh: bool = False, quiet: bool = False, at_start: bool = False
+    ) -> tuple[ChipPlan, ...]:
         """Make the chips hold the ``vnpu:`` layout (at start, on reload, and each health interval while a
         vNPU it would destroy is held); with ``fresh``, npu-smi is asked for the vNPUs again first even
-        without a layout (SIGHUP). A refused layout is logged once and nothing runs."""
+        without a layout (SIGHUP). A refused layout is logged once and nothing runs (``at_start``: raised
+        as :class:`ConfigError`, exit status 2); ``quiet`` leaves out the line that says nothing needed to
+        run."""
         backend = self.backend
         if not isinstance(backend, VnpuLayoutBackend):
             return ()
@@ -326,13 +330,19 @@ class Agent:
             return ()
         plans = await backend.apply_vnpu_layout(layout, self.held_devices, run=True)
         refused = tuple(plan.refused for plan in plans if plan.refused)
+        if refused and at_start:
+            raise ConfigError(refused[0])
         if refused != self._vnpu_refused:
             for line in refused:
                 log.error("%s", line)
             self._vnpu_refused = refused
         self._vnpu_pending = not refused and any(plan.in_use or plan.waiting for plan in plans)
-        if any(not plan.empty for plan in plans):
+        commands = sum(len(plan.commands()) for plan in plans)
+        if commands:
+            log.info("vnpu: layout applied with %d npu-smi commands", commands)
             self.wake()
+        elif not refused and not quiet:
+            log.info("vnpu: every chip holds its layout; nothing to run")
         return plans
 
     # reconciling ------------------------------------------------------------------------------------------
@@ -537,10 +547,11 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
     agent = Agent(settings, backend, source)
     if settings.vnpu is not None:
         await backend.query()
-        refused = [plan.refused for plan in await agent.apply_vnpu_layout() if plan.refused]
-        if refused:
+        try:
+            await agent.apply_vnpu_layout(at_start=True)
+        except ConfigError:
             await backend.close()
-            raise ConfigError(refused[0])
+            raise
     http = None
     if settings.metrics_address:
         try:

@@ -151,7 +151,10 @@ class VnpuProbe:
         out; when any chip refuses its entry, nothing runs anywhere."""
         await self.refresh(chips, nodes)
         async with self._lock:
-            plans = [await self._plan(chip, wanted, held) for chip, wanted in _managed(layout, chips)]
+            plans = [
+                await self._plan(chip, wanted, held, named=str(chip.phys_id) in dict(layout))
+                for chip, wanted in _managed(layout, chips)
+            ]
             if not run or any(plan.refused for plan in plans):
                 return tuple(plans)
             for plan in plans:
@@ -162,10 +165,12 @@ class VnpuProbe:
             await self.refresh(chips, nodes)
         return tuple(plans)
 
-    async def _plan(self, chip: Chip, wanted: tuple[str, ...], held: HeldDevices) -> ChipPlan:
+    async def _plan(self, chip: Chip, wanted: tuple[str, ...], held: HeldDevices, *, named: bool) -> ChipPlan:
+        """The chip's plan; a chip without vNPU support is refused only when the layout names its id (a
+        chip name's entry passes over it)."""
         name = f"chip {chip.phys_id} ({chip.model})"
         if chip.generation.value not in SPLITTABLE_GENERATIONS or chip.phys_id in self._unsupported:
-            if not wanted:
+            if not wanted or not named:
                 return ChipPlan(chip)
             return ChipPlan(chip, refused=f"vnpu: {name} cannot be split into vNPUs; nothing created")
         state = self._states.get(chip.phys_id)

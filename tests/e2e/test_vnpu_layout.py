@@ -1,0 +1,232 @@
+"""The vnpu: layout against a fake npu-smi that keeps vNPUs as a node does (its answers in the shared samples'
+layout, its /dev/vdavinci* nodes made and removed): exactly the commands needed, nothing the second time,
+never a vNPU a container holds; bad layouts, failed and refused creates give one line and change nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ascend_agent.backends.devfs import DevfsBackend
+from ascend_agent.config import Settings
+from ascend_agent.vnpu_layout import parse_layout
+from tests.support.agent_process import AgentProcess
+from tests.support.host_tree import HostTree
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.vnpu_node import TEMPLATE_INFO, TEMPLATES_310P, info_310p
+
+CONTAINER = "3f2a9c1d7b4e"
+
+
+def _chip(phys: int, vnpus: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"phys": phys, "aicore": 8, "memory": 21, "aicpu": 7, "vnpus": vnpus}
+
+
+@pytest.fixture
+def npu_smi(short_dir: Path, host: HostTree) -> FakeNpuSmi:
+    """Chip 0 without vNPU support; chip 1 as in the sample (116 vir04 in a container, 117 vir02 free);
+    chip 2 without vNPUs."""
+    host.add_chips([0, 1, 2])
+    fake = FakeNpuSmi(short_dir / "npu-smi")
+    fake.set_output("info", info_310p([0, 1, 2]))
+    for npu_id in (0, 1, 2):
+        fake.set_output(f"info -t template-info -i {npu_id}", TEMPLATE_INFO)
+    _state(fake, host)
+    return fake
+
+
+def _state(fake: FakeNpuSmi, host: HostTree, **options: Any) -> None:
+    chips = {
+        (1, 0): _chip(
+            1, [{"id": 116, "template": "vir04", "container": CONTAINER}, {"id": 117, "template": "vir02"}]
+        ),
+        (2, 0): _chip(2, []),
+    }
+    fake.set_vnpu_state(host.dev, chips, TEMPLATES_310P, **options)
+
+
+def _config(directory: Path, layout: str) -> Path:
+    path = directory / "config.yaml"
+    path.write_text(f"vnpu: {layout}\n")
+    return path
+
+
+def _vnpus(fake: FakeNpuSmi) -> dict[str, list[tuple[int, str]]]:
+    return {
+        key: [(v["id"], v["template"]) for v in chip["vnpus"]]
+        for key, chip in fake.vnpu_state()["chips"].items()
+    }
+
+
+LAYOUT = '{"1": [vir02, vir02], "2": [vir04, vir02]}'
+NEEDED = [
+    "set -t create-vnpu -i 1 -c 0 -f vir02",
+    "set -t create-vnpu -i 2 -c 0 -f vir04",
+    "set -t create-vnpu -i 2 -c 0 -f vir02",
+]
+
+
+def _run(host: HostTree, fake: FakeNpuSmi, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ascend_agent", "run", "--backend", "devfs", "--host-root", str(host.root),
+         "--npu-smi", str(fake.path), "--metrics-address", "", *extra],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(
+    host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path
+) -> None:
+    result = _run(host, npu_smi, "--config", str(_config(short_dir, LAYOUT)), "--dry-run-vnpu")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"npu-smi {NEEDED[0]}",
+        "# kept: vNPU 116 (vir04) on chip 1 is in use",
+        f"npu-smi {NEEDED[1]}",
+        f"npu-smi {NEEDED[2]}",
+    ]
+    assert npu_smi.calls_of("set") == []
+
+
+@pytest.fixture
+def layout_agent(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path
+) -> Iterator[AgentProcess]:
+    process = AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--kubelet-dir", str(kubelet.directory), "--metrics-address", "", "--health-interval", "1",
+         "--config", str(_config(short_dir, LAYOUT))]
+    )  # fmt: skip
+    yield process
+    process.close()
+
+
+def test_layout_applied_once_and_a_held_vnpu_kept_until_free(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, layout_agent: AgentProcess
+) -> None:
+    layout_agent.wait_log("vnpu: layout applied with 3 npu-smi commands")
+    assert npu_smi.calls_of("set") == NEEDED
+    assert _vnpus(npu_smi) == {
+        "1:0": [(116, "vir04"), (117, "vir02"), (118, "vir02")],
+        "2:0": [(132, "vir04"), (133, "vir02")],
+    }
+    kubelet.wait_for(
+        lambda: (
+            (two := kubelet.latest("huawei.com/Ascend310P-2c")) is not None
+            and set(two.health()) == {"Ascend310P-2c-117-1", "Ascend310P-2c-118-1", "Ascend310P-2c-133-2"}
+        ),
+        what="the new vNPUs advertised",
+    )
+    layout_agent.proc.send_signal(signal.SIGHUP)
+    layout_agent.wait_log("vnpu: every chip holds its layout; nothing to run")
+    assert npu_smi.calls_of("set") == NEEDED, "the second time issues nothing"
+    assert (
+        len(layout_agent.matching("Ascend310P-4c-116-1 .vir04. is not in the layout but a container holds"))
+        == 1
+    )
+
+    # The container is gone: the next health interval destroys 116.
+    state = npu_smi.vnpu_state()
+    state["chips"]["1:0"]["vnpus"][0].pop("container")
+    (npu_smi.directory / "vnpu.json").write_text(json.dumps(state))
+    npu_smi.wait_count("set -t destroy-vnpu -i 1 -c 0 -v 116", 1)
+    kubelet.wait_for(
+        lambda: (
+            (four := kubelet.latest("huawei.com/Ascend310P-4c")) is not None
+            and "Ascend310P-4c-132-2" in four.health()
+            and "Ascend310P-4c-116-1" not in four.health()
+        ),
+        what="116 gone from the kubelet's list",
+    )
+    assert npu_smi.calls_of("set") == [*NEEDED, "set -t destroy-vnpu -i 1 -c 0 -v 116"]
+
+
+def _backend(host: HostTree, fake: FakeNpuSmi) -> DevfsBackend:
+    return DevfsBackend(Settings(host_root=host.root, npu_smi=str(fake.path), npu_smi_timeout=5))
+
+
+async def test_a_vnpu_the_kubelet_holds_is_never_destroyed(host: HostTree, npu_smi: FakeNpuSmi) -> None:
+    backend = _backend(host, npu_smi)
+    await backend.query()
+    plans = await backend.apply_vnpu_layout(
+        parse_layout({"1": []}), lambda: {"Ascend310P-2c-117-1"}, run=True
+    )
+    assert [v.vnpu_id for v in plans[0].in_use] == [116, 117], "116 by npu-smi's column, 117 by the kubelet"
+    assert npu_smi.calls_of("set") == []
+    await backend.apply_vnpu_layout(parse_layout({"1": []}), frozenset, run=True)
+    assert npu_smi.calls_of("set") == ["set -t destroy-vnpu -i 1 -c 0 -v 117"], "116 is still in a container"
+
+
+@pytest.mark.parametrize(
+    ("layout", "line"),
+    [
+        (
+            '{"310P3": [vir04, vir04, vir02]}',
+            "vnpu 310P3: vir04, vir04, vir02 need 10 AI cores; a 310P3 chip has 8",
+        ),
+        (
+            '{"2": [vir08]}',
+            "vnpu: chip 2 (310P3) offers no template vir08 (npu-smi info -t template-info lists",
+        ),
+        ('{"2": [vir04, vir04]}', "vnpu: chip 2 (310P3): vir04, vir04 need 24 GB of memory; the chip has 21"),
+        ('{"0": [vir02]}', "vnpu: chip 0 (310P3) cannot be split into vNPUs; nothing created"),
+    ],
+)
+def test_a_layout_the_chips_cannot_hold_is_refused_at_start(
+    host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path, layout: str, line: str
+) -> None:
+    result = _run(
+        host, npu_smi, "--config", str(_config(short_dir, layout)), "--kubelet-dir", str(short_dir / "k")
+    )
+    assert result.returncode == 2
+    said = [text for text in result.stderr.splitlines() if " INFO " not in text]
+    assert len(said) == 1 and line in said[0], result.stderr
+    assert npu_smi.calls_of("set") == []
+
+
+async def test_a_failing_create_leaves_the_chip_as_it_was(
+    host: HostTree, npu_smi: FakeNpuSmi, caplog: pytest.LogCaptureFixture
+) -> None:
+    _state(npu_smi, host, fail_create=True)
+    before = _vnpus(npu_smi)
+    backend = _backend(host, npu_smi)
+    await backend.query()
+    with caplog.at_level(logging.WARNING):
+        await backend.apply_vnpu_layout(parse_layout({"2": ["vir04"]}), frozenset, run=True)
+    assert _vnpus(npu_smi) == before
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("vnpu: chip 2: ")
+    assert errors[0].endswith(
+        "npu-smi set -t create-vnpu -i 2 -c 0 -f vir04 exited with status 1: "
+        "dcmi create vnpu failed, ret = -8001; the chip is left as it was"
+    )
+
+
+async def test_a_template_the_chip_rejects_undoes_what_this_run_made(
+    host: HostTree, npu_smi: FakeNpuSmi, caplog: pytest.LogCaptureFixture
+) -> None:
+    _state(npu_smi, host, reject=["vir02"])
+    before = _vnpus(npu_smi)
+    backend = _backend(host, npu_smi)
+    await backend.query()
+    with caplog.at_level(logging.WARNING):
+        await backend.apply_vnpu_layout(parse_layout({"2": ["vir04", "vir02"]}), frozenset, run=True)
+    assert npu_smi.calls_of("set") == [
+        "set -t create-vnpu -i 2 -c 0 -f vir04",
+        "set -t create-vnpu -i 2 -c 0 -f vir02",
+        "set -t destroy-vnpu -i 2 -c 0 -v 132",
+    ]
+    assert _vnpus(npu_smi) == before
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and "The template is not supported; the chip is left as it was" in errors[0]
+    assert not (host.dev / "vdavinci132").exists()
