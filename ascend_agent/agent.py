@@ -45,6 +45,8 @@ from ascend_agent.observability import (
     DEVICE_HEALTH,
     DEVICES,
     KUBELET_RESTARTS,
+    VNPU_AICORES,
+    VNPU_MEMORY,
     configure_logging,
     log_fields,
     serve_http,
@@ -353,6 +355,7 @@ class Agent:
         self._report(inventory)
         desired = inventory.by_resource()
         self._count(desired)
+        _count_vnpus(inventory.vnpus)
         spec_for = self._current_spec_for(inventory)
         for resource in [r for r in self._plugins if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
@@ -463,6 +466,18 @@ class Agent:
                 )
             for chip in chips:
                 DEVICE_HEALTH.labels(resource=resource, device=chip.device_id).set(chip.healthy)
+
+
+def _count_vnpus(parts: Sequence[Chip]) -> None:
+    VNPU_AICORES.clear()
+    VNPU_MEMORY.clear()
+    for part in parts:
+        assert part.vnpu is not None
+        labels = {"device": part.device_id, "chip": part.chip_device_id, "template": part.vnpu.template}
+        if part.vnpu.aicore is not None:
+            VNPU_AICORES.labels(**labels).set(part.vnpu.aicore)
+        if part.vnpu.memory_gb is not None:
+            VNPU_MEMORY.labels(**labels).set(part.vnpu.memory_gb * 1024**3)
 
 
 def _nothing_held() -> frozenset[str]:

@@ -147,6 +147,17 @@ CHIP_HBM_USED = Gauge("ascend_agent_chip_hbm_used_bytes", "HBM in use.", ["devic
 CHIP_HBM_TOTAL = Gauge("ascend_agent_chip_hbm_total_bytes", "HBM size.", ["device"])
 CHIP_MEMORY_USED = Gauge("ascend_agent_chip_memory_used_bytes", "Chip DDR memory in use.", ["device"])
 CHIP_MEMORY_TOTAL = Gauge("ascend_agent_chip_memory_total_bytes", "Chip DDR memory size.", ["device"])
+# One series per vNPU, with the chip it is part of and its template; absent where npu-smi does not say.
+VNPU_AICORES = Gauge(
+    "ascend_agent_vnpu_aicores",
+    "AI cores of the vNPU, as its template gives them.",
+    ["device", "chip", "template"],
+)
+VNPU_MEMORY = Gauge(
+    "ascend_agent_vnpu_memory_bytes",
+    "Memory of the vNPU, as its template gives it.",
+    ["device", "chip", "template"],
+)
 
 
 LOG_LINES_SUPPRESSED = Counter(

@@ -1,0 +1,77 @@
+"""vNPUs on the fake backend (``--fake-vnpus`` and the state file), against the grpcio kubelet stand-in: one
+vNPU per container, replicas never multiply a vNPU, and the state file splits chips live."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.support.agent_process import fake_agent
+from tests.support.kubelet_standin import KubeletStandin
+
+CHIPS = "huawei.com/Ascend310P"
+TWO = "huawei.com/Ascend310P-2c"
+
+
+def test_one_vnpu_per_container_and_live_splits(kubelet: KubeletStandin, short_dir: Path) -> None:
+    state = short_dir / "state.json"
+    state.write_text("{}")
+    agent = fake_agent(
+        kubelet.directory, "--fake-model", "310P3", "--fake-chips", "4", "--fake-vnpus", "0:vir02,0:vir02",
+        "--replicas", "2", "--fake-state", str(state),
+    )  # fmt: skip
+    try:
+        kubelet.wait_for(
+            lambda: (
+                (two := kubelet.latest(TWO)) is not None
+                and set(two.health()) == {"Ascend310P-2c-100-0", "Ascend310P-2c-101-0"}
+                and (chips := kubelet.latest(CHIPS)) is not None
+                and len(chips.devices) == 6
+            ),
+            what="chip 0 as two vNPUs, chips 1-3 twice each",
+        )
+        assert not any(device.startswith("Ascend310P-0") for device in kubelet.latest(CHIPS).health())  # type: ignore[union-attr]
+        channel, stub = kubelet.plugin_stub(TWO)
+        pb = kubelet.pb
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[
+                        pb.ContainerAllocateRequest(
+                            devices_ids=["Ascend310P-2c-100-0", "Ascend310P-2c-101-0"]
+                        )
+                    ]
+                ),
+                timeout=5,
+            )
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "a container gets one vNPU" in (refused.value.details() or "")
+        one = stub.Allocate(
+            pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=["Ascend310P-2c-101-0"])]
+            ),
+            timeout=5,
+        ).container_responses[0]
+        assert dict(one.envs) == {"ASCEND_VISIBLE_DEVICES": "101", "ASCEND_RUNTIME_OPTIONS": "VIRTUAL"}
+        assert (one.devices[0].host_path, one.devices[0].container_path) == (
+            "/dev/vdavinci101",
+            "/dev/davinci101",
+        )
+        channel.close()
+
+        state.write_text(json.dumps({"vnpus": {"1": ["vir04", "vir04"]}}))
+        kubelet.wait_for(
+            lambda: (
+                (four := kubelet.latest("huawei.com/Ascend310P-4c")) is not None
+                and set(four.health()) == {"Ascend310P-4c-116-1", "Ascend310P-4c-117-1"}
+                and (chips := kubelet.latest(CHIPS)) is not None
+                and {d[0].rsplit("-", 1)[0] for d in chips.devices}
+                == {"Ascend310P-0", "Ascend310P-2", "Ascend310P-3"}
+            ),
+            what="the state file's vNPUs replace --fake-vnpus",
+        )
+    finally:
+        agent.close()
