@@ -26,7 +26,7 @@ from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, LocalChannel
-from ascend_agent.model import Generation
+from ascend_agent.model import Generation, Inventory
 
 _DIAL_TIMEOUT = 3.0
 _API_TIMEOUT = 10.0
@@ -54,7 +54,10 @@ async def run_checks(settings: Settings) -> list[Check]:
     checks.append(_kubelet(settings.kubelet_dir))
     # npu-smi already failed on devfs: asking the backend would run it (and wait out its timeout) again.
     discover = settings.backend != "devfs" or npu_smi.ok is True
-    checks.extend(await _our_sockets(settings, discover))
+    inventory = await _inventory(settings) if discover else None
+    checks.extend(await _our_sockets(settings, inventory))
+    if inventory is not None and inventory.vnpus:
+        checks.append(_vnpus(inventory))
     checks.append(await _readiness(settings.metrics_address))
     checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname()))
     return checks
@@ -155,16 +158,45 @@ def _kubelet(kubelet_dir: Path) -> Check:
     )
 
 
-async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
+async def _inventory(settings: Settings) -> Inventory | None:
+    from ascend_agent.agent import discover_once
+
+    try:
+        return await discover_once(settings)
+    except ConfigError:
+        return None
+
+
+def _vnpus(inventory: Inventory) -> Check:
+    """Why a chip resource shows fewer devices than the node has chips: chips split into vNPUs.
+
+    >>> from ascend_agent.model import Chip, VNpu
+    >>> chips = tuple(Chip.make(i, "310P3") for i in range(8))
+    >>> _vnpus(Inventory(chips=chips, vnpus=(chips[0].slice(VNpu(100, "vir02")),))).detail
+    'chip 0 is split into vNPUs, so huawei.com/Ascend310P shows 7, not 8; huawei.com/Ascend310P-2c: 1'
+    """
+    split = {part.phys_id for part in inventory.vnpus}
+    parts = []
+    for resource in sorted({chip.resource for chip in inventory.chips}):
+        chips = [chip for chip in inventory.chips if chip.resource == resource]
+        ids = sorted(chip.phys_id for chip in chips if chip.phys_id in split)
+        if ids:
+            which = f"chip {ids[0]} is" if len(ids) == 1 else f"chips {', '.join(map(str, ids))} are"
+            parts.append(
+                f"{which} split into vNPUs, so {resource} shows {len(chips) - len(ids)}, not {len(chips)}"
+            )
+    counts: dict[str, int] = {}
+    for part in inventory.vnpus:
+        counts[part.resource] = counts.get(part.resource, 0) + 1
+    parts += [f"{resource}: {count}" for resource, count in sorted(counts.items())]
+    return Check("vNPUs", True, "; ".join(parts))
+
+
+async def _expected_sockets(settings: Settings, inventory: Inventory | None) -> list[str]:
     """The socket names of the resources this configuration serves: those of the chips found; else (no
     chips, or npu-smi failing) every name Huawei's naming can give, and under ``model`` naming the sockets of
     that shape that are there."""
-    from ascend_agent.agent import discover_once
-
-    resources: set[str] = set()
-    if discover:
-        with contextlib.suppress(ConfigError):
-            resources = set((await discover_once(settings)).by_resource())
+    resources: set[str] = set(inventory.by_resource()) if inventory is not None else set()
     names = {naming.socket_name(resource) for resource in resources}
     if not names:
         names = {naming.socket_name(naming.resource_name(generation.family)) for generation in Generation}
@@ -173,9 +205,9 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     return sorted(names)
 
 
-async def _our_sockets(settings: Settings, discover: bool) -> list[Check]:
+async def _our_sockets(settings: Settings, inventory: Inventory | None) -> list[Check]:
     directory = settings.endpoint_dir
-    names = await _expected_sockets(settings, discover)
+    names = await _expected_sockets(settings, inventory)
     found = [directory / name for name in names if (directory / name).is_socket()]
     if not found:
         return [

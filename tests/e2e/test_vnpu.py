@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from tests.support.agent_process import AgentProcess
+from tests.support.cli import run_cli
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi
@@ -179,3 +180,17 @@ def test_vnpus_made_and_removed_reach_the_kubelet_within_2s(
     wait_gone(kubelet.plugin_socket(FOUR), timeout=2)
     wait_gone(kubelet.plugin_socket(TWO), timeout=2)
     assert sorted(r.resource_name for r in kubelet.registrations) == sorted([CHIPS, FOUR, TWO]), "no restart"
+
+
+def test_doctor_explains_the_smaller_chip_count(host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path) -> None:
+    _add_vnpu_nodes(host, [116, 117])
+    result = run_cli(
+        "doctor", "--json", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+        "--kubelet-dir", str(short_dir / "kubelet"), "--metrics-address", "",
+        env={"KUBECONFIG": str(short_dir / "none")}, timeout=60,
+    )  # fmt: skip
+    checks = {check["check"]: check for check in json.loads(result.stdout)}
+    assert checks["vNPUs"]["detail"] == (
+        "chip 1 is split into vNPUs, so huawei.com/Ascend310P shows 2, not 3; "
+        "huawei.com/Ascend310P-2c: 1; huawei.com/Ascend310P-4c: 1"
+    )
