@@ -133,3 +133,19 @@ async def test_a_plain_file_is_not_taken_for_a_link(short_dir: Path) -> None:
         assert {event.name for event in seen} == {"config.yaml"}
     finally:
         watcher.close()
+
+
+async def test_the_dev_watch_sees_vnpu_nodes(short_dir: Path) -> None:
+    from ascend_agent.backends.devfs import DevfsBackend
+    from ascend_agent.config import Settings
+
+    ((directory, accept),) = DevfsBackend(Settings(dev_root=short_dir)).watch_paths()
+    watcher = Watcher()
+    try:
+        watcher.watch(directory, "dev", accept)
+        (short_dir / "vdavinci116").write_text("")
+        await _until(watcher, WatchEvent("dev", "vdavinci116", Change.CREATED))
+        (short_dir / "vdavinci116").unlink()
+        await _until(watcher, WatchEvent("dev", "vdavinci116", Change.DELETED))
+    finally:
+        watcher.close()
