@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import Any
@@ -38,9 +37,8 @@ from ascend_agent.config import (
 )
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin, ServeFailed
-from ascend_agent.deviceplugin.service import SpecFor
 from ascend_agent.instance import exclusive
-from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
+from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     DEVICE_HEALTH,
     DEVICES,
@@ -96,8 +94,6 @@ class Agent:
         self._health: dict[str, tuple[Health, str]] = {}
         self._problems: tuple[str, ...] = ()
         self.inventory = Inventory()
-        self._spec_key: tuple[ContainerSpec, Settings] | None = None
-        self._spec_for: SpecFor | None = None
         self._cdi_document: dict[str, Any] | None = None
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
@@ -302,7 +298,7 @@ class Agent:
         self._report(inventory)
         desired = inventory.by_resource()
         self._count(desired)
-        spec_for = self._current_spec_for(inventory)
+        container = replace(inventory.container, cdi=self.settings.cdi_spec_dir is not None)
         for resource in [r for r in self._plugins if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
             self._stop_plugin(resource)
@@ -314,7 +310,7 @@ class Agent:
                 for chip in chips
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
-            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), spec_for)
+            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), container)
         await self._write_cdi(inventory)
 
     def _start_plugin(self, resource: str) -> _Running:
@@ -333,23 +329,6 @@ class Agent:
     def _stop_plugin(self, resource: str) -> None:
         self._plugins.pop(resource).scope.cancel()
 
-    def _current_spec_for(self, inventory: Inventory) -> SpecFor:
-        """What Allocate hands over, as one function object that changes only when its answers would: then
-        the plugins forget the answers they keep."""
-        key = (self.backend.container_spec(inventory.chips), self.settings)
-        if self._spec_for is None or key != self._spec_key:
-            backend, with_cdi = self.backend, self.settings.cdi_spec_dir is not None
-
-            def spec_for(chips: Sequence[Chip]) -> ContainerSpec:
-                spec = backend.container_spec(chips)
-                if not with_cdi:
-                    return spec
-                ordered = sorted(chips, key=lambda chip: chip.phys_id)
-                return replace(spec, cdi_devices=tuple(naming.cdi_device_name(c.device_id) for c in ordered))
-
-            self._spec_key, self._spec_for = key, spec_for
-        return self._spec_for
-
     async def _write_cdi(self, inventory: Inventory) -> None:
         """Keep the CDI spec in step with the chips. It stays when the agent stops: containers that restart
         while the agent is down resolve their CDI devices from it."""
@@ -357,7 +336,7 @@ class Agent:
         if directory is None or not inventory.chips:
             # No chips at all (npu-smi failing at start, say) must not empty the spec containers rely on.
             return
-        document = cdi.build_spec(inventory.chips, self.backend.container_spec)
+        document = cdi.build_spec(inventory.chips, inventory.container)
         if document == self._cdi_document:
             return
         try:

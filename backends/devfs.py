@@ -25,7 +25,7 @@ import aiofiles.os
 from prometheus_client import Gauge
 
 from ascend_agent import naming
-from ascend_agent.backends._container import container_spec
+from ascend_agent.backends._container import container_base
 from ascend_agent.backends.npusmi import (
     ChipRow,
     InfoTable,
@@ -47,7 +47,6 @@ from ascend_agent.faults import FaultPolicy, describe
 from ascend_agent.flaphold import FlapHold, HoldEvent
 from ascend_agent.model import (
     Chip,
-    ContainerSpec,
     DeviceNode,
     Fault,
     Generation,
@@ -127,8 +126,6 @@ class DevfsBackend:
         self._failures = 0
         self._last_failure = ""
         self._query_problem = ""
-        self._management: tuple[DeviceNode, ...] = ()
-        self._mounts: tuple[str, ...] = ()
         self._nodes: set[str] = set()
         self._listing_error: OSError | None = None
         self._policy = FaultPolicy(dict(settings.fault_policy))
@@ -432,9 +429,11 @@ class DevfsBackend:
 
     async def discover(self) -> Inventory:
         nodes = await self._device_nodes()
-        self._management = self._management_devices(nodes, self._is_310b())
-        self._mounts = tuple(
-            [path for path in self._settings.driver_mounts if await aiofiles.os.path.exists(self._host(path))]
+        mounts = [
+            path for path in self._settings.driver_mounts if await aiofiles.os.path.exists(self._host(path))
+        ]
+        container = container_base(
+            self._settings.mode, self._management_devices(nodes, self._is_310b()), mounts
         )
         problems = [self._query_problem] if self._query_problem else []
         chips = self._chips(nodes)
@@ -448,7 +447,7 @@ class DevfsBackend:
             problems.append(
                 f"{self._dev_root}/{MANAGER} is missing: every chip is Unhealthy until it returns"
             )
-        return Inventory(chips=chips, problems=tuple(problems))
+        return Inventory(chips=chips, problems=tuple(problems), container=container)
 
     def _chips(self, nodes: set[str]) -> tuple[Chip, ...]:
         if not self._probed and self._settings.model is not None:
@@ -546,11 +545,6 @@ class DevfsBackend:
     def _host(self, path: str) -> Path:
         """A host absolute path as the agent sees it, under ``--host-root``."""
         return self._settings.host_root / path.lstrip("/")
-
-    def container_spec(self, chips: Sequence[Chip]) -> ContainerSpec:
-        return container_spec(
-            chips, mode=self._settings.mode, management_devices=self._management, driver_mounts=self._mounts
-        )
 
     async def close(self) -> None:
         return None

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import aiofiles
 
-from ascend_agent.backends._container import container_spec
+from ascend_agent.backends._container import container_base
 from ascend_agent.config import ConfigError, Settings, decode_utf8
 from ascend_agent.model import (
     Chip,
-    ContainerSpec,
     DeviceNode,
     Generation,
     Health,
@@ -154,7 +153,10 @@ class FakeBackend:
                     extra=log_fields(path=self._settings.fake_state, reason=str(exc)),
                 )
             self._state_error = str(exc)
-        return Inventory(chips=tuple(self._chip(i) for i in range(self._settings.fake_chips)))
+        return Inventory(
+            chips=tuple(self._chip(i) for i in range(self._settings.fake_chips)),
+            container=container_base(self._settings.mode, _MANAGEMENT_DEVICES),
+        )
 
     def _chip(self, phys_id: int) -> Chip:
         chips = self._settings.fake_chips
@@ -171,9 +173,6 @@ class FakeBackend:
         if phys_id in self._state.unhealthy:
             return chip.with_health(Health.UNHEALTHY, "fault scripted in the state file")
         return chip
-
-    def container_spec(self, chips: Sequence[Chip]) -> ContainerSpec:
-        return container_spec(chips, mode=self._settings.mode, management_devices=_MANAGEMENT_DEVICES)
 
     async def close(self) -> None:
         return None

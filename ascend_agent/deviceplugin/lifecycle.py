@@ -6,7 +6,7 @@ thing that is missing, then sleeps until :meth:`poke` (a file event, a stream th
 timer wakes it::
 
     plugin = ResourcePlugin("huawei.com/Ascend910", settings)
-    plugin.publish(devices, preference, spec_for)
+    plugin.publish(devices, preference, inventory.container)
     task_group.start_soon(plugin.run)
     ...
     plugin.poke()          # kubelet.sock or our socket changed
@@ -48,9 +48,9 @@ from ascend_agent.deviceplugin.kubelet import (
     register,
     socket_identity,
 )
-from ascend_agent.deviceplugin.service import DevicePluginService, Preference, SpecFor
+from ascend_agent.deviceplugin.service import DevicePluginService, Preference
 from ascend_agent.deviceplugin.wire import BytesCodec
-from ascend_agent.model import Chip
+from ascend_agent.model import Chip, ContainerBase
 from ascend_agent.observability import REGISTRATIONS, log_fields
 
 log = logging.getLogger(__name__)
@@ -194,10 +194,12 @@ class ResourcePlugin:
         self._logged_problem = ""
 
     # what the agent may call -----------------------------------------------------------------------------
-    def publish(self, devices: Mapping[str, Chip], preference: Preference | None, spec_for: SpecFor) -> None:
-        """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``spec_for`` says
-        what a container that gets some of them needs."""
-        self.service.publish(devices, preference, spec_for)
+    def publish(
+        self, devices: Mapping[str, Chip], preference: Preference | None, container: ContainerBase
+    ) -> None:
+        """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``container`` says
+        what a container that gets some of them gets besides them."""
+        self.service.publish(devices, preference, container)
 
     def set_serve_timeout(self, seconds: float) -> None:
         """How long serving may keep failing before the agent gives up (``serveTimeout``, live)."""

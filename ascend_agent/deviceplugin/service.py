@@ -4,7 +4,7 @@ Nothing on a request path does I/O: Allocate and GetPreferredAllocation compute 
 and answers already given are looked up by the request's bytes::
 
     service = DevicePluginService("huawei.com/Ascend910", on_stream_change=wake)
-    service.publish({chip.device_id: chip for chip in chips}, preference, spec_for)
+    service.publish({chip.device_id: chip for chip in chips}, preference, inventory.container)
     server = grpclib.server.Server([service], codec=BytesCodec())
 """
 
@@ -21,8 +21,9 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from ascend_agent.container import container_spec
 from ascend_agent.deviceplugin import wire
-from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.model import Chip, ContainerBase
 from ascend_agent.naming import MAX_DEVICE_ID_LENGTH
 from ascend_agent.observability import (
     ALLOCATE_SECONDS,
@@ -35,7 +36,6 @@ from ascend_agent.observability import (
 
 log = logging.getLogger(__name__)
 
-SpecFor = Callable[[Sequence[Chip]], ContainerSpec]
 # (available, must_include, size) -> the preferred IDs
 Preference = Callable[[Sequence[str], Sequence[str], int], list[str]]
 
@@ -128,7 +128,7 @@ class DevicePluginService:
         self._on_stream_change = on_stream_change
         self._devices: dict[str, Chip] = {}
         self._preference: Preference | None = None
-        self._spec_for: SpecFor | None = None
+        self._container = ContainerBase()
         self._device_list = wire.DeviceList()
         self._snapshot = b""
         self._changed = anyio.Event()
@@ -162,13 +162,15 @@ class DevicePluginService:
         """What the answer caches hold now, keys and values."""
         return self._answers.size + self._entries.size
 
-    def publish(self, devices: Mapping[str, Chip], preference: Preference | None, spec_for: SpecFor) -> None:
-        """Advertise ``devices`` (advertised ID -> chip); every stream gets the new list if it changed. A new
-        ``spec_for`` (what containers get changed) forgets every answer given."""
+    def publish(
+        self, devices: Mapping[str, Chip], preference: Preference | None, container: ContainerBase
+    ) -> None:
+        """Advertise ``devices`` (advertised ID -> chip); every stream gets the new list if it changed. A
+        ``container`` unlike the last (what containers get changed) forgets every answer given."""
         self._preference = preference
         self._options = wire.options(preferred_allocation=preference is not None)
-        if spec_for is not self._spec_for:
-            self._spec_for = spec_for
+        if container != self._container:
+            self._container = container
             self._answers.clear()
             self._entries.clear()
         if devices == self._devices and self._snapshot:
@@ -286,8 +288,7 @@ class DevicePluginService:
         cached = self._entries.get(key)
         if cached is not None:
             return cached[0]
-        assert self._spec_for is not None
-        entry = wire.container_response(self._spec_for([chips[phys_id] for phys_id in key]))
+        entry = wire.container_response(container_spec([chips[phys_id] for phys_id in key], self._container))
         self._entries.put(key, entry, "", len(entry) + 8 * len(key))
         return entry
 
