@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from ascend_agent.config import ConfigError
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:
@@ -64,3 +65,22 @@ def load_backend(name: str) -> BackendFactory:
         factory: BackendFactory = ep.load()
         return factory
     raise LookupError(f"unknown backend {name!r} (known: {', '.join(backend_names()) or 'none installed'})")
+
+
+def backend_for(settings: Settings) -> Backend:
+    """The configured backend, not started; :class:`ConfigError` when no backend has that name."""
+    try:
+        return load_backend(settings.backend)(settings)
+    except LookupError as exc:
+        raise ConfigError(f"--backend: {exc.args[0]}") from None
+
+
+async def discover_once(settings: Settings) -> Inventory:
+    """One discovery with the configured backend, for ``ascend-agent list`` and the doctor."""
+    backend = backend_for(settings)
+    try:
+        await backend.start()
+        await backend.query()
+        return await backend.discover()
+    finally:
+        await backend.close()
