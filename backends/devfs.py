@@ -1,4 +1,5 @@
-"""Real probing: ``npu-smi`` for the chips and their health, ``/dev`` for the device nodes, sysfs for NUMA.
+"""Real probing: ``npu-smi`` for the chips and their health, ``/dev`` for the device nodes, sysfs for NUMA
+(the gauges the answers feed are kept by :mod:`~ascend_agent.backends.telemetry`).
 
 The chips are what npu-smi reports, matched to ``<dev-root>/davinci<phys id>``; a device node npu-smi does not
 know is never invented. npu-smi runs once per health interval, beside the agent's loop (``query``); device
@@ -11,7 +12,6 @@ node changes arrive as inotify events and only re-read the directory (``discover
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import re
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import aiofiles
 import aiofiles.os
-from prometheus_client import Gauge
 
 from ascend_agent import naming
 from ascend_agent.backends._container import container_base
@@ -42,6 +41,7 @@ from ascend_agent.backends.npusmi import (
     query_info,
     run_npu_smi,
 )
+from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.config import Settings
 from ascend_agent.faults import FaultPolicy, describe
 from ascend_agent.flaphold import FlapHold, HoldEvent
@@ -57,15 +57,7 @@ from ascend_agent.model import (
     normalise_model,
 )
 from ascend_agent.observability import (
-    CHIP_FAULT,
-    CHIP_HBM_TOTAL,
-    CHIP_HBM_USED,
     CHIP_HELD,
-    CHIP_MEMORY_TOTAL,
-    CHIP_MEMORY_USED,
-    CHIP_POWER,
-    CHIP_TEMPERATURE,
-    CHIP_UTILIZATION,
     NPU_SMI_FAILURES,
     NPU_SMI_SECONDS,
     log_fields,
@@ -86,7 +78,6 @@ A3_MODEL = "910_93"
 HEALTH_QUERIES_PER_INTERVAL = 4
 # Listing /dev can fail for want of descriptors or memory; that is not "no device nodes".
 _TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
-_MIB = 1024 * 1024
 
 
 def is_device_name(name: str) -> bool:
@@ -131,8 +122,7 @@ class DevfsBackend:
         self._policy = FaultPolicy(dict(settings.fault_policy))
         # Per chip: the Health value `info -t health` was last run for, and the faults it gave.
         self._asked_health: dict[int, tuple[str, tuple[Fault, ...]]] = {}
-        self._fault_labels: set[tuple[str, str]] = set()
-        self._telemetry_devices: set[str] = set()
+        self._telemetry = ChipTelemetry()
         self._hold = FlapHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
 
     @property
@@ -269,38 +259,15 @@ class DevfsBackend:
                 )
             elif before is not None:
                 log.info("%s reports no error code any more (health %s)", device, chip.health)
-        for device, code in self._fault_labels - labels:
-            with contextlib.suppress(KeyError):
-                CHIP_FAULT.remove(device, code)
-        for device, code in labels:
-            CHIP_FAULT.labels(device=device, code=code).set(1)
-        self._fault_labels = labels
+        self._telemetry.faults(labels)
 
     def _record_telemetry(self, table: InfoTable, probed: Mapping[int, _Probed]) -> None:
-        """Temperature, power, utilisation, HBM and memory of every chip, as the table printed them."""
-        devices = set()
-        phys_ids = physical_ids(table.chips, self._chip_map)
-        for row, phys_id in zip(table.chips, phys_ids, strict=True):
+        rows = {}
+        for row, phys_id in zip(table.chips, physical_ids(table.chips, self._chip_map), strict=True):
             chip = probed.get(phys_id)
-            if chip is None:
-                continue
-            device = self._device_id(chip)
-            devices.add(device)
-            utilization = None if row.utilization_pct is None else row.utilization_pct / 100
-            for gauge, value in (
-                (CHIP_TEMPERATURE, row.temp_c),
-                (CHIP_POWER, row.power_w),
-                (CHIP_UTILIZATION, utilization),
-                (CHIP_HBM_USED, _bytes(row.hbm_used_mb)),
-                (CHIP_HBM_TOTAL, _bytes(row.hbm_total_mb)),
-                (CHIP_MEMORY_USED, _bytes(row.memory_used_mb)),
-                (CHIP_MEMORY_TOTAL, _bytes(row.memory_total_mb)),
-            ):
-                _set_or_remove(gauge, device, value)
-        for device in self._telemetry_devices - devices:
-            for gauge in _TELEMETRY:
-                _set_or_remove(gauge, device, None)
-        self._telemetry_devices = devices
+            if chip is not None:
+                rows[self._device_id(chip)] = row
+        self._telemetry.record(rows)
 
     def _chip_healthy(self, chip: _Probed) -> bool:
         return self._policy.healthy(chip.health.lower() in self._healthy_states, chip.faults)
@@ -551,28 +518,6 @@ class DevfsBackend:
 
 
 _SHORT_OF_RESOURCES = "the agent is out of file descriptors or memory; it tries again next health interval"
-_TELEMETRY = (
-    CHIP_TEMPERATURE,
-    CHIP_POWER,
-    CHIP_UTILIZATION,
-    CHIP_HBM_USED,
-    CHIP_HBM_TOTAL,
-    CHIP_MEMORY_USED,
-    CHIP_MEMORY_TOTAL,
-)
-
-
-def _bytes(mebibytes: int | None) -> int | None:
-    return None if mebibytes is None else mebibytes * _MIB
-
-
-def _set_or_remove(gauge: Gauge, device: str, value: float | None) -> None:
-    """A value the table printed; a cell it left ``NA`` or ``-`` removes the series."""
-    if value is None:
-        with contextlib.suppress(KeyError):
-            gauge.remove(device)
-    else:
-        gauge.labels(device=device).set(value)
 
 
 def _known_model(name: str) -> bool:
