@@ -1,7 +1,7 @@
 """The five DevicePlugin RPCs of one resource, for a grpclib server, answered from what was last published.
 
 Nothing on a request path does I/O: Allocate and GetPreferredAllocation compute from the published devices,
-and answers already given are looked up by the request's bytes::
+and the answer entry of each chip set is kept until the devices or what containers get change::
 
     service = DevicePluginService("huawei.com/Ascend910", on_stream_change=wake)
     service.publish({chip.device_id: chip for chip in chips}, preference, inventory.container)
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 Preference = Callable[[Sequence[str], Sequence[str], int], list[str]]
 
 _SERVICE = "/v1beta1.DevicePlugin"
-# A kubelet's Allocate request is a few hundred bytes per container; the caches hold the answers of many pods.
+# A kubelet's Allocate request is a few hundred bytes per container.
 MAX_REQUEST = 64 * 1024
 _CACHE_BYTES = 4 * 1024 * 1024
 # The kubelet asks for one container per call; a pod's containers, init containers included, stay far below
@@ -91,18 +91,18 @@ class _BoundedCache:
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._size = 0
-        self._items: dict[Any, tuple[bytes, str, int]] = {}
+        self._items: dict[Any, tuple[bytes, int]] = {}
 
-    def get(self, key: Any) -> tuple[bytes, str] | None:
+    def get(self, key: Any) -> bytes | None:
         item = self._items.get(key)
-        return None if item is None else (item[0], item[1])
+        return None if item is None else item[0]
 
-    def put(self, key: Any, value: bytes, label: str, size: int) -> None:
+    def put(self, key: Any, value: bytes, size: int) -> None:
         if size > self._limit:
             return
         while self._items and self._size + size > self._limit:
-            self._size -= self._items.pop(next(iter(self._items)))[2]
-        self._items[key] = (value, label, size)
+            self._size -= self._items.pop(next(iter(self._items)))[1]
+        self._items[key] = (value, size)
         self._size += size
 
     def clear(self) -> None:
@@ -132,7 +132,6 @@ class DevicePluginService:
         self._device_list = wire.DeviceList()
         self._snapshot = b""
         self._changed = anyio.Event()
-        self._answers = _BoundedCache(_CACHE_BYTES)
         self._entries = _BoundedCache(_CACHE_BYTES)
         self._options = wire.options(preferred_allocation=False)
         self._streams: set[object] = set()
@@ -159,8 +158,8 @@ class DevicePluginService:
 
     @property
     def cached_bytes(self) -> int:
-        """What the answer caches hold now, keys and values."""
-        return self._answers.size + self._entries.size
+        """What the answer cache holds now, keys and values."""
+        return self._entries.size
 
     def publish(
         self, devices: Mapping[str, Chip], preference: Preference | None, container: ContainerBase
@@ -171,13 +170,11 @@ class DevicePluginService:
         self._options = wire.options(preferred_allocation=preference is not None)
         if container != self._container:
             self._container = container
-            self._answers.clear()
             self._entries.clear()
         if devices == self._devices and self._snapshot:
             return
         self._devices = dict(devices)
         self._snapshot = self._device_list.encode(devices)
-        self._answers.clear()
         self._entries.clear()
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
@@ -259,10 +256,7 @@ class DevicePluginService:
 
     def allocate(self, request: bytes) -> tuple[bytes, str]:
         """The encoded AllocateResponse to an encoded AllocateRequest, and the IDs it hands over; GRPCError
-        names a bad ID. The kubelet repeats requests, so answers are kept by the request's bytes."""
-        cached = self._answers.get(request)
-        if cached is not None:
-            return cached
+        names a bad ID."""
         try:
             containers = wire.allocate_request(request)
         except wire.WireError as exc:
@@ -271,7 +265,6 @@ class DevicePluginService:
         entries = [self._container_entry(index, ids) for index, ids in enumerate(containers, start=1)]
         answer = b"".join(entries)
         ids = ";".join(",".join(container) for container in containers)
-        self._answers.put(request, answer, ids, len(request) + len(answer) + len(ids))
         return answer, ids
 
     def _container_entry(self, index: int, device_ids: Sequence[str]) -> bytes:
@@ -287,9 +280,9 @@ class DevicePluginService:
         key = tuple(sorted(chips))
         cached = self._entries.get(key)
         if cached is not None:
-            return cached[0]
+            return cached
         entry = wire.container_response(container_spec([chips[phys_id] for phys_id in key], self._container))
-        self._entries.put(key, entry, "", len(entry) + 8 * len(key))
+        self._entries.put(key, entry, len(entry) + 8 * len(key))
         return entry
 
     def _checked_chip(self, device_id: str, seen: set[str]) -> Chip:
