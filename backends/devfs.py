@@ -60,6 +60,7 @@ from ascend_agent.observability import (
     CHIP_HELD,
     NPU_SMI_FAILURES,
     NPU_SMI_SECONDS,
+    ProblemLog,
     log_fields,
 )
 
@@ -116,9 +117,11 @@ class DevfsBackend:
         self._a3_model = A3_MODEL
         self._failures = 0
         self._last_failure = ""
+        self._failure_log = ProblemLog()
         self._query_problem = ""
         self._nodes: set[str] = set()
         self._listing_error: OSError | None = None
+        self._listing_log = ProblemLog()
         self._policy = FaultPolicy(dict(settings.fault_policy))
         # Per chip: the Health value `info -t health` was last run for, and the faults it gave.
         self._asked_health: dict[int, tuple[str, tuple[Fault, ...]]] = {}
@@ -177,6 +180,7 @@ class DevfsBackend:
                 extra=log_fields(count=self._failures),
             )
         self._failures, self._last_failure, self._query_problem = 0, "", ""
+        self._failure_log.clear()
         gone = self._reported - set(probed)
         if gone:
             log.warning(
@@ -276,14 +280,13 @@ class DevfsBackend:
         self._failures += 1
         threshold = self._settings.health_failure_threshold
         reason = str(error)
-        if reason != self._last_failure:
-            if self._probed:
-                log.warning(
-                    "Health query failed, keeping the last known health: %s",
-                    reason,
-                    extra=log_fields(reason=reason),
-                )
-            self._last_failure = reason
+        self._last_failure = reason
+        if self._failure_log.changed(reason) and self._probed:
+            log.warning(
+                "Health query failed, keeping the last known health: %s",
+                reason,
+                extra=log_fields(reason=reason),
+            )
         if not self._probed:
             # A failure npu-smi explained already names the next step; any other leaves the model unknown.
             self._query_problem = (
@@ -485,13 +488,13 @@ class DevfsBackend:
             names = await aiofiles.os.listdir(self._dev_root)
         except OSError as exc:
             if exc.errno in _TRANSIENT_ERRNOS:
-                if self._listing_error is None or self._listing_error.errno != exc.errno:
+                if self._listing_log.changed(exc.errno):
                     log.warning("Cannot list %s (%s): keeping the last known device nodes",
                                 self._dev_root, exc.strerror or exc)  # fmt: skip
                 self._listing_error = exc
                 return self._nodes
             names = []
-        if self._listing_error is not None:
+        if self._listing_log.clear():
             log.info("Listing %s works again", self._dev_root)
         self._listing_error = None
         self._nodes = {name for name in names if is_device_name(name)}
