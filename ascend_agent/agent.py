@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
@@ -26,9 +23,9 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from ascend_agent import __version__, cdi, naming
+from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
-from ascend_agent.backends import Backend, VnpuLayoutBackend, load_backend
+from ascend_agent.backends import Backend, VnpuLayoutBackend, backend_for
 from ascend_agent.config import (
     PLUGIN_WATCHER_REGISTRATION,
     ConfigError,
@@ -37,10 +34,8 @@ from ascend_agent.config import (
     SettingsSource,
 )
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
-from ascend_agent.deviceplugin.lifecycle import ResourcePlugin, ServeFailed
-from ascend_agent.deviceplugin.service import SpecFor
-from ascend_agent.instance import exclusive
-from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
+from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     DEVICE_HEALTH,
     DEVICES,
@@ -99,7 +94,7 @@ class Agent:
         """``held_devices`` says which device IDs containers hold now (the kubelet's PodResources view):
         the vNPU layout never destroys one of them."""
         self.settings = settings
-        self.held_devices: HeldDevices = held_devices or _nothing_held
+        self.held_devices: HeldDevices = held_devices or nothing_held
         self._vnpu_pending = False
         self._vnpu_refused: tuple[str, ...] = ()
         self.backend = backend
@@ -111,8 +106,6 @@ class Agent:
         self._health: dict[str, tuple[Health, str]] = {}
         self._problems: tuple[str, ...] = ()
         self.inventory = Inventory()
-        self._spec_key: tuple[ContainerSpec, Settings] | None = None
-        self._spec_for: SpecFor | None = None
         self._cdi_document: dict[str, Any] | None = None
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
@@ -264,7 +257,7 @@ class Agent:
         )
         if set(changed) - _AGENT_SETTINGS:
             try:
-                backend = _backend(settings)
+                backend = backend_for(settings)
                 await backend.start()
             except ConfigError as exc:
                 log.error("Config not applied, keeping the running settings: %s", exc)
@@ -293,7 +286,7 @@ class Agent:
         self.settings = settings
         self._start_watching()
         log.info("Config applied: %s changed", ", ".join(changed))
-        _log_configuration(replace(effective, settings=settings))
+        log_configuration(replace(effective, settings=settings))
 
     async def _move_http(self, address: str) -> bool:
         """Serve the HTTP endpoint on ``address`` instead; False (and the old one kept) when it cannot."""
@@ -356,7 +349,7 @@ class Agent:
         desired = inventory.by_resource()
         self._count(desired)
         _count_vnpus(inventory.vnpus)
-        spec_for = self._current_spec_for(inventory)
+        container = replace(inventory.container, cdi=self.settings.cdi_spec_dir is not None)
         for resource in [r for r in self._plugins if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
             self._stop_plugin(resource)
@@ -369,7 +362,7 @@ class Agent:
                 for chip in chips
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
-            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), spec_for)
+            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), container)
         await self._write_cdi(inventory)
 
     def _start_plugin(self, resource: str) -> _Running:
@@ -388,23 +381,6 @@ class Agent:
     def _stop_plugin(self, resource: str) -> None:
         self._plugins.pop(resource).scope.cancel()
 
-    def _current_spec_for(self, inventory: Inventory) -> SpecFor:
-        """What Allocate hands over, as one function object that changes only when its answers would: then
-        the plugins forget the answers they keep."""
-        key = (self.backend.container_spec(inventory.chips), self.settings)
-        if self._spec_for is None or key != self._spec_key:
-            backend, with_cdi = self.backend, self.settings.cdi_spec_dir is not None
-
-            def spec_for(chips: Sequence[Chip]) -> ContainerSpec:
-                spec = backend.container_spec(chips)
-                if not with_cdi:
-                    return spec
-                ordered = sorted(chips, key=lambda chip: chip.phys_id)
-                return replace(spec, cdi_devices=tuple(naming.cdi_device_name(c.device_id) for c in ordered))
-
-            self._spec_key, self._spec_for = key, spec_for
-        return self._spec_for
-
     async def _write_cdi(self, inventory: Inventory) -> None:
         """Keep the CDI spec in step with the chips. It stays when the agent stops: containers that restart
         while the agent is down resolve their CDI devices from it."""
@@ -412,7 +388,7 @@ class Agent:
         if directory is None or not inventory.chips:
             # No chips at all (npu-smi failing at start, say) must not empty the spec containers rely on.
             return
-        document = cdi.build_spec((*inventory.chips, *inventory.vnpus), self.backend.container_spec)
+        document = cdi.build_spec((*inventory.chips, *inventory.vnpus), inventory.container)
         if document == self._cdi_document:
             return
         try:
@@ -480,134 +456,10 @@ def _count_vnpus(parts: Sequence[Chip]) -> None:
             VNPU_MEMORY.labels(**labels).set(part.vnpu.memory_gb * 1024**3)
 
 
-def _nothing_held() -> frozenset[str]:
+def nothing_held() -> frozenset[str]:
+    """No device is held by a container, as far as the agent knows without the kubelet's view."""
     return frozenset()
 
 
-def _backend(settings: Settings) -> Backend:
-    try:
-        return load_backend(settings.backend)(settings)
-    except LookupError as exc:
-        raise ConfigError(f"--backend: {exc.args[0]}") from None
-
-
-async def discover_once(settings: Settings) -> Inventory:
-    """One discovery with the configured backend, for ``ascend-agent list`` and the doctor."""
-    backend = _backend(settings)
-    try:
-        await backend.start()
-        await backend.query()
-        return await backend.discover()
-    finally:
-        await backend.close()
-
-
-async def print_vnpu_plan(settings: Settings) -> int:
-    """``run --dry-run-vnpu``: print the npu-smi commands the ``vnpu:`` layout needs now, run none; the exit
-    status (a refused layout is a :class:`ConfigError`)."""
-    if settings.vnpu is None:
-        raise ConfigError("--dry-run-vnpu: the config sets no vnpu: layout, so there is nothing to plan")
-    _reap_children_by_pidfd()
-    backend = _backend(settings)
-    if not isinstance(backend, VnpuLayoutBackend):
-        raise ConfigError(f"--dry-run-vnpu: the {settings.backend} backend does not create vNPUs")
-    try:
-        await backend.start()
-        await backend.query()
-        plans = await backend.apply_vnpu_layout(settings.vnpu, _nothing_held, run=False)
-    finally:
-        await backend.close()
-    refused = [plan.refused for plan in plans if plan.refused]
-    if refused:
-        raise ConfigError(refused[0])
-    for plan in plans:
-        for command in plan.commands():
-            print(command)
-        for vnpu in plan.in_use:
-            print(f"# kept: vNPU {vnpu.vnpu_id} ({vnpu.template}) on chip {plan.chip.phys_id} is in use")
-        for template in plan.waiting:
-            print(f"# waits for a vNPU in use to be freed: {template} on chip {plan.chip.phys_id}")
-    if all(plan.empty and not plan.in_use for plan in plans):
-        print("# nothing to do: every chip the layout names holds it")
-    return 0
-
-
-def _reap_children_by_pidfd() -> None:
-    """On the running loop: Python 3.11 waits for every npu-smi in a thread started for it; a pidfd on the
-    event loop needs no thread (3.12 and later choose it themselves)."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # a kernel before 5.3, or a seccomp profile that refuses it
-        return
-    watcher = asyncio.PidfdChildWatcher()
-    watcher.attach_loop(asyncio.get_running_loop())
-    asyncio.set_child_watcher(watcher)
-
-
-async def run_agent(source: SettingsSource, settings: Settings) -> int:
-    """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
-    configure_logging(settings.log_level, settings.log_format)
-    _reap_children_by_pidfd()
-    backend = _backend(settings)
-    await backend.start()
-    log.info(
-        "ascend-agent %s starting: backend %s, kubelet directory %s",
-        __version__,
-        settings.backend,
-        settings.kubelet_dir,
-    )
-    _log_configuration(source.load_effective())
-    agent = Agent(settings, backend, source)
-    if settings.vnpu is not None:
-        await backend.query()
-        try:
-            await agent.apply_vnpu_layout(at_start=True)
-        except ConfigError:
-            await backend.close()
-            raise
-    http = None
-    if settings.metrics_address:
-        try:
-            http = await serve_http(settings.metrics_address, agent.ready)
-        except OSError as exc:
-            raise ConfigError(
-                f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
-            ) from None
-        log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
-    failures: list[BaseException] = []
-    try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
-            async with exclusive(settings.effective_plugin_dir, on_wait=agent.standby):
-                await agent.run(http)
-    except* ServeFailed as failed:
-        failures.extend(_leaves(failed))
-    if failures:
-        log.error("Giving up: %s", failures[0])
-        return 1
-    log.info("Stopped; sockets removed")
-    return 0
-
-
-def _log_configuration(effective: EffectiveSettings) -> None:
+def log_configuration(effective: EffectiveSettings) -> None:
     log.info("Configuration: %s", effective, extra=log_fields(settings=effective.as_fields()))
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    """The exceptions inside nested task groups' exception groups."""
-    found: list[BaseException] = []
-    for exc in group.exceptions:
-        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return found
-
-
-async def _signals(agent: Agent, scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-        async for signum in received:
-            if signum == signal.SIGHUP:
-                agent.reload()
-            else:
-                scope.cancel()
-                return

@@ -258,7 +258,7 @@ def run(
     overrides = dict(locals())
     overrides.pop("dry_run_vnpu")
     source, settings = _settings(overrides)
-    from ascend_agent.agent import print_vnpu_plan, run_agent
+    from ascend_agent.process import print_vnpu_plan, run_agent
 
     try:
         code = asyncio.run(print_vnpu_plan(settings) if dry_run_vnpu else run_agent(source, settings))
@@ -287,7 +287,7 @@ def list_chips(
     overrides = dict(locals())
     overrides.pop("json_output")
     _, settings = _settings(overrides)
-    from ascend_agent.agent import discover_once
+    from ascend_agent.backends import discover_once
 
     try:
         inventory = asyncio.run(discover_once(settings))

@@ -23,6 +23,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
+from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, LocalChannel
@@ -159,8 +160,6 @@ def _kubelet(kubelet_dir: Path) -> Check:
 
 
 async def _inventory(settings: Settings) -> Inventory | None:
-    from ascend_agent.agent import discover_once
-
     try:
         return await discover_once(settings)
     except ConfigError:
