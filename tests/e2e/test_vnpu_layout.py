@@ -208,7 +208,7 @@ async def test_a_failing_create_leaves_the_chip_as_it_was(
     assert errors[0].startswith("vnpu: chip 2: ")
     assert errors[0].endswith(
         "npu-smi set -t create-vnpu -i 2 -c 0 -f vir04 exited with status 1: "
-        "dcmi create vnpu failed, ret = -8001; the chip is left as it was"
+        "Error: create vnpu failed: no free vgroup on this chip; the chip is left as it was"
     )
 
 

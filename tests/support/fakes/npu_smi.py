@@ -102,7 +102,7 @@ def vnpu_command():
     if args.startswith("set -t create-vnpu"):
         template = option("-f")
         if state.get("fail_create"):
-            sys.stderr.write("dcmi create vnpu failed, ret = -8001\n")
+            sys.stderr.write("Error: create vnpu failed: no free vgroup on this chip\n")
             sys.exit(1)
         if template not in templates or template in state.get("reject", []):
             sys.stdout.write("       Status : FAILED\n       Message : The template is not supported\n")
