@@ -393,9 +393,16 @@ def _shown(value: Any) -> str:
         return "unset"
     if value == "":
         return '""'
+    if isinstance(value, tuple) and value and all(_is_layout_entry(item) for item in value):
+        return "{" + ", ".join(f"{key}: {_shown(templates)}" for key, templates in value) + "}"
     if isinstance(value, tuple):
         return "[" + ", ".join(map(str, value)) + "]"
     return str(value)
+
+
+def _is_layout_entry(item: Any) -> bool:
+    """An entry of a vNPU layout: (chip, (template, ...))."""
+    return isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], tuple)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ runs, seen by the kubelet without a restart."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -193,4 +194,24 @@ def test_doctor_explains_the_smaller_chip_count(host: HostTree, npu_smi: FakeNpu
     assert checks["vNPUs"]["detail"] == (
         "chip 1 is split into vNPUs, so huawei.com/Ascend310P shows 2, not 3; "
         "huawei.com/Ascend310P-2c: 1; huawei.com/Ascend310P-4c: 1"
+    )
+
+
+def test_sighup_asks_npu_smi_again(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, request: pytest.FixtureRequest
+) -> None:
+    # The device nodes are there from the start; only npu-smi's answer changes, which no event announces.
+    _add_vnpu_nodes(host, [116, 117])
+    npu_smi.set_output("info -t info-vnpu -i 1 -c 0", INFO_VNPU_NONE)
+    agent = request.getfixturevalue("agent")
+    kubelet.wait_for(lambda: _devices(kubelet, CHIPS) == {"Ascend310P-0", "Ascend310P-1", "Ascend310P-2"})
+    npu_smi.set_output("info -t info-vnpu -i 1 -c 0", INFO_VNPU_TWO)
+    agent.proc.send_signal(signal.SIGHUP)
+    kubelet.wait_for(
+        lambda: (
+            _devices(kubelet, CHIPS) == {"Ascend310P-0", "Ascend310P-2"}
+            and _devices(kubelet, TWO) == {"Ascend310P-2c-117-1"}
+        ),
+        timeout=5,
+        what="chip 1's vNPUs after SIGHUP",
     )
