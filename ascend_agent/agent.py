@@ -400,7 +400,7 @@ class Agent:
         log.info("Wrote CDI spec %s with %d devices", path, len(document["devices"]))
 
     def _report(self, inventory: Inventory) -> None:
-        for chip in inventory.chips:
+        for chip in (*inventory.chips, *inventory.vnpus):
             if chip.device_path not in self._known_chips:
                 self._known_chips.add(chip.device_path)
                 log.info(

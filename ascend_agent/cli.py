@@ -199,7 +199,7 @@ DryRunVnpu = Annotated[
     bool,
     typer.Option(
         "--dry-run-vnpu",
-        help="Print the npu-smi commands that make the chips hold the vnpu: layout, and exit.",
+        help="Print the npu-smi commands the vnpu: layout needs, run none, and exit. \\[default: off]",
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]

@@ -1,8 +1,9 @@
 """The vNPUs of a node's chips, read with npu-smi, and the runs that make them match the ``vnpu:`` layout.
 
-npu-smi is asked per chip (``info -t info-vnpu``) only when told to look again: at start, when
-``/dev/vdavinci*`` nodes appear or disappear, on SIGHUP, after a layout ran, and when the chip set changed;
-the template table once per chip model. A chip that cannot hold vNPUs (310, 310B, 950, or npu-smi says
+npu-smi is asked per chip (``info -t info-vnpu``) only while ``/dev/vdavinci*`` nodes exist (a node without
+any has no vNPUs, and pays nothing) or a layout is applied, and only when told to look again: at start, when
+those nodes appear or disappear, on SIGHUP, after a layout ran, and when the chip set changed; the template
+table once per chip model. A chip that cannot hold vNPUs (310, 310B, 950, or npu-smi says
 -8255 or ``not support``) stays a plain chip, and is not asked again::
 
     probe = VnpuProbe(settings)
@@ -76,12 +77,16 @@ class VnpuProbe:
         if self.stale(chips, nodes):
             await self.refresh(chips, nodes)
 
-    async def refresh(self, chips: Sequence[Chip], nodes: Collection[str]) -> None:
-        """Ask npu-smi for the vNPUs of every chip that may hold some."""
+    async def refresh(self, chips: Sequence[Chip], nodes: Collection[str], *, always: bool = False) -> None:
+        """Ask npu-smi for the vNPUs of every chip that may hold some: while any ``/dev/vdavinci*`` node
+        exists, or ``always``."""
         async with self._lock:
             self._asked = _asked_key(chips, nodes)
             present = {chip.phys_id for chip in chips}
             self._states = {phys: state for phys, state in self._states.items() if phys in present}
+            if not always and not self._asked[1]:
+                self._states.clear()
+                return
             for chip in chips:
                 if chip.generation.value in SPLITTABLE_GENERATIONS and chip.phys_id not in self._unsupported:
                     await self._ask(chip)
@@ -147,9 +152,11 @@ class VnpuProbe:
     async def apply(
         self, layout: Layout, chips: Sequence[Chip], held: HeldDevices, nodes: Collection[str], *, run: bool
     ) -> tuple[ChipPlan, ...]:
-        """Plan every chip the layout names against what npu-smi says now, and with ``run`` carry the plans
+        """Plan every chip the layout names against what npu-smi says now (asked again unless nothing
+        changed since it was last asked: :meth:`forget` makes it ask), and with ``run`` carry the plans
         out; when any chip refuses its entry, nothing runs anywhere."""
-        await self.refresh(chips, nodes)
+        if self.stale(chips, nodes) or not self._states:
+            await self.refresh(chips, nodes, always=True)
         async with self._lock:
             plans = [
                 await self._plan(chip, wanted, held, named=str(chip.phys_id) in dict(layout))
@@ -162,7 +169,7 @@ class VnpuProbe:
                 if not plan.empty:
                     await self._carry_out(plan)
         if any(not plan.empty for plan in plans):
-            await self.refresh(chips, nodes)
+            await self.refresh(chips, nodes, always=True)
         return tuple(plans)
 
     async def _plan(self, chip: Chip, wanted: tuple[str, ...], held: HeldDevices, *, named: bool) -> ChipPlan:
