@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from tests.support.agent_process import fake_agent
+from tests.support.http_probe import free_port, get
 from tests.support.kubelet_standin import KubeletStandin
 
 CHIPS = "huawei.com/Ascend310P"
@@ -19,9 +20,10 @@ TWO = "huawei.com/Ascend310P-2c"
 def test_one_vnpu_per_container_and_live_splits(kubelet: KubeletStandin, short_dir: Path) -> None:
     state = short_dir / "state.json"
     state.write_text("{}")
+    port = free_port()
     agent = fake_agent(
         kubelet.directory, "--fake-model", "310P3", "--fake-chips", "4", "--fake-vnpus", "0:vir02,0:vir02",
-        "--replicas", "2", "--fake-state", str(state),
+        "--replicas", "2", "--fake-state", str(state), "--metrics-address", f"127.0.0.1:{port}",
     )  # fmt: skip
     try:
         kubelet.wait_for(
@@ -61,6 +63,23 @@ def test_one_vnpu_per_container_and_live_splits(kubelet: KubeletStandin, short_d
             "/dev/davinci101",
         )
         channel.close()
+
+        answer = get(port, "/metrics")
+        assert answer is not None
+        assert (
+            'ascend_agent_vnpu_aicores{chip="Ascend310P-0",device="Ascend310P-2c-101-0",template="vir02"} 2.0'
+            in answer[1]
+        )
+        assert (
+            'ascend_agent_device_health{device="Ascend310P-2c-101-0",resource="huawei.com/Ascend310P-2c"} 1.0'
+            in (answer[1])
+        )
+
+        state.write_text(json.dumps({"unhealthy": [0]}))
+        kubelet.wait_for(
+            lambda: (two := kubelet.latest(TWO)) is not None and set(two.health().values()) == {"Unhealthy"},
+            what="the vNPUs of chip 0 Unhealthy with it",
+        )
 
         state.write_text(json.dumps({"vnpus": {"1": ["vir04", "vir04"]}}))
         kubelet.wait_for(

@@ -75,6 +75,9 @@ def test_set_command_answers() -> None:
 def test_unsupported_answers() -> None:
     assert unsupported("Error: dcmi_create_vdevice failed, ret = -8255")
     assert unsupported("This device does not support querying vnpu information.")
+    assert unsupported(
+        "npu-smi cannot reach the chips (dcmi module initialize failed, ret -8255): not supported"
+    )
     assert not unsupported("dcmi module initialize failed. ret is -8005")
     assert not unsupported("dcmi module initialize failed. ret is -82550")
 
