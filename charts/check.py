@@ -1,4 +1,4 @@
-"""The chart through Helm's own engine (helm-sdkpy, Helm v4's Go library; Python >= 3.12, run from .venv-helm).
+"""The chart through Helm's own engine: helm-sdkpy, Helm v4's Go library (Python >= 3.12, from .venv-helm).
 
     python charts/check.py lint              # what `make helm-lint` runs: every case below, one line each
     python charts/check.py render [VALUES]   # the rendered objects as YAML on stdout (default values if none)
@@ -182,10 +182,11 @@ def cases() -> list[tuple[str, dict[str, Any]]]:
 
 
 def check(name: str, values: dict[str, Any]) -> str:
+    # The install first: its errors carry Helm's message, lint's only where they are.
+    manifest, stored = asyncio.run(install(values))
     findings = lint(values)
     if findings:
         raise CheckFailed(f"helm lint: {', '.join(findings)}")
-    manifest, stored = asyncio.run(install(values))
     if not manifest:
         raise CheckFailed("the chart rendered no objects")
     validate(manifest)
@@ -208,10 +209,11 @@ class _Dumper(yaml.SafeDumper):
     """Multi-line strings (the ConfigMap's config.yaml) as literal blocks, readable in a diff."""
 
 
-_Dumper.add_representer(
-    str,
-    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
-)
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _represent_str)
 
 
 def render(values_file: Path | None) -> str:
@@ -230,7 +232,8 @@ def main(argv: list[str]) -> int:
         if argv != ["lint"]:
             print("usage: check.py lint | check.py render [VALUES]", file=sys.stderr)
             return 2
-        print(f"helm-sdkpy {helm_sdkpy.__version__} ({helm_sdkpy.get_version()}), Kubernetes {KUBERNETES} schemas")
+        engine = f"helm-sdkpy {helm_sdkpy.__version__} ({helm_sdkpy.get_version()})"
+        print(f"{engine}, Kubernetes {KUBERNETES} schemas")
         failed = 0
         for name, values in cases():
             started = time.monotonic()
