@@ -93,16 +93,17 @@ image-test:
 	tests/image/image-test.sh
 
 # The Helm chart through Helm v4's own engine (helm-sdkpy), which needs Python 3.12 or newer: the first such
-# interpreter on PATH or under pyenv, in an environment of its own (.venv-helm). See charts/check.py.
+# interpreter on PATH or under pyenv, or HELM_PYTHON, in an environment of its own (.venv-helm). See
+# charts/check.py.
 HELM_VENV := .venv-helm
 HELM_STAMP := $(HELM_VENV)/.installed-stamp
-HELM_GOLDEN := tests/fixtures/helm/default.yaml
-_python_3_12 = for p in python3.14 python3.13 python3.12 python3 $$(pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python3; do \
-	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v "$$p"; break; }; done
-HELM_PYTHON ?= $(shell $(_python_3_12))
+_is_3_12 = "$(1)" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null
+HELM_PYTHON ?= $(shell for p in python3.14 python3.13 python3.12 python3 \
+	$$(pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python3; do $(call _is_3_12,$$p) && { command -v "$$p"; break; }; done)
+_helm_python_ok = $(and $(HELM_PYTHON),$(shell $(call _is_3_12,$(HELM_PYTHON)) && echo yes))
 
 $(HELM_STAMP): charts/requirements.txt
-	$(if $(HELM_PYTHON),,$(error make helm-lint needs Python 3.12 or newer for helm-sdkpy and found none on PATH or under pyenv; name one with make helm-lint HELM_PYTHON=/path/to/python3.12))
+	$(if $(_helm_python_ok),,$(error make helm-lint needs Python 3.12 or newer for helm-sdkpy but $(if $(HELM_PYTHON),$(HELM_PYTHON) is not,none is on PATH or under pyenv); name one with make helm-lint HELM_PYTHON=/path/to/python3.12))
 	$(HELM_PYTHON) -m venv --clear $(HELM_VENV)
 	$(HELM_VENV)/bin/pip install --quiet --disable-pip-version-check -r charts/requirements.txt
 	touch $(HELM_STAMP)
@@ -110,10 +111,9 @@ $(HELM_STAMP): charts/requirements.txt
 helm-lint: $(HELM_STAMP)
 	$(HELM_VENV)/bin/python charts/check.py lint
 
-# Writes the default render that tests/unit/test_chart.py compares with examples/daemonset.yaml.
+# After a chart change: the renders tests/unit/test_chart.py reads, in tests/fixtures/helm/.
 helm-render: $(HELM_STAMP)
-	$(HELM_VENV)/bin/python charts/check.py render > $(HELM_GOLDEN).new
-	mv $(HELM_GOLDEN).new $(HELM_GOLDEN)
+	$(HELM_VENV)/bin/python charts/check.py write-renders
 
 clean:
 	rm -rf $(VENV) $(HELM_VENV) dist build *.egg-info bench/results

@@ -2,13 +2,14 @@
 
     python charts/check.py lint              # what `make helm-lint` runs: every case below, one line each
     python charts/check.py render [VALUES]   # the rendered objects as YAML on stdout (default values if none)
+    python charts/check.py write-renders     # what `make helm-render` runs: each case's render into RENDERS
 
 A case is the chart's defaults, or the defaults with one values file of charts/ascend-agent/ci/ over them.
 For each: ``helm lint`` (warnings fail, as with --strict), an install with the values against an in-memory
 Kubernetes API server (kmock's emulator) with the release kept in memory, each installed object checked
 against the Kubernetes schemas (kubernetes-validate, strict), and the objects the server holds compared
-with the release's manifest. The default case's objects must equal tests/fixtures/helm/default.yaml, the
-render that tests/unit/test_chart.py compares with examples/daemonset.yaml.
+with the release's manifest. Each case's objects must equal its render kept in tests/fixtures/helm/, which
+tests/unit/test_chart.py reads in `make test` without Helm (the default one against examples/daemonset.yaml).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "ascend-agent"
-GOLDEN = ROOT / "tests" / "fixtures" / "helm" / "default.yaml"
+# The renders tests/unit/test_chart.py reads: default.yaml, and <name>.yaml for ci/<name>-values.yaml.
+RENDERS = ROOT / "tests" / "fixtures" / "helm"
 RELEASE = "ascend-agent"
 NAMESPACE = "kube-system"
 KUBERNETES = "1.31"
@@ -173,18 +175,26 @@ def _as_written(stored: Any) -> dict[str, Any]:
     return doc
 
 
-def cases() -> list[tuple[str, dict[str, Any]]]:
+class Case:
+    """The chart's values.yaml, or one values file of ci/ over it, and the render kept of it in RENDERS."""
+
+    def __init__(self, name: str, values: dict[str, Any], render: Path) -> None:
+        self.name, self.values, self.render = name, values, render
+
+
+def cases() -> list[Case]:
     defaults = _load(CHART / "values.yaml")
-    found = [("values.yaml", defaults)]
-    for path in sorted((CHART / "ci").glob("*.yaml")):
-        found.append((f"ci/{path.name}", merge(defaults, _load(path))))
+    found = [Case("values.yaml", defaults, RENDERS / "default.yaml")]
+    for path in sorted((CHART / "ci").glob("*-values.yaml")):
+        render = RENDERS / f"{path.name.removesuffix('-values.yaml')}.yaml"
+        found.append(Case(f"ci/{path.name}", merge(defaults, _load(path)), render))
     return found
 
 
-def check(name: str, values: dict[str, Any]) -> str:
+def check(case: Case) -> str:
     # The install first: its errors carry Helm's message, lint's only where they are.
-    manifest, stored = asyncio.run(install(values))
-    findings = lint(values)
+    manifest, stored = asyncio.run(install(case.values))
+    findings = lint(case.values)
     if findings:
         raise CheckFailed(f"helm lint: {', '.join(findings)}")
     if not manifest:
@@ -197,12 +207,15 @@ def check(name: str, values: dict[str, Any]) -> str:
     for key, doc in wanted.items():
         if held[key] != doc:
             raise CheckFailed(f"{key[0]} {key[2]}: the API server holds {held[key]}, the manifest has {doc}")
-    if name == "values.yaml":
-        golden = [doc for doc in yaml.safe_load_all(GOLDEN.read_text(encoding="utf-8")) if doc]
-        if golden != manifest:
-            raise CheckFailed(f"{GOLDEN.relative_to(ROOT)} is not the default render: run make helm-render")
+    kept = case.render.relative_to(ROOT)
+    if not case.render.exists() or _docs(case.render.read_text(encoding="utf-8")) != manifest:
+        raise CheckFailed(f"{kept} is not this render: run make helm-render")
     kinds = sorted(doc["kind"] for doc in manifest)
-    return f"{len(manifest)} objects ({', '.join(kinds)})"
+    return f"{len(manifest)} objects ({', '.join(kinds)}), as {kept}"
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -216,34 +229,48 @@ def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def render(values_file: Path | None) -> str:
-    values = _load(CHART / "values.yaml")
-    if values_file is not None:
-        values = merge(values, _load(values_file))
+def render(values: dict[str, Any]) -> str:
     manifest, _ = asyncio.run(install(values))
     return yaml.dump_all(manifest, Dumper=_Dumper, sort_keys=False)
+
+
+def write_renders() -> None:
+    """Each case's render into RENDERS, and nothing else there."""
+    RENDERS.mkdir(parents=True, exist_ok=True)
+    wanted = {case.render: render(case.values) for case in cases()}
+    for stale in set(RENDERS.glob("*.yaml")) - set(wanted):
+        stale.unlink()
+    for path, text in wanted.items():
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path.relative_to(ROOT)}")
 
 
 def main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["render"] and len(argv) <= 2:
-            sys.stdout.write(render(Path(argv[1]) if len(argv) == 2 else None))
+            values = _load(CHART / "values.yaml")
+            if len(argv) == 2:
+                values = merge(values, _load(Path(argv[1])))
+            sys.stdout.write(render(values))
+            return 0
+        if argv == ["write-renders"]:
+            write_renders()
             return 0
         if argv != ["lint"]:
-            print("usage: check.py lint | check.py render [VALUES]", file=sys.stderr)
+            print("usage: check.py lint | check.py render [VALUES] | check.py write-renders", file=sys.stderr)
             return 2
         engine = f"helm-sdkpy {helm_sdkpy.__version__} ({helm_sdkpy.get_version()})"
         print(f"{engine}, Kubernetes {KUBERNETES} schemas")
         failed = 0
-        for name, values in cases():
+        for case in cases():
             started = time.monotonic()
             try:
-                summary = check(name, values)
+                summary = check(case)
             except CheckFailed as error:
                 failed += 1
-                print(f"FAIL {name}: {error}")
+                print(f"FAIL {case.name}: {error}")
             else:
-                print(f"ok   {name}: {summary} in {time.monotonic() - started:.2f} s")
+                print(f"ok   {case.name}: {summary} in {time.monotonic() - started:.2f} s")
         return 1 if failed else 0
     except CheckFailed as error:
         print(f"check.py: {error}", file=sys.stderr)

@@ -1,10 +1,11 @@
 """charts/ascend-agent against examples/daemonset.yaml: the chart's default render installs the same objects,
 container args, environment, mounts and RBAC rules.
 
-The render is Helm's own (charts/check.py on helm-sdkpy, which needs Python >= 3.12). Where `make helm-lint`
-has made .venv-helm, the chart is rendered here and must equal tests/fixtures/helm/default.yaml; elsewhere
-(a fresh clone's `make test`) that file is the render, and `make helm-lint`, which CI runs next, fails when
-it is not the engine's.
+The renders are Helm's own (charts/check.py on helm-sdkpy, which needs Python >= 3.12), kept in
+tests/fixtures/helm/ by `make helm-render`: default.yaml for the chart's defaults, <mode>.yaml for
+charts/ascend-agent/ci/<mode>-values.yaml. Where `make helm-lint` has made .venv-helm, the default is
+rendered here too and must equal the kept one; elsewhere (a fresh clone's `make test`) the kept renders are
+read as they are, and `make helm-lint`, which CI runs next, fails when one is not the engine's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ascend_agent.config import Settings, SettingsSource
 from tests.support import ROOT
 
 CHART = ROOT / "charts" / "ascend-agent"
-GOLDEN = ROOT / "tests" / "fixtures" / "helm" / "default.yaml"
+RENDERS = ROOT / "tests" / "fixtures" / "helm"
+GOLDEN = RENDERS / "default.yaml"
 HELM_PYTHON = ROOT / ".venv-helm" / "bin" / "python"
 EXAMPLE = ROOT / "examples" / "daemonset.yaml"
 
@@ -173,3 +175,107 @@ def test_make_helm_lint_covers_each_mode() -> None:
     files = {path.name for path in (CHART / "ci").glob("*-values.yaml")}
     for mode in ("default", "volcano", "dra", "no-cluster"):
         assert f"{mode}-values.yaml" in files, mode
+
+
+# --- the modes behind values, from their kept renders -------------------------------------------------
+
+
+def _render(mode: str) -> dict[Key, Doc]:
+    return _by_key(_docs((RENDERS / f"{mode}.yaml").read_text(encoding="utf-8")))
+
+
+def _config(docs: dict[Key, Doc]) -> Doc:
+    config: Doc = yaml.safe_load(_one(docs, "ConfigMap")["data"]["config.yaml"])
+    return config
+
+
+def _verbs(docs: dict[Key, Doc], group: str, resource: str) -> set[str]:
+    """What the agent's roles allow on a resource, wherever they allow it."""
+    return {
+        verb
+        for key, doc in docs.items()
+        if key[0] in ("ClusterRole", "Role")
+        for rule in doc["rules"]
+        if group in rule["apiGroups"] and resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+_MODE_KEYS = {
+    "cluster",
+    "deviceInfo",
+    "volcano",
+    "kubeletApi",
+    "draDriverName",
+    "draTaintEffect",
+    "draCleanup",
+}
+
+
+def test_the_default_writes_no_mode_key(chart: dict[Key, Doc]) -> None:
+    """Each mode key is written only when it differs from the agent's default: agents that predate a key
+    load the default file."""
+    assert not set(_config(chart)) & _MODE_KEYS
+
+
+def test_volcano_mode() -> None:
+    docs, default = _render("volcano"), _render("default")
+    assert _config(docs) == _config(default) | {"volcano": True}
+    assert _verbs(docs, "", "pods") == {"list", "watch", "patch"}
+    assert _verbs(default, "", "pods") == {"list"}, "the doctor's list in its namespace only"
+    assert _mounts(docs) == _mounts(default)
+
+
+def test_dra_mode() -> None:
+    docs, default = _render("dra"), _render("default")
+    assert _config(docs) == _config(default) | {
+        "kubeletApi": "dra",
+        "draDriverName": "npu.huawei.com",
+        "draTaintEffect": "NoExecute",
+        "draCleanup": False,
+    }
+    assert _verbs(docs, "resource.k8s.io", "resourceslices") == {
+        "create",
+        "update",
+        "delete",
+        "list",
+        "watch",
+        "get",
+    }
+    assert _verbs(docs, "resource.k8s.io", "resourceclaims") == {"get"}
+    assert not _verbs(default, "resource.k8s.io", "resourceslices")
+    mounts = _mounts(docs)
+    assert "/var/lib/kubelet/device-plugins" not in mounts
+    for path in ("/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry"):
+        mount, volume = mounts[path]
+        assert volume == {"hostPath": {"path": path, "type": "Directory"}}, "never create the kubelet's own"
+        assert not mount.get("readOnly")
+    # The agent's lock directory is inside the plugins mount.
+    assert "/var/lib/kubelet/plugins/ascend-agent" not in mounts
+    assert "/var/lib/kubelet/pod-resources" in mounts
+
+
+def test_no_cluster_mode() -> None:
+    docs, default = _render("no-cluster"), _render("default")
+    assert _config(docs) == _config(default) | {"cluster": False}
+    assert _verbs(docs, "", "nodes") == {"get"}, "the doctor's read only"
+    assert not _verbs(docs, "", "events") and not _verbs(docs, "", "configmaps")
+    assert "/var/lib/kubelet/pod-resources" not in _mounts(docs)
+    assert set(_mounts(docs)) == set(_mounts(default)) - {"/var/lib/kubelet/pod-resources"}
+
+
+def test_plugin_watcher_mode() -> None:
+    docs = _render("plugin-watcher")
+    assert _config(docs)["registration"] == "plugin-watcher"
+    _, volume = _mounts(docs)["/var/lib/kubelet/plugins_registry"]
+    assert volume == {"hostPath": {"path": "/var/lib/kubelet/plugins_registry", "type": "Directory"}}
+    # metricsAddress "" turns the endpoint off: no port, no probes, no scrape annotations.
+    container = _container(docs)
+    assert not {"ports", "livenessProbe", "readinessProbe"} & set(container)
+    annotations = _one(docs, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert not any(key.startswith("prometheus.io/") for key in annotations)
+
+
+def test_every_mode_has_its_render() -> None:
+    modes = {path.name.removesuffix("-values.yaml") for path in (CHART / "ci").glob("*-values.yaml")}
+    assert {path.stem for path in RENDERS.glob("*.yaml")} == modes
