@@ -214,6 +214,26 @@ def check(case: Case) -> str:
     return f"{len(manifest)} objects ({', '.join(kinds)}), as {kept}"
 
 
+# Values the chart must refuse, with (part of) the one line it says.
+REFUSED: list[tuple[dict[str, Any], str]] = [
+    ({"cluster": {"enabled": False}, "volcano": {"enabled": True}}, "volcano.enabled needs cluster.enabled"),
+    ({"cluster": {"enabled": False}, "dra": {"enabled": True}}, "dra.enabled needs cluster.enabled"),
+    ({"volcano": {"enable": True}}, "additional properties 'enable' not allowed"),
+    ({"dra": {"taintEffect": "NoEvict"}}, "taintEffect"),
+]
+
+
+def check_refused(override: dict[str, Any], says: str) -> None:
+    values = merge(_load(CHART / "values.yaml"), override)
+    try:
+        asyncio.run(install(values))
+    except CheckFailed as error:
+        if says not in str(error):
+            raise CheckFailed(f"{override} was refused without saying {says!r}: {error}") from None
+    else:
+        raise CheckFailed(f"{override} was installed; the chart must refuse it ({says})")
+
+
 def _docs(text: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
@@ -271,6 +291,14 @@ def main(argv: list[str]) -> int:
                 print(f"FAIL {case.name}: {error}")
             else:
                 print(f"ok   {case.name}: {summary} in {time.monotonic() - started:.2f} s")
+        started = time.monotonic()
+        for override, says in REFUSED:
+            try:
+                check_refused(override, says)
+            except CheckFailed as error:
+                failed += 1
+                print(f"FAIL refused values: {error}")
+        print(f"ok   {len(REFUSED)} sets of refused values refused in {time.monotonic() - started:.2f} s")
         return 1 if failed else 0
     except CheckFailed as error:
         print(f"check.py: {error}", file=sys.stderr)

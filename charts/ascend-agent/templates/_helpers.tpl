@@ -46,15 +46,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- toYaml $config }}
 {{- end }}
 
-{{/* Checks of combinations that cannot work, as one line each. */}}
+{{/* Combinations that cannot work, refused with one line each (values.schema.json checks each value). */}}
 {{- define "ascend-agent.validate" -}}
 {{- if and (not .Values.cluster.enabled) .Values.volcano.enabled }}
 {{- fail "volcano.enabled needs cluster.enabled: Volcano's choice of chips is read from the API server" }}
 {{- end }}
 {{- if and (not .Values.cluster.enabled) .Values.dra.enabled }}
 {{- fail "dra.enabled needs cluster.enabled: ResourceSlices and ResourceClaims live in the API server" }}
-{{- end }}
-{{- if not (has .Values.dra.taintEffect (list "NoSchedule" "NoExecute")) }}
-{{- fail (printf "dra.taintEffect must be NoSchedule or NoExecute, not %q" .Values.dra.taintEffect) }}
 {{- end }}
 {{- end }}
