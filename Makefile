@@ -99,7 +99,7 @@ HELM_VENV := .venv-helm
 HELM_STAMP := $(HELM_VENV)/.installed-stamp
 _is_3_12 = "$(1)" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null
 HELM_PYTHON ?= $(shell for p in python3.14 python3.13 python3.12 python3 \
-	$$(pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python3; do $(call _is_3_12,$$p) && { command -v "$$p"; break; }; done)
+	$$(pyenv root 2>/dev/null || echo "$${PYENV_ROOT:-$$HOME/.pyenv}")/versions/3.1[2-9]*/bin/python3; do $(call _is_3_12,$$p) && { command -v "$$p"; break; }; done)
 _helm_python_ok = $(and $(HELM_PYTHON),$(shell $(call _is_3_12,$(HELM_PYTHON)) && echo yes))
 
 $(HELM_STAMP): charts/requirements.txt
