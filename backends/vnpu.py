@@ -84,6 +84,7 @@ class VnpuProbe:
             self._asked = _asked_key(chips, nodes)
             present = {chip.phys_id for chip in chips}
             self._states = {phys: state for phys, state in self._states.items() if phys in present}
+            self._unsupported &= present
             if not always and not self._asked[1]:
                 self._states.clear()
                 return
