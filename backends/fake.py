@@ -23,6 +23,7 @@ from pathlib import Path
 import aiofiles
 
 from ascend_agent.backends._container import container_base
+from ascend_agent.backends.vnpu import VNPU_ID_BASE, VNPU_IDS_PER_CHIP
 from ascend_agent.config import ConfigError, Settings, decode_utf8, fake_vnpus
 from ascend_agent.model import (
     Chip,
@@ -184,7 +185,8 @@ class FakeBackend:
             if phys_id >= len(chips):
                 continue
             for index, template in enumerate(templates):
-                vnpu = VNpu(phys_id * 16 + 100 + index, template, aicore=template_cores(template))
+                vnpu_id = phys_id * VNPU_IDS_PER_CHIP + VNPU_ID_BASE + index
+                vnpu = VNpu(vnpu_id, template, aicore=template_cores(template))
                 parts.append(chips[phys_id].slice(vnpu))
         return tuple(parts)
 

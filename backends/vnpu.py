@@ -44,6 +44,9 @@ from ascend_agent.vnpu_layout import (
 
 log = logging.getLogger(__name__)
 
+# npu-smi numbers the vNPUs of chip N from N*16+100 (inference chips use the first 8, training chips all 16).
+VNPU_ID_BASE = 100
+VNPU_IDS_PER_CHIP = 16
 # npu-smi's Status column: numbers (0 idle, 1 in use) say nothing of health; so does OK.
 _HEALTHY_STATUS = frozenset({"", "ok", "normal"})
 
@@ -74,12 +77,28 @@ class VnpuProbe:
         self._asked = None
 
     async def refresh_if_stale(self, chips: Sequence[Chip], nodes: Collection[str]) -> None:
-        if self.stale(chips, nodes):
+        """Ask again where something changed: every chip after the chips changed (or :meth:`forget`); else
+        only the chips whose ``/dev/vdavinci<id>`` nodes came or went (npu-smi numbers a chip's vNPUs from
+        ``phys*16+100``), so a node of many chips sees one chip's change after one npu-smi run."""
+        if not self.stale(chips, nodes):
+            return
+        key = _asked_key(chips, nodes)
+        if self._asked is None or self._asked[0] != key[0]:
             await self.refresh(chips, nodes)
+            return
+        changed = {_chip_of(name) for name in key[1] ^ self._asked[1]}
+        await self.refresh(chips, nodes, only=frozenset(changed))
 
-    async def refresh(self, chips: Sequence[Chip], nodes: Collection[str], *, always: bool = False) -> None:
-        """Ask npu-smi for the vNPUs of every chip that may hold some: while any ``/dev/vdavinci*`` node
-        exists, or ``always``."""
+    async def refresh(
+        self,
+        chips: Sequence[Chip],
+        nodes: Collection[str],
+        *,
+        always: bool = False,
+        only: frozenset[int] | None = None,
+    ) -> None:
+        """Ask npu-smi for the vNPUs of every chip (``only`` those physical ids) that may hold some: while
+        any ``/dev/vdavinci*`` node exists, or ``always``."""
         async with self._lock:
             self._asked = _asked_key(chips, nodes)
             present = {chip.phys_id for chip in chips}
@@ -89,6 +108,8 @@ class VnpuProbe:
                 self._states.clear()
                 return
             for chip in chips:
+                if only is not None and chip.phys_id not in only:
+                    continue
                 if chip.generation.value in SPLITTABLE_GENERATIONS and chip.phys_id not in self._unsupported:
                     await self._ask(chip)
 
@@ -278,7 +299,13 @@ class VnpuProbe:
 
 
 def _asked_key(chips: Sequence[Chip], nodes: Collection[str]) -> tuple[frozenset[int], frozenset[str]]:
-    return frozenset(chip.phys_id for chip in chips), frozenset(n for n in nodes if n.startswith("vdavinci"))
+    vnpu_nodes = frozenset(n for n in nodes if n.startswith("vdavinci") and n[len("vdavinci") :].isdigit())
+    return frozenset(chip.phys_id for chip in chips), vnpu_nodes
+
+
+def _chip_of(node: str) -> int:
+    """The physical id of the chip a ``vdavinci<id>`` node belongs to, by npu-smi's numbering."""
+    return (int(node.removeprefix("vdavinci")) - VNPU_ID_BASE) // VNPU_IDS_PER_CHIP
 
 
 def _managed(layout: Layout, chips: Sequence[Chip]) -> list[tuple[Chip, tuple[str, ...]]]:

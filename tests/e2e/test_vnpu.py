@@ -156,6 +156,7 @@ def test_vnpus_made_and_removed_reach_the_kubelet_within_2s(
     assert [r.resource_name for r in kubelet.registrations] == [CHIPS]
 
     # Made by hand on the node: npu-smi answers with them, and their device nodes appear.
+    asked_chip_2 = npu_smi.count("info -t info-vnpu -i 2 -c 0")
     npu_smi.set_output("info -t info-vnpu -i 1 -c 0", INFO_VNPU_TWO)
     _add_vnpu_nodes(host, [116, 117])
     kubelet.wait_for(
@@ -180,6 +181,7 @@ def test_vnpus_made_and_removed_reach_the_kubelet_within_2s(
     )
     wait_gone(kubelet.plugin_socket(FOUR), timeout=2)
     wait_gone(kubelet.plugin_socket(TWO), timeout=2)
+    assert npu_smi.count("info -t info-vnpu -i 2 -c 0") == asked_chip_2, "only the chip whose nodes changed"
     assert sorted(r.resource_name for r in kubelet.registrations) == sorted([CHIPS, FOUR, TWO]), "no restart"
 
 
