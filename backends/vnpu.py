@@ -217,7 +217,12 @@ class VnpuProbe:
             return vnpu.in_container or chip.slice(vnpu).device_id in held_ids
 
         current = ChipState(state.vnpus, aicore=state.total("aicore"), memory_gb=state.total("memory"))
-        return plan_chip(chip, wanted, current, templates, holds)
+        plan = plan_chip(chip, wanted, current, templates, holds)
+        whole = chip.chip_device_id
+        if plan.create and any(held == whole or held.startswith(f"{whole}-") for held in held_ids):
+            # A container holds the whole chip (or a replica of it): splitting it now would pull it away.
+            return replace(plan, create=(), waiting=(*plan.create, *plan.waiting))
+        return plan
 
     def _warn_in_use(self, plan: ChipPlan) -> None:
         for vnpu in plan.in_use:
@@ -233,7 +238,7 @@ class VnpuProbe:
                 )
         if plan.waiting:
             log.info(
-                "vnpu: chip %d waits for vNPUs in use to be freed before creating %s",
+                "vnpu: chip %d waits for what a container holds on it to be freed before creating %s",
                 plan.chip.phys_id,
                 ", ".join(plan.waiting),
             )

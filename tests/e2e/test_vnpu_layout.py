@@ -166,6 +166,17 @@ async def test_a_vnpu_the_kubelet_holds_is_never_destroyed(host: HostTree, npu_s
     assert npu_smi.calls_of("set") == ["set -t destroy-vnpu -i 1 -c 0 -v 117"], "116 is still in a container"
 
 
+async def test_a_whole_chip_a_container_holds_is_not_split(host: HostTree, npu_smi: FakeNpuSmi) -> None:
+    backend = _backend(host, npu_smi)
+    await backend.query()
+    layout = parse_layout({"2": ["vir02"]})
+    plans = await backend.apply_vnpu_layout(layout, lambda: {"Ascend310P-2"}, run=True)
+    assert (plans[0].create, plans[0].waiting) == ((), ("vir02",))
+    assert npu_smi.calls_of("set") == []
+    await backend.apply_vnpu_layout(layout, frozenset, run=True)
+    assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 2 -c 0 -f vir02"], "split once it is free"
+
+
 @pytest.mark.parametrize(
     ("layout", "line"),
     [
