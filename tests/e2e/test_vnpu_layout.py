@@ -111,7 +111,7 @@ def layout_agent(
 
 
 def test_layout_applied_once_and_a_held_vnpu_kept_until_free(
-    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, layout_agent: AgentProcess
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, layout_agent: AgentProcess, short_dir: Path
 ) -> None:
     layout_agent.wait_log("vnpu: layout applied with 3 npu-smi commands")
     assert npu_smi.calls_of("set") == NEEDED
@@ -148,6 +148,21 @@ def test_layout_applied_once_and_a_held_vnpu_kept_until_free(
         what="116 gone from the kubelet's list",
     )
     assert npu_smi.calls_of("set") == [*NEEDED, "set -t destroy-vnpu -i 1 -c 0 -v 116"]
+
+    # A new layout in the config file, read live: chip 2 is whole again.
+    _config(short_dir, '{"1": [vir02, vir02], "2": []}')
+    npu_smi.wait_count("set -t destroy-vnpu -i 2 -c 0 -v 133", 1)
+    kubelet.wait_for(
+        lambda: (
+            (chips := kubelet.latest("huawei.com/Ascend310P")) is not None
+            and set(chips.health()) == {"Ascend310P-0", "Ascend310P-2"}
+        ),
+        what="chip 2 whole again",
+    )
+    assert npu_smi.calls_of("set")[-2:] == [
+        "set -t destroy-vnpu -i 2 -c 0 -v 132",
+        "set -t destroy-vnpu -i 2 -c 0 -v 133",
+    ]
 
 
 def _backend(host: HostTree, fake: FakeNpuSmi) -> DevfsBackend:
