@@ -213,6 +213,8 @@ class Agent:
                 await anyio.sleep(interval)
                 try:
                     changed = await self.backend.query()
+                    if self._vnpu_pending:  # a vNPU the layout would destroy may be free now
+                        await self.apply_vnpu_layout(fresh=True, quiet=True)
                 except Exception as exc:  # a backend bug must not end health checking for good
                     log.error(
                         "Health query failed unexpectedly (%s: %s); trying again in %g s",
@@ -223,8 +225,6 @@ class Agent:
                     continue
                 if changed:
                     self.wake()
-                if self._vnpu_pending:
-                    await self.apply_vnpu_layout(fresh=True, quiet=True)
 
     def _serve_http(self, server: asyncio.Server) -> None:
         assert self._tasks is not None
