@@ -46,7 +46,8 @@ class Backend(Protocol):
     async def discover(self) -> Inventory:
         """The chips now, and what every container that gets some of them gets besides them: the last
         hardware query combined with the cheap sources (device nodes, state files), read again on every
-        call. No subprocess."""
+        call. No subprocess, but one: devfs asks npu-smi for a chip's vNPUs when its ``/dev/vdavinci*``
+        nodes came or went, bounded by the npu-smi timeout."""
 
     async def close(self) -> None:
         """Release what the backend holds."""
