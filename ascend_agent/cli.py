@@ -185,6 +185,38 @@ FakeState = Annotated[
         unset="none (every chip healthy)",
     ),
 ]
+Cluster = Annotated[
+    bool | None,
+    _option(
+        "--cluster/--no-cluster",
+        env="CLUSTER",
+        help="Node labels, Events and pod holders through the Kubernetes API; off without credentials.",
+        unset="on",
+    ),
+]
+Kubeconfig = Annotated[
+    Path | None,
+    _option(
+        "--kubeconfig",
+        env="KUBECONFIG",
+        help="kubeconfig for the API server.",
+        unset="the pod's service account, else $KUBECONFIG",
+    ),
+]
+NodeName = Annotated[
+    str | None,
+    _option(
+        "--node-name", env="NODE_NAME", help="This node's Node object.", unset="$NODE_NAME, else the hostname"
+    ),
+]
+PodResourcesSocket = Annotated[
+    Path | None,
+    _option(
+        "--pod-resources-socket",
+        env="POD_RESOURCES_SOCKET",
+        help="The kubelet's PodResources socket: which pod holds which chip.",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 
 
@@ -234,6 +266,10 @@ def run(
     fake_chips: FakeChips = None,
     fake_model: FakeModel = None,
     fake_state: FakeState = None,
+    cluster: Cluster = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
+    pod_resources_socket: PodResourcesSocket = None,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
     source, settings = _settings(dict(locals()))

@@ -13,6 +13,9 @@ import pytest
 
 from tests.support.kubelet_standin import KubeletStandin, compile_api, compile_proto
 
+# The ``apiserver`` fixture: a Kubernetes API emulator with a kubeconfig file.
+pytest_plugins = ["tests.support.apiserver"]
+
 
 @pytest.fixture(scope="session")
 def kubelet_api(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, ModuleType]:
