@@ -21,12 +21,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from ascend_agent import __version__, cdi, naming
+from ascend_agent import __version__, cdi, cluster, naming
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, load_backend
 from ascend_agent.config import (
@@ -51,12 +51,17 @@ from ascend_agent.observability import (
 )
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
+if TYPE_CHECKING:
+    from ascend_agent.cluster.side import ClusterSide
+
 log = logging.getLogger(__name__)
 
 _KUBELET_TAG = "kubelet"
 _ENDPOINTS_TAG = "endpoints"
 _BACKEND_TAG = "backend"
 _CONFIG_TAG = "config"
+# The cluster side is set up once, at start.
+_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "pod_resources_socket")
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -70,6 +75,7 @@ _AGENT_SETTINGS = frozenset(
         "metrics_address",
         "log_level",
         "log_format",
+        *_CLUSTER_SETTINGS,
     }
 )
 # Settings that decide where and how each resource is served: a change re-serves every resource.
@@ -85,8 +91,15 @@ class _Running:
 class Agent:
     """Keeps one ResourcePlugin per resource with chips, published with what the backend reports."""
 
-    def __init__(self, settings: Settings, backend: Backend, source: SettingsSource | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        source: SettingsSource | None = None,
+        cluster: ClusterSide | None = None,
+    ) -> None:
         self.settings = settings
+        self.cluster = cluster
         self.backend = backend
         self._source = source
         self._plugins: dict[str, _Running] = {}
@@ -129,6 +142,10 @@ class Agent:
         ]
         return (False, "; ".join(sorted(reasons))) if reasons else (True, "")
 
+    def health_detail(self) -> str:
+        """What ``/healthz`` adds to ``ok``: the Kubernetes API state while the cluster side is on."""
+        return "" if self.cluster is None else f"kubernetes api: {self.cluster.state().detail}"
+
     async def run(self, http: asyncio.Server | None = None) -> None:
         """Reconcile on every wake-up until cancelled; then every plugin stops serving."""
         self._standby = None
@@ -137,6 +154,8 @@ class Agent:
                 self._tasks = tasks
                 if http is not None:
                     self._serve_http(http)
+                if self.cluster is not None:
+                    tasks.start_soon(self.cluster.run, name="cluster")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -264,6 +283,8 @@ class Agent:
         if settings.cdi_spec_dir != self.settings.cdi_spec_dir and self.settings.cdi_spec_dir is not None:
             cdi.remove_spec(self.settings.cdi_spec_dir)
             self._cdi_document = None
+        if set(changed) & set(_CLUSTER_SETTINGS):
+            log.warning("%s changed: the cluster side takes it at the next start", ", ".join(changed))
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)
@@ -284,7 +305,7 @@ class Agent:
             log.info("Stopped serving /metrics, /healthz and /readyz")
             return True
         try:
-            server = await serve_http(address, self.ready)
+            server = await serve_http(address, self.ready, self.health_detail)
         except OSError as exc:
             log.error(
                 "Cannot serve /metrics on %s, keeping the old address: %s", address, exc.strerror or exc
@@ -315,6 +336,8 @@ class Agent:
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
             running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), spec_for)
+        if self.cluster is not None:
+            self.cluster.observe(inventory)
         await self._write_cdi(inventory)
 
     def _start_plugin(self, resource: str) -> _Running:
@@ -458,11 +481,11 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.kubelet_dir,
     )
     _log_configuration(source.load_effective())
-    agent = Agent(settings, backend, source)
+    agent = Agent(settings, backend, source, cluster.open_side(settings))
     http = None
     if settings.metrics_address:
         try:
-            http = await serve_http(settings.metrics_address, agent.ready)
+            http = await serve_http(settings.metrics_address, agent.ready, agent.health_detail)
         except OSError as exc:
             raise ConfigError(
                 f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"

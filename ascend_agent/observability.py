@@ -230,31 +230,38 @@ class RepeatLimiter:
 
 # Probes and /metrics over HTTP ----------------------------------------------------------------------------
 Readiness = Callable[[], tuple[bool, str]]
+HealthDetail = Callable[[], str]
 
 _READ_TIMEOUT = 5.0
 _MAX_REQUEST_LINE = 8192
 
 
-async def serve_http(address: str, ready: Readiness) -> asyncio.Server:
+async def serve_http(address: str, ready: Readiness, detail: HealthDetail | None = None) -> asyncio.Server:
     """Serve ``/metrics`` (Prometheus text format), ``/healthz`` and ``/readyz`` on ``HOST:PORT``.
 
-    ``/healthz`` answers 200 while the event loop runs; ``/readyz`` answers 200 when ``ready()`` says so and
+    ``/healthz`` answers 200 while the event loop runs, with ``detail()`` (the Kubernetes API state) after
+    ``ok`` when there is any; ``/readyz`` answers 200 when ``ready()`` says so and
     503 with its reason otherwise. HTTP/1.0, one request per connection: what probes and scrapers need.
     """
     host, _, port = address.rpartition(":")
     return await asyncio.start_server(
-        lambda reader, writer: _answer(reader, writer, ready), host.strip("[]"), int(port)
+        lambda reader, writer: _answer(reader, writer, ready, detail), host.strip("[]"), int(port)
     )
 
 
-async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ready: Readiness) -> None:
+async def _answer(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    ready: Readiness,
+    detail: HealthDetail | None = None,
+) -> None:
     try:
         async with asyncio.timeout(_READ_TIMEOUT):
             request_line = await reader.readuntil(b"\r\n")
             while (await reader.readuntil(b"\r\n")) not in (b"\r\n", b""):
                 pass
         method, path, *_ = request_line[:_MAX_REQUEST_LINE].decode("latin-1").split()
-        status, content_type, body = _route(method, path.split("?", 1)[0], ready)
+        status, content_type, body = _route(method, path.split("?", 1)[0], ready, detail)
     except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, UnicodeError):
         status, content_type, body = 400, "text/plain", b"bad request\n"
     head = (
@@ -279,13 +286,16 @@ _REASONS = {
 }
 
 
-def _route(method: str, path: str, ready: Readiness) -> tuple[int, str, bytes]:
+def _route(
+    method: str, path: str, ready: Readiness, detail: HealthDetail | None = None
+) -> tuple[int, str, bytes]:
     if method not in ("GET", "HEAD"):
         return 405, "text/plain", b"only GET\n"
     if path == "/metrics":
         return 200, CONTENT_TYPE_LATEST, generate_latest()
     if path == "/healthz":
-        return 200, "text/plain", b"ok\n"
+        extra = detail() if detail is not None else ""
+        return 200, "text/plain", f"ok\n{extra}\n".encode() if extra else b"ok\n"
     if path == "/readyz":
         is_ready, reason = ready()
         if is_ready:

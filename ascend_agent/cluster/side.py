@@ -47,5 +47,6 @@ class ClusterSide:
             async with anyio.create_task_group() as tasks:
                 for feature in self.features:
                     tasks.start_soon(feature.run, self.api, name=f"cluster {type(feature).__name__}")
+                await anyio.sleep_forever()  # the client stays open for what asks through it
         finally:
             await self.api.close()
