@@ -108,6 +108,7 @@ class _Probed:
     bus_id: str | None
     numa_node: int | None
     faults: tuple[Fault, ...] = ()
+    hbm_mb: int | None = None
 
 
 class DevfsBackend:
@@ -127,6 +128,7 @@ class DevfsBackend:
         self._failures = 0
         self._last_failure = ""
         self._query_problem = ""
+        self._driver_version: str | None = None
         self._management: tuple[DeviceNode, ...] = ()
         self._mounts: tuple[str, ...] = ()
         self._nodes: set[str] = set()
@@ -201,6 +203,7 @@ class DevfsBackend:
         self._probed.update(probed)
         self._reported = frozenset(probed)
         self._record_telemetry(table, probed)
+        self._driver_version = table.version
         return True
 
     async def _check_device_listing(self) -> None:
@@ -406,6 +409,7 @@ class DevfsBackend:
                     health=row.health,
                     bus_id=row.bus_id,
                     numa_node=await self._numa_node(row.bus_id),
+                    hbm_mb=row.hbm_total_mb or None,
                 )
             )
         return probed
@@ -448,7 +452,7 @@ class DevfsBackend:
             problems.append(
                 f"{self._dev_root}/{MANAGER} is missing: every chip is Unhealthy until it returns"
             )
-        return Inventory(chips=chips, problems=tuple(problems))
+        return Inventory(chips=chips, problems=tuple(problems), driver_version=self._driver_version)
 
     def _chips(self, nodes: set[str]) -> tuple[Chip, ...]:
         if not self._probed and self._settings.model is not None:
@@ -468,6 +472,7 @@ class DevfsBackend:
                 npu_id=probed.npu_id,
                 naming_scheme=self._settings.resource_naming,
                 faults=probed.faults,
+                hbm_mb=probed.hbm_mb,
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:

@@ -80,4 +80,6 @@ def open_side(settings: Settings) -> ClusterSide | None:
 
 def _features(settings: Settings) -> list[Feature]:
     """Every feature of the cluster side, in the order their tasks start."""
-    return []
+    from ascend_agent.cluster.labels import NodeLabels
+
+    return [NodeLabels(settings.replicas)]

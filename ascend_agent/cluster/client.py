@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 DEFAULT_TIMEOUT = 10.0
 # Answers that are about the request, not about the API server: the feature that asked decides.
-_ANSWERED = frozenset({404, 409, 410, 422})
+ANSWERS = frozenset({404, 409, 410, 422})
 
 
 class ApiUnavailable(Exception):
@@ -73,20 +73,26 @@ class KubeApi:
         client = AsyncClient(config=config, timeout=httpx2.Timeout(timeout), field_manager="ascend-agent")
         return cls(client, node, server, timeout)
 
-    async def call(self, verb: str, resource: str, request: Awaitable[T]) -> T:
-        """Await one request of ``verb`` on ``resource`` (both only name it, for the log and the metric)."""
+    async def call(
+        self, verb: str, resource: str, request: Awaitable[T], answers: frozenset[int] = ANSWERS
+    ) -> T:
+        """Await one request of ``verb`` on ``resource`` (both only name it, for the log and the metric).
+        An error status in ``answers`` is raised as lightkube's ``ApiError`` for the caller; any other is an
+        outage (``answers=frozenset()`` for a request whose 404 means the setup is wrong)."""
         channel = f"{verb} {resource}"
         try:
             with anyio.fail_after(self.timeout):
                 result = await request
         except ApiError as exc:
             code = exc.status.code or exc.response.status_code
-            if code in _ANSWERED:
+            if code in answers:
                 self.health.record_success(channel)
                 raise
-            failure = _refusal(code, exc.status.reason, verb, resource)
+            failure = _refusal(code, exc.status.reason, verb, resource, self.node)
         except httpx2.HTTPStatusError as exc:  # not the API server's JSON (a proxy in between, say)
-            failure = _refusal(exc.response.status_code, exc.response.reason_phrase, verb, resource)
+            failure = _refusal(
+                exc.response.status_code, exc.response.reason_phrase, verb, resource, self.node
+            )
         except (TimeoutError, httpx2.TimeoutException):
             failure = Failure(0, f"no answer within {self.timeout:g} s")
         except httpx2.TransportError as exc:
@@ -102,7 +108,11 @@ class KubeApi:
             await self.client.close()
 
 
-def _refusal(code: int, reason: str | None, verb: str, resource: str) -> Failure:
+def _refusal(code: int, reason: str | None, verb: str, resource: str, node: str) -> Failure:
+    if code == 404 and resource == "nodes":
+        return Failure(
+            404, f"404 Not Found: there is no Node {node} (--node-name, NODE_NAME or the hostname)"
+        )
     if code == 403:
         return Failure(403, f"403 Forbidden: the agent may not {verb} {resource} (check its RBAC)")
     if code == 401:

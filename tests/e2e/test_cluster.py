@@ -1,0 +1,108 @@
+"""The agent's cluster side end to end: the agent as a process, the kubelet stand-in, and the Kubernetes API
+emulator reached through a kubeconfig."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.agent_process import AgentProcess
+from tests.support.apiserver import ApiServer
+from tests.support.kubelet_standin import KubeletStandin
+
+NODE = "node-1"
+
+
+def _labels(apiserver: ApiServer) -> dict[str, str]:
+    node = apiserver.get("nodes", NODE)
+    assert node is not None
+    return dict(node["metadata"].get("labels") or {})
+
+
+class _Agent:
+    """The agent on the fake backend with its chips from a config file, and the cluster side on."""
+
+    def __init__(
+        self, kubelet: KubeletStandin, apiserver: ApiServer, directory: Path, **settings: Any
+    ) -> None:
+        self.config = directory / "config.yaml"
+        self.settings = {"fakeChips": 8, "fakeModel": "910B3", **settings}
+        self._write()
+        self.process = AgentProcess(
+            [
+                "run",
+                "--backend",
+                "fake",
+                "--kubelet-dir",
+                str(kubelet.directory),
+                "--metrics-address",
+                "",
+                "--config",
+                str(self.config),
+                "--kubeconfig",
+                str(apiserver.kubeconfig),
+                "--node-name",
+                NODE,
+            ]
+        )
+
+    def _write(self) -> None:
+        temporary = self.config.with_name(".config.tmp")
+        temporary.write_text(yaml.safe_dump(self.settings))
+        os.replace(temporary, self.config)
+
+    def change(self, **settings: Any) -> None:
+        self.settings.update(settings)
+        self._write()
+        self.process.proc.send_signal(signal.SIGHUP)
+
+
+@pytest.fixture
+def started(kubelet: KubeletStandin, apiserver: ApiServer, short_dir: Path) -> Iterator[list[_Agent]]:
+    agents: list[_Agent] = []
+    yield agents
+    for agent in agents:
+        agent.process.close()
+
+
+def test_labels_set_on_start_and_follow_the_chip_set(
+    kubelet: KubeletStandin, apiserver: ApiServer, short_dir: Path, started: list[_Agent]
+) -> None:
+    apiserver.put(
+        "nodes",
+        {"metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "huawei.com/npu.stale": "x"}}},
+    )
+    agent = _Agent(kubelet, apiserver, short_dir)
+    started.append(agent)
+    labels = apiserver.wait_for(lambda: _labels(apiserver), lambda got: "accelerator" in got, timeout=2)
+    assert labels == {
+        "kubernetes.io/hostname": NODE,
+        "accelerator": "huawei-Ascend910",
+        "node.kubernetes.io/npu.chip.name": "910B3",
+        "mind-cluster/npu-chip-memory": "64G",
+        "huawei.com/npu.count": "8",
+        "huawei.com/npu.product": "Ascend910B3",
+        "huawei.com/npu.family": "910B",
+        "huawei.com/npu.memory": "65536",
+        "huawei.com/npu.replicas": "1",
+        "huawei.com/npu.numa-nodes": "2",
+        "huawei.com/npu.topology": "full-mesh",
+    }
+
+    agent.change(fakeChips=2, fakeModel="310P3")
+    labels = apiserver.wait_for(
+        lambda: _labels(apiserver), lambda got: got.get("huawei.com/npu.count") == "2", timeout=5
+    )
+    assert labels["accelerator"] == "huawei-Ascend310P"
+    assert labels["node.kubernetes.io/npu.chip.name"] == "310P3"
+    assert "mind-cluster/npu-chip-memory" not in labels and "huawei.com/npu.memory" not in labels
+    assert labels["kubernetes.io/hostname"] == NODE
+    patches = [s for s in apiserver.seen() if s.verb == "patch" and s.resource == "nodes"]
+    assert len(patches) == 2, "one patch per chip set"
+    assert all(set(p.data["metadata"]) == {"labels"} for p in patches)
