@@ -80,6 +80,7 @@ def open_side(settings: Settings) -> ClusterSide | None:
 
 def _features(settings: Settings) -> list[Feature]:
     """Every feature of the cluster side, in the order their tasks start."""
+    from ascend_agent.cluster.events import NodeEvents
     from ascend_agent.cluster.labels import NodeLabels
 
-    return [NodeLabels(settings.replicas)]
+    return [NodeLabels(settings.replicas), NodeEvents()]
