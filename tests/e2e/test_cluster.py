@@ -184,3 +184,45 @@ def test_a_refusing_pod_resources_socket_costs_one_warning(
         assert len(process.matching("Cannot tell which pod")) == 1
     finally:
         process.close()
+
+
+def test_doctor_names_pods_on_unhealthy_chips_and_the_api_state(
+    kubelet: KubeletStandin, apiserver: ApiServer, podresources: PodResourcesStandin, short_dir: Path
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    apiserver.fail(403, verb="patch", resource="nodes")
+    state = short_dir / "state.json"
+    state.write_text(json.dumps({"unhealthy": [3]}))
+    podresources.hold("huawei.com/Ascend910", ["Ascend910-3"], "team-a", "train-0", "main")
+    podresources.hold("huawei.com/Ascend910", ["Ascend910-4"], "team-b", "other", "main")
+    port = free_port()
+    process = fake_agent(
+        kubelet.directory,
+        "--fake-state",
+        str(state),
+        "--metrics-address",
+        f"127.0.0.1:{port}",
+        "--kubeconfig",
+        str(apiserver.kubeconfig),
+        "--node-name",
+        NODE,
+    )
+    try:
+        kubelet.wait_registrations(1)
+        process.wait_log("patch nodes failed: 403")
+        result = run_cli(
+            "doctor", "--json", "--host-root", str(short_dir), "--npu-smi", str(short_dir / "absent"),
+            "--kubelet-dir", str(kubelet.directory), "--metrics-address", f"127.0.0.1:{port}",
+            "--pod-resources-socket", str(podresources.path), timeout=60,
+        )  # fmt: skip
+    finally:
+        process.close()
+    assert "Traceback" not in result.stderr, result.stderr
+    checks = {c["check"]: c for c in json.loads(result.stdout)}
+    held = checks["pods on Unhealthy chips"]
+    assert held["ok"] is False
+    assert held["detail"] == "Ascend910-3 held by team-a/train-0/main"
+    api = checks["kubernetes api (agent)"]
+    assert api["ok"] is False
+    assert "patch nodes: 403 Forbidden: the agent may not patch nodes" in api["detail"]
+    assert apiserver.url in api["detail"]
