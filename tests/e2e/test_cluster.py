@@ -226,3 +226,64 @@ def test_doctor_names_pods_on_unhealthy_chips_and_the_api_state(
     assert api["ok"] is False
     assert "patch nodes: 403 Forbidden: the agent may not patch nodes" in api["detail"]
     assert apiserver.url in api["detail"]
+
+
+def test_events_for_a_chip_turning_unhealthy_and_back(
+    kubelet: KubeletStandin, apiserver: ApiServer, short_dir: Path, started: list[_Agent]
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    state = short_dir / "state.json"
+    state.write_text("{}")
+    agent = _Agent(kubelet, apiserver, short_dir, fakeState=str(state))
+    started.append(agent)
+    apiserver.wait_for(lambda: _labels(apiserver), lambda got: "accelerator" in got)
+    assert apiserver.list("events") == [], "a Healthy chip at start is no transition"
+
+    def reasons() -> list[tuple[str, str, int]]:
+        return sorted((e["reason"], e["message"], e["count"]) for e in apiserver.list("events", "default"))
+
+    state.write_text(json.dumps({"unhealthy": [3]}))
+    apiserver.wait_for(reasons, lambda got: len(got) == 1)
+    state.write_text("{}")
+    assert apiserver.wait_for(reasons, lambda got: len(got) == 2) == [
+        ("NPUHealthy", "Ascend910-3 is Healthy again", 1),
+        ("NPUUnhealthy", "Ascend910-3 is Unhealthy: fault scripted in the state file", 1),
+    ]
+
+
+@pytest.mark.parametrize("fault", ["hang", 403, 500])
+def test_the_kubelet_path_does_not_wait_for_the_api_server(
+    kubelet: KubeletStandin, apiserver: ApiServer, fault: int | str, short_dir: Path, started: list[_Agent]
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    apiserver.fail(fault)  # type: ignore[arg-type]
+    state = short_dir / "state.json"
+    state.write_text(json.dumps({"unhealthy": [5]}))  # an Event to write from the start
+    agent = _Agent(kubelet, apiserver, short_dir, fakeState=str(state))
+    started.append(agent)
+    kubelet.wait_registrations(1)
+    kubelet.wait_update(lambda update: len(update.devices) == 8, what="the device list")
+    channel, stub = kubelet.plugin_stub()
+    with channel:
+        response = stub.Allocate(  # type: ignore[attr-defined]
+            kubelet.pb.AllocateRequest(
+                container_requests=[kubelet.pb.ContainerAllocateRequest(devices_ids=["Ascend910-0"])]
+            ),
+            timeout=5,
+        )
+    assert response.container_responses[0].envs["ASCEND_VISIBLE_DEVICES"] == "0"
+    if fault == "hang":
+        # Both features' first requests are in flight and hang; the kubelet was served meanwhile.
+        apiserver.wait_for(apiserver.seen, lambda seen: {s.resource for s in seen} >= {"nodes", "events"})
+        return
+    # Each channel retries with back-off; a failure kind is logged once however often it repeats.
+    apiserver.wait_for(apiserver.seen, lambda seen: sum(s.resource == "nodes" for s in seen) >= 3, timeout=15)
+    failures = agent.process.matching(r"Kubernetes API .* failed: ")
+    assert len(failures) == 2, failures
+    assert any(f"get nodes failed: {fault}" in line for line in failures), failures
+    assert any(f"create events failed: {fault}" in line for line in failures), failures
+    if fault == 403:
+        assert any("the agent may not create events (check its RBAC)" in line for line in failures)
+    apiserver.behave()
+    agent.process.wait_log("Kubernetes API: get nodes works again", timeout=35)
+    apiserver.wait_for(lambda: _labels(apiserver), lambda got: "accelerator" in got, timeout=35)
