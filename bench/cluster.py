@@ -1,7 +1,7 @@
 """What the cluster side costs and that the kubelet path does not wait for it: start -> registered and
 resident memory with the cluster side off and on, and registration and Allocate with the API server plain
-and hanging (every request held 30 s). The API server is the tests' emulator (kmock) on loopback, reached
-through a kubeconfig."""
+and hanging (every request held 30 s), measured once the cluster side is loaded. The API server is the
+tests' emulator (kmock) on loopback, reached through a kubeconfig."""
 
 from __future__ import annotations
 
@@ -73,6 +73,8 @@ def main() -> None:
                     standin.wait_update(lambda u: len(u.devices) == 8, after=len(standin.updates) - 1)
                     if mode == "on":
                         agent.wait_log("Node bench-node labels: ")  # the client is loaded and has written
+                    elif server is not None:
+                        agent.wait_log("Cluster side on: ")  # loaded; its first requests hang
                     rss.append(_rss_mb(agent.proc.pid))
                     allocates.extend(_allocate(standin, calls // runs))
                 finally:
