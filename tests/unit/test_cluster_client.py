@@ -216,3 +216,23 @@ def test_label_values_are_made_valid_or_skipped_with_one_warning(caplog: pytest.
         "Node label huawei.com/driver.version not set: '((?))' cannot be made a valid label value"
     ]
     assert node_labels(Inventory(), replicas=1) == {}
+
+
+async def test_a_watch_through_stream_records_its_failures(apiserver: ApiServer) -> None:
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    api = _api(apiserver)
+    try:
+        with anyio.fail_after(5):
+            async for kind, node in api.stream("nodes", api.client.watch(Node)):
+                assert (kind, node.metadata and node.metadata.name) == ("ADDED", "node-1")
+                break
+        assert api.health.state().up is True
+        apiserver.fail(403, verb="watch", resource="nodes")
+        with pytest.raises(
+            ApiUnavailable, match=r"watch nodes: 403 Forbidden: the agent may not watch nodes"
+        ):
+            async for _ in api.stream("nodes", api.client.watch(Node)):
+                pass
+    finally:
+        await api.close()
+    assert _up() == 0
