@@ -183,7 +183,7 @@ def test_a_refusing_pod_resources_socket_costs_one_warning(
         kubelet.wait_registrations(1)
         process.wait_log("Cannot tell which pod holds which chip: .* refused List")
         calls = podresources.calls
-        kubelet.wait_for(lambda: podresources.calls >= calls + 2, what="two more List calls")
+        podresources.wait_calls(calls + 2)
         assert len(process.matching("Cannot tell which pod")) == 1
     finally:
         process.close()
