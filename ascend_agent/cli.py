@@ -380,6 +380,8 @@ def doctor(
     plugin_dir: PluginDir = None,
     metrics_address: MetricsAddress = None,
     pod_resources_socket: PodResourcesSocket = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
     json_output: Json = False,
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""
