@@ -22,8 +22,8 @@ How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSl
    ``observe(inventory)`` (on the event loop, never awaits: compute the desired state and hand it to a
    writer, or just remember it) and ``async run(api)`` (its task for the agent's lifetime).
 2. In ``run``, make requests with ``api.client`` (lightkube's ``AsyncClient``; typed resources from
-   ``lightkube.resources``, any other kind through ``lightkube.generic_resource``, e.g. ``resource.k8s.io/v1``
-   ResourceSlices) wrapped in ``await api.call(verb, resource, request)``: that bounds the time, feeds
+   ``lightkube.resources``, e.g. ``resource_v1.ResourceSlice``; a kind it lacks through
+   ``lightkube.generic_resource``) wrapped in ``await api.call(verb, resource, request)``: that bounds the time, feeds
    ``ascend_agent_kube_api_up`` and ``/healthz``, logs each kind of failure once, and raises
    :class:`~ascend_agent.cluster.client.ApiUnavailable` when the server does not serve the request (404/409
    come back as lightkube's ``ApiError`` for the feature to handle).
