@@ -23,8 +23,8 @@ How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSl
    writer, or just remember it) and ``async run(api)`` (its task for the agent's lifetime).
 2. In ``run``, make requests with ``api.client`` (lightkube's ``AsyncClient``; typed resources from
    ``lightkube.resources``, e.g. ``resource_v1.ResourceSlice``; a kind it lacks through
-   ``lightkube.generic_resource``) wrapped in ``await api.call(verb, resource, request)``: that bounds the time, feeds
-   ``ascend_agent_kube_api_up`` and ``/healthz``, logs each kind of failure once, and raises
+   ``lightkube.generic_resource``) wrapped in ``await api.call(verb, resource, request)``: that bounds the
+   time, feeds ``ascend_agent_kube_api_up`` and ``/healthz``, logs each kind of failure once, and raises
    :class:`~ascend_agent.cluster.client.ApiUnavailable` when the server does not serve the request (404/409
    come back as lightkube's ``ApiError`` for the feature to handle).
 3. For state the agent owns, run a ``LatestWriter(name, apply)`` in the feature's task and call
