@@ -59,7 +59,7 @@ _CONFIG_TAG = "config"
 # The cluster side starts this long after the agent at the latest, registered or not.
 _CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
-_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "pod_resources_socket")
+_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name")
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -74,6 +74,7 @@ _AGENT_SETTINGS = frozenset(
         "log_level",
         "log_format",
         *_CLUSTER_SETTINGS,
+        "pod_resources_socket",
     }
 )
 # Settings that decide where and how each resource is served: a change re-serves every resource.
@@ -157,7 +158,7 @@ class Agent:
                 if self.cluster is not None:
                     tasks.start_soon(self._run_cluster, name="cluster")
                 label_devices_with_holders(self._holder_of)
-                tasks.start_soon(self.holders.run, lambda: None, name="pod resources")
+                tasks.start_soon(self.holders.run, name="pod resources")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -294,7 +295,11 @@ class Agent:
             cdi.remove_spec(self.settings.cdi_spec_dir)
             self._cdi_document = None
         if set(changed) & set(_CLUSTER_SETTINGS):
-            log.warning("%s changed: the cluster side takes it at the next start", ", ".join(changed))
+            log.warning(
+                "%s changed: the cluster side takes it at the next start",
+                ", ".join(sorted(set(changed) & set(_CLUSTER_SETTINGS))),
+            )
+        self.holders.socket = settings.pod_resources_socket
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)
