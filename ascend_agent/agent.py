@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -43,11 +43,16 @@ from ascend_agent.observability import (
     VNPU_AICORES,
     VNPU_MEMORY,
     configure_logging,
+    label_devices_with_holders,
     log_fields,
     serve_http,
 )
+from ascend_agent.podresources import PodHolders
 from ascend_agent.vnpu_layout import ChipPlan, HeldDevices
 from ascend_agent.watch import Change, Watcher, WatchEvent
+
+if TYPE_CHECKING:
+    from ascend_agent.cluster.side import ClusterSide
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,10 @@ _KUBELET_TAG = "kubelet"
 _ENDPOINTS_TAG = "endpoints"
 _BACKEND_TAG = "backend"
 _CONFIG_TAG = "config"
+# The cluster side starts this long after the agent at the latest, registered or not.
+_CLUSTER_START_WAIT = 2.0
+# The cluster side is set up once, at start.
+_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name")
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -69,6 +78,8 @@ _AGENT_SETTINGS = frozenset(
         "log_level",
         "log_format",
         "vnpu",
+        *_CLUSTER_SETTINGS,
+        "pod_resources_socket",
     }
 )
 # Settings that decide where and how each resource is served: a change re-serves every resource.
@@ -89,12 +100,19 @@ class Agent:
         settings: Settings,
         backend: Backend,
         source: SettingsSource | None = None,
+        cluster: ClusterSide | None = None,
         held_devices: HeldDevices | None = None,
     ) -> None:
-        """``held_devices`` says which device IDs containers hold now (the kubelet's PodResources view):
-        the vNPU layout never destroys one of them."""
+        """``held_devices`` says which device IDs containers hold now, None while that is unknown: by
+        default the kubelet's PodResources view (:attr:`holders`). The vNPU layout never destroys a held
+        vNPU nor splits a chip held whole."""
         self.settings = settings
-        self.held_devices: HeldDevices = held_devices or nothing_held
+        self.cluster = cluster
+        self._registered = anyio.Event()
+        self.holders = PodHolders(
+            settings.pod_resources_socket, backend.health_interval or settings.health_interval
+        )
+        self.held_devices: HeldDevices = held_devices or self._held_by_pods
         self._vnpu_pending = False
         self._vnpu_refused: tuple[str, ...] = ()
         self.backend = backend
@@ -137,6 +155,10 @@ class Agent:
         ]
         return (False, "; ".join(sorted(reasons))) if reasons else (True, "")
 
+    def health_detail(self) -> str:
+        """What ``/healthz`` adds to ``ok``: the Kubernetes API state while the cluster side is on."""
+        return "" if self.cluster is None else f"kubernetes api: {self.cluster.state().detail}"
+
     async def run(self, http: asyncio.Server | None = None) -> None:
         """Reconcile on every wake-up until cancelled; then every plugin stops serving."""
         self._standby = None
@@ -145,6 +167,10 @@ class Agent:
                 self._tasks = tasks
                 if http is not None:
                     self._serve_http(http)
+                if self.cluster is not None:
+                    tasks.start_soon(self._run_cluster, name="cluster")
+                label_devices_with_holders(self._holder_of)
+                tasks.start_soon(self.holders.run, name="pod resources")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -226,6 +252,14 @@ class Agent:
                 if changed:
                     self.wake()
 
+    async def _run_cluster(self) -> None:
+        """The cluster side, once the kubelet registered a resource (loading the client library meanwhile
+        would delay that registration) or after a few seconds without."""
+        assert self.cluster is not None
+        with anyio.move_on_after(_CLUSTER_START_WAIT):
+            await self._registered.wait()
+        await self.cluster.run()
+
     def _serve_http(self, server: asyncio.Server) -> None:
         assert self._tasks is not None
         self._http_scope.cancel()
@@ -275,6 +309,12 @@ class Agent:
         if settings.cdi_spec_dir != self.settings.cdi_spec_dir and self.settings.cdi_spec_dir is not None:
             cdi.remove_spec(self.settings.cdi_spec_dir)
             self._cdi_document = None
+        if set(changed) & set(_CLUSTER_SETTINGS):
+            log.warning(
+                "%s changed: the cluster side takes it at the next start",
+                ", ".join(sorted(set(changed) & set(_CLUSTER_SETTINGS))),
+            )
+        self.holders.socket = settings.pod_resources_socket
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)
@@ -295,7 +335,7 @@ class Agent:
             log.info("Stopped serving /metrics, /healthz and /readyz")
             return True
         try:
-            server = await serve_http(address, self.ready)
+            server = await serve_http(address, self.ready, self.health_detail)
         except OSError as exc:
             log.error(
                 "Cannot serve /metrics on %s, keeping the old address: %s", address, exc.strerror or exc
@@ -306,14 +346,18 @@ class Agent:
         return True
 
     # vNPUs ------------------------------------------------------------------------------------------------
-    async def apply_vnpu_layout(
-        self, *, fresh: bool = False, quiet: bool = False, at_start: bool = False
-    ) -> tuple[ChipPlan, ...]:
+    def _held_by_pods(self) -> frozenset[str] | None:
+        """The device IDs pods hold, as PodResources last said; None while it does not answer."""
+        if self.holders.error is not None:
+            return None
+        return frozenset(device_id for _, device_id in self.holders.holders.by_device)
+
+    async def apply_vnpu_layout(self, *, fresh: bool = False, quiet: bool = False) -> tuple[ChipPlan, ...]:
         """Make the chips hold the ``vnpu:`` layout (at start, on reload, and each health interval while a
         vNPU it would destroy is held); with ``fresh``, npu-smi is asked for the vNPUs again first even
-        without a layout (SIGHUP). A refused layout is logged once and nothing runs (``at_start``: raised
-        as :class:`ConfigError`, exit status 2); ``quiet`` leaves out the line that says nothing needed to
-        run."""
+        without a layout (SIGHUP). A refused layout is logged once and nothing runs (at start,
+        ``process.run_agent`` refuses it before: exit status 2); ``quiet`` leaves out the line that says
+        nothing needed to run."""
         backend = self.backend
         if not isinstance(backend, VnpuLayoutBackend):
             return ()
@@ -325,8 +369,6 @@ class Agent:
             return ()
         plans = await backend.apply_vnpu_layout(layout, self.held_devices, run=True)
         refused = tuple(plan.refused for plan in plans if plan.refused)
-        if refused and at_start:
-            raise ConfigError(refused[0])
         if refused != self._vnpu_refused:
             for line in refused:
                 log.error("%s", line)
@@ -363,6 +405,8 @@ class Agent:
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
             running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), container)
+        if self.cluster is not None:
+            self.cluster.observe(inventory)
         await self._write_cdi(inventory)
 
     def _start_plugin(self, resource: str) -> _Running:
@@ -376,6 +420,8 @@ class Agent:
                 await running.plugin.run()
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
+        running.plugin.service.on_allocated = self.holders.poke
+        running.plugin.on_registered = self._registered.set
         return running
 
     def _stop_plugin(self, resource: str) -> None:
@@ -431,6 +477,19 @@ class Agent:
                 if problem not in self._problems:
                     log.warning("%s", problem)
             self._problems = inventory.problems
+
+    def _holder_of(self, device: str) -> tuple[str, str, str]:
+        """The (namespace, pod, container) holding a chip or a vNPU, for its metrics; comma-joined when its
+        replicas are held by several."""
+        inventory = self.inventory
+        chip = next((c for c in (*inventory.chips, *inventory.vnpus) if c.device_id == device), None)
+        replicas = 1 if chip is not None and chip.vnpu is not None else self.settings.replicas
+        holders = self.holders.holders.of(chip, replicas) if chip is not None else ()
+        return (
+            ",".join(h.namespace for h in holders),
+            ",".join(h.pod for h in holders),
+            ",".join(h.container for h in holders),
+        )
 
     def _count(self, desired: dict[str, tuple[Chip, ...]]) -> None:
         DEVICES.clear()

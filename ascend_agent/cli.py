@@ -10,16 +10,20 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
 from click.core import ParameterSource
 
 from ascend_agent import __version__
-from ascend_agent.config import ConfigError, Settings, SettingsSource
-from ascend_agent.model import Chip
+from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Settings, SettingsSource
+
+if TYPE_CHECKING:
+    from ascend_agent.model import Chip, Inventory
+    from ascend_agent.podresources import Holder
 
 app = typer.Typer(
     add_completion=False,
@@ -40,7 +44,7 @@ _DEFAULTS = Settings()
 def _option(*names: str, env: str, help: str, unset: str | None = None, **kwargs: Any) -> Any:
     """A flag that is also ``ASCEND_AGENT_<env>``; ``--help`` shows the default from :class:`Settings`, or
     ``unset``, which says what happens when a setting whose default is None is not given."""
-    setting = names[0].removeprefix("--").replace("-", "_")
+    setting = names[0].split("/")[0].removeprefix("--").replace("-", "_")
     default = getattr(_DEFAULTS, setting, None)
     shown = unset if default is None else str(default)
     assert shown is not None, f"{names[0]}: say what an unset value means"
@@ -202,6 +206,37 @@ DryRunVnpu = Annotated[
         help="Print the npu-smi commands the vnpu: layout needs, run none, and exit. \\[default: off]",
     ),
 ]
+Cluster = Annotated[
+    bool | None,
+    _option(
+        "--cluster/--no-cluster",
+        env="CLUSTER",
+        help="Node labels and Events through the Kubernetes API; off without credentials.",
+    ),
+]
+Kubeconfig = Annotated[
+    Path | None,
+    _option(
+        "--kubeconfig",
+        env="KUBECONFIG",
+        help="kubeconfig for the API server.",
+        unset="the pod's service account, else $KUBECONFIG",
+    ),
+]
+NodeName = Annotated[
+    str | None,
+    _option(
+        "--node-name", env="NODE_NAME", help="This node's Node object.", unset="$NODE_NAME, else the hostname"
+    ),
+]
+PodResourcesSocket = Annotated[
+    Path | None,
+    _option(
+        "--pod-resources-socket",
+        env="POD_RESOURCES_SOCKET",
+        help="The kubelet's PodResources socket: which pod holds which chip.",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 
 
@@ -251,6 +286,10 @@ def run(
     fake_chips: FakeChips = None,
     fake_model: FakeModel = None,
     fake_state: FakeState = None,
+    cluster: Cluster = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
+    pod_resources_socket: PodResourcesSocket = None,
     fake_vnpus: FakeVnpus = None,
     dry_run_vnpu: DryRunVnpu = False,
 ) -> None:
@@ -281,16 +320,29 @@ def list_chips(
     fake_model: FakeModel = None,
     fake_state: FakeState = None,
     fake_vnpus: FakeVnpus = None,
+    pod_resources_socket: PodResourcesSocket = None,
     json_output: Json = False,
 ) -> None:
-    """Print the chips the backend sees, and their vNPUs under them."""
+    """Print the chips the backend sees, their vNPUs under them, and the pod holding each (the kubelet's
+    PodResources socket)."""
     overrides = dict(locals())
     overrides.pop("json_output")
     _, settings = _settings(overrides)
     from ascend_agent.backends import discover_once
+    from ascend_agent.podresources import Holders, PodResourcesError, list_holders
+
+    async def discover() -> tuple[Inventory, Holders, str | None]:
+        inventory = await discover_once(settings)
+        socket = settings.pod_resources_socket
+        if socket == DEFAULT_POD_RESOURCES_SOCKET and not socket.exists():
+            return inventory, Holders(), None  # not on a node (or not mounted): say nothing unless asked
+        try:
+            return inventory, await list_holders(settings.pod_resources_socket), None
+        except PodResourcesError as exc:
+            return inventory, Holders(), f"cannot tell which pod holds which chip: {exc}"
 
     try:
-        inventory = asyncio.run(discover_once(settings))
+        inventory, holders, holders_problem = asyncio.run(discover())
     except ConfigError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     rows = [
@@ -307,7 +359,12 @@ def list_chips(
             "npu_id": chip.npu_id,
             "faults": [{"code": fault.code, "text": fault.text} for fault in chip.faults],
             "held": chip.held,
-            "vnpus": [_vnpu_row(part) for part in inventory.vnpus if part.phys_id == chip.phys_id],
+            "holders": _holder_rows(holders.of(chip, settings.replicas)),
+            "vnpus": [
+                _vnpu_row(part, _holder_rows(holders.of(part, 1)))
+                for part in inventory.vnpus
+                if part.phys_id == chip.phys_id
+            ],
         }
         for chip in inventory.chips
     ]
@@ -315,11 +372,15 @@ def list_chips(
         print(json.dumps(rows, indent=2))
     else:
         _print_table(rows)
-    for problem in inventory.problems:
+    for problem in (*inventory.problems, *([holders_problem] if holders_problem else [])):
         print(f"ascend-agent: {problem}", file=sys.stderr)
 
 
-def _vnpu_row(part: Chip) -> dict[str, Any]:
+def _holder_rows(holders: Sequence[Holder]) -> list[dict[str, str]]:
+    return [{"namespace": h.namespace, "pod": h.pod, "container": h.container} for h in holders]
+
+
+def _vnpu_row(part: Chip, holders: list[dict[str, str]]) -> dict[str, Any]:
     assert part.vnpu is not None
     return {
         "id": part.device_id,
@@ -332,6 +393,7 @@ def _vnpu_row(part: Chip) -> dict[str, Any]:
         "memory_gb": part.vnpu.memory_gb,
         "device": part.device_path,
         "container_id": part.vnpu.container_id if part.vnpu.in_container else None,
+        "holders": holders,
     }
 
 
@@ -340,12 +402,10 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     if not rows:
         print("no chips found")
         return
-    columns = ("id", "model", "health", "bus_id", "numa_node", "resource", "reason")
+    columns = ("id", "model", "health", "bus_id", "numa_node", "resource", "holder", "reason")
     lines = []
     for row in rows:
-        lines.append(row)
-        if row["vnpus"]:
-            lines[-1] = {**row, "resource": "vNPUs below"}
+        lines.append({**row, "resource": "vNPUs below"} if row["vnpus"] else row)
         for part in row["vnpus"]:
             cores = "?" if part["aicore"] is None else part["aicore"]
             memory = "?" if part["memory_gb"] is None else part["memory_gb"]
@@ -357,13 +417,20 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
                     "bus_id": None,
                     "numa_node": None,
                     "resource": part["resource"],
+                    "holders": part["holders"],
                     "reason": part["reason"],
                 }
             )
-    cells = [[("-" if row[c] is None else str(row[c])) for c in columns] for row in lines]
+    cells = [[_cell(row, c) for c in columns] for row in lines]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
     for line in [list(columns), *cells]:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
+def _cell(row: dict[str, Any], column: str) -> str:
+    if column == "holder":
+        return ",".join(f"{h['namespace']}/{h['pod']}/{h['container']}" for h in row["holders"]) or "-"
+    return "-" if row[column] is None else str(row[column])
 
 
 @app.command()
@@ -378,6 +445,9 @@ def doctor(
     registration: Registration = None,
     plugin_dir: PluginDir = None,
     metrics_address: MetricsAddress = None,
+    pod_resources_socket: PodResourcesSocket = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
     json_output: Json = False,
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""

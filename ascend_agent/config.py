@@ -29,6 +29,7 @@ from ascend_agent.naming import NAMING_SCHEMES
 from ascend_agent.vnpu_layout import Layout, parse_layout
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_DRIVER_MOUNTS = (
     "/usr/local/Ascend/driver/lib64",
     "/usr/local/Ascend/driver/include",
@@ -94,6 +95,11 @@ class Settings:
     fake_chips: int = 8
     fake_model: str = "910B4"
     fake_state: Path | None = None
+    # The cluster side (ascend_agent.cluster): off with cluster=False, or when no credentials are found.
+    cluster: bool = True
+    kubeconfig: Path | None = None
+    node_name: str | None = None
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     # The vNPUs each chip should hold, by physical id or chip name (``ascend_agent.vnpu_layout``); None:
     # vNPUs are never created or destroyed.
     vnpu: Layout | None = None
@@ -200,6 +206,12 @@ def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(policy))
 
 
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("must be a string")
@@ -283,6 +295,10 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "fake_chips": _positive_int,
     "fake_model": _model,
     "fake_state": _optional(_path),
+    "cluster": _bool,
+    "kubeconfig": _optional(_path),
+    "node_name": _optional(_text),
+    "pod_resources_socket": _path,
     "vnpu": _optional(parse_layout),
     "fake_vnpus": _optional(fake_vnpus),
 }

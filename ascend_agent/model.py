@@ -147,6 +147,7 @@ class Chip:
     naming_scheme: str = "huawei"
     faults: tuple[Fault, ...] = ()
     held: bool = False
+    hbm_mb: int | None = None  # HBM size where the chip has HBM and the backend knows it
     vnpu: VNpu | None = None
     # The chip's place on its card: npu-smi's ``-c`` beside ``-i <npu id>``.
     chip_on_card: int = 0
@@ -251,6 +252,7 @@ class Inventory:
     chips: tuple[Chip, ...] = ()
     problems: tuple[str, ...] = ()
     container: ContainerBase = ContainerBase()
+    driver_version: str | None = None  # as npu-smi reports it, where it does
     vnpus: tuple[Chip, ...] = ()
 
     @property

@@ -17,7 +17,7 @@ import sys
 
 import anyio
 
-from ascend_agent import __version__
+from ascend_agent import __version__, cluster
 from ascend_agent.agent import Agent, log_configuration, nothing_held
 from ascend_agent.backends import VnpuLayoutBackend, backend_for
 from ascend_agent.config import ConfigError, Settings, SettingsSource
@@ -55,18 +55,20 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.kubelet_dir,
     )
     log_configuration(source.load_effective())
-    agent = Agent(settings, backend, source)
-    if settings.vnpu is not None:
+    agent = Agent(settings, backend, source, cluster.open_side(settings))
+    if settings.vnpu is not None and isinstance(backend, VnpuLayoutBackend):
         await backend.query()
-        try:
-            await agent.apply_vnpu_layout(at_start=True)
-        except ConfigError:
+        # A layout the chips cannot hold stops the start before anything else is asked or run.
+        refused = [p.refused for p in await backend.apply_vnpu_layout(settings.vnpu, nothing_held, run=False)]
+        if any(refused):
             await backend.close()
-            raise
+            raise ConfigError(next(line for line in refused if line))
+        await agent.holders.refresh()  # which vNPUs and chips pods hold, before anything is destroyed
+        await agent.apply_vnpu_layout()
     http = None
     if settings.metrics_address:
         try:
-            http = await serve_http(settings.metrics_address, agent.ready)
+            http = await serve_http(settings.metrics_address, agent.ready, agent.health_detail)
         except OSError as exc:
             raise ConfigError(
                 f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"

@@ -25,9 +25,10 @@ from ascend_agent.naming import vnpu_suffix
 
 # ((chip name or physical id, (template, ...)), ...), in the order the config gives them.
 Layout = tuple[tuple[str, tuple[str, ...]], ...]
-# The device IDs containers hold now, as the kubelet knows them (its PodResources API); a vNPU among them is
-# never destroyed. Without a cluster view: nothing, and npu-smi's container column alone decides.
-HeldDevices = Callable[[], Collection[str]]
+# The device IDs containers hold now, as the kubelet knows them (its PodResources API); None while that is
+# unknown (the socket does not answer). A vNPU among them is never destroyed, a chip among them never split;
+# while unknown, nothing is destroyed and no whole chip split.
+HeldDevices = Callable[[], Collection[str] | None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ class VnpuProbe:
         self._asked: tuple[frozenset[int], frozenset[str]] | None = None
         self._failures: dict[int, str] = {}
         self._warned: set[tuple[int, int]] = set()
+        self._unknown_warned = False
         self._lock = anyio.Lock()
 
     @property
@@ -179,24 +180,31 @@ class VnpuProbe:
         out; when any chip refuses its entry, nothing runs anywhere."""
         if self.stale(chips, nodes) or not self._states:
             await self.refresh(chips, nodes, always=True)
+        held_now = held()
+        held_ids = None if held_now is None else frozenset(held_now)
         async with self._lock:
             plans = [
-                await self._plan(chip, wanted, held, named=str(chip.phys_id) in dict(layout))
+                await self._plan(chip, wanted, held_ids, named=str(chip.phys_id) in dict(layout))
                 for chip, wanted in _managed(layout, chips)
             ]
             if not run or any(plan.refused for plan in plans):
                 return tuple(plans)
+            self._warn_unknown(held_ids is None and any(plan.in_use or plan.waiting for plan in plans))
             for plan in plans:
-                self._warn_in_use(plan)
+                if held_ids is not None:
+                    self._warn_in_use(plan)
                 if not plan.empty:
                     await self._carry_out(plan)
         if any(not plan.empty for plan in plans):
             await self.refresh(chips, nodes, always=True)
         return tuple(plans)
 
-    async def _plan(self, chip: Chip, wanted: tuple[str, ...], held: HeldDevices, *, named: bool) -> ChipPlan:
+    async def _plan(
+        self, chip: Chip, wanted: tuple[str, ...], held_ids: frozenset[str] | None, *, named: bool
+    ) -> ChipPlan:
         """The chip's plan; a chip without vNPU support is refused only when the layout names its id (a
-        chip name's entry passes over it)."""
+        chip name's entry passes over it). ``held_ids`` None (unknown): every vNPU counts as held, and a
+        chip without vNPUs as held whole."""
         name = f"chip {chip.phys_id} ({chip.model})"
         if chip.generation.value not in SPLITTABLE_GENERATIONS or chip.phys_id in self._unsupported:
             if not wanted or not named:
@@ -211,18 +219,31 @@ class VnpuProbe:
             return ChipPlan(
                 chip, refused=f"vnpu: npu-smi lists no vNPU templates for {name}; nothing created"
             )
-        held_ids = frozenset(held())
 
         def holds(vnpu: VNpu) -> bool:
-            return vnpu.in_container or chip.slice(vnpu).device_id in held_ids
+            return vnpu.in_container or held_ids is None or chip.slice(vnpu).device_id in held_ids
 
         current = ChipState(state.vnpus, aicore=state.total("aicore"), memory_gb=state.total("memory"))
         plan = plan_chip(chip, wanted, current, templates, holds)
         whole = chip.chip_device_id
-        if plan.create and any(held == whole or held.startswith(f"{whole}-") for held in held_ids):
+        held_whole = (
+            not state.vnpus
+            if held_ids is None
+            else any(held == whole or held.startswith(f"{whole}-") for held in held_ids)
+        )
+        if plan.create and held_whole:
             # A container holds the whole chip (or a replica of it): splitting it now would pull it away.
             return replace(plan, create=(), waiting=(*plan.create, *plan.waiting))
         return plan
+
+    def _warn_unknown(self, waits: bool) -> None:
+        """One warning while the layout waits because nothing says which containers hold what."""
+        if waits and not self._unknown_warned:
+            log.warning(
+                "vnpu: which containers hold NPUs is unknown (the kubelet's PodResources socket does not "
+                "answer): no vNPU is destroyed and no whole chip split until it answers"
+            )
+        self._unknown_warned = waits
 
     def _warn_in_use(self, plan: ChipPlan) -> None:
         for vnpu in plan.in_use:

@@ -66,14 +66,26 @@ def test_one_vnpu_per_container_and_live_splits(kubelet: KubeletStandin, short_d
 
         answer = get(port, "/metrics")
         assert answer is not None
-        assert (
-            'ascend_agent_vnpu_aicores{chip="Ascend310P-0",device="Ascend310P-2c-101-0",template="vir02"} 2.0'
-            in answer[1]
-        )
-        assert (
-            'ascend_agent_device_health{device="Ascend310P-2c-101-0",resource="huawei.com/Ascend310P-2c"} 1.0'
-            in (answer[1])
-        )
+        series = {
+            line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
+            for line in answer[1].splitlines()
+            if line[:1] != "#"
+        }
+        aicores = [
+            value
+            for name, value in series.items()
+            if name.startswith("ascend_agent_vnpu_aicores{")
+            and 'chip="Ascend310P-0"' in name
+            and 'device="Ascend310P-2c-101-0"' in name
+            and 'template="vir02"' in name
+        ]
+        assert aicores == ["2.0"]
+        health = [
+            value
+            for name, value in series.items()
+            if name.startswith("ascend_agent_device_health{") and 'device="Ascend310P-2c-101-0"' in name
+        ]
+        assert health == ["1.0"]
 
         state.write_text(json.dumps({"unhealthy": [0]}))
         kubelet.wait_for(

@@ -99,19 +99,25 @@ def test_dry_run_prints_the_plan_and_runs_nothing(
 
 @pytest.fixture
 def layout_agent(
-    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path, podresources: Any
 ) -> Iterator[AgentProcess]:
     process = AgentProcess(
         ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
          "--kubelet-dir", str(kubelet.directory), "--metrics-address", "", "--health-interval", "1",
-         "--config", str(_config(short_dir, LAYOUT))]
+         "--config", str(_config(short_dir, LAYOUT)), "--pod-resources-socket", str(podresources.path),
+         "--no-cluster"]
     )  # fmt: skip
     yield process
     process.close()
 
 
 def test_layout_applied_once_and_a_held_vnpu_kept_until_free(
-    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, layout_agent: AgentProcess, short_dir: Path
+    kubelet: KubeletStandin,
+    host: HostTree,
+    npu_smi: FakeNpuSmi,
+    layout_agent: AgentProcess,
+    short_dir: Path,
+    podresources: Any,
 ) -> None:
     layout_agent.wait_log("vnpu: layout applied with 3 npu-smi commands")
     assert npu_smi.calls_of("set") == NEEDED
@@ -149,8 +155,11 @@ def test_layout_applied_once_and_a_held_vnpu_kept_until_free(
     )
     assert npu_smi.calls_of("set") == [*NEEDED, "set -t destroy-vnpu -i 1 -c 0 -v 116"]
 
-    # A new layout in the config file, read live: chip 2 is whole again.
-    _config(short_dir, '{"1": [vir02, vir02], "2": []}')
+    # A pod holds 118 (the kubelet says so; npu-smi's column does not). A new layout in the config file,
+    # read live: one vir02 on chip 1, chip 2 whole again. 118 stays; 117 goes.
+    podresources.hold("huawei.com/Ascend310P-2c", ["Ascend310P-2c-118-1"], "team-a", "infer-0", "main")
+    podresources.wait_calls(podresources.calls + 2)
+    _config(short_dir, '{"1": [vir02], "2": []}')
     npu_smi.wait_count("set -t destroy-vnpu -i 2 -c 0 -v 133", 1)
     kubelet.wait_for(
         lambda: (
@@ -159,10 +168,12 @@ def test_layout_applied_once_and_a_held_vnpu_kept_until_free(
         ),
         what="chip 2 whole again",
     )
-    assert npu_smi.calls_of("set")[-2:] == [
+    assert npu_smi.calls_of("set")[-3:] == [
+        "set -t destroy-vnpu -i 1 -c 0 -v 117",
         "set -t destroy-vnpu -i 2 -c 0 -v 132",
         "set -t destroy-vnpu -i 2 -c 0 -v 133",
     ]
+    assert [v[0] for v in _vnpus(npu_smi)["1:0"]] == [118]
 
 
 def _backend(host: HostTree, fake: FakeNpuSmi) -> DevfsBackend:
@@ -179,6 +190,19 @@ async def test_a_vnpu_the_kubelet_holds_is_never_destroyed(host: HostTree, npu_s
     assert npu_smi.calls_of("set") == []
     await backend.apply_vnpu_layout(parse_layout({"1": []}), frozenset, run=True)
     assert npu_smi.calls_of("set") == ["set -t destroy-vnpu -i 1 -c 0 -v 117"], "116 is still in a container"
+
+
+async def test_while_holders_are_unknown_nothing_is_destroyed_and_no_chip_split(
+    host: HostTree, npu_smi: FakeNpuSmi
+) -> None:
+    backend = _backend(host, npu_smi)
+    await backend.query()
+    layout = parse_layout({"1": ["vir02", "vir02"], "2": ["vir02"]})
+    plans = await backend.apply_vnpu_layout(layout, lambda: None, run=True)
+    assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 1 -c 0 -f vir02"], "chip 1 is split already"
+    assert (plans[1].create, plans[1].waiting) == ((), ("vir02",))
+    await backend.apply_vnpu_layout(parse_layout({"1": []}), lambda: None, run=True)
+    assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 1 -c 0 -f vir02"], "nothing destroyed"
 
 
 async def test_a_whole_chip_a_container_holds_is_not_split(host: HostTree, npu_smi: FakeNpuSmi) -> None:
