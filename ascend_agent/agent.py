@@ -469,6 +469,7 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
             ) from None
         log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
     failures: list[BaseException] = []
+    bad_usage: list[BaseException] = []
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
@@ -476,6 +477,10 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
                 await agent.run(http)
     except* ServeFailed as failed:
         failures.extend(_leaves(failed))
+    except* ConfigError as bad:
+        bad_usage.extend(_leaves(bad))
+    if bad_usage:
+        raise bad_usage[0]
     if failures:
         log.error("Giving up: %s", failures[0])
         return 1

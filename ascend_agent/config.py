@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from ascend_agent.faults import VERDICTS
+from ascend_agent.model import UnknownModelError, classify
 from ascend_agent.naming import NAMING_SCHEMES
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -202,8 +203,15 @@ def _text(value: Any) -> str:
 
 
 def _model(value: Any) -> str:
-    """A chip model; YAML reads ``model: 310`` as a number, which is meant as the name."""
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
+    """A chip model that names an Ascend chip; YAML reads ``model: 310`` as a number, meant as the name."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
+    try:
+        classify(text)
+    except UnknownModelError:
+        raise ValueError(
+            f"{text!r} is not an Ascend chip model (e.g. 910B4, 910A, 910_9392, 950PR, 310P3, 310)"
+        ) from None
+    return text
 
 
 def _path(value: Any) -> Path:

@@ -143,9 +143,23 @@ def _match(nodes: set[int], chips: Sequence[int], dev_root: Path) -> Check:
     return Check("chips match device files", True, detail)
 
 
+_AS_ROOT = "run the doctor as root, as the agent runs: it reads the kubelet's directories and opens the chips"
+
+
+def _is_socket(path: Path) -> bool | OSError:
+    """Whether ``path`` is a socket; the error when it cannot be looked at (a directory only root reads)."""
+    try:
+        return path.is_socket()
+    except OSError as exc:
+        return exc
+
+
 def _kubelet(kubelet_dir: Path) -> Check:
     path = kubelet_dir / KUBELET_SOCKET
-    if path.is_socket():
+    found = _is_socket(path)
+    if isinstance(found, OSError):
+        return Check("kubelet socket", False, f"cannot look at {path}: {found.strerror or found}", _AS_ROOT)
+    if found:
         return Check("kubelet socket", True, f"{path}")
     return Check(
         "kubelet socket",
@@ -175,8 +189,11 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
 
 async def _our_sockets(settings: Settings, discover: bool) -> list[Check]:
     directory = settings.endpoint_dir
-    names = await _expected_sockets(settings, discover)
-    found = [directory / name for name in names if (directory / name).is_socket()]
+    try:
+        names = await _expected_sockets(settings, discover)
+        found = [directory / name for name in names if (directory / name).is_socket()]
+    except OSError as exc:
+        return [Check("plugin socket", False, f"cannot look in {directory}: {exc.strerror or exc}", _AS_ROOT)]
     if not found:
         return [
             Check(

@@ -33,6 +33,16 @@ async def exclusive(directory: Path, on_wait: Callable[[str], None] | None = Non
     try:
         directory.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(
+            f"cannot create the instance lock {path}: {directory} (or a directory above it) is a file, "
+            "not a directory; give --plugin-dir a directory"
+        ) from None
+    except PermissionError as exc:
+        raise ConfigError(
+            f"cannot create the instance lock {path}: {exc.strerror or exc}; run the agent as root, or give "
+            "--plugin-dir a directory this user can write"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"cannot create the instance lock {path}: {exc.strerror or exc}") from None
     try:

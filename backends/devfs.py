@@ -14,7 +14,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import re
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -42,7 +44,7 @@ from ascend_agent.backends.npusmi import (
     query_info,
     run_npu_smi,
 )
-from ascend_agent.config import Settings
+from ascend_agent.config import ConfigError, Settings
 from ascend_agent.faults import FaultPolicy, describe
 from ascend_agent.flaphold import FlapHold, HoldEvent
 from ascend_agent.model import (
@@ -146,7 +148,16 @@ class DevfsBackend:
         return [(self._dev_root, is_device_name)]
 
     async def start(self) -> None:
-        return None
+        """An npu-smi the operator named must be there and executable; only the default lookup may miss."""
+        given = self._settings.npu_smi
+        if given is None:
+            return
+        problem = _not_executable(given)
+        if problem:
+            raise ConfigError(
+                f"--npu-smi {given}: {problem}; give the path of an executable npu-smi, or leave it unset "
+                "to use npu-smi on PATH or <host-root>/usr/local/bin/npu-smi"
+            )
 
     async def query(self) -> bool:
         """One ``npu-smi info`` for every chip. A failure keeps the last known health; after
@@ -587,3 +598,16 @@ def _known_model(name: str) -> bool:
     except UnknownModelError:
         return False
     return True
+
+
+def _not_executable(given: str) -> str:
+    """What is wrong with running ``given`` (a path, or a name looked up on PATH); empty when nothing."""
+    if "/" not in given:
+        return "" if shutil.which(given) else "not found on PATH"
+    if not os.path.exists(given):
+        return "no such file"
+    if os.path.isdir(given):
+        return "is a directory"
+    if not os.access(given, os.X_OK):
+        return "not executable"
+    return ""

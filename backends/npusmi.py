@@ -485,7 +485,7 @@ _DENIED = (
 def dcmi_code(output: str) -> int | None:
     """The dcmi return code in ``output``, wherever and however it is worded; None when there is none.
 
-    >>> dcmi_code("DrvMngGetConsoleLogLevel failed.\\ndcmi model initialized failed, because ... ret is -8020")
+    >>> dcmi_code("DrvMngGetConsoleLogLevel failed.\\ndcmi model initialized failed, ... ret is -8020")
     -8020
     """
     match = _DCMI_CODE.search(output) if "dcmi" in output.lower() else None
@@ -497,7 +497,7 @@ def diagnose(output: str) -> NpuSmiError | None:
     None when it shows none. Every code in :data:`DCMI_CODES` is named; an unknown one by its number.
 
     >>> print(diagnose("dcmi module initialize failed. ret is -8020\\n"))  # doctest: +ELLIPSIS
-    npu-smi cannot reach the chips (dcmi module initialize failed, ret -8020): another process holds the device ...
+    npu-smi cannot reach the chips (dcmi module initialize failed, ret -8020): another process holds ...
     """
     if "permission denied" in output.lower():
         return NpuSmiError(*_DENIED)
