@@ -30,9 +30,17 @@ from ascend_agent.model import Generation
 
 _DIAL_TIMEOUT = 3.0
 _API_TIMEOUT = 10.0
-DAEMONSET = "ascend-device-plugin-daemonset"
-NAMESPACE = "kube-system"
+DAEMONSET = naming.DAEMONSET_NAME
+NAMESPACE = naming.DAEMONSET_NAMESPACE
 _CHIP_NODE = re.compile(r"^davinci(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSet:
+    """Which DaemonSet runs the agent (``doctor --daemonset-name/--daemonset-namespace``)."""
+
+    name: str = DAEMONSET
+    namespace: str = NAMESPACE
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +51,9 @@ class Check:
     hint: str = ""
 
 
-async def run_checks(settings: Settings) -> list[Check]:
+async def run_checks(settings: Settings, daemonset: DaemonSet | None = None) -> list[Check]:
     """Every check, in the order a person should read them."""
+    daemonset = daemonset or DaemonSet()
     dev_root = settings.effective_dev_root
     nodes = _chip_nodes(dev_root)
     checks = [_device_files(dev_root, nodes), _driver(settings)]
@@ -54,9 +63,9 @@ async def run_checks(settings: Settings) -> list[Check]:
     checks.append(_kubelet(settings.kubelet_dir))
     # npu-smi already failed on devfs: asking the backend would run it (and wait out its timeout) again.
     discover = settings.backend != "devfs" or npu_smi.ok is True
-    checks.extend(await _our_sockets(settings, discover))
+    checks.extend(await _our_sockets(settings, discover, daemonset))
     checks.append(await _readiness(settings.metrics_address))
-    checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname()))
+    checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname(), daemonset))
     return checks
 
 
@@ -187,7 +196,7 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     return sorted(names)
 
 
-async def _our_sockets(settings: Settings, discover: bool) -> list[Check]:
+async def _our_sockets(settings: Settings, discover: bool, daemonset: DaemonSet) -> list[Check]:
     directory = settings.endpoint_dir
     try:
         names = await _expected_sockets(settings, discover)
@@ -201,8 +210,8 @@ async def _our_sockets(settings: Settings, discover: bool) -> list[Check]:
                 False,
                 f"no {', '.join(names)} in {directory}",
                 "is the agent running? "
-                "kubectl -n kube-system get pods -l app.kubernetes.io/name=ascend-agent, "
-                "then kubectl -n kube-system logs <pod>",
+                f"kubectl -n {daemonset.namespace} get pods -l app.kubernetes.io/name=ascend-agent, "
+                f"then kubectl -n {daemonset.namespace} logs <pod>",
             )
         ]
     return [await _ask(path) for path in found]
@@ -260,7 +269,7 @@ async def _readiness(address: str) -> Check:
     return Check("agent readiness", False, f"{address}/readyz: {body.strip()}", "see the agent's log for why")
 
 
-async def _cluster(node: str) -> list[Check]:
+async def _cluster(node: str, daemonset: DaemonSet) -> list[Check]:
     """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers."""
     try:
         from kubernetes_asyncio import client, config
@@ -270,7 +279,8 @@ async def _cluster(node: str) -> list[Check]:
                 "cluster",
                 None,
                 "skipped: kubernetes-asyncio is not installed (pip install 'ascend-agent[cluster]')",
-                f"kubectl -n {NAMESPACE} get ds {DAEMONSET}; kubectl describe node {node} | grep huawei.com",
+                f"kubectl -n {daemonset.namespace} get ds {daemonset.name}; "
+                f"kubectl describe node {node} | grep huawei.com",
             )
         ]
     try:
@@ -283,8 +293,8 @@ async def _cluster(node: str) -> list[Check]:
     try:
         async with asyncio.timeout(_API_TIMEOUT), client.ApiClient() as api:
             return [
-                await _daemonset(client.AppsV1Api(api)),
-                await _node_pod(client.CoreV1Api(api), node),
+                await _daemonset(client.AppsV1Api(api), daemonset),
+                await _node_pod(client.CoreV1Api(api), node, daemonset),
                 await _capacity(client.CoreV1Api(api), node),
             ]
     except (TimeoutError, OSError, client.ApiException) as exc:
@@ -294,48 +304,52 @@ async def _cluster(node: str) -> list[Check]:
         ]
 
 
-async def _daemonset(apps: Any) -> Check:
+async def _daemonset(apps: Any, target: DaemonSet) -> Check:
     from kubernetes_asyncio.client import ApiException
 
     try:
-        daemonset = await apps.read_namespaced_daemon_set(DAEMONSET, NAMESPACE)
+        daemonset = await apps.read_namespaced_daemon_set(target.name, target.namespace)
     except ApiException as exc:
         if exc.status == 404:
             return Check(
                 "daemonset",
                 False,
-                f"no DaemonSet {DAEMONSET} in {NAMESPACE}",
+                f"no DaemonSet {target.name} in {target.namespace}",
                 "kubectl apply -f examples/daemonset.yaml",
             )
         raise
     status = daemonset.status
     ready, desired = status.number_ready or 0, status.desired_number_scheduled or 0
-    detail = f"{DAEMONSET}: {ready} of {desired} pods ready"
+    detail = f"{target.name}: {ready} of {desired} pods ready"
     if desired == 0:
         return Check("daemonset", False, detail, "no node matches its nodeSelector: label the NPU nodes")
     if ready < desired:
         return Check(
-            "daemonset", False, detail, f"kubectl -n {NAMESPACE} get pods -o wide | grep {DAEMONSET}"
+            "daemonset", False, detail, f"kubectl -n {target.namespace} get pods -o wide | grep {target.name}"
         )
     return Check("daemonset", True, detail)
 
 
-async def _node_pod(core: Any, node: str) -> Check:
-    pods = await core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}")
-    ours = [pod for pod in pods.items if (pod.metadata.name or "").startswith(f"{DAEMONSET}-")]
+async def _node_pod(core: Any, node: str, target: DaemonSet) -> Check:
+    pods = await core.list_namespaced_pod(target.namespace, field_selector=f"spec.nodeName={node}")
+    ours = [pod for pod in pods.items if (pod.metadata.name or "").startswith(f"{target.name}-")]
     if not ours:
         return Check(
             "pod on this node",
             False,
-            f"no {DAEMONSET} pod on node {node}",
-            f"kubectl -n {NAMESPACE} describe ds {DAEMONSET}: check nodeSelector, tolerations and events",
+            f"no {target.name} pod on node {node}",
+            f"kubectl -n {target.namespace} describe ds {target.name}: "
+            "check nodeSelector, tolerations and events",
         )
     pod = ours[0]
     phase = pod.status.phase if pod.status else "Unknown"
     detail = f"{pod.metadata.name} is {phase}"
     if phase != "Running":
         return Check(
-            "pod on this node", False, detail, f"kubectl -n {NAMESPACE} describe pod {pod.metadata.name}"
+            "pod on this node",
+            False,
+            detail,
+            f"kubectl -n {target.namespace} describe pod {pod.metadata.name}",
         )
     return Check("pod on this node", True, detail)
 

@@ -72,3 +72,8 @@ def registry_socket_name(resource: str) -> str:
 def cdi_device_name(chip_device_id: str) -> str:
     """The fully qualified CDI name of a chip."""
     return f"{CDI_KIND}={chip_device_id}"
+
+
+# The DaemonSet of examples/daemonset.yaml, which the doctor looks for unless told another.
+DAEMONSET_NAME = "ascend-device-plugin-daemonset"
+DAEMONSET_NAMESPACE = "kube-system"
