@@ -187,10 +187,22 @@ FakeState = Annotated[
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 DaemonSetName = Annotated[
-    str, typer.Option("--daemonset-name", help="Doctor: the agent's DaemonSet.", show_default=True)
+    str,
+    typer.Option(
+        "--daemonset-name",
+        envvar="ASCEND_AGENT_DAEMONSET_NAME",
+        help="The agent's DaemonSet.",
+        show_default=True,
+    ),
 ]
 DaemonSetNamespace = Annotated[
-    str, typer.Option("--daemonset-namespace", help="Doctor: the DaemonSet's namespace.", show_default=True)
+    str,
+    typer.Option(
+        "--daemonset-namespace",
+        envvar="ASCEND_AGENT_DAEMONSET_NAMESPACE",
+        help="The DaemonSet's namespace.",
+        show_default=True,
+    ),
 ]
 
 
