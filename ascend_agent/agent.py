@@ -14,6 +14,7 @@ resource's lifecycle, so no task outlives the agent::
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from dataclasses import dataclass, fields, replace
 from functools import partial
@@ -66,6 +67,9 @@ _AGENT_SETTINGS = frozenset(
         "log_format",
     }
 )
+# Seconds between tries to serve the HTTP endpoint on an address another process holds.
+_HTTP_RETRY_FIRST = 1.0
+_HTTP_RETRY_MOST = 10.0
 # Settings that decide where and how each resource is served: a change re-serves every resource.
 _SERVING_SETTINGS = frozenset({"kubelet_dir", "registration", "plugins_registry_dir", "plugin_dir"})
 
@@ -129,6 +133,8 @@ class Agent:
                 self._tasks = tasks
                 if http is not None:
                     self._serve_http(http)
+                elif self.settings.metrics_address:
+                    self._serve_http_when_free(self.settings.metrics_address)
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -206,6 +212,35 @@ class Agent:
                     continue
                 if changed:
                     self.wake()
+
+    def _serve_http_when_free(self, address: str) -> None:
+        """Serve the HTTP endpoint on ``address`` once nothing else holds it (the agent that stopped before
+        this one took over, say): the kubelet path never waits for it."""
+        assert self._tasks is not None
+        self._http_scope.cancel()
+        scope = self._http_scope = anyio.CancelScope()
+
+        async def retry() -> None:
+            delay = 0.0
+            with scope:
+                while True:
+                    await anyio.sleep(delay)
+                    try:
+                        server = await serve_http(address, self.ready)
+                    except OSError as exc:
+                        if exc.errno != errno.EADDRINUSE:
+                            log.error("Cannot serve /metrics on %s: %s", address, exc.strerror or exc)
+                            return
+                        delay = min(max(2 * delay, _HTTP_RETRY_FIRST), _HTTP_RETRY_MOST)
+                        continue
+                    log.info("Serving /metrics, /healthz and /readyz on %s", address)
+                    break
+            if not scope.cancel_called:
+                self._serve_http(server)
+            else:
+                server.close()
+
+        self._tasks.start_soon(retry, name="http retry")
 
     def _serve_http(self, server: asyncio.Server) -> None:
         assert self._tasks is not None

@@ -10,6 +10,7 @@ config file.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -61,10 +62,18 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         try:
             http = await serve_http(settings.metrics_address, agent.ready)
         except OSError as exc:
-            raise ConfigError(
-                f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
-            ) from None
-        log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
+            if exc.errno != errno.EADDRINUSE:
+                raise ConfigError(
+                    f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
+                ) from None
+            # Another agent (waiting for it below), or another program: /metrics must not decide who runs.
+            log.warning(
+                "Cannot serve /metrics on %s yet (%s); trying again once this agent runs",
+                settings.metrics_address,
+                exc.strerror or exc,
+            )
+        else:
+            log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
     failures: list[BaseException] = []
     bad_usage: list[BaseException] = []
     try:
