@@ -60,6 +60,8 @@ _AGENT_SETTINGS = frozenset(
         "plugins_registry_dir",
         "plugin_dir",
         "replicas",
+        "rename_shared",
+        "fail_requests_greater_than_one",
         "serve_timeout",
         "cdi_spec_dir",
         "metrics_address",
@@ -327,13 +329,19 @@ class Agent:
         inventory = await self.backend.discover()
         self.inventory = inventory
         self._report(inventory)
-        desired = inventory.by_resource()
+        settings = self.settings
+        desired = {
+            naming.advertised_resource(resource, settings.replicas, settings.rename_shared): chips
+            for resource, chips in inventory.by_resource().items()
+        }
         self._count(desired)
         container = replace(inventory.container, cdi=self.settings.cdi_spec_dir is not None)
         for resource in [r for r in self._plugins if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
             self._stop_plugin(resource)
         replicas = self.settings.replicas
+        # failRequestsGreaterThanOne: a container gets one replica of a shared chip at most.
+        most = 1 if replicas > 1 and settings.fail_requests_greater_than_one else None
         for resource, chips in desired.items():
             running = self._plugins.get(resource) or self._start_plugin(resource)
             devices = {
@@ -341,7 +349,9 @@ class Agent:
                 for chip in chips
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
-            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), container)
+            running.plugin.publish(
+                devices, partial(preferred, topology_for(chips, replicas)), container, most_per_container=most
+            )
         await self._write_cdi(inventory)
 
     def _start_plugin(self, resource: str) -> _Running:

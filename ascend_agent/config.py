@@ -87,6 +87,9 @@ class Settings:
     model: str | None = None
     resource_naming: str = "huawei"
     replicas: int = 1
+    # With replicas > 1: advertise <resource>.shared instead, and refuse a container more than one replica.
+    rename_shared: bool = False
+    fail_requests_greater_than_one: bool = False
     cdi_spec_dir: Path | None = None
     metrics_address: str = "127.0.0.1:9410"
     log_format: str = "text"
@@ -196,6 +199,12 @@ def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(policy))
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("must be a string")
@@ -261,6 +270,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "model": _optional(_model),
     "resource_naming": _one_of(*NAMING_SCHEMES),
     "replicas": _positive_int,
+    "rename_shared": _flag,
+    "fail_requests_greater_than_one": _flag,
     "cdi_spec_dir": _optional(_path),
     "metrics_address": _text,
     "log_format": _one_of(*LOG_FORMATS),

@@ -187,7 +187,10 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     if discover:
         with contextlib.suppress(ConfigError):
             resources = set((await discover_once(settings)).by_resource())
-    names = {naming.socket_name(resource) for resource in resources}
+    names = {
+        naming.socket_name(naming.advertised_resource(resource, settings.replicas, settings.rename_shared))
+        for resource in resources
+    }
     if not names:
         names = {naming.socket_name(naming.resource_name(generation.family)) for generation in Generation}
         if settings.resource_naming == "model":
