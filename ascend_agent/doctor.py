@@ -27,7 +27,7 @@ from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, LocalChannel
-from ascend_agent.model import Generation
+from ascend_agent.model import Generation, Inventory
 
 _DIAL_TIMEOUT = 3.0
 _API_TIMEOUT = 10.0
@@ -61,10 +61,12 @@ async def run_checks(settings: Settings, daemonset: DaemonSet | None = None) -> 
     chips, npu_smi = await _npu_smi(settings)
     checks.append(npu_smi)
     checks.append(_match(nodes, chips, dev_root))
-    checks.append(_kubelet(settings.kubelet_dir))
     # npu-smi already failed on devfs: asking the backend would run it (and wait out its timeout) again.
-    discover = settings.backend != "devfs" or npu_smi.ok is True
-    checks.extend(await _our_sockets(settings, discover, daemonset))
+    inventory = await _discover(settings) if settings.backend != "devfs" or npu_smi.ok is True else None
+    if settings.backend == "devfs":
+        checks.append(_advertised(nodes, inventory))
+    checks.append(_kubelet(settings.kubelet_dir))
+    checks.extend(await _our_sockets(settings, inventory, daemonset))
     checks.append(await _readiness(settings.metrics_address))
     checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname(), daemonset))
     return checks
@@ -164,6 +166,37 @@ def _is_socket(path: Path) -> bool | OSError:
         return exc
 
 
+async def _discover(settings: Settings) -> Inventory | None:
+    """What the agent with these settings would find; None when the settings do not make a backend."""
+    try:
+        return await discover_once(settings)
+    except ConfigError:
+        return None
+
+
+def _advertised(nodes: set[int], inventory: Inventory | None) -> Check:
+    """Every device file should become an advertised chip: a name npu-smi redacts (``xxx``) or a row it
+    leaves out keeps a chip from the kubelet although the files and npu-smi look fine."""
+    name = "chips advertised"
+    if inventory is None:
+        return Check(name, None, "skipped: the backend could not be asked")
+    advertised = {chip.phys_id for chip in inventory.chips}
+    left = sorted(nodes - advertised)
+    if left:
+        files = ", ".join(f"davinci{n}" for n in left)
+        why = "; ".join(inventory.problems)
+        return Check(
+            name,
+            False,
+            f"{len(left)} of {len(nodes)} device files would not be advertised ({files})"
+            + (f": {why}" if why else ": npu-smi does not list them"),
+            "run npu-smi info on the host: every chip must be listed; where npu-smi hides chip names, "
+            "set model: in the config file",
+        )
+    healthy = sum(chip.healthy for chip in inventory.chips)
+    return Check(name, True, f"{len(advertised)} chips would be advertised, {healthy} of them Healthy")
+
+
 def _kubelet(kubelet_dir: Path) -> Check:
     path = kubelet_dir / KUBELET_SOCKET
     found = _is_socket(path)
@@ -179,14 +212,11 @@ def _kubelet(kubelet_dir: Path) -> Check:
     )
 
 
-async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
+def _expected_sockets(settings: Settings, inventory: Inventory | None) -> list[str]:
     """The socket names of the resources this configuration serves: those of the chips found; else (no
     chips, or npu-smi failing) every name Huawei's naming can give, and under ``model`` naming the sockets of
     that shape that are there."""
-    resources: set[str] = set()
-    if discover:
-        with contextlib.suppress(ConfigError):
-            resources = set((await discover_once(settings)).by_resource())
+    resources = set(inventory.by_resource()) if inventory is not None else set()
     names = {
         naming.socket_name(naming.advertised_resource(resource, settings.replicas, settings.rename_shared))
         for resource in resources
@@ -198,10 +228,10 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     return sorted(names)
 
 
-async def _our_sockets(settings: Settings, discover: bool, daemonset: DaemonSet) -> list[Check]:
+async def _our_sockets(settings: Settings, inventory: Inventory | None, daemonset: DaemonSet) -> list[Check]:
     directory = settings.endpoint_dir
     try:
-        names = await _expected_sockets(settings, discover)
+        names = _expected_sockets(settings, inventory)
         found = [directory / name for name in names if (directory / name).is_socket()]
     except OSError as exc:
         return [Check("plugin socket", False, f"cannot look in {directory}: {exc.strerror or exc}", _AS_ROOT)]

@@ -48,13 +48,15 @@ def test_doctor_passes_on_a_healthy_node(kubelet: KubeletStandin, short_dir: Pat
         code, checks, _ = _doctor(*common, "--metrics-address", "")
         by_name = {check["check"]: check for check in checks}
         assert code == 0, checks
-        assert [c["check"] for c in checks][:5] == [
+        assert [c["check"] for c in checks][:6] == [
             "device files",
             "driver installed",
             "npu-smi reports chips",
             "chips match device files",
+            "chips advertised",
             "kubelet socket",
         ]
+        assert by_name["chips advertised"]["detail"] == "8 chips would be advertised, 8 of them Healthy"
         assert by_name["driver installed"]["ok"] is True
         assert "24.1.rc2" in by_name["driver installed"]["detail"]
         assert "8 chips" in by_name["npu-smi reports chips"]["detail"]
