@@ -18,6 +18,7 @@ import errno
 import logging
 from dataclasses import dataclass, fields, replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -35,6 +36,7 @@ from ascend_agent.config import (
 )
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.kubelet_dirs import waiting_reason
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     DEVICE_HEALTH,
@@ -99,6 +101,7 @@ class Agent:
         self._cdi_document: dict[str, Any] | None = None
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
+        self._missing: Path | None = None
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
 
@@ -116,8 +119,14 @@ class Agent:
         update with ``maxSurge`` (which waits for the new pod to be ready) lets the old pod go."""
         self._standby = holder
 
+    def waiting_for(self, directory: Path | None) -> None:
+        """The kubelet's ``directory`` is missing and waited for (None: no more): ``/readyz`` says so."""
+        self._missing = directory
+
     def ready(self) -> tuple[bool, str]:
         """``/readyz``: every resource with chips registered, and its kubelet stream open; or standing by."""
+        if self._missing is not None:
+            return False, waiting_reason(self._missing)
         if self._standby is not None:
             return True, f"standby: the ascend-agent with pid {self._standby} holds this node until it stops"
         if not self._plugins:

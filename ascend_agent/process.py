@@ -18,7 +18,7 @@ import sys
 
 import anyio
 
-from ascend_agent import __version__
+from ascend_agent import __version__, kubelet_dirs
 from ascend_agent.agent import Agent, log_configuration
 from ascend_agent.backends import backend_for
 from ascend_agent.config import ConfigError, Settings, SettingsSource
@@ -79,7 +79,10 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
-            async with exclusive(settings.effective_plugin_dir, on_wait=agent.standby):
+            await kubelet_dirs.wait_for(kubelet_dirs.kubelets_own(settings), on_wait=agent.waiting_for)
+            # The default plugin directory sits in the kubelet's own plugins directory: never made here.
+            make_parents = settings.plugin_dir is not None
+            async with exclusive(settings.effective_plugin_dir, agent.standby, make_parents):
                 await agent.run(http)
     except* ServeFailed as failed:
         failures.extend(_leaves(failed))

@@ -110,10 +110,9 @@ class _Server(Server):
     async def serve(self, path: Path) -> SocketIdentity:
         """Listen on ``path`` (a stale file is removed first), mode 0600 before any client can connect; the
         socket file's identity."""
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:  # a plain file where the directory should be
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from None
+        # The directory is the kubelet's, or the agent's own made with the instance lock: never made here.
+        if path.parent.exists() and not path.parent.is_dir():  # a plain file where the directory should be
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent))
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
