@@ -79,6 +79,10 @@ A3_MODEL = "910_93"
 # `npu-smi info -t health` runs per chip whose Health changed to something not OK, at most this many per
 # query; the others are asked in the next queries.
 HEALTH_QUERIES_PER_INTERVAL = 4
+# A chip whose Health stays not OK is asked again after this many queries (its codes can change under an
+# unchanged Alarm), one such chip per query: at most one more npu-smi per health interval, and per chip one
+# every 15 s at the default interval.
+FAULT_REFRESH_QUERIES = 3
 # Listing /dev can fail for want of descriptors or memory; that is not "no device nodes".
 _TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
 
@@ -125,8 +129,9 @@ class DevfsBackend:
         self._listing_error: OSError | None = None
         self._listing_log = ProblemLog()
         self._policy = FaultPolicy(dict(settings.fault_policy))
-        # Per chip: the Health value `info -t health` was last run for, and the faults it gave.
-        self._asked_health: dict[int, tuple[str, tuple[Fault, ...]]] = {}
+        # Per chip: the Health `info -t health` was last run for, the faults it gave, and in which query.
+        self._asked_health: dict[int, tuple[str, tuple[Fault, ...], int]] = {}
+        self._queries = 0
         self._telemetry = ChipTelemetry()
         self._hold = FlapHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
 
@@ -223,19 +228,33 @@ class DevfsBackend:
         self, executable: str, shape: Shape, probed: Mapping[int, _Probed]
     ) -> dict[int, _Probed]:
         """The chips with the error codes of those whose Health is not OK: ``npu-smi info -t health`` runs
-        once per change of a chip's Health, never for a chip that is OK."""
-        asked = 0
+        once per change of a chip's Health, and again every ``FAULT_REFRESH_QUERIES`` queries while it stays
+        not OK (one such chip per query, the one asked longest ago); never for a chip that is OK."""
+        self._queries += 1
+        for phys_id in [p for p, chip in probed.items() if chip.health.upper() == "OK"]:
+            self._asked_health.pop(phys_id, None)
+        sick = [phys_id for phys_id, chip in probed.items() if chip.health.upper() != "OK"]
+        changed = [
+            p for p in sick if p not in self._asked_health or self._asked_health[p][0] != probed[p].health
+        ]
+        stale = sorted(
+            (
+                p
+                for p in sick
+                if p not in changed and self._queries - self._asked_health[p][2] >= FAULT_REFRESH_QUERIES
+            ),
+            key=lambda p: self._asked_health[p][2],
+        )
+        for phys_id in (changed + stale[:1])[:HEALTH_QUERIES_PER_INTERVAL]:
+            chip = probed[phys_id]
+            self._asked_health[phys_id] = (
+                chip.health,
+                await self._faults(executable, shape, chip),
+                self._queries,
+            )
         result = {}
         for phys_id, chip in probed.items():
-            if chip.health.upper() == "OK":
-                self._asked_health.pop(phys_id, None)
-                result[phys_id] = chip
-                continue
             known = self._asked_health.get(phys_id)
-            if (known is None or known[0] != chip.health) and asked < HEALTH_QUERIES_PER_INTERVAL:
-                asked += 1
-                known = (chip.health, await self._faults(executable, shape, chip))
-                self._asked_health[phys_id] = known
             result[phys_id] = replace(chip, faults=known[1]) if known is not None else chip
         return result
 
