@@ -36,6 +36,7 @@ from ascend_agent.config import (
 )
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.flaphold import ChipHold
 from ascend_agent.kubelet_dirs import waiting_reason
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
@@ -64,6 +65,9 @@ _AGENT_SETTINGS = frozenset(
         "replicas",
         "rename_shared",
         "fail_requests_greater_than_one",
+        "flap_threshold",
+        "flap_window",
+        "flap_quiet",
         "serve_timeout",
         "cdi_spec_dir",
         "metrics_address",
@@ -102,6 +106,7 @@ class Agent:
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
         self._missing: Path | None = None
+        self._hold = ChipHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
 
@@ -154,7 +159,9 @@ class Agent:
                         self._reload = False
                         await self._apply_config()
                     await self.reconcile()
-                    await self._wakeup.wait()
+                    # A held chip comes back once quiet, with no event to say so: look again then.
+                    with anyio.move_on_after(self._hold.seconds_to_release()):
+                        await self._wakeup.wait()
         finally:
             self._tasks = None
             with anyio.CancelScope(shield=True):
@@ -293,6 +300,7 @@ class Agent:
             self.backend = backend
             await backend.query()
         configure_logging(settings.log_level, settings.log_format)
+        self._hold.configure(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         if settings.metrics_address != self.settings.metrics_address and not await self._move_http(
             settings.metrics_address
         ):
@@ -336,6 +344,7 @@ class Agent:
     async def reconcile(self) -> None:
         """Discover, then make the plugins and what they advertise match."""
         inventory = await self.backend.discover()
+        inventory = replace(inventory, chips=self._hold.apply(inventory.chips))
         self.inventory = inventory
         self._report(inventory)
         settings = self.settings

@@ -46,7 +46,6 @@ from ascend_agent.backends.npusmi import (
 from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.faults import FaultPolicy, describe
-from ascend_agent.flaphold import FlapHold, HoldEvent
 from ascend_agent.model import (
     Chip,
     DeviceNode,
@@ -59,7 +58,6 @@ from ascend_agent.model import (
     normalise_model,
 )
 from ascend_agent.observability import (
-    CHIP_HELD,
     NPU_SMI_FAILURES,
     NPU_SMI_SECONDS,
     ProblemLog,
@@ -133,7 +131,6 @@ class DevfsBackend:
         self._asked_health: dict[int, tuple[str, tuple[Fault, ...], int]] = {}
         self._queries = 0
         self._telemetry = ChipTelemetry()
-        self._hold = FlapHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
 
     @property
     def health_interval(self) -> float | None:
@@ -161,7 +158,7 @@ class DevfsBackend:
         before = self._view()
         if await self._query():
             await self._check_device_listing()
-        return self._view() != before or self._hold.release_due()
+        return self._view() != before
 
     def _view(self) -> tuple[object, ...]:
         failing = self._failures >= self._settings.health_failure_threshold
@@ -479,25 +476,8 @@ class DevfsBackend:
                 reason = f"npu-smi failed {self._failures} times in a row: {self._last_failure}"
             elif not self._chip_healthy(probed):
                 reason = describe(probed.health, probed.faults)
-            chips.append(self._held(chip, reason))
+            chips.append(chip.with_health(Health.UNHEALTHY, reason) if reason else chip)
         return tuple(chips)
-
-    def _held(self, chip: Chip, reason: str) -> Chip:
-        """The chip as reported: its own health, unless the flap hold keeps it Unhealthy."""
-        step = self._hold.observe(chip.device_id, healthy=not reason)
-        if step.event is HoldEvent.STARTED:
-            log.warning(
-                "%s is held Unhealthy: %s",
-                chip.device_id,
-                self._hold.reason().removeprefix("held Unhealthy: "),
-            )
-        elif step.event is HoldEvent.ENDED:
-            log.info("%s is no longer held: Healthy for %g s", chip.device_id, self._hold.quiet)
-        CHIP_HELD.labels(device=chip.device_id).set(1 if step.held else 0)
-        if step.held:
-            reason = f"{reason or 'Healthy now'}; {self._hold.reason()}"
-            return replace(chip, held=True).with_health(Health.UNHEALTHY, reason)
-        return chip.with_health(Health.UNHEALTHY, reason) if reason else chip
 
     def _fallback_chip(self, phys_id: int, nodes: set[str]) -> Chip:
         """A chip known only from its device node and the configured model (npu-smi is not usable)."""
