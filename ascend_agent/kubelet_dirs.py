@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, Settings
+from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, ConfigError, Settings
 from ascend_agent.watch import Watcher
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,26 @@ def waiting_reason(directory: Path) -> str:
     )
 
 
+def _missing(directory: Path) -> bool:
+    """Whether ``directory`` is not there; :class:`ConfigError` when this user may not even look."""
+    try:
+        directory.stat()
+    except FileNotFoundError:
+        return True
+    except PermissionError as exc:
+        raise ConfigError(
+            f"cannot look at the kubelet's directory {directory}: {exc.strerror or exc}; "
+            "run the agent as root"
+        ) from None
+    except OSError:  # a plain file on the way (ENOTDIR): serving there fails and says why
+        return False
+    return False
+
+
 async def wait_for(directories: Sequence[Path], on_wait: Callable[[Path | None], None]) -> None:
     """Return once none of ``directories`` is missing; ``on_wait`` hears each one waited for, then None.
     Something that is there but no directory is not waited for: serving there fails and says why."""
-    if all(directory.exists() for directory in directories):
+    if not any(_missing(directory) for directory in directories):
         return
     watcher = Watcher()
     try:
@@ -50,7 +66,7 @@ async def wait_for(directories: Sequence[Path], on_wait: Callable[[Path | None],
             watcher.watch(directory, str(directory), lambda name: False)
         waited: Path | None = None
         while True:
-            missing = next((directory for directory in directories if not directory.exists()), None)
+            missing = next((directory for directory in directories if _missing(directory)), None)
             if missing is None:
                 break
             if missing != waited:

@@ -80,6 +80,17 @@ def test_run_as_non_root_is_one_line(short_dir: Path) -> None:
     assert "run the agent as root" in line
 
 
+def test_run_as_non_root_where_only_root_may_look_is_one_line(short_dir: Path) -> None:
+    short_dir.chmod(0o755)
+    kubelet_dir = short_dir / "kubelet" / "device-plugins"
+    kubelet_dir.mkdir(parents=True)
+    (short_dir / "kubelet").chmod(0o700)  # as /var/lib/kubelet is on many nodes
+    line = _one_line(_as_nobody("run", "--backend", "fake", "--kubelet-dir", str(kubelet_dir),
+                                "--metrics-address", ""))  # fmt: skip
+    assert f"cannot look at the kubelet's directory {kubelet_dir}: Permission denied" in line
+    assert "run the agent as root" in line
+
+
 def test_a_plugin_dir_that_is_a_file_is_one_line(short_dir: Path) -> None:
     (short_dir / "k").mkdir()
     (short_dir / "plain").write_text("")
