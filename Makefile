@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # `make run` needs only what running needs: the package and its runtime dependencies, not the test tools.
 RUN_STAMP := $(VENV)/.run-stamp
-PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
+PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto protos/podresources/v1/api.proto
 PYTEST_FLAGS ?= -q
 
 .PHONY: install run test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -44,10 +44,15 @@ from ascend_agent.observability import (
     DEVICES,
     KUBELET_RESTARTS,
     configure_logging,
+    label_devices_with_holders,
     log_fields,
     serve_http,
 )
+from ascend_agent.podresources import PodHolders
 from ascend_agent.watch import Change, Watcher, WatchEvent
+
+if TYPE_CHECKING:
+    from ascend_agent.cluster.side import ClusterSide
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,10 @@ _KUBELET_TAG = "kubelet"
 _ENDPOINTS_TAG = "endpoints"
 _BACKEND_TAG = "backend"
 _CONFIG_TAG = "config"
+# The cluster side starts this long after the agent at the latest, registered or not.
+_CLUSTER_START_WAIT = 2.0
+# The cluster side is set up once, at start.
+_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name")
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -73,6 +82,8 @@ _AGENT_SETTINGS = frozenset(
         "metrics_address",
         "log_level",
         "log_format",
+        *_CLUSTER_SETTINGS,
+        "pod_resources_socket",
     }
 )
 # Seconds between tries to serve the HTTP endpoint on an address another process holds.
@@ -91,8 +102,19 @@ class _Running:
 class Agent:
     """Keeps one ResourcePlugin per resource with chips, published with what the backend reports."""
 
-    def __init__(self, settings: Settings, backend: Backend, source: SettingsSource | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        source: SettingsSource | None = None,
+        cluster: ClusterSide | None = None,
+    ) -> None:
         self.settings = settings
+        self.cluster = cluster
+        self._registered = anyio.Event()
+        self.holders = PodHolders(
+            settings.pod_resources_socket, backend.health_interval or settings.health_interval
+        )
         self.backend = backend
         self._source = source
         self._plugins: dict[str, _Running] = {}
@@ -141,6 +163,10 @@ class Agent:
         ]
         return (False, "; ".join(sorted(reasons))) if reasons else (True, "")
 
+    def health_detail(self) -> str:
+        """What ``/healthz`` adds to ``ok``: the Kubernetes API state while the cluster side is on."""
+        return "" if self.cluster is None else f"kubernetes api: {self.cluster.state().detail}"
+
     async def run(self, http: asyncio.Server | None = None) -> None:
         """Reconcile on every wake-up until cancelled; then every plugin stops serving."""
         self._standby = None
@@ -151,6 +177,10 @@ class Agent:
                     self._serve_http(http)
                 elif self.settings.metrics_address:
                     self._serve_http_when_free(self.settings.metrics_address)
+                if self.cluster is not None:
+                    tasks.start_soon(self._run_cluster, name="cluster")
+                label_devices_with_holders(self._holder_of)
+                tasks.start_soon(self.holders.run, name="pod resources")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -244,7 +274,7 @@ class Agent:
                 while True:
                     await anyio.sleep(delay)
                     try:
-                        server = await serve_http(address, self.ready)
+                        server = await serve_http(address, self.ready, self.health_detail)
                     except OSError as exc:
                         if exc.errno != errno.EADDRINUSE:
                             log.error("Cannot serve /metrics on %s: %s", address, exc.strerror or exc)
@@ -259,6 +289,14 @@ class Agent:
                 server.close()
 
         self._tasks.start_soon(retry, name="http retry")
+
+    async def _run_cluster(self) -> None:
+        """The cluster side, once the kubelet registered a resource (loading the client library meanwhile
+        would delay that registration) or after a few seconds without."""
+        assert self.cluster is not None
+        with anyio.move_on_after(_CLUSTER_START_WAIT):
+            await self._registered.wait()
+        await self.cluster.run()
 
     def _serve_http(self, server: asyncio.Server) -> None:
         assert self._tasks is not None
@@ -310,6 +348,12 @@ class Agent:
         if settings.cdi_spec_dir != self.settings.cdi_spec_dir and self.settings.cdi_spec_dir is not None:
             cdi.remove_spec(self.settings.cdi_spec_dir)
             self._cdi_document = None
+        if set(changed) & set(_CLUSTER_SETTINGS):
+            log.warning(
+                "%s changed: the cluster side takes it at the next start",
+                ", ".join(sorted(set(changed) & set(_CLUSTER_SETTINGS))),
+            )
+        self.holders.socket = settings.pod_resources_socket
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)
@@ -330,7 +374,7 @@ class Agent:
             log.info("Stopped serving /metrics, /healthz and /readyz")
             return True
         try:
-            server = await serve_http(address, self.ready)
+            server = await serve_http(address, self.ready, self.health_detail)
         except OSError as exc:
             log.error(
                 "Cannot serve /metrics on %s, keeping the old address: %s", address, exc.strerror or exc
@@ -370,6 +414,8 @@ class Agent:
             running.plugin.publish(
                 devices, partial(preferred, topology_for(chips, replicas)), container, most_per_container=most
             )
+        if self.cluster is not None:
+            self.cluster.observe(inventory)
         await self._write_cdi(inventory)
 
     def _start_plugin(self, resource: str) -> _Running:
@@ -383,6 +429,8 @@ class Agent:
                 await running.plugin.run()
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
+        running.plugin.service.on_allocated = self.holders.poke
+        running.plugin.on_registered = self._registered.set
         return running
 
     def _stop_plugin(self, resource: str) -> None:
@@ -438,6 +486,17 @@ class Agent:
                 if problem not in self._problems:
                     log.warning("%s", problem)
             self._problems = inventory.problems
+
+    def _holder_of(self, device: str) -> tuple[str, str, str]:
+        """The (namespace, pod, container) holding a chip, for its metrics; comma-joined when its replicas are
+        held by several."""
+        chip = next((c for c in self.inventory.chips if c.device_id == device), None)
+        holders = self.holders.holders.of(chip, self.settings.replicas) if chip is not None else ()
+        return (
+            ",".join(h.namespace for h in holders),
+            ",".join(h.pod for h in holders),
+            ",".join(h.container for h in holders),
+        )
 
     def _count(self, desired: dict[str, tuple[Chip, ...]]) -> None:
         DEVICES.clear()

@@ -29,6 +29,7 @@ from ascend_agent.model import UnknownModelError, classify
 from ascend_agent.naming import NAMING_SCHEMES
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_DRIVER_MOUNTS = (
     "/usr/local/Ascend/driver/lib64",
     "/usr/local/Ascend/driver/include",
@@ -97,6 +98,11 @@ class Settings:
     fake_chips: int = 8
     fake_model: str = "910B4"
     fake_state: Path | None = None
+    # The cluster side (ascend_agent.cluster): off with cluster=False, or when no credentials are found.
+    cluster: bool = True
+    kubeconfig: Path | None = None
+    node_name: str | None = None
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
 
     @property
     def effective_plugins_registry_dir(self) -> Path:
@@ -199,7 +205,7 @@ def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(policy))
 
 
-def _flag(value: Any) -> bool:
+def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError("must be true or false")
     return value
@@ -270,8 +276,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "model": _optional(_model),
     "resource_naming": _one_of(*NAMING_SCHEMES),
     "replicas": _positive_int,
-    "rename_shared": _flag,
-    "fail_requests_greater_than_one": _flag,
+    "rename_shared": _bool,
+    "fail_requests_greater_than_one": _bool,
     "cdi_spec_dir": _optional(_path),
     "metrics_address": _text,
     "log_format": _one_of(*LOG_FORMATS),
@@ -279,6 +285,10 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "fake_chips": _positive_int,
     "fake_model": _model,
     "fake_state": _optional(_path),
+    "cluster": _bool,
+    "kubeconfig": _optional(_path),
+    "node_name": _optional(_text),
+    "pod_resources_socket": _path,
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
 

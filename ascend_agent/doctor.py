@@ -13,11 +13,10 @@ import contextlib
 import json
 import os
 import re
-import socket
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
@@ -29,6 +28,9 @@ from ascend_agent.config import ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, LocalChannel
 from ascend_agent.model import Generation, Inventory
 
+if TYPE_CHECKING:
+    from ascend_agent.cluster.client import KubeApi
+
 _DIAL_TIMEOUT = 3.0
 _API_TIMEOUT = 10.0
 DAEMONSET = naming.DAEMONSET_NAME
@@ -37,7 +39,7 @@ _CHIP_NODE = re.compile(r"^davinci(\d+)$")
 
 
 @dataclass(frozen=True, slots=True)
-class DaemonSet:
+class AgentDaemonSet:
     """Which DaemonSet runs the agent (``doctor --daemonset-name/--daemonset-namespace``)."""
 
     name: str = DAEMONSET
@@ -52,9 +54,9 @@ class Check:
     hint: str = ""
 
 
-async def run_checks(settings: Settings, daemonset: DaemonSet | None = None) -> list[Check]:
+async def run_checks(settings: Settings, daemonset: AgentDaemonSet | None = None) -> list[Check]:
     """Every check, in the order a person should read them."""
-    daemonset = daemonset or DaemonSet()
+    daemonset = daemonset or AgentDaemonSet()
     dev_root = settings.effective_dev_root
     nodes = _chip_nodes(dev_root)
     checks = [_device_files(dev_root, nodes), _driver(settings)]
@@ -66,9 +68,13 @@ async def run_checks(settings: Settings, daemonset: DaemonSet | None = None) -> 
     if settings.backend == "devfs":
         checks.append(_advertised(nodes, inventory))
     checks.append(_kubelet(settings.kubelet_dir))
-    checks.extend(await _our_sockets(settings, inventory, daemonset))
+    unhealthy: list[tuple[str, str]] = []
+    checks.extend(await _our_sockets(settings, inventory, unhealthy, daemonset))
+    if unhealthy:
+        checks.append(await _holders(settings.pod_resources_socket, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
-    checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname(), daemonset))
+    checks.append(await _kubernetes_api(settings.metrics_address))
+    checks.extend(await _cluster(settings, daemonset))
     return checks
 
 
@@ -228,7 +234,13 @@ def _expected_sockets(settings: Settings, inventory: Inventory | None) -> list[s
     return sorted(names)
 
 
-async def _our_sockets(settings: Settings, inventory: Inventory | None, daemonset: DaemonSet) -> list[Check]:
+async def _our_sockets(
+    settings: Settings,
+    inventory: Inventory | None,
+    unhealthy: list[tuple[str, str]],
+    daemonset: AgentDaemonSet,
+) -> list[Check]:
+    """One check per plugin socket; the (resource, device ID) of each Unhealthy device go to ``unhealthy``."""
     directory = settings.endpoint_dir
     try:
         names = _expected_sockets(settings, inventory)
@@ -246,10 +258,10 @@ async def _our_sockets(settings: Settings, inventory: Inventory | None, daemonse
                 f"then kubectl -n {daemonset.namespace} logs <pod>",
             )
         ]
-    return [await _ask(path) for path in found]
+    return [await _ask(path, unhealthy) for path in found]
 
 
-async def _ask(path: Path) -> Check:
+async def _ask(path: Path, unhealthy: list[tuple[str, str]]) -> Check:
     """What the kubelet sees: the first ListAndWatch message from the socket."""
     channel = LocalChannel(path)
     # The generated stub is typed as an iterator; it is an async generator, closed to end the stream.
@@ -270,6 +282,8 @@ async def _ask(path: Path) -> Check:
         channel.close()
     devices = first.devices if first is not None else []
     healthy = sum(device.health == "Healthy" for device in devices)
+    resource = naming.resource_name(path.name.removesuffix(".sock"))
+    unhealthy.extend((resource, device.id) for device in devices if device.health != "Healthy")
     return Check(
         f"plugin socket {path.name}",
         True,
@@ -277,119 +291,187 @@ async def _ask(path: Path) -> Check:
     )
 
 
-async def _readiness(address: str) -> Check:
-    if not address:
-        return Check("agent readiness", None, "skipped: --metrics-address is empty")
+async def _holders(socket: Path, unhealthy: list[tuple[str, str]]) -> Check:
+    """The pods whose containers hold the Unhealthy devices: the ones to move off this node."""
+    from ascend_agent.podresources import PodResourcesError, list_holders
+
+    name = "pods on Unhealthy chips"
+    try:
+        holders = await list_holders(socket)
+    except PodResourcesError as exc:
+        return Check(name, None, f"skipped: {exc}")
+    held = [
+        f"{device} held by {', '.join(map(str, holders.by_device[(resource, device)]))}"
+        for resource, device in unhealthy
+        if holders.by_device.get((resource, device))
+    ]
+    if not held:
+        return Check(name, True, f"none: no pod holds {', '.join(device for _, device in unhealthy)}")
+    return Check(
+        name,
+        False,
+        "; ".join(held),
+        "these pods run on failing chips: delete them (their controllers place them again on Healthy chips)",
+    )
+
+
+async def _get(address: str, path: str) -> tuple[str, str] | str:
+    """(status line, body) of ``GET path`` on the agent's HTTP address; a string saying why not."""
     host, _, port = address.rpartition(":")
     host = "127.0.0.1" if host in ("0.0.0.0", "") else host.strip("[]")
     try:
         async with asyncio.timeout(_DIAL_TIMEOUT):
             reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
+            writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
             answer = (await reader.read()).decode("latin-1")
             writer.close()
     except (OSError, TimeoutError) as exc:
-        return Check(
-            "agent readiness",
-            False,
-            f"nothing answers on {address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}",
-            "is the agent running with this --metrics-address?",
-        )
+        return f"nothing answers on {address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
     status, _, body = answer.partition("\r\n\r\n")
-    if " 200 " in status.split("\r\n")[0] + " ":
+    return status.split("\r\n")[0], body
+
+
+async def _kubernetes_api(address: str) -> Check:
+    """The agent's own view of the API server (the /healthz detail): what its cluster side writes through."""
+    name = "kubernetes api (agent)"
+    if not address:
+        return Check(name, None, "skipped: --metrics-address is empty")
+    answer = await _get(address, "/healthz")
+    if isinstance(answer, str):
+        return Check(name, None, f"skipped: {answer}")
+    detail = next((line for line in answer[1].splitlines() if line.startswith("kubernetes api: ")), "")
+    if not detail:
+        return Check(name, None, "skipped: the agent's cluster side is off (--no-cluster, or no credentials)")
+    state = detail.removeprefix("kubernetes api: ")
+    if state.endswith(": up"):
+        return Check(name, True, state)
+    if state == "starting" or state.endswith(": no request yet"):
+        return Check(name, None, state)
+    return Check(
+        name,
+        False,
+        state,
+        "node labels and Events wait (the device plugin works without them): for 403, grant the verb in the "
+        "agent's ClusterRole; else check the API server and the agent's network",
+    )
+
+
+async def _readiness(address: str) -> Check:
+    if not address:
+        return Check("agent readiness", None, "skipped: --metrics-address is empty")
+    answer = await _get(address, "/readyz")
+    if isinstance(answer, str):
+        return Check("agent readiness", False, answer, "is the agent running with this --metrics-address?")
+    status, body = answer
+    if " 200 " in status + " ":
         return Check("agent readiness", True, f"{address}/readyz: ready")
     return Check("agent readiness", False, f"{address}/readyz: {body.strip()}", "see the agent's log for why")
 
 
-async def _cluster(node: str, daemonset: DaemonSet) -> list[Check]:
-    """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers."""
-    try:
-        from kubernetes_asyncio import client, config
-    except ImportError:
+async def _cluster(settings: Settings, ours: AgentDaemonSet) -> list[Check]:
+    """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers (the
+    agent's own credentials and client: ``--kubeconfig``, the service account, ``KUBECONFIG``)."""
+    from ascend_agent.cluster import find_target, node_name
+
+    node = node_name(settings.node_name)
+    target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
+    if target is None:
         return [
             Check(
                 "cluster",
                 None,
-                "skipped: kubernetes-asyncio is not installed (pip install 'ascend-agent[cluster]')",
-                f"kubectl -n {daemonset.namespace} get ds {daemonset.name}; "
+                "skipped: no Kubernetes API configured (no service account, --kubeconfig or KUBECONFIG)",
+                f"kubectl -n {ours.namespace} get ds {ours.name}; "
                 f"kubectl describe node {node} | grep huawei.com",
             )
         ]
+    from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
+
     try:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            await config.load_kube_config()
-    except (config.ConfigException, OSError, TypeError, ValueError) as exc:
-        return [Check("cluster", None, f"skipped: no Kubernetes API configured ({exc})")]
+        api = KubeApi.connect(target, node, timeout=_API_TIMEOUT)
+    except ClusterConnectError as exc:
+        return [Check("cluster", None, f"skipped: {exc}")]
     try:
-        async with asyncio.timeout(_API_TIMEOUT), client.ApiClient() as api:
-            return [
-                await _daemonset(client.AppsV1Api(api), daemonset),
-                await _node_pod(client.CoreV1Api(api), node, daemonset),
-                await _capacity(client.CoreV1Api(api), node),
-            ]
-    except (TimeoutError, OSError, client.ApiException) as exc:
-        reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+        return [await _daemonset(api, ours), await _node_pod(api, node, ours), await _capacity(api, node)]
+    except ApiUnavailable as exc:
         return [
-            Check("cluster", False, f"the Kubernetes API did not answer: {reason}", "check the kubeconfig")
+            Check(
+                "cluster",
+                False,
+                f"the Kubernetes API did not answer: {exc.failure}",
+                "check the kubeconfig, the API server and the RBAC of the credentials",
+            )
         ]
+    finally:
+        await api.close()
 
 
-async def _daemonset(apps: Any, target: DaemonSet) -> Check:
-    from kubernetes_asyncio.client import ApiException
+async def _daemonset(api: KubeApi, ours: AgentDaemonSet) -> Check:
+    from lightkube import ApiError
+    from lightkube.resources.apps_v1 import DaemonSet
 
     try:
-        daemonset = await apps.read_namespaced_daemon_set(target.name, target.namespace)
-    except ApiException as exc:
-        if exc.status == 404:
+        daemonset = await api.call(
+            "get", "daemonsets", api.client.get(DaemonSet, ours.name, namespace=ours.namespace)
+        )
+    except ApiError as exc:
+        if exc.status.code == 404:
             return Check(
                 "daemonset",
                 False,
-                f"no DaemonSet {target.name} in {target.namespace}",
+                f"no DaemonSet {ours.name} in {ours.namespace}",
                 "kubectl apply -f examples/daemonset.yaml",
             )
         raise
     status = daemonset.status
-    ready, desired = status.number_ready or 0, status.desired_number_scheduled or 0
-    detail = f"{target.name}: {ready} of {desired} pods ready"
+    ready = (status.numberReady if status else 0) or 0
+    desired = (status.desiredNumberScheduled if status else 0) or 0
+    detail = f"{ours.name}: {ready} of {desired} pods ready"
     if desired == 0:
         return Check("daemonset", False, detail, "no node matches its nodeSelector: label the NPU nodes")
     if ready < desired:
         return Check(
-            "daemonset", False, detail, f"kubectl -n {target.namespace} get pods -o wide | grep {target.name}"
+            "daemonset", False, detail, f"kubectl -n {ours.namespace} get pods -o wide | grep {ours.name}"
         )
     return Check("daemonset", True, detail)
 
 
-async def _node_pod(core: Any, node: str, target: DaemonSet) -> Check:
-    pods = await core.list_namespaced_pod(target.namespace, field_selector=f"spec.nodeName={node}")
-    ours = [pod for pod in pods.items if (pod.metadata.name or "").startswith(f"{target.name}-")]
-    if not ours:
+async def _node_pod(api: KubeApi, node: str, ours: AgentDaemonSet) -> Check:
+    from lightkube.resources.core_v1 import Pod
+
+    async def pods_here() -> list[Pod]:
+        return [
+            pod
+            async for pod in api.client.list(Pod, namespace=ours.namespace, fields={"spec.nodeName": node})
+        ]
+
+    pods = await api.call("list", "pods", pods_here())
+    found = [pod for pod in pods if pod.metadata and (pod.metadata.name or "").startswith(f"{ours.name}-")]
+    if not found:
         return Check(
             "pod on this node",
             False,
-            f"no {target.name} pod on node {node}",
-            f"kubectl -n {target.namespace} describe ds {target.name}: "
+            f"no {ours.name} pod on node {node}",
+            f"kubectl -n {ours.namespace} describe ds {ours.name}: "
             "check nodeSelector, tolerations and events",
         )
-    pod = ours[0]
-    phase = pod.status.phase if pod.status else "Unknown"
-    detail = f"{pod.metadata.name} is {phase}"
+    pod = found[0]
+    name = pod.metadata.name if pod.metadata else ""
+    phase = (pod.status.phase if pod.status else None) or "Unknown"
+    detail = f"{name} is {phase}"
     if phase != "Running":
-        return Check(
-            "pod on this node",
-            False,
-            detail,
-            f"kubectl -n {target.namespace} describe pod {pod.metadata.name}",
-        )
+        return Check("pod on this node", False, detail, f"kubectl -n {ours.namespace} describe pod {name}")
     return Check("pod on this node", True, detail)
 
 
-async def _capacity(core: Any, node: str) -> Check:
-    status = (await core.read_node(node)).status
-    capacity = {k: v for k, v in (status.capacity or {}).items() if k.startswith("huawei.com/")}
-    allocatable = status.allocatable or {}
+async def _capacity(api: KubeApi, node: str) -> Check:
+    from lightkube.resources.core_v1 import Node
+
+    status = (await api.call("get", "nodes", api.client.get(Node, node), answers=frozenset())).status
+    capacity = {
+        k: v for k, v in ((status.capacity if status else None) or {}).items() if k.startswith("huawei.com/")
+    }
+    allocatable = (status.allocatable if status else None) or {}
     if not capacity:
         return Check(
             "node capacity",

@@ -106,6 +106,7 @@ class Chip:
     naming_scheme: str = "huawei"
     faults: tuple[Fault, ...] = ()
     held: bool = False
+    hbm_mb: int | None = None  # HBM size where the chip has HBM and the backend knows it
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
@@ -186,6 +187,7 @@ class Inventory:
     chips: tuple[Chip, ...] = ()
     problems: tuple[str, ...] = ()
     container: ContainerBase = ContainerBase()
+    driver_version: str | None = None  # as npu-smi reports it, where it does
 
     def by_resource(self) -> dict[str, tuple[Chip, ...]]:
         grouped: dict[str, list[Chip]] = {}

@@ -18,7 +18,7 @@ import sys
 
 import anyio
 
-from ascend_agent import __version__, kubelet_dirs
+from ascend_agent import __version__, cluster, kubelet_dirs
 from ascend_agent.agent import Agent, log_configuration
 from ascend_agent.backends import backend_for
 from ascend_agent.config import ConfigError, Settings, SettingsSource
@@ -56,11 +56,11 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.kubelet_dir,
     )
     log_configuration(source.load_effective())
-    agent = Agent(settings, backend, source)
+    agent = Agent(settings, backend, source, cluster.open_side(settings))
     http = None
     if settings.metrics_address:
         try:
-            http = await serve_http(settings.metrics_address, agent.ready)
+            http = await serve_http(settings.metrics_address, agent.ready, agent.health_detail)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 raise ConfigError(

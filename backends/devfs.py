@@ -103,6 +103,7 @@ class _Probed:
     bus_id: str | None
     numa_node: int | None
     faults: tuple[Fault, ...] = ()
+    hbm_mb: int | None = None
 
 
 class DevfsBackend:
@@ -123,6 +124,7 @@ class DevfsBackend:
         self._last_failure = ""
         self._failure_log = ProblemLog()
         self._query_problem = ""
+        self._driver_version: str | None = None
         self._nodes: set[str] = set()
         self._listing_error: OSError | None = None
         self._listing_log = ProblemLog()
@@ -205,6 +207,7 @@ class DevfsBackend:
         self._probed.update(probed)
         self._reported = frozenset(probed)
         self._record_telemetry(table, probed)
+        self._driver_version = table.version
         return True
 
     async def _check_device_listing(self) -> None:
@@ -400,6 +403,7 @@ class DevfsBackend:
                     health=row.health,
                     bus_id=row.bus_id,
                     numa_node=await self._numa_node(row.bus_id),
+                    hbm_mb=row.hbm_total_mb or None,
                 )
             )
         return probed
@@ -444,7 +448,9 @@ class DevfsBackend:
             problems.append(
                 f"{self._dev_root}/{MANAGER} is missing: every chip is Unhealthy until it returns"
             )
-        return Inventory(chips=chips, problems=tuple(problems), container=container)
+        return Inventory(
+            chips=chips, problems=tuple(problems), container=container, driver_version=self._driver_version
+        )
 
     def _chips(self, nodes: set[str]) -> tuple[Chip, ...]:
         if not self._probed and self._settings.model is not None:
@@ -464,6 +470,7 @@ class DevfsBackend:
                 npu_id=probed.npu_id,
                 naming_scheme=self._settings.resource_naming,
                 faults=probed.faults,
+                hbm_mb=probed.hbm_mb,
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiofiles
@@ -39,6 +39,14 @@ _MANAGEMENT_DEVICES = tuple(
     for path in ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 )
 _NUMA_NODES = 2
+# HBM per chip (die on A3) in MiB, as npu-smi's table prints it; 310 chips have none.
+_HBM_MB = {
+    Generation.ASCEND910A: 32768,
+    Generation.ASCEND910B: 65536,
+    Generation.ASCEND910A3: 65536,
+    Generation.ASCEND950: 131072,
+}
+_HBM_MB_BY_MODEL = {"910B4": 32768}
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +174,7 @@ class FakeBackend:
             npu_id=phys_id // self._dies_per_npu,
             naming_scheme=self._settings.resource_naming,
         )
+        chip = replace(chip, hbm_mb=_HBM_MB_BY_MODEL.get(chip.model, _HBM_MB.get(chip.generation)))
         if phys_id in self._state.absent:
             return chip.with_health(Health.UNHEALTHY, "absent: the device node is gone")
         if phys_id in self._state.unhealthy:

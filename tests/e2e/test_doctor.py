@@ -103,6 +103,9 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
             body: dict[str, Any] = {
                 "kind": "DaemonSet", "apiVersion": "apps/v1",
                 "metadata": {"name": self.daemonset, "namespace": self.namespace},
+                "spec": {"selector": {"matchLabels": {"app": "a"}},
+                         "template": {"metadata": {"labels": {"app": "a"}},
+                                      "spec": {"containers": [{"name": "agent"}]}}},
                 "status": {"desiredNumberScheduled": 2, "numberReady": 2, "currentNumberScheduled": 2,
                            "numberMisscheduled": 0},
             }  # fmt: skip
@@ -136,7 +139,6 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
     ids=["defaults", "flags"],
 )
 def test_doctor_cluster_checks_through_the_api(short_dir: Path, daemonset: tuple[str, ...]) -> None:
-    pytest.importorskip("kubernetes_asyncio")
     api = type("_Api", (_FakeApi,), dict(zip(("daemonset", "namespace"), daemonset[1::2], strict=False)))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), api)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

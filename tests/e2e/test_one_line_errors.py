@@ -40,7 +40,7 @@ def _as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
         cwd="/tmp",
-        env={**os.environ, "HOME": "/tmp", "KUBECONFIG": "/nonexistent"},
+        env={**{k: v for k, v in os.environ.items() if k != "KUBECONFIG"}, "HOME": "/tmp"},
         stdin=subprocess.DEVNULL,
     )
 
