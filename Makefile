@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
+# The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
+DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
 PYTEST_FLAGS ?= -q
 
 .PHONY: install run test lint proto bench soak interop interop-packages image image-test clean
@@ -42,7 +44,7 @@ test: lint
 proto: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_betterproto2_out=ascend_agent/_proto \
-		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO)
+		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO) $(DRA_PROTO)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run

@@ -30,6 +30,7 @@ from ascend_agent import __version__, cdi, cluster, naming
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, load_backend
 from ascend_agent.config import (
+    DRA_API,
     PLUGIN_WATCHER_REGISTRATION,
     ConfigError,
     EffectiveSettings,
@@ -53,6 +54,7 @@ from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide
+    from ascend_agent.dra import DraDriver
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,11 @@ class Agent:
         self._standby: str | None = None
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
+        self._dra: DraDriver | None = None
+        if settings.kubelet_api == DRA_API:  # the DRA driver in place of the device plugins
+            from ascend_agent.dra import DraDriver
+
+            self._dra = DraDriver.open(settings, cluster.api if cluster is not None else None)
 
     def wake(self) -> None:
         """Ask for a reconcile soon; any number of calls before it runs make one reconcile."""
@@ -135,6 +142,8 @@ class Agent:
         """``/readyz``: every resource with chips registered, and its kubelet stream open; or standing by."""
         if self._standby is not None:
             return True, f"standby: the ascend-agent with pid {self._standby} holds this node until it stops"
+        if self._dra is not None:
+            return self._dra.status()
         if not self._plugins:
             return False, "; ".join(self.inventory.problems) or "no chips found"
         reasons = [
@@ -156,6 +165,8 @@ class Agent:
                     self._serve_http(http)
                 if self.cluster is not None:
                     tasks.start_soon(self.cluster.run, name="cluster")
+                if self._dra is not None:
+                    tasks.start_soon(self._dra.run, name="dra")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -182,6 +193,8 @@ class Agent:
         endpoints = {self.settings.endpoint_dir}
         if self.settings.registration == PLUGIN_WATCHER_REGISTRATION:
             endpoints.add(self.settings.effective_plugins_registry_dir)
+        if self._dra is not None:
+            endpoints.update(self._dra.socket_dirs)
         for directory in sorted(endpoints - {self.settings.kubelet_dir}):
             watcher.watch(directory, _ENDPOINTS_TAG, lambda name: name.endswith(".sock"))
         for directory, accept in self.backend.watch_paths():
@@ -209,6 +222,8 @@ class Agent:
                 KUBELET_RESTARTS.inc()
             for running in self._plugins.values():
                 running.plugin.poke()
+            if self._dra is not None:
+                self._dra.poke()
         elif event.tag == _CONFIG_TAG:
             if event.change is not Change.DELETED:
                 self.reload()
@@ -321,6 +336,11 @@ class Agent:
         inventory = await self.backend.discover()
         self.inventory = inventory
         self._report(inventory)
+        if self._dra is not None:
+            self._dra.publish(inventory, self.backend.container_spec)
+            if self.cluster is not None:
+                self.cluster.observe(inventory)
+            return
         desired = inventory.by_resource()
         self._count(desired)
         spec_for = self._current_spec_for(inventory)
@@ -481,7 +501,13 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.kubelet_dir,
     )
     _log_configuration(source.load_effective())
-    agent = Agent(settings, backend, source, cluster.open_side(settings))
+    side = cluster.open_side(settings)
+    if side is None and settings.kubelet_api == DRA_API:
+        raise ConfigError(
+            "--kubelet-api dra needs the Kubernetes API (claims, ResourceSlices): give --kubeconfig or run "
+            "in a pod with a service account, and do not set --no-cluster"
+        )
+    agent = Agent(settings, backend, source, side)
     http = None
     if settings.metrics_address:
         try:

@@ -1,0 +1,79 @@
+"""The agent as a DRA (Dynamic Resource Allocation) driver, ``--kubelet-api dra``: instead of a device plugin
+per resource, one kubelet plugin for the driver (``npu.huawei.com`` by default) and one ResourceSlice pool
+for the node's chips.
+
+- :mod:`.devices`: the chips as DRA devices (names, attributes, capacity, health taints); pure.
+- :mod:`.slices`: the ResourceSlice publisher, a cluster feature.
+- :mod:`.claimread`: a claim's allocation, read from its ResourceClaim once and kept.
+- :mod:`.claims`: one CDI spec per prepared claim, and the checkpoint of prepared claims.
+- :mod:`.service`: NodePrepareResources / NodeUnprepareResources (v1, v1beta1) and NodeWatchResources.
+- :mod:`.plugin`: serving ``dra.sock`` and the registration socket for the kubelet's plugin watcher.
+
+The agent holds a :class:`DraDriver` in place of its device plugins::
+
+    driver = DraDriver.open(settings, cluster_api)    # ConfigError for a checkpoint it cannot read
+    task_group.start_soon(driver.run)
+    driver.publish(inventory, spec_for)               # after each reconcile
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ascend_agent.config import ConfigError, Settings
+from ascend_agent.dra.claimread import ClaimReader
+from ascend_agent.dra.claims import CheckpointError, Prepared
+from ascend_agent.dra.plugin import DraPaths, DraPlugin
+from ascend_agent.dra.service import DraService, SpecFor
+from ascend_agent.model import Inventory
+
+if TYPE_CHECKING:
+    from ascend_agent.cluster.client import KubeApi
+
+__all__ = ["DraDriver"]
+
+
+class DraDriver:
+    """The kubelet side of the DRA driver: its service and the sockets it is served on."""
+
+    def __init__(self, service: DraService, plugin: DraPlugin) -> None:
+        self.service = service
+        self.plugin = plugin
+
+    @classmethod
+    def open(cls, settings: Settings, api: KubeApi | None) -> DraDriver:
+        paths = DraPaths.of(settings)
+        try:
+            prepared = Prepared.load(paths.checkpoint)
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from None
+        pool = api.node if api is not None else ""
+        reader = ClaimReader(api, settings.dra_driver_name, pool) if api is not None else None
+        service = DraService(
+            settings.dra_driver_name,
+            pool,
+            prepared,
+            paths.cdi_dir,
+            reader,
+            health_refresh=max(settings.health_interval, 5.0),
+        )
+        return cls(service, DraPlugin(paths, service))
+
+    @property
+    def socket_dirs(self) -> Sequence[Path]:
+        """The directories whose socket files the plugin serves: changes there poke it."""
+        return (self.plugin.paths.socket.parent, self.plugin.paths.registration.parent)
+
+    def publish(self, inventory: Inventory, spec_for: SpecFor) -> None:
+        self.service.publish(inventory.chips, spec_for)
+
+    def poke(self) -> None:
+        self.plugin.poke()
+
+    def status(self) -> tuple[bool, str]:
+        return self.plugin.status()
+
+    async def run(self) -> None:
+        await self.plugin.run()
