@@ -9,7 +9,7 @@ stops::
 
     slices = SlicePublisher("npu.huawei.com", taint_effect="NoSchedule", cleanup=False)
     slices.observe(inventory)        # desired slices; written by its own task
-    await slices.run(api)            # RBAC: resourceslices list, watch, create, update, delete
+    await slices.run(api)            # RBAC: resourceslices list, create, patch, delete
 
 Requests go through :meth:`KubeApi.call <ascend_agent.cluster.client.KubeApi.call>` and a
 :class:`~ascend_agent.cluster.writer.LatestWriter`: the newest state wins, failures back off.
@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
+from lightkube.types import PatchType
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.writer import LatestWriter
@@ -121,8 +122,12 @@ class SlicePublisher:
             if old is None:
                 await api.call("create", "resourceslices", api.client.create(ResourceSlice(**body)))
             elif old.get("spec") != body["spec"]:
-                body["metadata"]["resourceVersion"] = old["metadata"].get("resourceVersion")
-                await api.call("update", "resourceslices", api.client.replace(ResourceSlice(**body)))
+                # A merge patch replaces lists whole: the devices are exactly these afterwards.
+                await api.call(
+                    "patch",
+                    "resourceslices",
+                    api.client.patch(ResourceSlice, name, {"spec": body["spec"]}, patch_type=PatchType.MERGE),
+                )
         for name in sorted(set(existing) - set(names)):
             await self._delete(api, name)
         if generation != self._generation:
