@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
+PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto protos/podresources/v1/api.proto
 # The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
 DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
 PYTEST_FLAGS ?= -q

@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -26,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
-from ascend_agent import __version__, cdi, cluster, naming
+from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
-from ascend_agent.backends import Backend, load_backend
+from ascend_agent.backends import Backend, backend_for
 from ascend_agent.config import (
     DRA_API,
     PLUGIN_WATCHER_REGISTRATION,
@@ -38,18 +34,18 @@ from ascend_agent.config import (
     SettingsSource,
 )
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
-from ascend_agent.deviceplugin.lifecycle import ResourcePlugin, ServeFailed
-from ascend_agent.deviceplugin.service import SpecFor
-from ascend_agent.instance import exclusive
-from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
+from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     DEVICE_HEALTH,
     DEVICES,
     KUBELET_RESTARTS,
     configure_logging,
+    label_devices_with_holders,
     log_fields,
     serve_http,
 )
+from ascend_agent.podresources import PodHolders
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
@@ -102,6 +98,9 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.cluster = cluster
+        self.holders = PodHolders(
+            settings.pod_resources_socket, backend.health_interval or settings.health_interval
+        )
         self.backend = backend
         self._source = source
         self._plugins: dict[str, _Running] = {}
@@ -111,8 +110,6 @@ class Agent:
         self._health: dict[str, tuple[Health, str]] = {}
         self._problems: tuple[str, ...] = ()
         self.inventory = Inventory()
-        self._spec_key: tuple[ContainerSpec, Settings] | None = None
-        self._spec_for: SpecFor | None = None
         self._cdi_document: dict[str, Any] | None = None
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
@@ -167,6 +164,8 @@ class Agent:
                     tasks.start_soon(self.cluster.run, name="cluster")
                 if self._dra is not None:
                     tasks.start_soon(self._dra.run, name="dra")
+                label_devices_with_holders(self._holder_of)
+                tasks.start_soon(self.holders.run, lambda: None, name="pod resources")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -280,7 +279,7 @@ class Agent:
         )
         if set(changed) - _AGENT_SETTINGS:
             try:
-                backend = _backend(settings)
+                backend = backend_for(settings)
                 await backend.start()
             except ConfigError as exc:
                 log.error("Config not applied, keeping the running settings: %s", exc)
@@ -311,7 +310,7 @@ class Agent:
         self.settings = settings
         self._start_watching()
         log.info("Config applied: %s changed", ", ".join(changed))
-        _log_configuration(replace(effective, settings=settings))
+        log_configuration(replace(effective, settings=settings))
 
     async def _move_http(self, address: str) -> bool:
         """Serve the HTTP endpoint on ``address`` instead; False (and the old one kept) when it cannot."""
@@ -337,13 +336,13 @@ class Agent:
         self.inventory = inventory
         self._report(inventory)
         if self._dra is not None:
-            self._dra.publish(inventory, self.backend.container_spec)
+            self._dra.publish(inventory)
             if self.cluster is not None:
                 self.cluster.observe(inventory)
             return
         desired = inventory.by_resource()
         self._count(desired)
-        spec_for = self._current_spec_for(inventory)
+        container = replace(inventory.container, cdi=self.settings.cdi_spec_dir is not None)
         for resource in [r for r in self._plugins if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
             self._stop_plugin(resource)
@@ -355,7 +354,7 @@ class Agent:
                 for chip in chips
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
-            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), spec_for)
+            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), container)
         if self.cluster is not None:
             self.cluster.observe(inventory)
         await self._write_cdi(inventory)
@@ -371,27 +370,11 @@ class Agent:
                 await running.plugin.run()
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
+        running.plugin.service.on_allocated = self.holders.poke
         return running
 
     def _stop_plugin(self, resource: str) -> None:
         self._plugins.pop(resource).scope.cancel()
-
-    def _current_spec_for(self, inventory: Inventory) -> SpecFor:
-        """What Allocate hands over, as one function object that changes only when its answers would: then
-        the plugins forget the answers they keep."""
-        key = (self.backend.container_spec(inventory.chips), self.settings)
-        if self._spec_for is None or key != self._spec_key:
-            backend, with_cdi = self.backend, self.settings.cdi_spec_dir is not None
-
-            def spec_for(chips: Sequence[Chip]) -> ContainerSpec:
-                spec = backend.container_spec(chips)
-                if not with_cdi:
-                    return spec
-                ordered = sorted(chips, key=lambda chip: chip.phys_id)
-                return replace(spec, cdi_devices=tuple(naming.cdi_device_name(c.device_id) for c in ordered))
-
-            self._spec_key, self._spec_for = key, spec_for
-        return self._spec_for
 
     async def _write_cdi(self, inventory: Inventory) -> None:
         """Keep the CDI spec in step with the chips. It stays when the agent stops: containers that restart
@@ -400,7 +383,7 @@ class Agent:
         if directory is None or not inventory.chips:
             # No chips at all (npu-smi failing at start, say) must not empty the spec containers rely on.
             return
-        document = cdi.build_spec(inventory.chips, self.backend.container_spec)
+        document = cdi.build_spec(inventory.chips, inventory.container)
         if document == self._cdi_document:
             return
         try:
@@ -444,6 +427,17 @@ class Agent:
                     log.warning("%s", problem)
             self._problems = inventory.problems
 
+    def _holder_of(self, device: str) -> tuple[str, str, str]:
+        """The (namespace, pod, container) holding a chip, for its metrics; comma-joined when its replicas are
+        held by several."""
+        chip = next((c for c in self.inventory.chips if c.device_id == device), None)
+        holders = self.holders.holders.of(chip, self.settings.replicas) if chip is not None else ()
+        return (
+            ",".join(h.namespace for h in holders),
+            ",".join(h.pod for h in holders),
+            ",".join(h.container for h in holders),
+        )
+
     def _count(self, desired: dict[str, tuple[Chip, ...]]) -> None:
         DEVICES.clear()
         DEVICE_HEALTH.clear()
@@ -456,99 +450,5 @@ class Agent:
                 DEVICE_HEALTH.labels(resource=resource, device=chip.device_id).set(chip.healthy)
 
 
-def _backend(settings: Settings) -> Backend:
-    try:
-        return load_backend(settings.backend)(settings)
-    except LookupError as exc:
-        raise ConfigError(f"--backend: {exc.args[0]}") from None
-
-
-async def discover_once(settings: Settings) -> Inventory:
-    """One discovery with the configured backend, for ``ascend-agent list`` and the doctor."""
-    backend = _backend(settings)
-    try:
-        await backend.start()
-        await backend.query()
-        return await backend.discover()
-    finally:
-        await backend.close()
-
-
-def _reap_children_by_pidfd() -> None:
-    """On the running loop: Python 3.11 waits for every npu-smi in a thread started for it; a pidfd on the
-    event loop needs no thread (3.12 and later choose it themselves)."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # a kernel before 5.3, or a seccomp profile that refuses it
-        return
-    watcher = asyncio.PidfdChildWatcher()
-    watcher.attach_loop(asyncio.get_running_loop())
-    asyncio.set_child_watcher(watcher)
-
-
-async def run_agent(source: SettingsSource, settings: Settings) -> int:
-    """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
-    configure_logging(settings.log_level, settings.log_format)
-    _reap_children_by_pidfd()
-    backend = _backend(settings)
-    await backend.start()
-    log.info(
-        "ascend-agent %s starting: backend %s, kubelet directory %s",
-        __version__,
-        settings.backend,
-        settings.kubelet_dir,
-    )
-    _log_configuration(source.load_effective())
-    side = cluster.open_side(settings)
-    if side is None and settings.kubelet_api == DRA_API:
-        raise ConfigError(
-            "--kubelet-api dra needs the Kubernetes API (claims, ResourceSlices): give --kubeconfig or run "
-            "in a pod with a service account, and do not set --no-cluster"
-        )
-    agent = Agent(settings, backend, source, side)
-    http = None
-    if settings.metrics_address:
-        try:
-            http = await serve_http(settings.metrics_address, agent.ready, agent.health_detail)
-        except OSError as exc:
-            raise ConfigError(
-                f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
-            ) from None
-        log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
-    failures: list[BaseException] = []
-    try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
-            async with exclusive(settings.effective_plugin_dir, on_wait=agent.standby):
-                await agent.run(http)
-    except* ServeFailed as failed:
-        failures.extend(_leaves(failed))
-    if failures:
-        log.error("Giving up: %s", failures[0])
-        return 1
-    log.info("Stopped; sockets removed")
-    return 0
-
-
-def _log_configuration(effective: EffectiveSettings) -> None:
+def log_configuration(effective: EffectiveSettings) -> None:
     log.info("Configuration: %s", effective, extra=log_fields(settings=effective.as_fields()))
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    """The exceptions inside nested task groups' exception groups."""
-    found: list[BaseException] = []
-    for exc in group.exceptions:
-        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return found
-
-
-async def _signals(agent: Agent, scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-        async for signum in received:
-            if signum == signal.SIGHUP:
-                agent.reload()
-            else:
-                scope.cancel()
-                return

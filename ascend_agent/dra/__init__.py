@@ -13,20 +13,22 @@ The agent holds a :class:`DraDriver` in place of its device plugins::
 
     driver = DraDriver.open(settings, cluster_api)    # ConfigError for a checkpoint it cannot read
     task_group.start_soon(driver.run)
-    driver.publish(inventory, spec_for)               # after each reconcile
+    driver.publish(inventory)                         # after each reconcile
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ascend_agent.config import ConfigError, Settings
+from ascend_agent.container import container_spec
 from ascend_agent.dra.claimread import ClaimReader
 from ascend_agent.dra.claims import CheckpointError, Prepared
 from ascend_agent.dra.plugin import DraPaths, DraPlugin
-from ascend_agent.dra.service import DraService, SpecFor
+from ascend_agent.dra.service import DraService
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:
@@ -66,8 +68,10 @@ class DraDriver:
         """The directories whose socket files the plugin serves: changes there poke it."""
         return (self.plugin.paths.socket.parent, self.plugin.paths.registration.parent)
 
-    def publish(self, inventory: Inventory, spec_for: SpecFor) -> None:
-        self.service.publish(inventory.chips, spec_for)
+    def publish(self, inventory: Inventory) -> None:
+        """The chips now; a claim's CDI spec holds what Allocate gives for its chips (no CDI names)."""
+        base = replace(inventory.container, cdi=False)
+        self.service.publish(inventory.chips, lambda chips: container_spec(chips, base))
 
     def poke(self) -> None:
         self.plugin.poke()

@@ -58,6 +58,16 @@ _REASONS = {
 Fault = int | Literal["hang"]
 
 
+def _verb(request: Request) -> str:
+    """The request's verb as RBAC names it: get, list, watch, create, patch, update, delete."""
+    verb = _VERBS.get(str(request.method.value), "")
+    if verb == "get" and request.params.get("watch") in ("true", "1"):
+        return "watch"
+    if verb == "get" and request.name is None:
+        return "list"
+    return verb
+
+
 @dataclass(frozen=True, slots=True)
 class _Rule:
     fault: Fault
@@ -65,18 +75,15 @@ class _Rule:
     resource: str | None
 
     def matches(self, request: Request) -> bool:
-        verb = _VERBS.get(str(request.method.value), "")
-        if verb == "get" and request.params.get("watch") in ("true", "1"):
-            verb = "watch"
-        elif verb == "get" and request.name is None:
-            verb = "list"
+        verb = _verb(request)
         plural = request.resource.plural if request.resource is not None else None
         return (self.verb is None or self.verb == verb) and (self.resource is None or self.resource == plural)
 
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """One request the server received: ``verb`` as RBAC names it, the resource's plural, the body."""
+    """One request the server received (recorded as it arrives, before any fault): ``verb`` as RBAC names
+    it, the resource's plural, the body."""
 
     verb: str
     resource: str | None
@@ -90,6 +97,7 @@ class _Emulator(kmock.KubernetesEmulator):
     rules: list[_Rule] = attrs.field(factory=list)
     released: asyncio.Event = attrs.field(factory=asyncio.Event)
     on_request: Callable[[Request], None] = attrs.field(default=lambda request: None)
+    on_answered: Callable[[], None] = attrs.field(default=lambda: None)
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         """As the API server does: a Status object with ``Content-Type: application/json`` exactly (aiohttp
@@ -101,6 +109,7 @@ class _Emulator(kmock.KubernetesEmulator):
         )
 
     async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
+        self.on_request(request)
         try:
             for rule in self.rules:
                 if rule.matches(request):
@@ -115,7 +124,7 @@ class _Emulator(kmock.KubernetesEmulator):
                     )
             return await super()._handle(request)
         finally:
-            self.on_request(request)
+            self.on_answered()
 
 
 class ApiServer:
@@ -151,7 +160,7 @@ class ApiServer:
         self._loop.close()
 
     async def _start(self) -> None:
-        emulator = _Emulator(on_request=self._record)
+        emulator = _Emulator(on_request=self._record, on_answered=self._moved)
         for group, version, plural, namespaced in _KNOWN.values():
             emulator.resources[f"{group}/{version}/{plural}" if group else f"{version}/{plural}"] = {
                 "namespaced": namespaced
@@ -172,10 +181,15 @@ class ApiServer:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     def _record(self, request: Request) -> None:
-        verb = _VERBS.get(str(request.method.value), "")
+        verb = _verb(request)
         plural = request.resource.plural if request.resource is not None else None
         with self._changed:
             self._seen.append(Seen(verb, plural, request.name, request.url.path, request.data))
+            self._generation += 1
+            self._changed.notify_all()
+
+    def _moved(self) -> None:
+        with self._changed:
             self._generation += 1
             self._changed.notify_all()
 
