@@ -8,7 +8,7 @@ PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.
 DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -27,6 +27,10 @@ install: $(STAMP)
 
 run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" examples/run-local.sh
+
+# The agent as a DRA driver against the tests' API emulator and DRA kubelet stand-in (docs/dra.md).
+run-dra: $(STAMP)
+	$(BIN)/python examples/dra/run-local.py
 
 # mypy cannot follow setuptools' package-dir mapping (backends/ installs as ascend_agent.backends), so it
 # checks a tree of links laid out as the installed package is.
