@@ -60,6 +60,8 @@ _BACKEND_TAG = "backend"
 _CONFIG_TAG = "config"
 # The cluster side is set up once, at start.
 _CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "pod_resources_socket")
+# Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
+_KUBELET_API_SETTINGS = ("kubelet_api", "dra_driver_name", "dra_taint_effect", "dra_cleanup")
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -74,6 +76,7 @@ _AGENT_SETTINGS = frozenset(
         "log_level",
         "log_format",
         *_CLUSTER_SETTINGS,
+        *_KUBELET_API_SETTINGS,
     }
 )
 # Settings that decide where and how each resource is served: a change re-serves every resource.
@@ -299,6 +302,11 @@ class Agent:
             self._cdi_document = None
         if set(changed) & set(_CLUSTER_SETTINGS):
             log.warning("%s changed: the cluster side takes it at the next start", ", ".join(changed))
+        if set(changed) & set(_KUBELET_API_SETTINGS):
+            log.warning(
+                "%s changed: device plugin or DRA driver, and the driver's settings, apply at the next start",
+                ", ".join(sorted(set(changed) & set(_KUBELET_API_SETTINGS))),
+            )
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)

@@ -136,8 +136,9 @@ class DraService:
         )
         document = claim_spec(self.driver, claim.uid, chips, self._spec_for(list(chips.values())))
         async with self._writing:
-            if self.prepared.get(claim.uid) is not None:  # a concurrent call prepared it meanwhile
-                return prepared
+            done = self.prepared.get(claim.uid)
+            if done is not None:  # a concurrent call prepared it meanwhile
+                return done
             try:
                 await anyio.to_thread.run_sync(self.prepared.add, prepared, document)
             except OSError as exc:

@@ -222,3 +222,10 @@ async def test_dra_cleanup_removes_the_slices_on_exit(host: _Host, apiserver: Ap
     apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
     _stop(agent)
     assert _slices(apiserver) == []
+
+
+def test_dra_mode_without_the_kubernetes_api_stops_with_one_line(host: _Host) -> None:
+    agent = host.start("--no-cluster")
+    assert agent.proc.wait(10) == 2
+    assert "--kubelet-api dra needs the Kubernetes API" in agent.output
+    assert "Traceback" not in agent.output
