@@ -58,6 +58,8 @@ _KUBELET_TAG = "kubelet"
 _ENDPOINTS_TAG = "endpoints"
 _BACKEND_TAG = "backend"
 _CONFIG_TAG = "config"
+# The cluster side starts this long after the agent at the latest, registered or not.
+_CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
 _CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "pod_resources_socket")
 # Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
@@ -101,6 +103,7 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.cluster = cluster
+        self._registered = anyio.Event()
         self.holders = PodHolders(
             settings.pod_resources_socket, backend.health_interval or settings.health_interval
         )
@@ -122,7 +125,8 @@ class Agent:
         if settings.kubelet_api == DRA_API:  # the DRA driver in place of the device plugins
             from ascend_agent.dra import DraDriver
 
-            self._dra = DraDriver.open(settings, cluster.api if cluster is not None else None)
+            self._dra = DraDriver.open(settings, cluster)
+            self._dra.plugin.on_registered = self._registered.set
 
     def wake(self) -> None:
         """Ask for a reconcile soon; any number of calls before it runs make one reconcile."""
@@ -164,7 +168,7 @@ class Agent:
                 if http is not None:
                     self._serve_http(http)
                 if self.cluster is not None:
-                    tasks.start_soon(self.cluster.run, name="cluster")
+                    tasks.start_soon(self._run_cluster, name="cluster")
                 if self._dra is not None:
                     tasks.start_soon(self._dra.run, name="dra")
                 label_devices_with_holders(self._holder_of)
@@ -250,6 +254,14 @@ class Agent:
                     continue
                 if changed:
                     self.wake()
+
+    async def _run_cluster(self) -> None:
+        """The cluster side, once the kubelet registered a resource (loading the client library meanwhile
+        would delay that registration) or after a few seconds without."""
+        assert self.cluster is not None
+        with anyio.move_on_after(_CLUSTER_START_WAIT):
+            await self._registered.wait()
+        await self.cluster.run()
 
     def _serve_http(self, server: asyncio.Server) -> None:
         assert self._tasks is not None
@@ -379,6 +391,7 @@ class Agent:
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
         running.plugin.service.on_allocated = self.holders.poke
+        running.plugin.on_registered = self._registered.set
         return running
 
     def _stop_plugin(self, resource: str) -> None:

@@ -279,7 +279,7 @@ async def _kubernetes_api(address: str) -> Check:
     state = detail.removeprefix("kubernetes api: ")
     if state.endswith(": up"):
         return Check(name, True, state)
-    if state.endswith(": no request yet"):
+    if state == "starting" or state.endswith(": no request yet"):
         return Check(name, None, state)
     return Check(
         name,

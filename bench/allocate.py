@@ -181,6 +181,8 @@ def _dra_prepare(calls: int) -> list[Row]:
     )
     try:
         agent.wait_log("Serving DRA driver")
+        # The cluster side (and with it the claim reader) loads once the driver is registered, or after 2 s.
+        apiserver.wait_for(lambda: apiserver.list("resourceslices"), bool)
         socket = directory / "kubelet" / "plugins" / "npu.huawei.com" / "dra.sock"
         channel = grpc.insecure_channel(f"unix://{socket}")
         stub = pb_grpc.DRAPluginStub(channel)

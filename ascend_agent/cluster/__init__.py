@@ -5,14 +5,15 @@ each feature runs in its own task, writes through a :class:`~ascend_agent.cluste
 newest state wins, retries back off to 30 s with jitter) and every request is bounded by
 :attr:`KubeApi.timeout <ascend_agent.cluster.client.KubeApi.timeout>`.
 
-This package's ``__init__`` and :mod:`.credentials` import no client library; :func:`open_side` imports
-lightkube only once credentials are found, so an agent with ``--no-cluster`` (config ``cluster: false``) or
-without credentials never loads it.
+This package's ``__init__``, :mod:`.credentials` and :mod:`.side` import no client library; lightkube is
+imported by ``side.run`` (in a worker thread, so the kubelet's registration does not wait for it) once
+credentials are found, so an agent with ``--no-cluster`` (config ``cluster: false``) or without credentials
+never loads it.
 
 The agent does two things with it::
 
     side = open_side(settings)             # None: off (flag, or no credentials: one info line)
-    tasks.start_soon(side.run)             # one task per feature
+    tasks.start_soon(side.run)             # imports the client in a thread, then one task per feature
     side.observe(inventory)                # after each reconcile: chips, health, held chips
 
 How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSlice publisher, a pod watch):
@@ -40,6 +41,8 @@ kubeconfig file, which can hang or answer 403/500 on demand).
 from __future__ import annotations
 
 import logging
+import os
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ascend_agent.cluster.credentials import ClusterTarget, find_target, node_name
@@ -54,8 +57,8 @@ log = logging.getLogger("ascend_agent.cluster")
 
 
 def open_side(settings: Settings) -> ClusterSide | None:
-    """The cluster side for ``settings``, or None when it is off. Makes no request; raises
-    :class:`~ascend_agent.config.ConfigError` for credentials that cannot be used."""
+    """The cluster side for ``settings``, or None when it is off. Imports no client library and makes no
+    request; raises :class:`~ascend_agent.config.ConfigError` for a kubeconfig that cannot be read."""
     if not settings.cluster:
         return None
     target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
@@ -65,17 +68,15 @@ def open_side(settings: Settings) -> ClusterSide | None:
             "the cluster side (node labels, Events) is off"
         )
         return None
-    from ascend_agent.cluster.client import ClusterConnectError, KubeApi
     from ascend_agent.cluster.side import ClusterSide
-    from ascend_agent.config import ConfigError
 
-    node = node_name(settings.node_name)
-    try:
-        api = KubeApi.connect(target, node)
-    except ClusterConnectError as exc:
-        raise ConfigError(f"--kubeconfig: {exc}") from None
-    log.info("Cluster side on: %s, node %s, API server %s", target.describe(), node, api.health.server)
-    return ClusterSide(api, _features(settings))
+    if target.kubeconfig is not None and not os.access(target.kubeconfig, os.R_OK):
+        from ascend_agent.config import ConfigError
+
+        raise ConfigError(
+            f"--kubeconfig: cannot use {target.describe()}: it does not exist or cannot be read"
+        )
+    return ClusterSide(target, node_name(settings.node_name), partial(_features, settings))
 
 
 def _features(settings: Settings) -> list[Feature]:

@@ -11,7 +11,7 @@ for the node's chips.
 
 The agent holds a :class:`DraDriver` in place of its device plugins::
 
-    driver = DraDriver.open(settings, cluster_api)    # ConfigError for a checkpoint it cannot read
+    driver = DraDriver.open(settings, cluster_side)   # ConfigError for a checkpoint it cannot read
     task_group.start_soon(driver.run)
     driver.publish(inventory)                         # after each reconcile
 """
@@ -32,7 +32,7 @@ from ascend_agent.dra.service import DraService
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:
-    from ascend_agent.cluster.client import KubeApi
+    from ascend_agent.cluster.side import ClusterSide
 
 __all__ = ["DraDriver"]
 
@@ -45,14 +45,17 @@ class DraDriver:
         self.plugin = plugin
 
     @classmethod
-    def open(cls, settings: Settings, api: KubeApi | None) -> DraDriver:
+    def open(cls, settings: Settings, side: ClusterSide | None) -> DraDriver:
+        """The driver for ``settings``; claims are read through ``side``'s client once it has loaded."""
         paths = DraPaths.of(settings)
         try:
             prepared = Prepared.load(paths.checkpoint)
         except CheckpointError as exc:
             raise ConfigError(str(exc)) from None
-        pool = api.node if api is not None else ""
-        reader = ClaimReader(api, settings.dra_driver_name, pool) if api is not None else None
+        pool = side.node if side is not None else ""
+        reader = None
+        if side is not None:
+            reader = ClaimReader(lambda: side.api, settings.dra_driver_name, pool)
         service = DraService(
             settings.dra_driver_name,
             pool,

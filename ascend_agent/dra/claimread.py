@@ -3,7 +3,7 @@
 An allocation never changes once made, so a claim read once is answered from memory for as long as its UID
 is the one asked for; the kubelet's NodePrepareResources for a claim seen before makes no request::
 
-    reader = ClaimReader(api, driver="npu.huawei.com", pool="node-1")
+    reader = ClaimReader(lambda: side.api, driver="npu.huawei.com", pool="node-1")
     results = await reader.allocated(Claim(namespace="default", uid="...", name="train"))
     # ClaimError("...") with one line when the claim is not ours to prepare
 """
@@ -11,6 +11,7 @@ is the one asked for; the kubelet's NodePrepareResources for a claim seen before
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +47,11 @@ class ClaimRef:
 
 
 class ClaimReader:
-    """Reads ResourceClaims through the cluster side's client and keeps the allocations it found."""
+    """Reads ResourceClaims through the cluster side's client (``api_of()``: None until it has loaded) and
+    keeps the allocations it found."""
 
-    def __init__(self, api: KubeApi, driver: str, pool: str) -> None:
-        self._api = api
+    def __init__(self, api_of: Callable[[], KubeApi | None], driver: str, pool: str) -> None:
+        self._api_of = api_of
         self.driver = driver
         self.pool = pool
         self._known: OrderedDict[str, tuple[Allocated, ...]] = OrderedDict()
@@ -61,12 +63,15 @@ class ClaimReader:
         if known is not None:
             self._known.move_to_end(claim.uid)
             return known
+        api = self._api_of()
+        if api is None:
+            raise ClaimError(f"cannot read ResourceClaim {claim}: the Kubernetes client is still loading")
         self.reads += 1
         try:
-            found = await self._api.call(
+            found = await api.call(
                 "get",
                 "resourceclaims",
-                self._api.client.get(ResourceClaim, claim.name, namespace=claim.namespace),
+                api.client.get(ResourceClaim, claim.name, namespace=claim.namespace),
             )
         except ApiUnavailable as exc:
             raise ClaimError(f"cannot read ResourceClaim {claim}: {exc.failure}") from None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,7 @@ class DraPlugin:
         self._registered = False
         self._problem = "not served yet"
         self._logged = ""
+        self.on_registered: Callable[[], None] = lambda: None
 
     def poke(self) -> None:
         self._poked.set()
@@ -144,6 +146,7 @@ class DraPlugin:
             self._registered = True
             self._problem = self._logged = ""
             REGISTRATIONS.labels(resource=driver).inc()
+            self.on_registered()
             log.info("Registered DRA driver %s", driver, extra=log_fields(resource=driver))
         else:
             self._registered = False

@@ -10,6 +10,7 @@ kubeconfig file pointing at it. The agent (in-process or as a process) reaches i
 Outages on demand, for every request or only those of one verb and resource::
 
     apiserver.fail("hang")                             # every request waits until behave() or stop()
+    apiserver.fail("hang", seconds=30)                 # every request waits 30 s, then is served
     apiserver.fail(403, verb="create", resource="events")
     apiserver.fail(500)
     apiserver.behave()
@@ -20,6 +21,7 @@ Watches of a resource see the objects ``put`` and everything the client writes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -73,6 +75,7 @@ class _Rule:
     fault: Fault
     verb: str | None
     resource: str | None
+    seconds: float | None = None  # a hang that ends (then the request is served) after this long
 
     def matches(self, request: Request) -> bool:
         verb = _verb(request)
@@ -114,7 +117,9 @@ class _Emulator(kmock.KubernetesEmulator):
             for rule in self.rules:
                 if rule.matches(request):
                     if rule.fault == "hang":
-                        await self.released.wait()
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(rule.seconds):
+                                await self.released.wait()
                         break
                     status = int(rule.fault)
                     return await self._render_error(
@@ -194,14 +199,17 @@ class ApiServer:
             self._changed.notify_all()
 
     # faults ------------------------------------------------------------------------------------------------
-    def fail(self, fault: Fault, verb: str | None = None, resource: str | None = None) -> None:
-        """From now on, requests (of ``verb`` on ``resource``, if given) hang or get the ``fault`` status."""
+    def fail(
+        self, fault: Fault, verb: str | None = None, resource: str | None = None, seconds: float | None = None
+    ) -> None:
+        """From now on, requests (of ``verb`` on ``resource``, if given) hang (until :meth:`behave`, or for
+        ``seconds``) or get the ``fault`` status."""
 
         async def add() -> None:
             assert self._emulator is not None
             if fault == "hang":
                 self._emulator.released = asyncio.Event()
-            self._emulator.rules.append(_Rule(fault, verb, resource))
+            self._emulator.rules.append(_Rule(fault, verb, resource, seconds))
 
         self._call(add())
 
