@@ -12,10 +12,11 @@ import pytest
 
 from ascend_agent.config import ConfigError, Settings, SettingsSource
 from ascend_agent.dra import DraDriver
+from ascend_agent.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
 from ascend_agent.dra.claims import CheckpointError, Prepared, PreparedClaim, PreparedDevice
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
 from ascend_agent.dra.service import DraService
-from ascend_agent.model import Chip, Health, Inventory
+from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
 
 KUBERNETES = "1.36"
 TAINTS = DeviceTaints("npu.huawei.com", "NoSchedule")
@@ -135,3 +136,33 @@ def test_the_method_paths_are_the_kubelets(short_dir: Path) -> None:
 def test_bad_dra_settings_are_one_line(overrides: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         SettingsSource(overrides=overrides).load()
+
+
+def _claim_object(uid: str, results: list[dict[str, str]] | None) -> dict[str, Any]:
+    status = {} if results is None else {"allocation": {"devices": {"results": results}}}
+    return {"metadata": {"name": "train", "namespace": "default", "uid": uid}, "status": status}
+
+
+def test_only_this_drivers_results_in_this_pool_are_prepared() -> None:
+    reader = ClaimReader(lambda: None, "npu.huawei.com", "node-1")
+    ref = ClaimRef("default", "train", "u1")
+    mixed = [
+        {"request": "a", "driver": "npu.huawei.com", "pool": "node-1", "device": "npu-0"},
+        {"request": "a", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"},
+        {"request": "b", "driver": "npu.huawei.com", "pool": "node-2", "device": "npu-1"},
+    ]
+    assert reader._results(ref, _claim_object("u1", mixed)) == (Allocated("a", "npu-0"),)
+    with pytest.raises(ClaimError, match="is not allocated"):
+        reader._results(ref, _claim_object("u1", None))
+    with pytest.raises(ClaimError, match=r"no device of driver npu\.huawei\.com in pool node-1"):
+        reader._results(ref, _claim_object("u1", mixed[1:]))
+
+
+async def test_a_claim_before_the_client_has_loaded_is_an_error_for_that_claim(short_dir: Path) -> None:
+    reader = ClaimReader(lambda: None, "npu.huawei.com", "node-1")
+    service = DraService("npu.huawei.com", "node-1", Prepared(short_dir / "c.json"), short_dir, reader)
+    service.publish([Chip.make(0, "910B4")], lambda chips: ContainerSpec())
+    answers = await service.prepare([ClaimRef("default", "train", "u1")])
+    assert answers == {
+        "u1": "cannot read ResourceClaim default/train: the Kubernetes client is still loading"
+    }
