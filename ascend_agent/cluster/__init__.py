@@ -29,13 +29,15 @@ How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSl
    come back as lightkube's ``ApiError`` for the feature to handle).
 3. For state the agent owns, run a ``LatestWriter(name, apply)`` in the feature's task and call
    ``writer.set(state)`` from ``observe``; ``writer.refresh()`` rewrites unchanged state (a periodic refresh,
-   an object deleted by hand). For a watch, loop over ``api.client.watch(...)`` inside ``run``, catching
-   ``ApiUnavailable``/transport errors and retrying with :class:`~ascend_agent.cluster.writer.Backoff`.
+   an object deleted by hand). For a watch, ``async for kind, obj in api.stream("pods",
+   api.client.watch(Pod, ...))`` inside ``run`` (failures recorded as for ``call``), catching
+   ``ApiUnavailable`` and watching again after :class:`~ascend_agent.cluster.writer.Backoff`.
 4. Add the feature to :func:`_features` (and its RBAC to the README's cluster section). Patches are JSON merge
    patches (``PatchType.MERGE``): ``null`` removes a key, and the test API server understands them.
 
-Tests run against :mod:`tests.support.apiserver` (an in-process Kubernetes API emulator on loopback with a
-kubeconfig file, which can hang or answer 403/500 on demand).
+Tests run against :mod:`tests.support.apiserver` (the ``apiserver`` fixture: a Kubernetes API emulator on
+loopback with a kubeconfig file, which can hang or answer 403/500 per verb and resource; its docstring says
+what it does not do: selectors, resourceVersion).
 """
 
 from __future__ import annotations

@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import FIXTURES
 from tests.support.agent_process import AgentProcess, fake_agent
 from tests.support.apiserver import ApiServer
 from tests.support.cli import run_cli
+from tests.support.host_tree import HostTree
 from tests.support.http_probe import free_port, wait_answer
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.npusmi_fake import FakeNpuSmi
 from tests.support.podresources import PodResourcesStandin
 
 NODE = "node-1"
@@ -180,7 +183,7 @@ def test_a_refusing_pod_resources_socket_costs_one_warning(
         kubelet.wait_registrations(1)
         process.wait_log("Cannot tell which pod holds which chip: .* refused List")
         calls = podresources.calls
-        kubelet.wait_for(lambda: podresources.calls >= calls + 2, what="two more List calls")
+        podresources.wait_calls(calls + 2)
         assert len(process.matching("Cannot tell which pod")) == 1
     finally:
         process.close()
@@ -287,3 +290,26 @@ def test_the_kubelet_path_does_not_wait_for_the_api_server(
     apiserver.behave()
     agent.process.wait_log("Kubernetes API: get nodes works again", timeout=35)
     apiserver.wait_for(lambda: _labels(apiserver), lambda got: "accelerator" in got, timeout=35)
+
+
+def test_labels_on_the_devfs_backend_carry_the_driver_and_hbm(
+    kubelet: KubeletStandin, apiserver: ApiServer, host: HostTree, short_dir: Path
+) -> None:
+    host.add_chips(range(8))
+    npu_smi = FakeNpuSmi(short_dir / "npu-smi")
+    npu_smi.set_output("info", (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text())
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    process = AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--kubelet-dir", str(kubelet.directory), "--metrics-address", "",
+         "--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE],
+    )  # fmt: skip
+    try:
+        labels = apiserver.wait_for(lambda: _labels(apiserver), lambda got: "accelerator" in got, timeout=5)
+    finally:
+        process.close()
+    assert labels["huawei.com/driver.version"] == "25.0.rc1.1"
+    assert labels["node.kubernetes.io/npu.chip.name"] == "910B4"
+    assert labels["mind-cluster/npu-chip-memory"] == "32G"
+    assert labels["huawei.com/npu.memory"] == "32768"
+    assert labels["huawei.com/npu.count"] == "8"

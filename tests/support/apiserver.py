@@ -15,13 +15,17 @@ Outages on demand, for every request or only those of one verb and resource::
     apiserver.fail(500)
     apiserver.behave()
 
-Watches of a resource see the objects ``put`` and everything the client writes.
+Watches of a resource see the objects ``put`` and everything the client writes. What the emulator does not
+do (kmock 0.8): label and field selectors are ignored (a list or watch gets every object of the resource),
+there is no ``resourceVersion`` or conflict (409 only for a create of an existing name), and every PATCH is
+applied as a JSON merge patch whatever its content type. PUT (update) is served here on top of kmock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -34,7 +38,7 @@ import aiohttp.web
 import attrs
 import kmock
 import pytest
-from kmock._internal.k8s import KubernetesError
+from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
 from kmock._internal.rendering import Request
 
 T = TypeVar("T")
@@ -127,9 +131,27 @@ class _Emulator(kmock.KubernetesEmulator):
                             status=status, reason=_REASONS.get(status, "Error"), message="refused"
                         )
                     )
+            if str(request.method.value) == "PUT" and request.resource is not None and request.name:
+                return await self._replace(request)
             return await super()._handle(request)
         finally:
             self.on_answered()
+
+    async def _replace(self, request: Request) -> aiohttp.web.StreamResponse:
+        """PUT (update): kmock serves no PUT; the object becomes the request's body, as a merge patch that
+        also removes what the body leaves out."""
+        assert request.resource is not None
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self._objects or self._objects[key].deleted:
+                return await self._render_error(KubernetesObjectNotFoundError())
+            stored = self._objects[key]
+            stored.patch(_replacement(_plain(stored.raw), request.data))
+            raw = _plain(stored.raw)
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": raw})
+        return aiohttp.web.Response(
+            body=json.dumps(raw).encode(), headers={"Content-Type": "application/json"}
+        )
 
 
 class ApiServer:
@@ -280,6 +302,17 @@ class ApiServer:
                 raise AssertionError(f"not ready within {timeout:g} s; last: {value!r}")
             with self._changed:
                 self._changed.wait_for(partial(self._moved_on, generation), remaining)
+
+
+def _replacement(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch that turns ``old`` into ``new``: keys ``new`` leaves out are set to null."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        patch[key] = (
+            _replacement(before, value) if isinstance(before, dict) and isinstance(value, dict) else value
+        )
+    return patch
 
 
 def _plain(value: Any) -> Any:
