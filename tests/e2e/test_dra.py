@@ -229,3 +229,29 @@ def test_dra_mode_without_the_kubernetes_api_stops_with_one_line(host: _Host) ->
     assert agent.proc.wait(10) == 2
     assert "--kubelet-api dra needs the Kubernetes API" in agent.output
     assert "Traceback" not in agent.output
+
+
+async def test_a_claim_read_once_is_prepared_while_the_api_server_hangs(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    host.start()
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    uid = _claim(apiserver, "train", ["npu-0", "npu-1"])
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
+    first = (await kubelet.prepare([claim])).claims[uid]
+    assert (await kubelet.unprepare([claim])).claims[uid].error == ""
+
+    apiserver.fail(403, verb="get", resource="resourceclaims")
+    other = _claim(apiserver, "other", ["npu-2"])
+    refused = await kubelet.prepare([dra_v1.Claim(namespace="default", uid=other, name="other")])
+    assert "403" in refused.claims[other].error and "resourceclaims" in refused.claims[other].error
+
+    apiserver.fail("hang")
+    try:
+        again = await kubelet.prepare([claim], timeout=5.0)
+        assert again.claims[uid] == first
+        assert (host.cdi / f"{DRIVER}-claim-{uid}.json").exists()
+    finally:
+        apiserver.behave()
