@@ -22,16 +22,15 @@ from typing import Any
 from ascend_agent.allocation import Layout, topology_for
 from ascend_agent.model import Chip, Inventory
 
-DEFAULT_DRIVER = "npu.huawei.com"
-TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 # resource.k8s.io/v1: at most 128 devices per slice, 64 when any device has taints.
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_TAINTS = 64
 _MAX_STRING = 64
 _MAX_TAINT_VALUE = 63
 _INVALID_VALUE = re.compile(r"[^A-Za-z0-9._-]")
-# AI cores per chip where the model alone says it (vNPU templates are cut from these).
-_AI_CORES = {"910B2": 24, "910B3": 20, "910B4": 20, "310P3": 8}
+# AI cores per chip where the model alone fixes the count: 310P3 (Atlas inference cards) and 910B4 (Atlas 800I
+# A2). Other 910 models come in variants with different counts.
+_AI_CORES = {"910B4": 20, "310P3": 8}
 
 
 def device_name(chip: Chip) -> str:

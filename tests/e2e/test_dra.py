@@ -128,7 +128,7 @@ async def test_registers_publishes_prepares_and_reports_health(host: _Host, apis
     assert npu1["attributes"]["deviceType"] == {"string": "Ascend910B3"}
     assert npu1["attributes"]["physicId"] == {"int": 1}
     assert npu1["attributes"]["numaNode"] == {"int": 0}
-    assert npu1["capacity"] == {"memory": {"value": "64Gi"}, "aiCores": {"value": "20"}}
+    assert npu1["capacity"] == {"memory": {"value": "64Gi"}}
     assert "taints" not in npu1
 
     # A claim with two chips, and one whose UID is not the one the kubelet asks for, in one call.
