@@ -34,6 +34,9 @@ log = logging.getLogger("ascend_agent.cluster")
 
 ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
 API_VERSION = "resource.k8s.io/v1"
+# How often the slices are compared with what they should be (one list request when nothing differs), so that
+# a slice deleted or edited by hand is right again within this.
+REFRESH = 300.0
 
 Specs = list[dict[str, Any]]
 
@@ -50,9 +53,12 @@ def slice_name(node: str, driver: str, index: int) -> str:
 class SlicePublisher:
     """Keeps the node's ResourceSlices equal to the chips: devices, attributes, capacity, health taints."""
 
-    def __init__(self, driver: str, taint_effect: str, cleanup: bool = False) -> None:
+    def __init__(
+        self, driver: str, taint_effect: str, cleanup: bool = False, refresh: float = REFRESH
+    ) -> None:
         self.driver = driver
         self.cleanup = cleanup
+        self._refresh = refresh
         self._taints = DeviceTaints(driver, taint_effect)
         self._writer: LatestWriter[Specs] | None = None
         self._pending: Specs | None = None
@@ -69,11 +75,15 @@ class SlicePublisher:
         async def apply(specs: Specs) -> None:
             await self._apply(api, specs)
 
-        self._writer = LatestWriter("ResourceSlices", apply)
+        writer = self._writer = LatestWriter("ResourceSlices", apply)
         if self._pending is not None:
-            self._writer.set(self._pending)
+            writer.set(self._pending)
         try:
-            await self._writer.run()
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(writer.run)
+                while True:
+                    await anyio.sleep(self._refresh)
+                    writer.refresh()
         finally:
             if self.cleanup:
                 with anyio.CancelScope(shield=True):

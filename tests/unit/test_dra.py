@@ -7,16 +7,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import kubernetes_validate
 import pytest
 
+from ascend_agent.cluster.client import KubeApi
+from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.config import ConfigError, Settings, SettingsSource
 from ascend_agent.dra import DraDriver
 from ascend_agent.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
 from ascend_agent.dra.claims import CheckpointError, Prepared, PreparedClaim, PreparedDevice
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
 from ascend_agent.dra.service import DraService
+from ascend_agent.dra.slices import ResourceSlice, SlicePublisher
 from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
+from tests.support.apiserver import ApiServer
 
 KUBERNETES = "1.36"
 TAINTS = DeviceTaints("npu.huawei.com", "NoSchedule")
@@ -166,3 +171,27 @@ async def test_a_claim_before_the_client_has_loaded_is_an_error_for_that_claim(s
     assert answers == {
         "u1": "cannot read ResourceClaim default/train: the Kubernetes client is still loading"
     }
+
+
+async def test_a_slice_deleted_by_hand_is_published_again_at_the_refresh(apiserver: ApiServer) -> None:
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    publisher = SlicePublisher("npu.huawei.com", "NoSchedule", refresh=0.1)
+    publisher.observe(Inventory((Chip.make(0, "910B4"), Chip.make(1, "910B4"))))
+
+    async def slices() -> list[dict[str, Any]]:
+        with anyio.fail_after(10):
+            while not (found := apiserver.list("resourceslices")):
+                await anyio.sleep(0.01)
+        return found
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(publisher.run, api)
+        (first,) = await slices()
+        await api.client.delete(ResourceSlice, first["metadata"]["name"])
+        (again,) = await slices()
+        tasks.cancel_scope.cancel()
+    assert again["spec"]["devices"] == first["spec"]["devices"]
+    assert again["spec"]["pool"]["generation"] == first["spec"]["pool"]["generation"] + 1
+    writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
+    assert len(writes) == 2, "refreshes of an unchanged pool write nothing"
+    await api.close()
