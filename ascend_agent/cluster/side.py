@@ -37,6 +37,21 @@ class Feature(Protocol):
         """The feature's own task for the agent's lifetime; cancelled when the agent stops."""
 
 
+async def _guarded(feature: Feature, api: KubeApi) -> None:
+    """``feature.run``, started again after back-off if it ever fails: a bug in one cluster feature must not
+    end the agent (the kubelet's side shares its task group)."""
+    from ascend_agent.cluster.writer import Backoff
+
+    backoff = Backoff()
+    while True:
+        try:
+            await feature.run(api)
+            return
+        except Exception:
+            log.exception("Cluster feature %s failed; starting it again", type(feature).__name__)
+        await anyio.sleep(backoff.next())
+
+
 class ClusterSide:
     """Runs each feature's task and hands each inventory to every feature."""
 
@@ -87,7 +102,7 @@ class ClusterSide:
         try:
             async with anyio.create_task_group() as tasks:
                 for feature in features:
-                    tasks.start_soon(feature.run, api, name=f"cluster {type(feature).__name__}")
+                    tasks.start_soon(_guarded, feature, api, name=f"cluster {type(feature).__name__}")
                 await anyio.sleep_forever()  # the client stays open for what asks through it
         finally:
             await api.close()

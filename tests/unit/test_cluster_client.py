@@ -20,6 +20,7 @@ from ascend_agent.cluster import find_target, node_name, open_side
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.labels import NodeLabels, node_labels, sanitise
+from ascend_agent.cluster.side import ClusterSide
 from ascend_agent.cluster.writer import Backoff, LatestWriter
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.model import Chip, Inventory
@@ -236,3 +237,35 @@ async def test_a_watch_through_stream_records_its_failures(apiserver: ApiServer)
     finally:
         await api.close()
     assert _up() == 0
+
+
+class _FailsOnce:
+    """A cluster feature with a bug on its first run."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.second = anyio.Event()
+
+    def observe(self, inventory: Inventory) -> None:
+        return None
+
+    async def run(self, api: KubeApi) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            raise RuntimeError("a bug")
+        self.second.set()
+        await anyio.sleep_forever()
+
+
+async def test_a_failing_feature_is_started_again_not_the_end_of_the_agent(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    feature = _FailsOnce()
+    side = ClusterSide(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [feature])
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(side.run)
+            await feature.second.wait()
+            tasks.cancel_scope.cancel()
+    assert feature.runs == 2
+    assert "Cluster feature _FailsOnce failed; starting it again" in caplog.text
