@@ -28,6 +28,7 @@ from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, backend_for
 from ascend_agent.config import (
+    DRA_API,
     PLUGIN_WATCHER_REGISTRATION,
     ConfigError,
     EffectiveSettings,
@@ -53,6 +54,7 @@ from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide
+    from ascend_agent.dra import DraDriver
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,8 @@ _CONFIG_TAG = "config"
 _CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
 _CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name")
+# Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
+_KUBELET_API_SETTINGS = ("kubelet_api", "dra_driver_name", "dra_taint_effect", "dra_cleanup")
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -84,6 +88,7 @@ _AGENT_SETTINGS = frozenset(
         "log_format",
         *_CLUSTER_SETTINGS,
         "pod_resources_socket",
+        *_KUBELET_API_SETTINGS,
     }
 )
 # Seconds between tries to serve the HTTP endpoint on an address another process holds.
@@ -131,6 +136,12 @@ class Agent:
         self._hold = ChipHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
+        self._dra: DraDriver | None = None
+        if settings.kubelet_api == DRA_API:  # the DRA driver in place of the device plugins
+            from ascend_agent.dra import DraDriver
+
+            self._dra = DraDriver.open(settings, cluster)
+            self._dra.plugin.on_registered = self._registered.set
 
     def wake(self) -> None:
         """Ask for a reconcile soon; any number of calls before it runs make one reconcile."""
@@ -156,6 +167,8 @@ class Agent:
             return False, waiting_reason(self._missing)
         if self._standby is not None:
             return True, f"standby: the ascend-agent with pid {self._standby} holds this node until it stops"
+        if self._dra is not None:
+            return self._dra.status()
         if not self._plugins:
             return False, "; ".join(self.inventory.problems) or "no chips found"
         reasons = [
@@ -179,6 +192,8 @@ class Agent:
                     self._serve_http_when_free(self.settings.metrics_address)
                 if self.cluster is not None:
                     tasks.start_soon(self._run_cluster, name="cluster")
+                if self._dra is not None:
+                    tasks.start_soon(self._dra.run, name="dra")
                 label_devices_with_holders(self._holder_of)
                 tasks.start_soon(self.holders.run, name="pod resources")
                 await self.backend.query()
@@ -209,6 +224,8 @@ class Agent:
         endpoints = {self.settings.endpoint_dir}
         if self.settings.registration == PLUGIN_WATCHER_REGISTRATION:
             endpoints.add(self.settings.effective_plugins_registry_dir)
+        if self._dra is not None:
+            endpoints.update(self._dra.socket_dirs)
         for directory in sorted(endpoints - {self.settings.kubelet_dir}):
             watcher.watch(directory, _ENDPOINTS_TAG, lambda name: name.endswith(".sock"))
         for directory, accept in self.backend.watch_paths():
@@ -236,6 +253,8 @@ class Agent:
                 KUBELET_RESTARTS.inc()
             for running in self._plugins.values():
                 running.plugin.poke()
+            if self._dra is not None:
+                self._dra.poke()
         elif event.tag == _CONFIG_TAG:
             if event.change is not Change.DELETED:
                 self.reload()
@@ -354,6 +373,11 @@ class Agent:
                 ", ".join(sorted(set(changed) & set(_CLUSTER_SETTINGS))),
             )
         self.holders.socket = settings.pod_resources_socket
+        if set(changed) & set(_KUBELET_API_SETTINGS):
+            log.warning(
+                "%s changed: device plugin or DRA driver, and the driver's settings, apply at the next start",
+                ", ".join(sorted(set(changed) & set(_KUBELET_API_SETTINGS))),
+            )
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)
@@ -391,6 +415,11 @@ class Agent:
         inventory = replace(inventory, chips=self._hold.apply(inventory.chips))
         self.inventory = inventory
         self._report(inventory)
+        if self._dra is not None:
+            self._dra.publish(inventory)
+            if self.cluster is not None:
+                self.cluster.observe(inventory)
+            return
         settings = self.settings
         desired = {
             naming.advertised_resource(resource, settings.replicas, settings.rename_shared): chips

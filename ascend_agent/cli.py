@@ -219,6 +219,34 @@ PodResourcesSocket = Annotated[
         help="The kubelet's PodResources socket: which pod holds which chip.",
     ),
 ]
+KubeletApi = Annotated[
+    str | None,
+    _option(
+        "--kubelet-api",
+        env="KUBELET_API",
+        help="device-plugin, or dra: a DRA driver publishing ResourceSlices (needs the cluster side).",
+    ),
+]
+DraDriverName = Annotated[
+    str | None, _option("--dra-driver-name", env="DRA_DRIVER_NAME", help="DRA: the driver's name.")
+]
+DraTaintEffect = Annotated[
+    str | None,
+    _option(
+        "--dra-taint-effect",
+        env="DRA_TAINT_EFFECT",
+        help="DRA: NoSchedule or NoExecute, the effect of an Unhealthy chip's taint.",
+    ),
+]
+DraCleanup = Annotated[
+    bool | None,
+    _option(
+        "--dra-cleanup/--no-dra-cleanup",
+        env="DRA_CLEANUP",
+        help="DRA: delete the node's ResourceSlices on exit (only when its chips are going).",
+        unset="off",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 DaemonSetName = Annotated[
     str,
@@ -290,6 +318,10 @@ def run(
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
     pod_resources_socket: PodResourcesSocket = None,
+    kubelet_api: KubeletApi = None,
+    dra_driver_name: DraDriverName = None,
+    dra_taint_effect: DraTaintEffect = None,
+    dra_cleanup: DraCleanup = None,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
     source, settings = _settings(dict(locals()))

@@ -13,16 +13,19 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, ConfigError, Settings
+from ascend_agent.config import DRA_API, PLUGIN_WATCHER_REGISTRATION, ConfigError, Settings
 from ascend_agent.watch import Watcher
 
 log = logging.getLogger(__name__)
 
 
 def kubelets_own(settings: Settings) -> list[Path]:
-    """The kubelet's directories these settings use: its device-plugins directory; the plugins directory
-    the agent's own one sits in, unless ``--plugin-dir`` names another place; its plugins registry in
-    plugin-watcher mode."""
+    """The kubelet's directories these settings use: its device-plugins directory (not as a DRA driver);
+    the plugins directory the agent's own one sits in, unless ``--plugin-dir`` names another place; its
+    plugins registry in plugin-watcher mode and as a DRA driver (whose own directory is in the plugins
+    directory)."""
+    if settings.kubelet_api == DRA_API:
+        return [settings.kubelet_dir.parent / "plugins", settings.effective_plugins_registry_dir]
     directories = [settings.kubelet_dir]
     if settings.plugin_dir is None:
         directories.append(settings.effective_plugin_dir.parent)

@@ -21,7 +21,7 @@ import anyio
 from ascend_agent import __version__, cluster, kubelet_dirs
 from ascend_agent.agent import Agent, log_configuration
 from ascend_agent.backends import backend_for
-from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
 from ascend_agent.deviceplugin.lifecycle import ServeFailed
 from ascend_agent.instance import exclusive
 from ascend_agent.observability import configure_logging, serve_http
@@ -56,7 +56,13 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.kubelet_dir,
     )
     log_configuration(source.load_effective())
-    agent = Agent(settings, backend, source, cluster.open_side(settings))
+    side = cluster.open_side(settings)
+    if side is None and settings.kubelet_api == DRA_API:
+        raise ConfigError(
+            "--kubelet-api dra needs the Kubernetes API (claims, ResourceSlices): give --kubeconfig or run "
+            "in a pod with a service account, and do not set --no-cluster"
+        )
+    agent = Agent(settings, backend, source, side)
     http = None
     if settings.metrics_address:
         try:
