@@ -3,10 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# `make run` needs only what running needs: the package and its runtime dependencies, not the test tools.
+RUN_STAMP := $(VENV)/.run-stamp
 PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto protos/podresources/v1/api.proto
+# The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
+DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -19,12 +23,22 @@ $(STAMP): pyproject.toml
 	$(if $(_python_ok),,$(error ascend-agent needs Python $(PYTHON_MIN) or newer but $(PYTHON) is $(or $(_python_version),not found); pick another with make PYTHON=python$(PYTHON_MIN)))
 	$(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml
+	$(if $(_python_ok),,$(error ascend-agent needs Python $(PYTHON_MIN) or newer but $(PYTHON) is $(or $(_python_version),not found); pick another with make PYTHON=python$(PYTHON_MIN)))
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e .
+	touch $(RUN_STAMP)
 
 install: $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" examples/run-local.sh
+
+# The agent as a DRA driver against the tests' API emulator and DRA kubelet stand-in (docs/dra.md).
+run-dra: $(STAMP)
+	$(BIN)/python examples/dra/run-local.py
 
 # mypy cannot follow setuptools' package-dir mapping (backends/ installs as ascend_agent.backends), so it
 # checks a tree of links laid out as the installed package is.
@@ -42,7 +56,7 @@ test: lint
 proto: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_betterproto2_out=ascend_agent/_proto \
-		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO)
+		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO) $(DRA_PROTO)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run

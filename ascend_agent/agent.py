@@ -14,10 +14,12 @@ resource's lifecycle, so no task outlives the agent::
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -27,6 +29,7 @@ from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, VnpuLayoutBackend, backend_for
 from ascend_agent.config import (
+    DRA_API,
     PLUGIN_WATCHER_REGISTRATION,
     ConfigError,
     EffectiveSettings,
@@ -35,6 +38,8 @@ from ascend_agent.config import (
 )
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.flaphold import ChipHold
+from ascend_agent.kubelet_dirs import waiting_reason
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     DEVICE_HEALTH,
@@ -53,6 +58,7 @@ from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide
+    from ascend_agent.dra import DraDriver
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,8 @@ _CONFIG_TAG = "config"
 _CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
 _CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name")
+# Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
+_KUBELET_API_SETTINGS = ("kubelet_api", "dra_driver_name", "dra_taint_effect", "dra_cleanup")
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -72,6 +80,11 @@ _AGENT_SETTINGS = frozenset(
         "plugins_registry_dir",
         "plugin_dir",
         "replicas",
+        "rename_shared",
+        "fail_requests_greater_than_one",
+        "flap_threshold",
+        "flap_window",
+        "flap_quiet",
         "serve_timeout",
         "cdi_spec_dir",
         "metrics_address",
@@ -80,8 +93,12 @@ _AGENT_SETTINGS = frozenset(
         "vnpu",
         *_CLUSTER_SETTINGS,
         "pod_resources_socket",
+        *_KUBELET_API_SETTINGS,
     }
 )
+# Seconds between tries to serve the HTTP endpoint on an address another process holds.
+_HTTP_RETRY_FIRST = 1.0
+_HTTP_RETRY_MOST = 10.0
 # Settings that decide where and how each resource is served: a change re-serves every resource.
 _SERVING_SETTINGS = frozenset({"kubelet_dir", "registration", "plugins_registry_dir", "plugin_dir"})
 
@@ -127,8 +144,16 @@ class Agent:
         self._cdi_document: dict[str, Any] | None = None
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
+        self._missing: Path | None = None
+        self._hold = ChipHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
+        self._dra: DraDriver | None = None
+        if settings.kubelet_api == DRA_API:  # the DRA driver in place of the device plugins
+            from ascend_agent.dra import DraDriver
+
+            self._dra = DraDriver.open(settings, cluster)
+            self._dra.plugin.on_registered = self._registered.set
 
     def wake(self) -> None:
         """Ask for a reconcile soon; any number of calls before it runs make one reconcile."""
@@ -144,10 +169,18 @@ class Agent:
         update with ``maxSurge`` (which waits for the new pod to be ready) lets the old pod go."""
         self._standby = holder
 
+    def waiting_for(self, directory: Path | None) -> None:
+        """The kubelet's ``directory`` is missing and waited for (None: no more): ``/readyz`` says so."""
+        self._missing = directory
+
     def ready(self) -> tuple[bool, str]:
         """``/readyz``: every resource with chips registered, and its kubelet stream open; or standing by."""
+        if self._missing is not None:
+            return False, waiting_reason(self._missing)
         if self._standby is not None:
             return True, f"standby: the ascend-agent with pid {self._standby} holds this node until it stops"
+        if self._dra is not None:
+            return self._dra.status()
         if not self._plugins:
             return False, "; ".join(self.inventory.problems) or "no chips found"
         reasons = [
@@ -167,8 +200,12 @@ class Agent:
                 self._tasks = tasks
                 if http is not None:
                     self._serve_http(http)
+                elif self.settings.metrics_address:
+                    self._serve_http_when_free(self.settings.metrics_address)
                 if self.cluster is not None:
                     tasks.start_soon(self._run_cluster, name="cluster")
+                if self._dra is not None:
+                    tasks.start_soon(self._dra.run, name="dra")
                 label_devices_with_holders(self._holder_of)
                 tasks.start_soon(self.holders.run, name="pod resources")
                 await self.backend.query()
@@ -180,7 +217,9 @@ class Agent:
                         await self._apply_config()
                         await self.apply_vnpu_layout(fresh=True)
                     await self.reconcile()
-                    await self._wakeup.wait()
+                    # A held chip comes back once quiet, with no event to say so: look again then.
+                    with anyio.move_on_after(self._hold.seconds_to_release()):
+                        await self._wakeup.wait()
         finally:
             self._tasks = None
             with anyio.CancelScope(shield=True):
@@ -198,6 +237,8 @@ class Agent:
         endpoints = {self.settings.endpoint_dir}
         if self.settings.registration == PLUGIN_WATCHER_REGISTRATION:
             endpoints.add(self.settings.effective_plugins_registry_dir)
+        if self._dra is not None:
+            endpoints.update(self._dra.socket_dirs)
         for directory in sorted(endpoints - {self.settings.kubelet_dir}):
             watcher.watch(directory, _ENDPOINTS_TAG, lambda name: name.endswith(".sock"))
         for directory, accept in self.backend.watch_paths():
@@ -225,6 +266,8 @@ class Agent:
                 KUBELET_RESTARTS.inc()
             for running in self._plugins.values():
                 running.plugin.poke()
+            if self._dra is not None:
+                self._dra.poke()
         elif event.tag == _CONFIG_TAG:
             if event.change is not Change.DELETED:
                 self.reload()
@@ -251,6 +294,35 @@ class Agent:
                     continue
                 if changed:
                     self.wake()
+
+    def _serve_http_when_free(self, address: str) -> None:
+        """Serve the HTTP endpoint on ``address`` once nothing else holds it (the agent that stopped before
+        this one took over, say): the kubelet path never waits for it."""
+        assert self._tasks is not None
+        self._http_scope.cancel()
+        scope = self._http_scope = anyio.CancelScope()
+
+        async def retry() -> None:
+            delay = 0.0
+            with scope:
+                while True:
+                    await anyio.sleep(delay)
+                    try:
+                        server = await serve_http(address, self.ready, self.health_detail)
+                    except OSError as exc:
+                        if exc.errno != errno.EADDRINUSE:
+                            log.error("Cannot serve /metrics on %s: %s", address, exc.strerror or exc)
+                            return
+                        delay = min(max(2 * delay, _HTTP_RETRY_FIRST), _HTTP_RETRY_MOST)
+                        continue
+                    log.info("Serving /metrics, /healthz and /readyz on %s", address)
+                    break
+            if not scope.cancel_called:
+                self._serve_http(server)
+            else:
+                server.close()
+
+        self._tasks.start_soon(retry, name="http retry")
 
     async def _run_cluster(self) -> None:
         """The cluster side, once the kubelet registered a resource (loading the client library meanwhile
@@ -300,6 +372,7 @@ class Agent:
             self.backend = backend
             await backend.query()
         configure_logging(settings.log_level, settings.log_format)
+        self._hold.configure(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         if settings.metrics_address != self.settings.metrics_address and not await self._move_http(
             settings.metrics_address
         ):
@@ -315,6 +388,11 @@ class Agent:
                 ", ".join(sorted(set(changed) & set(_CLUSTER_SETTINGS))),
             )
         self.holders.socket = settings.pod_resources_socket
+        if set(changed) & set(_KUBELET_API_SETTINGS):
+            log.warning(
+                "%s changed: device plugin or DRA driver, and the driver's settings, apply at the next start",
+                ", ".join(sorted(set(changed) & set(_KUBELET_API_SETTINGS))),
+            )
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)
@@ -386,9 +464,17 @@ class Agent:
     async def reconcile(self) -> None:
         """Discover, then make the plugins and what they advertise match."""
         inventory = await self.backend.discover()
+        chips = self._hold.apply(inventory.chips)
+        inventory = replace(inventory, chips=chips, vnpus=_follow_holds(chips, inventory.vnpus))
         self.inventory = inventory
         self._report(inventory)
-        desired = inventory.by_resource()
+        if self._dra is not None:
+            self._dra.publish(inventory)
+            if self.cluster is not None:
+                self.cluster.observe(inventory)
+            return
+        settings = self.settings
+        desired = inventory.by_advertised_resource(settings.replicas, settings.rename_shared)
         self._count(desired)
         _count_vnpus(inventory.vnpus)
         container = replace(inventory.container, cdi=self.settings.cdi_spec_dir is not None)
@@ -398,13 +484,17 @@ class Agent:
         for resource, chips in desired.items():
             running = self._plugins.get(resource) or self._start_plugin(resource)
             # A vNPU is isolated by the driver and handed out once: replicas share whole chips only.
-            replicas = 1 if any(chip.vnpu is not None for chip in chips) else self.settings.replicas
+            replicas = 1 if any(chip.vnpu is not None for chip in chips) else settings.replicas
+            # failRequestsGreaterThanOne: a container gets one replica of a shared chip at most.
+            most = 1 if replicas > 1 and settings.fail_requests_greater_than_one else None
             devices = {
                 device_id: chip
                 for chip in chips
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
-            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), container)
+            running.plugin.publish(
+                devices, partial(preferred, topology_for(chips, replicas)), container, most_per_container=most
+            )
         if self.cluster is not None:
             self.cluster.observe(inventory)
         await self._write_cdi(inventory)
@@ -501,6 +591,17 @@ class Agent:
                 )
             for chip in chips:
                 DEVICE_HEALTH.labels(resource=resource, device=chip.device_id).set(chip.healthy)
+
+
+def _follow_holds(chips: Sequence[Chip], parts: Sequence[Chip]) -> tuple[Chip, ...]:
+    """The vNPUs of a chip the flap hold keeps Unhealthy are held with it."""
+    held = {chip.phys_id: chip for chip in chips if chip.held}
+    return tuple(
+        replace(part, held=True).with_health(Health.UNHEALTHY, held[part.phys_id].reason)
+        if part.phys_id in held
+        else part
+        for part in parts
+    )
 
 
 def _count_vnpus(parts: Sequence[Chip]) -> None:

@@ -18,7 +18,7 @@ import click
 import typer
 from click.core import ParameterSource
 
-from ascend_agent import __version__
+from ascend_agent import __version__, naming
 from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Settings, SettingsSource
 
 if TYPE_CHECKING:
@@ -237,7 +237,53 @@ PodResourcesSocket = Annotated[
         help="The kubelet's PodResources socket: which pod holds which chip.",
     ),
 ]
+KubeletApi = Annotated[
+    str | None,
+    _option(
+        "--kubelet-api",
+        env="KUBELET_API",
+        help="device-plugin, or dra: a DRA driver publishing ResourceSlices (needs the cluster side).",
+    ),
+]
+DraDriverName = Annotated[
+    str | None, _option("--dra-driver-name", env="DRA_DRIVER_NAME", help="DRA: the driver's name.")
+]
+DraTaintEffect = Annotated[
+    str | None,
+    _option(
+        "--dra-taint-effect",
+        env="DRA_TAINT_EFFECT",
+        help="DRA: NoSchedule or NoExecute, the effect of an Unhealthy chip's taint.",
+    ),
+]
+DraCleanup = Annotated[
+    bool | None,
+    _option(
+        "--dra-cleanup/--no-dra-cleanup",
+        env="DRA_CLEANUP",
+        help="DRA: delete the node's ResourceSlices on exit (only when its chips are going).",
+        unset="off",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+DaemonSetName = Annotated[
+    str,
+    typer.Option(
+        "--daemonset-name",
+        envvar="ASCEND_AGENT_DAEMONSET_NAME",
+        help="The agent's DaemonSet.",
+        show_default=True,
+    ),
+]
+DaemonSetNamespace = Annotated[
+    str,
+    typer.Option(
+        "--daemonset-namespace",
+        envvar="ASCEND_AGENT_DAEMONSET_NAMESPACE",
+        help="The DaemonSet's namespace.",
+        show_default=True,
+    ),
+]
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -290,6 +336,10 @@ def run(
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
     pod_resources_socket: PodResourcesSocket = None,
+    kubelet_api: KubeletApi = None,
+    dra_driver_name: DraDriverName = None,
+    dra_taint_effect: DraTaintEffect = None,
+    dra_cleanup: DraCleanup = None,
     fake_vnpus: FakeVnpus = None,
     dry_run_vnpu: DryRunVnpu = False,
 ) -> None:
@@ -445,6 +495,8 @@ def doctor(
     registration: Registration = None,
     plugin_dir: PluginDir = None,
     metrics_address: MetricsAddress = None,
+    daemonset_name: DaemonSetName = naming.DAEMONSET_NAME,
+    daemonset_namespace: DaemonSetNamespace = naming.DAEMONSET_NAMESPACE,
     pod_resources_socket: PodResourcesSocket = None,
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
@@ -452,11 +504,12 @@ def doctor(
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""
     overrides = dict(locals())
-    overrides.pop("json_output")
+    for option in ("json_output", "daemonset_name", "daemonset_namespace"):
+        overrides.pop(option)
     _, settings = _settings(overrides)
-    from ascend_agent.doctor import as_json, render, run_checks
+    from ascend_agent.doctor import AgentDaemonSet, as_json, render, run_checks
 
-    checks = asyncio.run(run_checks(settings))
+    checks = asyncio.run(run_checks(settings, AgentDaemonSet(daemonset_name, daemonset_namespace)))
     print(as_json(checks) if json_output else render(checks))
     raise typer.Exit(EXIT_FAILURE if any(check.ok is False for check in checks) else 0)
 

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from ascend_agent.faults import VERDICTS
+from ascend_agent.model import UnknownModelError, classify
 from ascend_agent.naming import NAMING_SCHEMES
 from ascend_agent.vnpu_layout import Layout, parse_layout
 
@@ -54,6 +55,12 @@ MODES = (PLAIN_MODE, ASCEND_RUNTIME_MODE)
 KUBELET_REGISTRATION = "kubelet"
 PLUGIN_WATCHER_REGISTRATION = "plugin-watcher"
 REGISTRATIONS = (KUBELET_REGISTRATION, PLUGIN_WATCHER_REGISTRATION)
+# What the agent is to the kubelet: a device plugin per resource, or a DRA driver (ascend_agent.dra).
+DEVICE_PLUGIN_API = "device-plugin"
+DRA_API = "dra"
+KUBELET_APIS = (DEVICE_PLUGIN_API, DRA_API)
+DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ConfigError(ValueError):
@@ -88,6 +95,9 @@ class Settings:
     model: str | None = None
     resource_naming: str = "huawei"
     replicas: int = 1
+    # With replicas > 1: advertise <resource>.shared instead, and refuse a container more than one replica.
+    rename_shared: bool = False
+    fail_requests_greater_than_one: bool = False
     cdi_spec_dir: Path | None = None
     metrics_address: str = "127.0.0.1:9410"
     log_format: str = "text"
@@ -100,6 +110,11 @@ class Settings:
     kubeconfig: Path | None = None
     node_name: str | None = None
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    # The DRA driver (kubelet_api="dra"): its name, the effect of its health taints, slices removed at exit.
+    kubelet_api: str = DEVICE_PLUGIN_API
+    dra_driver_name: str = "npu.huawei.com"
+    dra_taint_effect: str = "NoSchedule"
+    dra_cleanup: bool = False
     # The vNPUs each chip should hold, by physical id or chip name (``ascend_agent.vnpu_layout``); None:
     # vNPUs are never created or destroyed.
     vnpu: Layout | None = None
@@ -219,8 +234,15 @@ def _text(value: Any) -> str:
 
 
 def _model(value: Any) -> str:
-    """A chip model; YAML reads ``model: 310`` as a number, which is meant as the name."""
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
+    """A chip model that names an Ascend chip; YAML reads ``model: 310`` as a number, meant as the name."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
+    try:
+        classify(text)
+    except UnknownModelError:
+        raise ValueError(
+            f"{text!r} is not an Ascend chip model (e.g. 910B4, 910A, 910_9392, 950PR, 310P3, 310)"
+        ) from None
+    return text
 
 
 def _path(value: Any) -> Path:
@@ -231,6 +253,12 @@ def _text_list(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ValueError("must be a list of strings")
     return tuple(value)
+
+
+def _dns_subdomain(value: str) -> str:
+    if len(value) > 63 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError("must be a lower-case DNS subdomain of at most 63 characters, e.g. npu.huawei.com")
+    return value
 
 
 def fake_vnpus(value: Any) -> Layout:
@@ -288,6 +316,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "model": _optional(_model),
     "resource_naming": _one_of(*NAMING_SCHEMES),
     "replicas": _positive_int,
+    "rename_shared": _bool,
+    "fail_requests_greater_than_one": _bool,
     "cdi_spec_dir": _optional(_path),
     "metrics_address": _text,
     "log_format": _one_of(*LOG_FORMATS),
@@ -299,6 +329,10 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "kubeconfig": _optional(_path),
     "node_name": _optional(_text),
     "pod_resources_socket": _path,
+    "kubelet_api": _one_of(*KUBELET_APIS),
+    "dra_driver_name": lambda value: _dns_subdomain(_text(value)),
+    "dra_taint_effect": _one_of(*DRA_TAINT_EFFECTS),
+    "dra_cleanup": _bool,
     "vnpu": _optional(parse_layout),
     "fake_vnpus": _optional(fake_vnpus),
 }

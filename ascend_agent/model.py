@@ -267,3 +267,15 @@ class Inventory:
         for chip in self.advertised:
             grouped.setdefault(chip.resource, []).append(chip)
         return {resource: tuple(chips) for resource, chips in grouped.items()}
+
+    def by_advertised_resource(self, replicas: int, rename_shared: bool) -> dict[str, tuple[Chip, ...]]:
+        """:meth:`by_resource` under the names the kubelet sees: a chip resource shared by ``replicas``
+        is ``<resource>.shared`` with ``rename_shared``; a vNPU resource is never shared nor renamed."""
+        return {
+            (
+                resource
+                if any(chip.vnpu is not None for chip in chips)
+                else naming.advertised_resource(resource, replicas, rename_shared)
+            ): chips
+            for resource, chips in self.by_resource().items()
+        }

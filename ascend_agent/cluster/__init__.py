@@ -86,4 +86,11 @@ def _features(settings: Settings) -> list[Feature]:
     from ascend_agent.cluster.events import NodeEvents
     from ascend_agent.cluster.labels import NodeLabels
 
-    return [NodeLabels(settings.replicas), NodeEvents()]
+    features: list[Feature] = [NodeLabels(settings.replicas), NodeEvents()]
+    if settings.kubelet_api == "dra":
+        from ascend_agent.dra.slices import SlicePublisher
+
+        features.append(
+            SlicePublisher(settings.dra_driver_name, settings.dra_taint_effect, cleanup=settings.dra_cleanup)
+        )
+    return features
