@@ -106,3 +106,23 @@ def test_one_vnpu_per_container_and_live_splits(kubelet: KubeletStandin, short_d
         )
     finally:
         agent.close()
+
+
+def test_the_vnpus_of_a_held_chip_are_held_with_it(kubelet: KubeletStandin, short_dir: Path) -> None:
+    state = short_dir / "state.json"
+    state.write_text("{}")
+    agent = fake_agent(
+        kubelet.directory, "--fake-model", "310P3", "--fake-chips", "2", "--fake-vnpus", "0:vir02",
+        "--fake-state", str(state), "--flap-threshold", "1",
+    )  # fmt: skip
+    try:
+        kubelet.wait_for(lambda: (two := kubelet.latest(TWO)) is not None and len(two.devices) == 1)
+        state.write_text(json.dumps({"unhealthy": [0]}))
+        agent.wait_log("Ascend310P-0 is held Unhealthy")
+        state.write_text("{}")  # chip 0 is Healthy again, but held for --flap-quiet
+        agent.wait_log("Ascend310P-2c-100-0 is Unhealthy: Healthy now; held Unhealthy")
+        assert agent.matching("Ascend310P-2c-100-0 is Healthy again") == []
+        update = kubelet.latest(TWO)
+        assert update is not None and update.health() == {"Ascend310P-2c-100-0": "Unhealthy"}
+    finally:
+        agent.close()
