@@ -49,6 +49,7 @@ from ascend_agent.observability import (
     log_fields,
     serve_http,
 )
+from ascend_agent.separation import ManualSeparation
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
@@ -100,6 +101,8 @@ class Agent:
     ) -> None:
         self.settings = settings
         self.cluster = cluster
+        # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
+        self.separation = ManualSeparation(self.wake)
         self.backend = backend
         self._source = source
         self._plugins: dict[str, _Running] = {}
@@ -318,7 +321,7 @@ class Agent:
     # reconciling ------------------------------------------------------------------------------------------
     async def reconcile(self) -> None:
         """Discover, then make the plugins and what they advertise match."""
-        inventory = await self.backend.discover()
+        inventory = self.separation.apply(await self.backend.discover())
         self.inventory = inventory
         self._report(inventory)
         desired = inventory.by_resource()
@@ -481,7 +484,8 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.kubelet_dir,
     )
     _log_configuration(source.load_effective())
-    agent = Agent(settings, backend, source, cluster.open_side(settings))
+    agent = Agent(settings, backend, source)
+    agent.cluster = cluster.open_side(settings, agent.separation)
     http = None
     if settings.metrics_address:
         try:

@@ -217,6 +217,24 @@ PodResourcesSocket = Annotated[
         help="The kubelet's PodResources socket: which pod holds which chip.",
     ),
 ]
+DeviceInfo = Annotated[
+    bool | None,
+    _option(
+        "--device-info/--no-device-info",
+        env="DEVICE_INFO",
+        help="Publish the device-info ConfigMap and the baseDeviceInfos annotation Volcano reads.",
+        unset="on while the cluster side is",
+    ),
+]
+Volcano = Annotated[
+    bool | None,
+    _option(
+        "--volcano/--no-volcano",
+        env="VOLCANO",
+        help="Allocate mounts the chips Volcano chose for the pod (its annotations), not the kubelet's.",
+        unset="off",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 
 
@@ -270,6 +288,8 @@ def run(
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
     pod_resources_socket: PodResourcesSocket = None,
+    device_info: DeviceInfo = None,
+    volcano: Volcano = None,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
     source, settings = _settings(dict(locals()))

@@ -99,6 +99,10 @@ class Settings:
     kubeconfig: Path | None = None
     node_name: str | None = None
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    # Volcano (ascend_agent.cluster.deviceinfo, .volcano): the device-info ConfigMap and node annotation, and
+    # Allocate answering with the chips Volcano chose.
+    device_info: bool = True
+    volcano: bool = False
 
     @property
     def effective_plugins_registry_dir(self) -> Path:
@@ -276,6 +280,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "kubeconfig": _optional(_path),
     "node_name": _optional(_text),
     "pod_resources_socket": _path,
+    "device_info": _bool,
+    "volcano": _bool,
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
 

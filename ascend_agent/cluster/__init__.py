@@ -43,6 +43,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ascend_agent.cluster.credentials import ClusterTarget, find_target, node_name
+from ascend_agent.separation import ManualSeparation
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
@@ -53,9 +54,10 @@ __all__ = ["ClusterTarget", "find_target", "node_name", "open_side"]
 log = logging.getLogger("ascend_agent.cluster")
 
 
-def open_side(settings: Settings) -> ClusterSide | None:
+def open_side(settings: Settings, separation: ManualSeparation | None = None) -> ClusterSide | None:
     """The cluster side for ``settings``, or None when it is off. Makes no request; raises
-    :class:`~ascend_agent.config.ConfigError` for credentials that cannot be used."""
+    :class:`~ascend_agent.config.ConfigError` for credentials that cannot be used. ``separation`` receives
+    the chips an admin separates in the device-info ConfigMap."""
     if not settings.cluster:
         return None
     target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
@@ -75,12 +77,17 @@ def open_side(settings: Settings) -> ClusterSide | None:
     except ClusterConnectError as exc:
         raise ConfigError(f"--kubeconfig: {exc}") from None
     log.info("Cluster side on: %s, node %s, API server %s", target.describe(), node, api.health.server)
-    return ClusterSide(api, _features(settings))
+    return ClusterSide(api, _features(settings, separation or ManualSeparation()))
 
 
-def _features(settings: Settings) -> list[Feature]:
+def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]:
     """Every feature of the cluster side, in the order their tasks start."""
     from ascend_agent.cluster.events import NodeEvents
     from ascend_agent.cluster.labels import NodeLabels
 
-    return [NodeLabels(settings.replicas), NodeEvents()]
+    features: list[Feature] = [NodeLabels(settings.replicas), NodeEvents()]
+    if settings.device_info:
+        from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
+
+        features.append(DeviceInfoPublisher(separation, read_interval=settings.health_interval))
+    return features
