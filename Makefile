@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
+PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto protos/podresources/v1/api.proto
 PYTEST_FLAGS ?= -q
 
 .PHONY: install run test lint proto bench soak interop interop-packages image image-test clean

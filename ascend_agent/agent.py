@@ -46,9 +46,11 @@ from ascend_agent.observability import (
     DEVICES,
     KUBELET_RESTARTS,
     configure_logging,
+    label_devices_with_holders,
     log_fields,
     serve_http,
 )
+from ascend_agent.podresources import PodHolders
 from ascend_agent.separation import ManualSeparation
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
@@ -103,6 +105,9 @@ class Agent:
         self.cluster = cluster
         # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
         self.separation = ManualSeparation(self.wake)
+        self.holders = PodHolders(
+            settings.pod_resources_socket, backend.health_interval or settings.health_interval
+        )
         self.backend = backend
         self._source = source
         self._plugins: dict[str, _Running] = {}
@@ -159,6 +164,8 @@ class Agent:
                     self._serve_http(http)
                 if self.cluster is not None:
                     tasks.start_soon(self.cluster.run, name="cluster")
+                label_devices_with_holders(self._holder_of)
+                tasks.start_soon(self.holders.run, lambda: None, name="pod resources")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -354,6 +361,7 @@ class Agent:
                 await running.plugin.run()
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
+        running.plugin.service.on_allocated = self.holders.poke
         return running
 
     def _stop_plugin(self, resource: str) -> None:
@@ -426,6 +434,17 @@ class Agent:
                 if problem not in self._problems:
                     log.warning("%s", problem)
             self._problems = inventory.problems
+
+    def _holder_of(self, device: str) -> tuple[str, str, str]:
+        """The (namespace, pod, container) holding a chip, for its metrics; comma-joined when its replicas are
+        held by several."""
+        chip = next((c for c in self.inventory.chips if c.device_id == device), None)
+        holders = self.holders.holders.of(chip, self.settings.replicas) if chip is not None else ()
+        return (
+            ",".join(h.namespace for h in holders),
+            ",".join(h.pod for h in holders),
+            ",".join(h.container for h in holders),
+        )
 
     def _count(self, desired: dict[str, tuple[Chip, ...]]) -> None:
         DEVICES.clear()

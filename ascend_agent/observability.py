@@ -12,19 +12,21 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    REGISTRY,
     Counter,
     Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 from ascend_agent import __version__
 
@@ -228,6 +230,41 @@ class RepeatLimiter:
         logger.log(level, msg, *args, extra=extra)
 
 
+# Who holds each device, as labels of every per-device series ---------------------------------------------
+HolderOf = Callable[[str], tuple[str, str, str]]
+HOLDER_LABELS = ("namespace", "pod", "container")
+_holder_of: HolderOf | None = None
+
+
+def label_devices_with_holders(holder_of: HolderOf | None) -> None:
+    """From now on every series with a ``device`` label is exposed with ``namespace``, ``pod`` and
+    ``container`` too: ``holder_of(device)`` (empty strings while the device is free), as dcgm-exporter labels
+    GPU metrics."""
+    global _holder_of
+    _holder_of = holder_of
+
+
+class _Exposed:
+    """The default registry as /metrics shows it: per-device series with their holder's labels."""
+
+    def collect(self) -> Iterator[Metric]:
+        holder_of = _holder_of
+        for family in REGISTRY.collect():
+            if holder_of is None or not any("device" in sample.labels for sample in family.samples):
+                yield family
+                continue
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                if "device" in sample.labels:
+                    held = dict(zip(HOLDER_LABELS, holder_of(sample.labels["device"]), strict=True))
+                    sample = sample._replace(labels={**sample.labels, **held})
+                labelled.samples.append(sample)
+            yield labelled
+
+
+_EXPOSED = _Exposed()
+
+
 # Probes and /metrics over HTTP ----------------------------------------------------------------------------
 Readiness = Callable[[], tuple[bool, str]]
 HealthDetail = Callable[[], str]
@@ -292,7 +329,7 @@ def _route(
     if method not in ("GET", "HEAD"):
         return 405, "text/plain", b"only GET\n"
     if path == "/metrics":
-        return 200, CONTENT_TYPE_LATEST, generate_latest()
+        return 200, CONTENT_TYPE_LATEST, generate_latest(_EXPOSED)
     if path == "/healthz":
         extra = detail() if detail is not None else ""
         return 200, "text/plain", f"ok\n{extra}\n".encode() if extra else b"ok\n"

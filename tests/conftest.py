@@ -13,8 +13,9 @@ import pytest
 
 from tests.support.kubelet_standin import KubeletStandin, compile_api, compile_proto
 
-# The ``apiserver`` fixture: a Kubernetes API emulator with a kubeconfig file.
-pytest_plugins = ["tests.support.apiserver"]
+# ``apiserver``: a Kubernetes API emulator with a kubeconfig file; ``podresources``: the kubelet's
+# PodResources socket.
+pytest_plugins = ["tests.support.apiserver", "tests.support.podresources"]
 
 
 @pytest.fixture(scope="session")

@@ -142,6 +142,8 @@ class DevicePluginService:
         self.kubelet_streams_opened = 0
         self._allocated = ALLOCATIONS.labels(resource=resource, code="OK")
         self._refusals = RepeatLimiter("allocate_refused", _REFUSAL_LOG_INTERVAL)
+        # Told after each Allocate answered (the agent then asks the kubelet which pod got the chips).
+        self.on_allocated: Callable[[], None] = lambda: None
 
     @property
     def kubelet_stream_open(self) -> bool:
@@ -254,6 +256,7 @@ class DevicePluginService:
         self._allocated.inc()
         log.info("Allocated %s", ids, extra=log_fields(resource=self.resource, devices=ids.split(",")))
         await stream.send_message(answer)
+        self.on_allocated()
 
     def allocate(self, request: bytes) -> tuple[bytes, str]:
         """The encoded AllocateResponse to an encoded AllocateRequest, and the IDs it hands over; GRPCError
