@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -26,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
-from ascend_agent import __version__, cdi, cluster, naming
+from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
-from ascend_agent.backends import Backend, load_backend
+from ascend_agent.backends import Backend, backend_for
 from ascend_agent.config import (
     PLUGIN_WATCHER_REGISTRATION,
     ConfigError,
@@ -37,10 +33,8 @@ from ascend_agent.config import (
     SettingsSource,
 )
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
-from ascend_agent.deviceplugin.lifecycle import ResourcePlugin, ServeFailed
-from ascend_agent.deviceplugin.service import SpecFor
-from ascend_agent.instance import exclusive
-from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
+from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     DEVICE_HEALTH,
     DEVICES,
@@ -117,8 +111,6 @@ class Agent:
         self._health: dict[str, tuple[Health, str]] = {}
         self._problems: tuple[str, ...] = ()
         self.inventory = Inventory()
-        self._spec_key: tuple[ContainerSpec, Settings] | None = None
-        self._spec_for: SpecFor | None = None
         self._cdi_document: dict[str, Any] | None = None
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
@@ -275,7 +267,7 @@ class Agent:
         )
         if set(changed) - _AGENT_SETTINGS:
             try:
-                backend = _backend(settings)
+                backend = backend_for(settings)
                 await backend.start()
             except ConfigError as exc:
                 log.error("Config not applied, keeping the running settings: %s", exc)
@@ -306,7 +298,7 @@ class Agent:
         self.settings = settings
         self._start_watching()
         log.info("Config applied: %s changed", ", ".join(changed))
-        _log_configuration(replace(effective, settings=settings))
+        log_configuration(replace(effective, settings=settings))
 
     async def _move_http(self, address: str) -> bool:
         """Serve the HTTP endpoint on ``address`` instead; False (and the old one kept) when it cannot."""
@@ -333,7 +325,7 @@ class Agent:
         self._report(inventory)
         desired = inventory.by_resource()
         self._count(desired)
-        spec_for = self._current_spec_for(inventory)
+        container = replace(inventory.container, cdi=self.settings.cdi_spec_dir is not None)
         for resource in [r for r in self._plugins if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
             self._stop_plugin(resource)
@@ -345,7 +337,7 @@ class Agent:
                 for chip in chips
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
-            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), spec_for)
+            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), container)
         if self.cluster is not None:
             self.cluster.observe(inventory)
         await self._write_cdi(inventory)
@@ -367,23 +359,6 @@ class Agent:
     def _stop_plugin(self, resource: str) -> None:
         self._plugins.pop(resource).scope.cancel()
 
-    def _current_spec_for(self, inventory: Inventory) -> SpecFor:
-        """What Allocate hands over, as one function object that changes only when its answers would: then
-        the plugins forget the answers they keep."""
-        key = (self.backend.container_spec(inventory.chips), self.settings)
-        if self._spec_for is None or key != self._spec_key:
-            backend, with_cdi = self.backend, self.settings.cdi_spec_dir is not None
-
-            def spec_for(chips: Sequence[Chip]) -> ContainerSpec:
-                spec = backend.container_spec(chips)
-                if not with_cdi:
-                    return spec
-                ordered = sorted(chips, key=lambda chip: chip.phys_id)
-                return replace(spec, cdi_devices=tuple(naming.cdi_device_name(c.device_id) for c in ordered))
-
-            self._spec_key, self._spec_for = key, spec_for
-        return self._spec_for
-
     async def _write_cdi(self, inventory: Inventory) -> None:
         """Keep the CDI spec in step with the chips. It stays when the agent stops: containers that restart
         while the agent is down resolve their CDI devices from it."""
@@ -391,7 +366,7 @@ class Agent:
         if directory is None or not inventory.chips:
             # No chips at all (npu-smi failing at start, say) must not empty the spec containers rely on.
             return
-        document = cdi.build_spec(inventory.chips, self.backend.container_spec)
+        document = cdi.build_spec(inventory.chips, inventory.container)
         if document == self._cdi_document:
             return
         try:
@@ -458,94 +433,5 @@ class Agent:
                 DEVICE_HEALTH.labels(resource=resource, device=chip.device_id).set(chip.healthy)
 
 
-def _backend(settings: Settings) -> Backend:
-    try:
-        return load_backend(settings.backend)(settings)
-    except LookupError as exc:
-        raise ConfigError(f"--backend: {exc.args[0]}") from None
-
-
-async def discover_once(settings: Settings) -> Inventory:
-    """One discovery with the configured backend, for ``ascend-agent list`` and the doctor."""
-    backend = _backend(settings)
-    try:
-        await backend.start()
-        await backend.query()
-        return await backend.discover()
-    finally:
-        await backend.close()
-
-
-def _reap_children_by_pidfd() -> None:
-    """On the running loop: Python 3.11 waits for every npu-smi in a thread started for it; a pidfd on the
-    event loop needs no thread (3.12 and later choose it themselves)."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # a kernel before 5.3, or a seccomp profile that refuses it
-        return
-    watcher = asyncio.PidfdChildWatcher()
-    watcher.attach_loop(asyncio.get_running_loop())
-    asyncio.set_child_watcher(watcher)
-
-
-async def run_agent(source: SettingsSource, settings: Settings) -> int:
-    """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
-    configure_logging(settings.log_level, settings.log_format)
-    _reap_children_by_pidfd()
-    backend = _backend(settings)
-    await backend.start()
-    log.info(
-        "ascend-agent %s starting: backend %s, kubelet directory %s",
-        __version__,
-        settings.backend,
-        settings.kubelet_dir,
-    )
-    _log_configuration(source.load_effective())
-    agent = Agent(settings, backend, source)
-    agent.cluster = cluster.open_side(settings, agent.separation)
-    http = None
-    if settings.metrics_address:
-        try:
-            http = await serve_http(settings.metrics_address, agent.ready, agent.health_detail)
-        except OSError as exc:
-            raise ConfigError(
-                f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
-            ) from None
-        log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
-    failures: list[BaseException] = []
-    try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
-            async with exclusive(settings.effective_plugin_dir, on_wait=agent.standby):
-                await agent.run(http)
-    except* ServeFailed as failed:
-        failures.extend(_leaves(failed))
-    if failures:
-        log.error("Giving up: %s", failures[0])
-        return 1
-    log.info("Stopped; sockets removed")
-    return 0
-
-
-def _log_configuration(effective: EffectiveSettings) -> None:
+def log_configuration(effective: EffectiveSettings) -> None:
     log.info("Configuration: %s", effective, extra=log_fields(settings=effective.as_fields()))
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    """The exceptions inside nested task groups' exception groups."""
-    found: list[BaseException] = []
-    for exc in group.exceptions:
-        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return found
-
-
-async def _signals(agent: Agent, scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-        async for signum in received:
-            if signum == signal.SIGHUP:
-                agent.reload()
-            else:
-                scope.cancel()
-                return

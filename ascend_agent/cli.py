@@ -295,7 +295,7 @@ def run(
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
     source, settings = _settings(dict(locals()))
-    from ascend_agent.agent import run_agent
+    from ascend_agent.process import run_agent
 
     try:
         code = asyncio.run(run_agent(source, settings))
@@ -324,7 +324,7 @@ def list_chips(
     overrides = dict(locals())
     overrides.pop("json_output")
     _, settings = _settings(overrides)
-    from ascend_agent.agent import discover_once
+    from ascend_agent.backends import discover_once
     from ascend_agent.podresources import Holders, PodResourcesError, list_holders
 
     async def discover() -> tuple[Inventory, Holders, str | None]:

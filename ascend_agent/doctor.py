@@ -23,6 +23,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
+from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, LocalChannel
@@ -159,8 +160,6 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     """The socket names of the resources this configuration serves: those of the chips found; else (no
     chips, or npu-smi failing) every name Huawei's naming can give, and under ``model`` naming the sockets of
     that shape that are there."""
-    from ascend_agent.agent import discover_once
-
     resources: set[str] = set()
     if discover:
         with contextlib.suppress(ConfigError):

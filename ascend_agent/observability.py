@@ -159,6 +159,36 @@ BUILD_INFO.labels(version=__version__).set(1)
 
 
 # Repeated log lines --------------------------------------------------------------------------------------
+class ProblemLog:
+    """Whether a problem is new: one that persists is logged once, and again only when it changes or after
+    :meth:`clear`. For problems a loop meets on every pass::
+
+        serving = ProblemLog()
+        if serving.changed(reason):
+            log.error("Cannot serve: %s", reason)
+        ...
+        if serving.clear():                      # it works again
+            log.info("Serving again")
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: Hashable | None = None
+
+    def changed(self, problem: Hashable) -> bool:
+        """True when ``problem`` differs from the last one (which it replaces)."""
+        if problem == self._last:
+            return False
+        self._last = problem
+        return True
+
+    def clear(self) -> bool:
+        """The problem is over; True when there was one."""
+        had, self._last = self._last is not None, None
+        return had
+
+
 @dataclass(slots=True)
 class _Window:
     started: float

@@ -10,7 +10,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ import grpc
 from grpclib.exceptions import GRPCError
 
 from ascend_agent._proto.v1beta1 import AllocateRequest, ContainerAllocateRequest
-from ascend_agent.backends._container import container_spec
+from ascend_agent.backends._container import container_base
 from ascend_agent.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService
-from ascend_agent.model import Chip, ContainerSpec, DeviceNode
+from ascend_agent.model import Chip, DeviceNode
 from bench._common import ROOT, Row, grpc_api, kubelet, quick, report, start_agent, stats
 
 
@@ -95,7 +94,7 @@ def _worst_requests(repetitions: int) -> list[Row]:
     full of unknown fields, and the most containers one call may name, each a chip set not seen before."""
     service = DevicePluginService("huawei.com/Ascend910", on_stream_change=lambda: None)
     chips = [Chip.make(i, "910B4", numa_node=i // 4) for i in range(8)]
-    service.publish({chip.device_id: chip for chip in chips}, None, _real_spec)
+    service.publish({chip.device_id: chip for chip in chips}, None, _REAL_CONTAINER)
     rows = []
     junk = b"\x10\x01" * ((MAX_REQUEST - 2) // 2)
     times = []
@@ -114,8 +113,9 @@ def _worst_requests(repetitions: int) -> list[Row]:
     for n in range(repetitions):
         sets = [[ids[(k + c) % 8] for k in range(1 + (c + n) % 8)] for c in range(MAX_CONTAINERS)]
         request = AllocateRequest(container_requests=[ContainerAllocateRequest(devices_ids=s) for s in sets])
-        # A new spec_for each time: the service forgets every answer, so each chip set is built anew.
-        service.publish({chip.device_id: chip for chip in chips}, None, lambda cs: _real_spec(cs))
+        # No devices, then the chips again: the service forgets every answer, so each chip set is built anew.
+        service.publish({}, None, _REAL_CONTAINER)
+        service.publish({chip.device_id: chip for chip in chips}, None, _REAL_CONTAINER)
         started = time.perf_counter()
         service.allocate(bytes(request))
         times.append(time.perf_counter() - started)
@@ -133,12 +133,11 @@ def _worst_requests(repetitions: int) -> list[Row]:
     return rows
 
 
-def _real_spec(chips: Sequence[Chip]) -> ContainerSpec:
-    """What the fake backend hands a container: device nodes, management devices, no driver mounts."""
-    management = [
-        DeviceNode(f"/dev/{name}", f"/dev/{name}") for name in ("davinci_manager", "devmm_svm", "hisi_hdc")
-    ]
-    return container_spec(chips, mode="plain", management_devices=management)
+# What the fake backend hands a container besides its chips: management devices, no driver mounts.
+_REAL_CONTAINER = container_base(
+    "plain",
+    [DeviceNode(f"/dev/{name}", f"/dev/{name}") for name in ("davinci_manager", "devmm_svm", "hisi_hdc")],
+)
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ thing that is missing, then sleeps until :meth:`poke` (a file event, a stream th
 timer wakes it::
 
     plugin = ResourcePlugin("huawei.com/Ascend910", settings)
-    plugin.publish(devices, preference, spec_for)
+    plugin.publish(devices, preference, inventory.container)
     task_group.start_soon(plugin.run)
     ...
     plugin.poke()          # kubelet.sock or our socket changed
@@ -48,10 +48,10 @@ from ascend_agent.deviceplugin.kubelet import (
     register,
     socket_identity,
 )
-from ascend_agent.deviceplugin.service import DevicePluginService, Preference, SpecFor
+from ascend_agent.deviceplugin.service import DevicePluginService, Preference
 from ascend_agent.deviceplugin.wire import BytesCodec
-from ascend_agent.model import Chip
-from ascend_agent.observability import REGISTRATIONS, log_fields
+from ascend_agent.model import Chip, ContainerBase
+from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -191,13 +191,15 @@ class ResourcePlugin:
         self._lost_streak = 0
         self._last_lost = -math.inf
         self._problem = "not served yet"
-        self._logged_problem = ""
+        self._problem_log = ProblemLog()
 
     # what the agent may call -----------------------------------------------------------------------------
-    def publish(self, devices: Mapping[str, Chip], preference: Preference | None, spec_for: SpecFor) -> None:
-        """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``spec_for`` says
-        what a container that gets some of them needs."""
-        self.service.publish(devices, preference, spec_for)
+    def publish(
+        self, devices: Mapping[str, Chip], preference: Preference | None, container: ContainerBase
+    ) -> None:
+        """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``container`` says
+        what a container that gets some of them gets besides them."""
+        self.service.publish(devices, preference, container)
 
     def set_serve_timeout(self, seconds: float) -> None:
         """How long serving may keep failing before the agent gives up (``serveTimeout``, live)."""
@@ -275,8 +277,7 @@ class ResourcePlugin:
                 exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
             )
             self._problem = f"cannot serve on {path}: {reason}"
-            if self._problem != self._logged_problem:
-                self._logged_problem = self._problem
+            if self._problem_log.changed(self._problem):
                 log.error(
                     "Cannot serve %s on %s: %s",
                     self.resource,
@@ -353,8 +354,7 @@ class ResourcePlugin:
                 return 0
         except RegistrationError as exc:
             self._problem = str(exc)
-            if self._problem != self._logged_problem:
-                self._logged_problem = self._problem
+            if self._problem_log.changed(self._problem):
                 log.warning(
                     "Cannot register %s: %s; retrying with back-off",
                     self.resource,
@@ -457,7 +457,8 @@ class ResourcePlugin:
     def _registered(self, registered_with: SocketIdentity | bool) -> None:
         self._lost_at = None
         self._registered_with = registered_with
-        self._problem = self._logged_problem = ""
+        self._problem = ""
+        self._problem_log.clear()
         REGISTRATIONS.labels(resource=self.resource).inc()
         log.info("Registered resource %s", self.resource, extra=log_fields(resource=self.resource))
 
