@@ -49,6 +49,7 @@ from ascend_agent.separation import ManualSeparation
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
+    from ascend_agent.cluster import VolcanoRemapper
     from ascend_agent.cluster.side import ClusterSide
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,8 @@ class Agent:
         self.cluster = cluster
         # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
         self.separation = ManualSeparation(self.wake)
+        # --volcano: (resource, the kubelet's IDs per container) -> the chips Volcano chose.
+        self.device_ids_for: VolcanoRemapper | None = None
         self.holders = PodHolders(
             settings.pod_resources_socket, backend.health_interval or settings.health_interval
         )
@@ -354,6 +357,8 @@ class Agent:
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
         running.plugin.service.on_allocated = self.holders.poke
+        if self.device_ids_for is not None:
+            running.plugin.service.remap_ids = partial(self.device_ids_for, resource)
         return running
 
     def _stop_plugin(self, resource: str) -> None:

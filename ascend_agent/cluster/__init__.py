@@ -40,6 +40,7 @@ kubeconfig file, which can hang or answer 403/500 on demand).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ascend_agent.cluster.credentials import ClusterTarget, find_target, node_name
@@ -49,7 +50,10 @@ if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
     from ascend_agent.config import Settings
 
-__all__ = ["ClusterTarget", "find_target", "node_name", "open_side"]
+__all__ = ["ClusterTarget", "find_target", "node_name", "open_side", "volcano_remapper"]
+
+# (resource, the kubelet's device IDs per container) -> the chips to hand over.
+VolcanoRemapper = Callable[[str, Sequence[Sequence[str]]], Awaitable[list[list[str]]]]
 
 log = logging.getLogger("ascend_agent.cluster")
 
@@ -90,4 +94,18 @@ def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]
         from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
 
         features.append(DeviceInfoPublisher(separation, read_interval=settings.health_interval))
+    if settings.volcano:
+        from ascend_agent.cluster.volcano import VolcanoPods
+
+        features.append(VolcanoPods())
     return features
+
+
+def volcano_remapper(side: ClusterSide | None) -> VolcanoRemapper | None:
+    """``--volcano``: the call that gives Allocate the chips Volcano chose (see :mod:`.volcano`); None when
+    the feature is off."""
+    for feature in side.features if side is not None else ():
+        remap = getattr(feature, "remap", None)
+        if remap is not None:
+            return remap  # type: ignore[no-any-return]
+    return None

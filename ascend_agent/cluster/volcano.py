@@ -1,0 +1,326 @@
+"""``--volcano``: Volcano chooses the chips. Volcano's ``ascend-for-volcano`` writes its choice on the pod it
+places (``huawei.com/Ascend910: Ascend910-3,Ascend910-5`` and a ``predicate-time``); on Allocate the agent
+answers with those chips instead of the kubelet's IDs and marks the pod as Huawei's device plugin does.
+
+    pods = VolcanoPods()
+    pods.observe(inventory)                          # the chips, to check Volcano's choice against
+    tasks.start_soon(pods.run, api)                  # the node's pods, watched; the pods' patches
+    await pods.remap("huawei.com/Ascend910", [["Ascend910-0", "Ascend910-1"]])   # [["Ascend910-3", ...]]
+
+Among the node's pods that are not terminating, ask for the resource in a container limit, carry the
+resource's annotation with as many chips as the kubelet asked for, and whose ``predicate-time`` is not
+``18446744073709551615`` (taken), the one with the smallest ``predicate-time`` gets this Allocate. Pods come
+from a watch (re-listed at least every :data:`RELIST_INTERVAL`); a miss reads the pods once from the API
+server, and the choice is tried 3 times 1 s apart before Allocate is refused (the kubelet retries the pod).
+A request for every chip of the resource keeps the kubelet's IDs, as Huawei's plugin does.
+
+The pod is then patched (RBAC: pods list, watch, patch) with ``predicate-time: "18446744073709551615"``,
+``huawei.com/AscendReal`` (the chips mounted), ``huawei.com/kltDev`` (the kubelet's IDs) and
+``ascend.kubectl.kubernetes.io/ascend-910-configuration`` (``ascend-npu-configuration`` for 950). The patch is
+written beside Allocate, retried until it lands; the pod counts as taken from the moment Allocate chose it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx2
+from lightkube import ALL_NS, ApiError
+from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
+
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.cluster.deviceinfo import go_json
+from ascend_agent.cluster.writer import Backoff
+from ascend_agent.model import Chip, Generation, Inventory
+
+log = logging.getLogger("ascend_agent.cluster")
+
+PREDICATE_TIME = "predicate-time"
+TAKEN = "18446744073709551615"  # MaxUint64: the pod has its chips
+REAL = "huawei.com/AscendReal"
+KUBELET_IDS = "huawei.com/kltDev"
+CONFIGURATION_910 = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
+CONFIGURATION_NPU = "ascend.kubectl.kubernetes.io/ascend-npu-configuration"
+TRIES = 3
+TRY_INTERVAL = 1.0
+# A watch that silently stopped delivering cannot leave the cache older than this.
+RELIST_INTERVAL = 60
+# A cache miss reads the pods once; it waits at most this long for them.
+MISS_READ_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """What the choice needs of a pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    annotations: Mapping[str, str]
+    limits: Mapping[str, int]  # resource -> chips asked for, over the pod's containers
+    terminating: bool = False
+
+    @classmethod
+    def of(cls, pod: Pod) -> PodView:
+        meta = pod.metadata
+        assert meta is not None
+        limits: dict[str, int] = {}
+        for container in (pod.spec.containers if pod.spec else None) or []:
+            asked = (container.resources.limits if container.resources else None) or {}
+            for resource, value in asked.items():
+                try:
+                    limits[resource] = limits.get(resource, 0) + int(str(value))
+                except ValueError:
+                    continue
+        phase = pod.status.phase if pod.status else None
+        return cls(
+            namespace=meta.namespace or "",
+            name=meta.name or "",
+            uid=meta.uid or f"{meta.namespace}/{meta.name}",
+            annotations=dict(meta.annotations or {}),
+            limits=limits,
+            terminating=meta.deletionTimestamp is not None or phase in ("Succeeded", "Failed"),
+        )
+
+    def predicate_time(self) -> int | None:
+        """Volcano's ``predicate-time``; None when it is missing, not a number, or says taken."""
+        value = self.annotations.get(PREDICATE_TIME, "")
+        if value == TAKEN or not value.isdigit():
+            return None
+        return int(value)
+
+    def chosen(self, resource: str) -> list[str]:
+        return [part.strip() for part in self.annotations.get(resource, "").split(",") if part.strip()]
+
+
+def choose(
+    pods: Iterable[PodView], resource: str, count: int, taken: frozenset[str] = frozenset()
+) -> PodView | None:
+    """The pod this Allocate of ``count`` chips of ``resource`` is for: the smallest ``predicate-time``.
+
+    >>> T = "huawei.com/Ascend910"
+    >>> a = PodView("ns", "a", "1", {T: "Ascend910-3", "predicate-time": "20"}, {T: 1})
+    >>> b = PodView("ns", "b", "2", {T: "Ascend910-5", "predicate-time": "10"}, {T: 1})
+    >>> choose([a, b], T, 1).name, choose([a, b], T, 2)
+    ('b', None)
+    """
+    candidates = [
+        pod
+        for pod in pods
+        if not pod.terminating
+        and pod.uid not in taken
+        and pod.limits.get(resource, 0) > 0
+        and len(pod.chosen(resource)) == count
+        and pod.predicate_time() is not None
+    ]
+    return min(candidates, key=lambda pod: (pod.predicate_time() or 0, pod.namespace, pod.name), default=None)
+
+
+def configuration(pod: PodView, chips: Sequence[Chip]) -> str:
+    """The rank-table input Huawei's plugin writes: the pod, its uid, each chip's physical ID and device IP
+    (unknown to npu-smi: empty)."""
+    return go_json(
+        {
+            "pod_name": pod.name,
+            "server_id": pod.uid,
+            "devices": [{"device_id": str(chip.phys_id), "device_ip": ""} for chip in chips],
+        }
+    )
+
+
+@dataclass(slots=True)
+class _Patches:
+    """The pods' patches not written yet, by pod uid; the newest for a pod wins."""
+
+    pending: dict[str, tuple[str, str, dict[str, Any]]] = field(default_factory=dict)
+    wake: anyio.Event = field(default_factory=anyio.Event)
+
+    def add(self, pod: PodView, patch: dict[str, Any]) -> None:
+        self.pending[pod.uid] = (pod.namespace, pod.name, patch)
+        self.wake.set()
+
+
+class VolcanoPods:
+    """The cluster feature of ``--volcano``: the node's pods, Volcano's choice on Allocate, the pods'
+    marks."""
+
+    def __init__(self, tries: int = TRIES, try_interval: float = TRY_INTERVAL) -> None:
+        self._tries = tries
+        self._try_interval = try_interval
+        self._chips: dict[str, Chip] = {}
+        self._pods: dict[str, PodView] = {}
+        self._taken: dict[str, tuple[str, ...]] = {}  # uid -> the chips it got (until the pod goes)
+        self._api: KubeApi | None = None
+        self._patches = _Patches()
+
+    # what the agent calls -------------------------------------------------------------------------------
+    def observe(self, inventory: Inventory) -> None:
+        self._chips = {chip.device_id: chip for chip in inventory.chips}
+
+    async def remap(self, resource: str, containers: Sequence[Sequence[str]]) -> list[list[str]]:
+        """The chips each container gets: Volcano's choice for the kubelet's IDs. Raises LookupError, with
+        what to check, when no pod Volcano placed matches."""
+        return [await self._one(resource, list(kubelet_ids)) for kubelet_ids in containers]
+
+    def real_chips(self) -> dict[str, tuple[str, ...]]:
+        """Pod uid -> the chips mounted in it, for every pod that got Volcano's choice here."""
+        return dict(self._taken)
+
+    async def run(self, api: KubeApi) -> None:
+        self._api = api
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._watch, api)
+            tasks.start_soon(self._write_patches, api)
+
+    # Allocate ----------------------------------------------------------------------------------------------
+    async def _one(self, resource: str, kubelet_ids: list[str]) -> list[str]:
+        count = len(kubelet_ids)
+        whole_node = count >= sum(chip.resource == resource for chip in self._chips.values())
+        pod = self._choose(resource, count)
+        if pod is None and not whole_node:
+            await self._read_pods()
+            for attempt in range(self._tries):
+                pod = self._choose(resource, count)
+                if pod is not None or attempt == self._tries - 1:
+                    break
+                await anyio.sleep(self._try_interval)
+        if whole_node:
+            real = kubelet_ids
+        elif pod is None:
+            raise LookupError(
+                f"no pod on this node placed by Volcano asks for {count} {resource} "
+                f"(annotation {resource} with {count} chips, {PREDICATE_TIME} not taken) after {self._tries} "
+                "tries; the kubelet retries. Check that Volcano schedules the pod (schedulerName: volcano)"
+            )
+        else:
+            real = self._checked(pod, resource)
+        if pod is not None:
+            self._take(pod, resource, real, kubelet_ids)
+        return real
+
+    def _choose(self, resource: str, count: int) -> PodView | None:
+        return choose(self._pods.values(), resource, count, frozenset(self._taken))
+
+    def _checked(self, pod: PodView, resource: str) -> list[str]:
+        chosen = pod.chosen(resource)
+        unknown = [device for device in chosen if device not in self._chips]
+        if unknown:
+            raise LookupError(
+                f"Volcano chose {', '.join(unknown)} for pod {pod.namespace}/{pod.name}, which this node "
+                "does not have; check the node's device-info ConfigMap"
+            )
+        return chosen
+
+    def _take(self, pod: PodView, resource: str, real: list[str], kubelet_ids: list[str]) -> None:
+        chips = [self._chips[device] for device in real if device in self._chips]
+        key = (
+            CONFIGURATION_NPU if chips and chips[0].generation is Generation.ASCEND950 else CONFIGURATION_910
+        )
+        self._taken[pod.uid] = tuple(real)
+        log.info(
+            "Pod %s/%s gets %s (Volcano's choice; the kubelet's IDs %s)",
+            pod.namespace,
+            pod.name,
+            ",".join(real),
+            ",".join(kubelet_ids),
+        )
+        annotations = {
+            PREDICATE_TIME: TAKEN,
+            REAL: ",".join(real),
+            KUBELET_IDS: ",".join(kubelet_ids),
+            key: configuration(pod, chips),
+        }
+        self._patches.add(pod, {"metadata": {"annotations": annotations}})
+
+    async def _read_pods(self) -> None:
+        """The cache missed: read the node's pods once, briefly."""
+        if self._api is None:
+            return
+        with anyio.move_on_after(MISS_READ_TIMEOUT):
+            try:
+                await self._list(self._api)
+            except (ApiUnavailable, ApiError):
+                return
+
+    # the cache -------------------------------------------------------------------------------------------
+    async def _list(self, api: KubeApi) -> str | None:
+        """Replace the cache with the node's pods; the list's resourceVersion."""
+        found = await api.call(
+            "list",
+            "pods",
+            _collect(api.client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": api.node})),
+        )
+        pods, version = found
+        views = {view.uid: view for view in (PodView.of(pod) for pod in pods if _on(api.node, pod))}
+        self._pods = views
+        self._taken = {uid: chips for uid, chips in self._taken.items() if uid in views}
+        return version
+
+    async def _watch(self, api: KubeApi) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                version = await self._list(api)
+                async for kind, pod in api.client.watch(
+                    Pod,
+                    namespace=ALL_NS,
+                    fields={"spec.nodeName": api.node},
+                    resource_version=version,
+                    server_timeout=RELIST_INTERVAL,
+                ):
+                    view = PodView.of(pod)
+                    if kind == "DELETED" or not _on(api.node, pod):
+                        self._pods.pop(view.uid, None)
+                        self._taken.pop(view.uid, None)
+                    else:
+                        self._pods[view.uid] = view
+                    backoff.reset()
+            except ApiUnavailable:
+                await anyio.sleep(backoff.next())
+            except (ApiError, httpx2.HTTPError) as exc:
+                log.debug("Pod watch ended: %s", exc)
+                await anyio.sleep(backoff.next())
+
+    # the pods' marks ---------------------------------------------------------------------------------------
+    async def _write_patches(self, api: KubeApi) -> None:
+        backoff = Backoff()
+        while True:
+            await self._patches.wake.wait()
+            self._patches.wake = anyio.Event()
+            while self._patches.pending:
+                uid = next(iter(self._patches.pending))
+                namespace, name, patch = self._patches.pending.pop(uid)
+                try:
+                    await api.call(
+                        "patch",
+                        "pods",
+                        api.client.patch(Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE),
+                    )
+                except ApiUnavailable:
+                    self._patches.pending.setdefault(uid, (namespace, name, patch))
+                    await anyio.sleep(backoff.next())
+                    continue
+                except ApiError as exc:  # the pod is gone (404) or refused the patch
+                    log.warning("Cannot mark pod %s/%s with its chips: %s", namespace, name, exc)
+                    continue
+                backoff.reset()
+
+
+async def _collect(pods: Any) -> tuple[list[Pod], str | None]:
+    """Every pod of lightkube's list iterator, and the list's resourceVersion."""
+    found = [pod async for pod in pods]
+    try:
+        version: str | None = pods.resourceVersion
+    except Exception:  # an answer without one: the watch starts from now
+        version = None
+    return found, version
+
+
+def _on(node: str, pod: Pod) -> bool:
+    """Bound to this node (an API server that ignores the field selector lists every pod)."""
+    return pod.spec is not None and pod.spec.nodeName == node
