@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,14 @@ class PodView:
     annotations: Mapping[str, str]
     limits: Mapping[str, int]  # resource -> chips asked for, over the pod's containers
     terminating: bool = False
+    # Volcano's ``predicate-time``; None when it is missing, not a number, or says taken.
+    predicate_time: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        value = self.annotations.get(PREDICATE_TIME, "")
+        object.__setattr__(
+            self, "predicate_time", None if value == TAKEN or not value.isdigit() else int(value)
+        )
 
     @classmethod
     def of(cls, pod: Pod) -> PodView:
@@ -87,19 +96,12 @@ class PodView:
             terminating=meta.deletionTimestamp is not None or phase in ("Succeeded", "Failed"),
         )
 
-    def predicate_time(self) -> int | None:
-        """Volcano's ``predicate-time``; None when it is missing, not a number, or says taken."""
-        value = self.annotations.get(PREDICATE_TIME, "")
-        if value == TAKEN or not value.isdigit():
-            return None
-        return int(value)
-
     def chosen(self, resource: str) -> list[str]:
         return [part.strip() for part in self.annotations.get(resource, "").split(",") if part.strip()]
 
 
 def choose(
-    pods: Iterable[PodView], resource: str, count: int, taken: frozenset[str] = frozenset()
+    pods: Iterable[PodView], resource: str, count: int, taken: AbstractSet[str] = frozenset()
 ) -> PodView | None:
     """The pod this Allocate of ``count`` chips of ``resource`` is for: the smallest ``predicate-time``.
 
@@ -112,13 +114,13 @@ def choose(
     candidates = [
         pod
         for pod in pods
-        if not pod.terminating
+        if pod.predicate_time is not None
+        and not pod.terminating
         and pod.uid not in taken
         and pod.limits.get(resource, 0) > 0
         and len(pod.chosen(resource)) == count
-        and pod.predicate_time() is not None
     ]
-    return min(candidates, key=lambda pod: (pod.predicate_time() or 0, pod.namespace, pod.name), default=None)
+    return min(candidates, key=lambda pod: (pod.predicate_time or 0, pod.namespace, pod.name), default=None)
 
 
 def configuration(pod: PodView, chips: Sequence[Chip]) -> str:
@@ -204,7 +206,7 @@ class VolcanoPods:
         return real
 
     def _choose(self, resource: str, count: int) -> PodView | None:
-        return choose(self._pods.values(), resource, count, frozenset(self._taken))
+        return choose(self._pods.values(), resource, count, self._taken.keys())
 
     def _checked(self, pod: PodView, resource: str) -> list[str]:
         chosen = pod.chosen(resource)
