@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,7 @@ from ascend_agent.observability import (
     log_fields,
     serve_http,
 )
-from ascend_agent.podresources import PodHolders
+from ascend_agent.podresources import Holders, PodHolders
 from ascend_agent.separation import ManualSeparation
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
@@ -102,6 +103,8 @@ class Agent:
         self.separation = ManualSeparation(self.wake)
         # --volcano: (resource, the kubelet's IDs per container) -> the chips Volcano chose.
         self.device_ids_for: VolcanoRemapper | None = None
+        # --volcano: the kubelet's view of which pod holds which chip, by the chips really mounted.
+        self.follow_mounted: Callable[[Holders], Holders] | None = None
         self.holders = PodHolders(
             settings.pod_resources_socket, backend.health_interval or settings.health_interval
         )
@@ -419,7 +422,10 @@ class Agent:
         """The (namespace, pod, container) holding a chip, for its metrics; comma-joined when its replicas are
         held by several."""
         chip = next((c for c in self.inventory.chips if c.device_id == device), None)
-        holders = self.holders.holders.of(chip, self.settings.replicas) if chip is not None else ()
+        found = self.holders.holders
+        if self.follow_mounted is not None:
+            found = self.follow_mounted(found)
+        holders = found.of(chip, self.settings.replicas) if chip is not None else ()
         return (
             ",".join(h.namespace for h in holders),
             ",".join(h.pod for h in holders),

@@ -58,6 +58,7 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
     agent = Agent(settings, backend, source)
     agent.cluster = cluster.open_side(settings, agent.separation)
     agent.device_ids_for = cluster.volcano_remapper(agent.cluster)
+    agent.follow_mounted = cluster.volcano_holders(agent.cluster)
     if settings.volcano and agent.device_ids_for is None:
         log.warning(
             "--volcano needs the cluster side (--kubeconfig or a service account, and not --no-cluster): "

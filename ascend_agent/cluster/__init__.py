@@ -49,8 +49,9 @@ from ascend_agent.separation import ManualSeparation
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
     from ascend_agent.config import Settings
+    from ascend_agent.podresources import Holders
 
-__all__ = ["ClusterTarget", "find_target", "node_name", "open_side", "volcano_remapper"]
+__all__ = ["ClusterTarget", "find_target", "node_name", "open_side", "volcano_holders", "volcano_remapper"]
 
 # (resource, the kubelet's device IDs per container) -> the chips to hand over.
 VolcanoRemapper = Callable[[str, Sequence[Sequence[str]]], Awaitable[list[list[str]]]]
@@ -99,6 +100,16 @@ def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]
 
         features.append(VolcanoPods())
     return features
+
+
+def volcano_holders(side: ClusterSide | None) -> Callable[[Holders], Holders] | None:
+    """``--volcano``: the kubelet's PodResources view of which pod holds which chip, moved to the chips really
+    mounted (see :mod:`.volcano`); None when the feature is off."""
+    for feature in side.features if side is not None else ():
+        follow = getattr(feature, "follow_mounted", None)
+        if follow is not None:
+            return follow  # type: ignore[no-any-return]
+    return None
 
 
 def volcano_remapper(side: ClusterSide | None) -> VolcanoRemapper | None:

@@ -39,6 +39,7 @@ from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.deviceinfo import go_json
 from ascend_agent.cluster.writer import Backoff
 from ascend_agent.model import Chip, Generation, Inventory
+from ascend_agent.podresources import Holder, Holders
 
 log = logging.getLogger("ascend_agent.cluster")
 
@@ -98,7 +99,47 @@ class PodView:
         )
 
     def chosen(self, resource: str) -> list[str]:
-        return [part.strip() for part in self.annotations.get(resource, "").split(",") if part.strip()]
+        return list(_split(self.annotations.get(resource, "")))
+
+
+@dataclass(frozen=True, slots=True)
+class Mounted:
+    """A pod that got Volcano's choice: the kubelet's IDs for it and the chips really mounted."""
+
+    namespace: str
+    pod: str
+    resource: str
+    kubelet_ids: tuple[str, ...]
+    real: tuple[str, ...]
+
+
+def follow_mounted(holders: Holders, mounted: Iterable[Mounted]) -> Holders:
+    """The holders by the chips really mounted: a pod that got Volcano's choice holds its ``AscendReal``
+    chips, not the kubelet's IDs for it.
+
+    >>> T = "huawei.com/Ascend910"
+    >>> kubelets = Holders({(T, "Ascend910-0"): (Holder("ns", "p", "main"),)})
+    >>> moved = follow_mounted(kubelets, [Mounted("ns", "p", T, ("Ascend910-0",), ("Ascend910-5",))])
+    >>> moved.by_device
+    {('huawei.com/Ascend910', 'Ascend910-5'): (Holder(namespace='ns', pod='p', container='main'),)}
+    """
+    by_device = {key: set(found) for key, found in holders.by_device.items()}
+    for pod in mounted:
+        containers: set[str] = set()
+        for device in pod.kubelet_ids:
+            found = by_device.get((pod.resource, device), set())
+            mine = {holder for holder in found if (holder.namespace, holder.pod) == (pod.namespace, pod.pod)}
+            containers.update(holder.container for holder in mine)
+            found -= mine
+        for device in pod.real:
+            by_device.setdefault((pod.resource, device), set()).update(
+                Holder(pod.namespace, pod.pod, container) for container in containers
+            )
+    return Holders({key: tuple(sorted(found)) for key, found in by_device.items() if found})
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def choose(
@@ -157,10 +198,12 @@ class VolcanoPods:
         self._try_interval = try_interval
         self._chips: dict[str, Chip] = {}
         self._pods: dict[str, PodView] = {}
-        self._taken: dict[str, tuple[str, ...]] = {}  # uid -> the chips it got (until the pod goes)
+        self._taken: dict[str, Mounted] = {}  # uid -> what it got (until the pod goes)
         # (resource, chips) -> a heap of (predicate-time, namespace, name, uid) of the pods that may want
         # them; entries of pods since changed, taken or gone are dropped when they come to the top.
         self._queues: dict[tuple[str, int], list[tuple[int, str, str, str]]] = {}
+        self._version = 0  # counts changes of the pods and the taken ones
+        self._followed: tuple[Holders, int, Holders] | None = None
         self._api: KubeApi | None = None
         self._patches = _Patches()
 
@@ -173,9 +216,25 @@ class VolcanoPods:
         what to check, when no pod Volcano placed matches."""
         return [await self._one(resource, list(kubelet_ids)) for kubelet_ids in containers]
 
-    def real_chips(self) -> dict[str, tuple[str, ...]]:
-        """Pod uid -> the chips mounted in it, for every pod that got Volcano's choice here."""
-        return dict(self._taken)
+    def mounted(self) -> list[Mounted]:
+        """Every pod on the node that got Volcano's choice: from this agent's Allocates, and from the pods'
+        marks (an earlier agent's, too)."""
+        found = dict(self._taken)
+        for pod in self._pods.values():
+            if pod.uid not in found and REAL in pod.annotations and KUBELET_IDS in pod.annotations:
+                resource = next((r for r in pod.limits if r in pod.annotations), None)
+                if resource is not None:
+                    real, kubelet_ids = _split(pod.annotations[REAL]), _split(pod.annotations[KUBELET_IDS])
+                    found[pod.uid] = Mounted(pod.namespace, pod.name, resource, kubelet_ids, real)
+        return list(found.values())
+
+    def follow_mounted(self, holders: Holders) -> Holders:
+        """``holders`` (the kubelet's PodResources view, by its IDs) by the chips really mounted; computed
+        again only when the holders or the pods changed."""
+        key = (holders, self._version)
+        if self._followed is None or self._followed[0] is not holders or self._followed[1] != self._version:
+            self._followed = (*key, follow_mounted(holders, self.mounted()))
+        return self._followed[2]
 
     async def run(self, api: KubeApi) -> None:
         self._api = api
@@ -227,6 +286,7 @@ class VolcanoPods:
     def _store(self, pod: PodView) -> None:
         """A pod added or changed: cached, and queued for what it asks for."""
         self._pods[pod.uid] = pod
+        self._version += 1
         if pod.predicate_time is None or pod.terminating:
             return
         for resource, asked in pod.limits.items():
@@ -239,6 +299,7 @@ class VolcanoPods:
                 self._queues[resource, count] = _queue(self._pods.values(), resource, count)
 
     def _forget(self, uid: str) -> None:
+        self._version += 1
         self._pods.pop(uid, None)
         self._taken.pop(uid, None)
 
@@ -257,7 +318,8 @@ class VolcanoPods:
         key = (
             CONFIGURATION_NPU if chips and chips[0].generation is Generation.ASCEND950 else CONFIGURATION_910
         )
-        self._taken[pod.uid] = tuple(real)
+        self._version += 1
+        self._taken[pod.uid] = Mounted(pod.namespace, pod.name, resource, tuple(kubelet_ids), tuple(real))
         log.info(
             "Pod %s/%s gets %s (Volcano's choice; the kubelet's IDs %s)",
             pod.namespace,

@@ -6,6 +6,7 @@ of it is on."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,9 @@ import pytest
 
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer
+from tests.support.http_probe import free_port, wait_answer
 from tests.support.kubelet_standin import KubeletStandin
+from tests.support.podresources import PodResourcesStandin
 
 NODE = "node-1"
 T = "huawei.com/Ascend910"
@@ -159,5 +162,41 @@ def test_without_volcano_the_kubelets_ids_and_no_pod_read(
         container = _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
         assert container.envs["ASCEND_VISIBLE_DEVICES"] == "0,1"
         assert not [s for s in apiserver.seen() if s.resource == "pods"]
+    finally:
+        agent.close()
+
+
+def _held_by(device: str, pod: str) -> str:
+    container, namespace = ("main", "team-a") if pod else ("", "")
+    labels = f'container="{container}",device="{device}",namespace="{namespace}",pod="{pod}"'
+    return re.escape(f'ascend_agent_device_health{{{labels},resource="{T}"}} 1.0')
+
+
+def test_metrics_name_the_pod_on_the_chips_really_mounted(
+    kubelet: KubeletStandin, apiserver: ApiServer, podresources: PodResourcesStandin
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "100"))
+    port = free_port()
+    agent = _start(
+        kubelet,
+        apiserver,
+        "--volcano",
+        "--metrics-address",
+        f"127.0.0.1:{port}",
+        "--pod-resources-socket",
+        str(podresources.path),
+    )
+    try:
+        # The kubelet records its own IDs for the pod.
+        podresources.hold(T, ["Ascend910-0", "Ascend910-1"], "team-a", "train-0", "main")
+        assert _allocate(kubelet, ["Ascend910-0", "Ascend910-1"]).envs["ASCEND_VISIBLE_DEVICES"] == "3,5"
+        _, body = wait_answer(
+            port,
+            "/metrics",
+            lambda status, body: re.search(_held_by("Ascend910-5", "train-0"), body) is not None,
+        )
+        assert re.search(_held_by("Ascend910-3", "train-0"), body)
+        assert re.search(_held_by("Ascend910-0", ""), body) and re.search(_held_by("Ascend910-1", ""), body)
     finally:
         agent.close()

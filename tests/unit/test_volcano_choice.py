@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ascend_agent.cluster.volcano import TAKEN, PodView, VolcanoPods, choose
+from ascend_agent.cluster.volcano import TAKEN, Mounted, PodView, VolcanoPods, choose
 
 T = "huawei.com/Ascend910"
 P = "huawei.com/Ascend310P"
@@ -49,7 +49,9 @@ def test_the_index_chooses_as_choose_does(steps: list[tuple[str, object]]) -> No
             got = pods._choose(resource, count)
             assert got == expected
             if got is not None:
-                pods._taken[got.uid] = tuple(got.chosen(resource))
+                pods._taken[got.uid] = Mounted(
+                    got.namespace, got.name, resource, (), tuple(got.chosen(resource))
+                )
 
 
 def test_smallest_predicate_time_first_and_taken_pods_skipped() -> None:
@@ -59,5 +61,5 @@ def test_smallest_predicate_time_first_and_taken_pods_skipped() -> None:
     order = []
     while (pod := pods._choose(T, 2)) is not None:
         order.append(pod.name)
-        pods._taken[pod.uid] = ()
+        pods._taken[pod.uid] = Mounted(pod.namespace, pod.name, T, (), ())
     assert order == ["a", "b", "c"]
