@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,6 +84,18 @@ def _allocate(kubelet: KubeletStandin, ids: list[str], timeout: float = 10) -> A
         return stub.Allocate(request, timeout=timeout).container_responses[0]
 
 
+def _create(apiserver: ApiServer, pod: dict[str, Any]) -> None:
+    """Create ``pod`` through the API, as Kubernetes would (``put`` stores it unseen by watches)."""
+    request = urllib.request.Request(
+        f"{apiserver.url}/api/v1/namespaces/{pod['metadata']['namespace']}/pods",
+        json.dumps(pod).encode(),
+        {"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert answer.status in (200, 201)
+
+
 def _annotations(apiserver: ApiServer, name: str) -> dict[str, str]:
     pod = apiserver.get("pods", name, "team-a")
     assert pod is not None
@@ -142,6 +156,28 @@ def test_no_placed_pod_refuses_after_three_tries(
     assert "no pod on this node placed by Volcano asks for 2 huawei.com/Ascend910" in str(
         refused.value.details()
     )
+
+
+def test_a_pod_arriving_during_the_tries_is_taken_and_the_wait_blocks_nothing(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    answers: list[Any] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(_allocate(kubelet, ["Ascend910-0", "Ascend910-1"]))
+    )
+    waiting.start()
+    try:
+        # The miss read the pods once; the call now waits between tries, and other calls are answered.
+        apiserver.wait_for(
+            lambda: [s for s in apiserver.seen() if s.resource == "pods"], lambda seen: len(seen) >= 2
+        )
+        every_chip = _allocate(kubelet, [f"Ascend910-{i}" for i in range(8)], timeout=0.5)
+        assert every_chip.envs["ASCEND_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+        assert waiting.is_alive()
+        _create(apiserver, _pod("late", "Ascend910-6,Ascend910-7", "100"))  # seen by the agent's watch
+    finally:
+        waiting.join(10)
+    assert [answer.envs["ASCEND_VISIBLE_DEVICES"] for answer in answers] == ["6,7"]
 
 
 def test_every_chip_keeps_the_kubelets_ids(
