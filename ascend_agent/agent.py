@@ -59,6 +59,8 @@ _KUBELET_TAG = "kubelet"
 _ENDPOINTS_TAG = "endpoints"
 _BACKEND_TAG = "backend"
 _CONFIG_TAG = "config"
+# The cluster side starts this long after the agent at the latest, registered or not.
+_CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
 _CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "pod_resources_socket")
 # Settings the agent applies itself; a change to any other one means a new backend.
@@ -105,6 +107,7 @@ class Agent:
         self.device_ids_for: VolcanoRemapper | None = None
         # --volcano: the kubelet's view of which pod holds which chip, by the chips really mounted.
         self.follow_mounted: Callable[[Holders], Holders] | None = None
+        self._registered = anyio.Event()
         self.holders = PodHolders(
             settings.pod_resources_socket, backend.health_interval or settings.health_interval
         )
@@ -161,7 +164,7 @@ class Agent:
                 if http is not None:
                     self._serve_http(http)
                 if self.cluster is not None:
-                    tasks.start_soon(self.cluster.run, name="cluster")
+                    tasks.start_soon(self._run_cluster, name="cluster")
                 label_devices_with_holders(self._holder_of)
                 tasks.start_soon(self.holders.run, lambda: None, name="pod resources")
                 await self.backend.query()
@@ -241,6 +244,14 @@ class Agent:
                     continue
                 if changed:
                     self.wake()
+
+    async def _run_cluster(self) -> None:
+        """The cluster side, once the kubelet registered a resource (loading the client library meanwhile
+        would delay that registration) or after a few seconds without."""
+        assert self.cluster is not None
+        with anyio.move_on_after(_CLUSTER_START_WAIT):
+            await self._registered.wait()
+        await self.cluster.run()
 
     def _serve_http(self, server: asyncio.Server) -> None:
         assert self._tasks is not None
@@ -362,6 +373,7 @@ class Agent:
         running.plugin.service.on_allocated = self.holders.poke
         if self.device_ids_for is not None:
             running.plugin.service.remap_ids = partial(self.device_ids_for, resource)
+        running.plugin.on_registered = self._registered.set
         return running
 
     def _stop_plugin(self, resource: str) -> None:

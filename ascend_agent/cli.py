@@ -399,6 +399,7 @@ def doctor(
     registration: Registration = None,
     plugin_dir: PluginDir = None,
     metrics_address: MetricsAddress = None,
+    pod_resources_socket: PodResourcesSocket = None,
     json_output: Json = False,
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""

@@ -55,8 +55,12 @@ async def run_checks(settings: Settings) -> list[Check]:
     checks.append(_kubelet(settings.kubelet_dir))
     # npu-smi already failed on devfs: asking the backend would run it (and wait out its timeout) again.
     discover = settings.backend != "devfs" or npu_smi.ok is True
-    checks.extend(await _our_sockets(settings, discover))
+    unhealthy: list[tuple[str, str]] = []
+    checks.extend(await _our_sockets(settings, discover, unhealthy))
+    if unhealthy:
+        checks.append(await _holders(settings.pod_resources_socket, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
+    checks.append(await _kubernetes_api(settings.metrics_address))
     checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname()))
     return checks
 
@@ -172,7 +176,8 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     return sorted(names)
 
 
-async def _our_sockets(settings: Settings, discover: bool) -> list[Check]:
+async def _our_sockets(settings: Settings, discover: bool, unhealthy: list[tuple[str, str]]) -> list[Check]:
+    """One check per plugin socket; the (resource, device ID) of each Unhealthy device go to ``unhealthy``."""
     directory = settings.endpoint_dir
     names = await _expected_sockets(settings, discover)
     found = [directory / name for name in names if (directory / name).is_socket()]
@@ -187,10 +192,10 @@ async def _our_sockets(settings: Settings, discover: bool) -> list[Check]:
                 "then kubectl -n kube-system logs <pod>",
             )
         ]
-    return [await _ask(path) for path in found]
+    return [await _ask(path, unhealthy) for path in found]
 
 
-async def _ask(path: Path) -> Check:
+async def _ask(path: Path, unhealthy: list[tuple[str, str]]) -> Check:
     """What the kubelet sees: the first ListAndWatch message from the socket."""
     channel = LocalChannel(path)
     # The generated stub is typed as an iterator; it is an async generator, closed to end the stream.
@@ -211,6 +216,8 @@ async def _ask(path: Path) -> Check:
         channel.close()
     devices = first.devices if first is not None else []
     healthy = sum(device.health == "Healthy" for device in devices)
+    resource = naming.resource_name(path.name.removesuffix(".sock"))
+    unhealthy.extend((resource, device.id) for device in devices if device.health != "Healthy")
     return Check(
         f"plugin socket {path.name}",
         True,
@@ -218,26 +225,79 @@ async def _ask(path: Path) -> Check:
     )
 
 
-async def _readiness(address: str) -> Check:
-    if not address:
-        return Check("agent readiness", None, "skipped: --metrics-address is empty")
+async def _holders(socket: Path, unhealthy: list[tuple[str, str]]) -> Check:
+    """The pods whose containers hold the Unhealthy devices: the ones to move off this node."""
+    from ascend_agent.podresources import PodResourcesError, list_holders
+
+    name = "pods on Unhealthy chips"
+    try:
+        holders = await list_holders(socket)
+    except PodResourcesError as exc:
+        return Check(name, None, f"skipped: {exc}")
+    held = [
+        f"{device} held by {', '.join(map(str, holders.by_device[(resource, device)]))}"
+        for resource, device in unhealthy
+        if holders.by_device.get((resource, device))
+    ]
+    if not held:
+        return Check(name, True, f"none: no pod holds {', '.join(device for _, device in unhealthy)}")
+    return Check(
+        name,
+        False,
+        "; ".join(held),
+        "these pods run on failing chips: delete them (their controllers place them again on Healthy chips)",
+    )
+
+
+async def _get(address: str, path: str) -> tuple[str, str] | str:
+    """(status line, body) of ``GET path`` on the agent's HTTP address; a string saying why not."""
     host, _, port = address.rpartition(":")
     host = "127.0.0.1" if host in ("0.0.0.0", "") else host.strip("[]")
     try:
         async with asyncio.timeout(_DIAL_TIMEOUT):
             reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
+            writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
             answer = (await reader.read()).decode("latin-1")
             writer.close()
     except (OSError, TimeoutError) as exc:
-        return Check(
-            "agent readiness",
-            False,
-            f"nothing answers on {address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}",
-            "is the agent running with this --metrics-address?",
-        )
+        return f"nothing answers on {address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
     status, _, body = answer.partition("\r\n\r\n")
-    if " 200 " in status.split("\r\n")[0] + " ":
+    return status.split("\r\n")[0], body
+
+
+async def _kubernetes_api(address: str) -> Check:
+    """The agent's own view of the API server (the /healthz detail): what its cluster side writes through."""
+    name = "kubernetes api (agent)"
+    if not address:
+        return Check(name, None, "skipped: --metrics-address is empty")
+    answer = await _get(address, "/healthz")
+    if isinstance(answer, str):
+        return Check(name, None, f"skipped: {answer}")
+    detail = next((line for line in answer[1].splitlines() if line.startswith("kubernetes api: ")), "")
+    if not detail:
+        return Check(name, None, "skipped: the agent's cluster side is off (--no-cluster, or no credentials)")
+    state = detail.removeprefix("kubernetes api: ")
+    if state.endswith(": up"):
+        return Check(name, True, state)
+    if state == "starting" or state.endswith(": no request yet"):
+        return Check(name, None, state)
+    return Check(
+        name,
+        False,
+        state,
+        "node labels and Events wait (the device plugin works without them): for 403, grant the verb in the "
+        "agent's ClusterRole; else check the API server and the agent's network",
+    )
+
+
+async def _readiness(address: str) -> Check:
+    if not address:
+        return Check("agent readiness", None, "skipped: --metrics-address is empty")
+    answer = await _get(address, "/readyz")
+    if isinstance(answer, str):
+        return Check("agent readiness", False, answer, "is the agent running with this --metrics-address?")
+    status, body = answer
+    if " 200 " in status + " ":
         return Check("agent readiness", True, f"{address}/readyz: ready")
     return Check("agent readiness", False, f"{address}/readyz: {body.strip()}", "see the agent's log for why")
 

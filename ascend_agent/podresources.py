@@ -104,10 +104,11 @@ class PodHolders:
         """Ask the kubelet once; True when the holders changed."""
         try:
             holders = await list_holders(self.socket)
-        except PodResourcesError as exc:
+        except Exception as exc:  # PodResourcesError, or an answer that does not decode
+            reason = str(exc) if isinstance(exc, PodResourcesError) else f"{type(exc).__name__}: {exc}"
             if self.error is None:
-                log.warning("Cannot tell which pod holds which chip: %s", exc)
-            self.error = str(exc)
+                log.warning("Cannot tell which pod holds which chip: %s", reason)
+            self.error = reason
             holders = Holders()
         else:
             if self.error is not None:

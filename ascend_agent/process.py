@@ -57,8 +57,8 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
     log_configuration(source.load_effective())
     agent = Agent(settings, backend, source)
     agent.cluster = cluster.open_side(settings, agent.separation)
-    agent.device_ids_for = cluster.volcano_remapper(agent.cluster)
-    agent.follow_mounted = cluster.volcano_holders(agent.cluster)
+    agent.device_ids_for = cluster.volcano_remapper(agent.cluster, settings)
+    agent.follow_mounted = cluster.volcano_holders(agent.cluster, settings)
     if settings.volcano and agent.device_ids_for is None:
         log.warning(
             "--volcano needs the cluster side (--kubeconfig or a service account, and not --no-cluster): "

@@ -5,14 +5,15 @@ each feature runs in its own task, writes through a :class:`~ascend_agent.cluste
 newest state wins, retries back off to 30 s with jitter) and every request is bounded by
 :attr:`KubeApi.timeout <ascend_agent.cluster.client.KubeApi.timeout>`.
 
-This package's ``__init__`` and :mod:`.credentials` import no client library; :func:`open_side` imports
-lightkube only once credentials are found, so an agent with ``--no-cluster`` (config ``cluster: false``) or
-without credentials never loads it.
+This package's ``__init__``, :mod:`.credentials` and :mod:`.side` import no client library; lightkube is
+imported by ``side.run`` (in a worker thread, so the kubelet's registration does not wait for it) once
+credentials are found, so an agent with ``--no-cluster`` (config ``cluster: false``) or without credentials
+never loads it.
 
 The agent does two things with it::
 
     side = open_side(settings)             # None: off (flag, or no credentials: one info line)
-    tasks.start_soon(side.run)             # one task per feature
+    tasks.start_soon(side.run)             # imports the client in a thread, then one task per feature
     side.observe(inventory)                # after each reconcile: chips, health, held chips
 
 How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSlice publisher, a pod watch):
@@ -28,26 +29,33 @@ How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSl
    come back as lightkube's ``ApiError`` for the feature to handle).
 3. For state the agent owns, run a ``LatestWriter(name, apply)`` in the feature's task and call
    ``writer.set(state)`` from ``observe``; ``writer.refresh()`` rewrites unchanged state (a periodic refresh,
-   an object deleted by hand). For a watch, loop over ``api.client.watch(...)`` inside ``run``, catching
-   ``ApiUnavailable``/transport errors and retrying with :class:`~ascend_agent.cluster.writer.Backoff`.
+   an object deleted by hand). For a watch, ``async for kind, obj in api.stream("pods",
+   api.client.watch(Pod, ...))`` inside ``run`` (failures recorded as for ``call``), catching
+   ``ApiUnavailable`` and watching again after :class:`~ascend_agent.cluster.writer.Backoff`.
 4. Add the feature to :func:`_features` (and its RBAC to the README's cluster section). Patches are JSON merge
    patches (``PatchType.MERGE``): ``null`` removes a key, and the test API server understands them.
 
-Tests run against :mod:`tests.support.apiserver` (an in-process Kubernetes API emulator on loopback with a
-kubeconfig file, which can hang or answer 403/500 on demand).
+Tests run against :mod:`tests.support.apiserver` (the ``apiserver`` fixture: a Kubernetes API emulator on
+loopback with a kubeconfig file, which can hang or answer 403/500 per verb and resource; its docstring says
+what it does not do: selectors, resourceVersion).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, cast
+
+import anyio
 
 from ascend_agent.cluster.credentials import ClusterTarget, find_target, node_name
 from ascend_agent.separation import ManualSeparation
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
+    from ascend_agent.cluster.volcano import VolcanoPods
     from ascend_agent.config import Settings
     from ascend_agent.podresources import Holders
 
@@ -58,11 +66,16 @@ VolcanoRemapper = Callable[[str, Sequence[Sequence[str]]], Awaitable[list[list[s
 
 log = logging.getLogger("ascend_agent.cluster")
 
+# An Allocate that comes while the cluster side is still loading waits this long for it (as long as the tries
+# for a pod take), looking every _STARTING_POLL seconds.
+_STARTING_WAIT = 3.0
+_STARTING_POLL = 0.05
+
 
 def open_side(settings: Settings, separation: ManualSeparation | None = None) -> ClusterSide | None:
-    """The cluster side for ``settings``, or None when it is off. Makes no request; raises
-    :class:`~ascend_agent.config.ConfigError` for credentials that cannot be used. ``separation`` receives
-    the chips an admin separates in the device-info ConfigMap."""
+    """The cluster side for ``settings``, or None when it is off. Imports no client library and makes no
+    request; raises :class:`~ascend_agent.config.ConfigError` for a kubeconfig that cannot be read.
+    ``separation`` receives the chips an admin separates in the device-info ConfigMap."""
     if not settings.cluster:
         return None
     target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
@@ -72,17 +85,16 @@ def open_side(settings: Settings, separation: ManualSeparation | None = None) ->
             "the cluster side (node labels, Events) is off"
         )
         return None
-    from ascend_agent.cluster.client import ClusterConnectError, KubeApi
     from ascend_agent.cluster.side import ClusterSide
-    from ascend_agent.config import ConfigError
 
-    node = node_name(settings.node_name)
-    try:
-        api = KubeApi.connect(target, node)
-    except ClusterConnectError as exc:
-        raise ConfigError(f"--kubeconfig: {exc}") from None
-    log.info("Cluster side on: %s, node %s, API server %s", target.describe(), node, api.health.server)
-    return ClusterSide(api, _features(settings, separation or ManualSeparation()))
+    if target.kubeconfig is not None and not os.access(target.kubeconfig, os.R_OK):
+        from ascend_agent.config import ConfigError
+
+        raise ConfigError(
+            f"--kubeconfig: cannot use {target.describe()}: it does not exist or cannot be read"
+        )
+    features = partial(_features, settings, separation or ManualSeparation())
+    return ClusterSide(target, node_name(settings.node_name), features)
 
 
 def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]:
@@ -102,21 +114,43 @@ def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]
     return features
 
 
-def volcano_holders(side: ClusterSide | None) -> Callable[[Holders], Holders] | None:
-    """``--volcano``: the kubelet's PodResources view of which pod holds which chip, moved to the chips really
-    mounted (see :mod:`.volcano`); None when the feature is off."""
-    for feature in side.features if side is not None else ():
-        follow = getattr(feature, "follow_mounted", None)
-        if follow is not None:
-            return follow  # type: ignore[no-any-return]
-    return None
-
-
-def volcano_remapper(side: ClusterSide | None) -> VolcanoRemapper | None:
+def volcano_remapper(side: ClusterSide | None, settings: Settings) -> VolcanoRemapper | None:
     """``--volcano``: the call that gives Allocate the chips Volcano chose (see :mod:`.volcano`); None when
-    the feature is off."""
-    for feature in side.features if side is not None else ():
-        remap = getattr(feature, "remap", None)
-        if remap is not None:
-            return remap  # type: ignore[no-any-return]
-    return None
+    it is off. The features load after the agent starts: until then the call refuses, and the kubelet
+    retries."""
+    if side is None or not settings.volcano:
+        return None
+
+    async def remap(resource: str, containers: Sequence[Sequence[str]]) -> list[list[str]]:
+        pods = _volcano_pods(side)
+        with anyio.move_on_after(_STARTING_WAIT):
+            while pods is None:  # the client and the features load in a thread after the first registration
+                await anyio.sleep(_STARTING_POLL)
+                pods = _volcano_pods(side)
+        if pods is None:
+            raise LookupError(
+                f"the cluster side has not started within {_STARTING_WAIT:g} s: Volcano's choice of chips is "
+                "not known yet; the kubelet retries"
+            )
+        return await pods.remap(resource, containers)
+
+    return remap
+
+
+def volcano_holders(side: ClusterSide | None, settings: Settings) -> Callable[[Holders], Holders] | None:
+    """``--volcano``: the kubelet's PodResources view of which pod holds which chip, moved to the chips
+    really mounted (see :mod:`.volcano`); None when it is off."""
+    if side is None or not settings.volcano:
+        return None
+
+    def follow(holders: Holders) -> Holders:
+        pods = _volcano_pods(side)
+        return holders if pods is None else pods.follow_mounted(holders)
+
+    return follow
+
+
+def _volcano_pods(side: ClusterSide) -> VolcanoPods | None:
+    """The ``--volcano`` feature once the cluster side has loaded it (this imports nothing)."""
+    found = [feature for feature in side.features if type(feature).__name__ == "VolcanoPods"]
+    return cast("VolcanoPods", found[0]) if found else None

@@ -15,7 +15,7 @@ and count as the API server working.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from typing import TypeVar
 
 import anyio
@@ -83,25 +83,55 @@ class KubeApi:
         try:
             with anyio.fail_after(self.timeout):
                 result = await request
-        except ApiError as exc:
+        except Exception as exc:
+            failed = self._failed(channel, verb, resource, exc, answers)
+            if failed is exc:
+                raise
+            raise failed from None
+        self.health.record_success(channel)
+        return result
+
+    async def stream(self, resource: str, watch: AsyncIterable[T]) -> AsyncIterator[T]:
+        """The items of a watch (``api.client.watch(...)``) on ``resource``, its failures recorded and raised
+        as by :meth:`call` under the channel ``watch <resource>``; no time bound, a watch lasts::
+
+            async for kind, pod in api.stream("pods", api.client.watch(Pod, namespace="*")):
+                ...
+        """
+        channel = f"watch {resource}"
+        try:
+            async for item in watch:
+                self.health.record_success(channel)
+                yield item
+        except Exception as exc:
+            failed = self._failed(channel, "watch", resource, exc, frozenset({410}))
+            if failed is exc:
+                raise
+            raise failed from None
+
+    def _failed(
+        self, channel: str, verb: str, resource: str, exc: Exception, answers: frozenset[int]
+    ) -> Exception:
+        """What to raise for ``exc``: itself for an answer in ``answers`` (or not an API failure at all),
+        else a recorded :class:`ApiUnavailable`."""
+        if isinstance(exc, ApiError):
             code = exc.status.code or exc.response.status_code
             if code in answers:
                 self.health.record_success(channel)
-                raise
+                return exc
             failure = _refusal(code, exc.status.reason, verb, resource, self.node)
-        except httpx2.HTTPStatusError as exc:  # not the API server's JSON (a proxy in between, say)
+        elif isinstance(exc, httpx2.HTTPStatusError):  # not the API server's JSON (a proxy in between, say)
             failure = _refusal(
                 exc.response.status_code, exc.response.reason_phrase, verb, resource, self.node
             )
-        except (TimeoutError, httpx2.TimeoutException):
+        elif isinstance(exc, TimeoutError | httpx2.TimeoutException):
             failure = Failure(0, f"no answer within {self.timeout:g} s")
-        except httpx2.TransportError as exc:
+        elif isinstance(exc, httpx2.TransportError):
             failure = Failure(0, f"unreachable: {exc or type(exc).__name__}")
         else:
-            self.health.record_success(channel)
-            return result
+            return exc
         self.health.record_failure(channel, failure)
-        raise ApiUnavailable(channel, failure)
+        return ApiUnavailable(channel, failure)
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):

@@ -113,7 +113,13 @@ class NodeEvents:
             if record.name is not None and due > 0:
                 wait = min(wait, due)
                 continue
-            await self._write(api, record)
+            try:
+                await self._write(api, record)
+            except ApiError as exc:  # the API server answered but will not take this Event: drop it
+                log.warning(
+                    "Event %s for %s not written: %s", record.reason, record.device, exc.status.message
+                )
+                record.written_count = record.count
             record.next_write = time.monotonic() + self._min_interval
         return wait
 

@@ -366,13 +366,14 @@ class VolcanoPods:
         while True:
             try:
                 version = await self._list(api)
-                async for kind, pod in api.client.watch(
+                watch = api.client.watch(
                     Pod,
                     namespace=ALL_NS,
                     fields={"spec.nodeName": api.node},
                     resource_version=version,
                     server_timeout=RELIST_INTERVAL,
-                ):
+                )
+                async for kind, pod in api.stream("pods", watch):
                     view = PodView.of(pod)
                     if kind == "DELETED" or not _on(api.node, pod):
                         self._forget(view.uid)

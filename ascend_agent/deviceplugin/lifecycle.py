@@ -26,7 +26,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
@@ -179,6 +179,8 @@ class ResourcePlugin:
         self._failing_since: float | None = None
         self.service = DevicePluginService(resource, on_stream_change=self.poke)
         self._poked = anyio.Event()
+        # Told after each registration (the agent starts its cluster side after the first).
+        self.on_registered: Callable[[], None] = lambda: None
         self._registering: anyio.Event | None = None
         self._servers: list[tuple[_Server, Path, SocketIdentity]] = []
         self._stale = False  # serve again although the sockets are still ours
@@ -461,6 +463,7 @@ class ResourcePlugin:
         self._problem_log.clear()
         REGISTRATIONS.labels(resource=self.resource).inc()
         log.info("Registered resource %s", self.resource, extra=log_fields(resource=self.resource))
+        self.on_registered()
 
     def _on_watcher_status(self, registered: bool, error: str) -> None:
         if registered:

@@ -10,16 +10,22 @@ kubeconfig file pointing at it. The agent (in-process or as a process) reaches i
 Outages on demand, for every request or only those of one verb and resource::
 
     apiserver.fail("hang")                             # every request waits until behave() or stop()
+    apiserver.fail("hang", seconds=30)                 # every request waits 30 s, then is served
     apiserver.fail(403, verb="create", resource="events")
     apiserver.fail(500)
     apiserver.behave()
 
-Watches of a resource see the objects ``put`` and everything the client writes.
+Watches of a resource see the objects ``put`` and everything the client writes. What the emulator does not
+do (kmock 0.8): label and field selectors are ignored (a list or watch gets every object of the resource),
+there is no ``resourceVersion`` or conflict (409 only for a create of an existing name), and every PATCH is
+applied as a JSON merge patch whatever its content type. PUT (update) is served here on top of kmock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -32,7 +38,7 @@ import aiohttp.web
 import attrs
 import kmock
 import pytest
-from kmock._internal.k8s import KubernetesError
+from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
 from kmock._internal.rendering import Request
 
 T = TypeVar("T")
@@ -58,25 +64,33 @@ _REASONS = {
 Fault = int | Literal["hang"]
 
 
+def _verb(request: Request) -> str:
+    """The request's verb as RBAC names it: get, list, watch, create, patch, update, delete."""
+    verb = _VERBS.get(str(request.method.value), "")
+    if verb == "get" and request.params.get("watch") in ("true", "1"):
+        return "watch"
+    if verb == "get" and request.name is None:
+        return "list"
+    return verb
+
+
 @dataclass(frozen=True, slots=True)
 class _Rule:
     fault: Fault
     verb: str | None
     resource: str | None
+    seconds: float | None = None  # a hang that ends (then the request is served) after this long
 
     def matches(self, request: Request) -> bool:
-        verb = _VERBS.get(str(request.method.value), "")
-        if verb == "get" and request.params.get("watch") in ("true", "1"):
-            verb = "watch"
-        elif verb == "get" and request.name is None:
-            verb = "list"
+        verb = _verb(request)
         plural = request.resource.plural if request.resource is not None else None
         return (self.verb is None or self.verb == verb) and (self.resource is None or self.resource == plural)
 
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """One request the server received: ``verb`` as RBAC names it, the resource's plural, the body."""
+    """One request the server received (recorded as it arrives, before any fault): ``verb`` as RBAC names
+    it, the resource's plural, the body."""
 
     verb: str
     resource: str | None
@@ -90,6 +104,7 @@ class _Emulator(kmock.KubernetesEmulator):
     rules: list[_Rule] = attrs.field(factory=list)
     released: asyncio.Event = attrs.field(factory=asyncio.Event)
     on_request: Callable[[Request], None] = attrs.field(default=lambda request: None)
+    on_answered: Callable[[], None] = attrs.field(default=lambda: None)
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         """As the API server does: a Status object with ``Content-Type: application/json`` exactly (aiohttp
@@ -101,11 +116,14 @@ class _Emulator(kmock.KubernetesEmulator):
         )
 
     async def _handle(self, request: Request) -> aiohttp.web.StreamResponse:
+        self.on_request(request)
         try:
             for rule in self.rules:
                 if rule.matches(request):
                     if rule.fault == "hang":
-                        await self.released.wait()
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(rule.seconds):
+                                await self.released.wait()
                         break
                     status = int(rule.fault)
                     return await self._render_error(
@@ -113,9 +131,27 @@ class _Emulator(kmock.KubernetesEmulator):
                             status=status, reason=_REASONS.get(status, "Error"), message="refused"
                         )
                     )
+            if str(request.method.value) == "PUT" and request.resource is not None and request.name:
+                return await self._replace(request)
             return await super()._handle(request)
         finally:
-            self.on_request(request)
+            self.on_answered()
+
+    async def _replace(self, request: Request) -> aiohttp.web.StreamResponse:
+        """PUT (update): kmock serves no PUT; the object becomes the request's body, as a merge patch that
+        also removes what the body leaves out."""
+        assert request.resource is not None
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self._objects or self._objects[key].deleted:
+                return await self._render_error(KubernetesObjectNotFoundError())
+            stored = self._objects[key]
+            stored.patch(_replacement(_plain(stored.raw), request.data))
+            raw = _plain(stored.raw)
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": raw})
+        return aiohttp.web.Response(
+            body=json.dumps(raw).encode(), headers={"Content-Type": "application/json"}
+        )
 
 
 class ApiServer:
@@ -151,7 +187,7 @@ class ApiServer:
         self._loop.close()
 
     async def _start(self) -> None:
-        emulator = _Emulator(on_request=self._record)
+        emulator = _Emulator(on_request=self._record, on_answered=self._moved)
         for group, version, plural, namespaced in _KNOWN.values():
             emulator.resources[f"{group}/{version}/{plural}" if group else f"{version}/{plural}"] = {
                 "namespaced": namespaced
@@ -172,22 +208,30 @@ class ApiServer:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     def _record(self, request: Request) -> None:
-        verb = _VERBS.get(str(request.method.value), "")
+        verb = _verb(request)
         plural = request.resource.plural if request.resource is not None else None
         with self._changed:
             self._seen.append(Seen(verb, plural, request.name, request.url.path, request.data))
             self._generation += 1
             self._changed.notify_all()
 
+    def _moved(self) -> None:
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
     # faults ------------------------------------------------------------------------------------------------
-    def fail(self, fault: Fault, verb: str | None = None, resource: str | None = None) -> None:
-        """From now on, requests (of ``verb`` on ``resource``, if given) hang or get the ``fault`` status."""
+    def fail(
+        self, fault: Fault, verb: str | None = None, resource: str | None = None, seconds: float | None = None
+    ) -> None:
+        """From now on, requests (of ``verb`` on ``resource``, if given) hang (until :meth:`behave`, or for
+        ``seconds``) or get the ``fault`` status."""
 
         async def add() -> None:
             assert self._emulator is not None
             if fault == "hang":
                 self._emulator.released = asyncio.Event()
-            self._emulator.rules.append(_Rule(fault, verb, resource))
+            self._emulator.rules.append(_Rule(fault, verb, resource, seconds))
 
         self._call(add())
 
@@ -258,6 +302,17 @@ class ApiServer:
                 raise AssertionError(f"not ready within {timeout:g} s; last: {value!r}")
             with self._changed:
                 self._changed.wait_for(partial(self._moved_on, generation), remaining)
+
+
+def _replacement(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch that turns ``old`` into ``new``: keys ``new`` leaves out are set to null."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        patch[key] = (
+            _replacement(before, value) if isinstance(before, dict) and isinstance(value, dict) else value
+        )
+    return patch
 
 
 def _plain(value: Any) -> Any:

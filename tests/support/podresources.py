@@ -29,6 +29,7 @@ class PodResourcesStandin:
         self.pb = pb
         self.refuse = False
         self.calls = 0
+        self._called = threading.Condition()
         self._held: dict[tuple[str, str, str], list[tuple[str, list[str]]]] = {}
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -42,6 +43,12 @@ class PodResourcesStandin:
     def release_all(self) -> None:
         with self._lock:
             self._held.clear()
+
+    def wait_calls(self, count: int, timeout: float = 10.0) -> None:
+        """Wait until ``List`` has been called ``count`` times in all."""
+        with self._called:
+            if not self._called.wait_for(lambda: self.calls >= count, timeout):
+                raise AssertionError(f"List called {self.calls} times within {timeout:g} s, not {count}")
 
     def start(self) -> None:
         self._thread.start()
@@ -76,7 +83,9 @@ class PodResourcesStandin:
 
     async def _list(self, stream: Stream[Any, Any]) -> None:
         await stream.recv_message()
-        self.calls += 1
+        with self._called:
+            self.calls += 1
+            self._called.notify_all()
         if self.refuse:
             raise GRPCError(Status.UNAVAILABLE, "pod resources are not ready")
         pods: dict[tuple[str, str], Any] = {}

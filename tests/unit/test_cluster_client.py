@@ -19,8 +19,11 @@ from prometheus_client import REGISTRY
 from ascend_agent.cluster import find_target, node_name, open_side
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.cluster.labels import NodeLabels, node_labels, sanitise
+from ascend_agent.cluster.side import ClusterSide
 from ascend_agent.cluster.writer import Backoff, LatestWriter
 from ascend_agent.config import ConfigError, Settings
+from ascend_agent.model import Chip, Inventory
 from tests.support.apiserver import ApiServer
 
 
@@ -196,3 +199,73 @@ async def test_writer_writes_the_newest_state_and_retries_until_it_lands(apiserv
     assert writer.writes == 1
     assert len(patches) == writer.failures + 1 < 20
     assert not writer.pending
+
+
+def test_label_values_are_made_valid_or_skipped_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    assert sanitise("x" * 70) == "x" * 63
+    assert sanitise("24.1.RC2 (beta)") == "24.1.RC2--beta"
+    assert sanitise("(!)") == ""
+    labels = NodeLabels(replicas=1)
+    inventory = Inventory((Chip.make(0, "310P3"),), driver_version="((?))")
+    for _ in range(2):
+        labels.observe(inventory)
+    assert labels._pending is not None and "huawei.com/driver.version" not in labels._pending
+    assert labels._pending["accelerator"] == "huawei-Ascend310P"
+    assert "mind-cluster/npu-chip-memory" not in labels._pending, "310P3 has no HBM"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "Node label huawei.com/driver.version not set: '((?))' cannot be made a valid label value"
+    ]
+    assert node_labels(Inventory(), replicas=1) == {}
+
+
+async def test_a_watch_through_stream_records_its_failures(apiserver: ApiServer) -> None:
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    api = _api(apiserver)
+    try:
+        with anyio.fail_after(5):
+            async for kind, node in api.stream("nodes", api.client.watch(Node)):
+                assert (kind, node.metadata and node.metadata.name) == ("ADDED", "node-1")
+                break
+        assert api.health.state().up is True
+        apiserver.fail(403, verb="watch", resource="nodes")
+        with pytest.raises(
+            ApiUnavailable, match=r"watch nodes: 403 Forbidden: the agent may not watch nodes"
+        ):
+            async for _ in api.stream("nodes", api.client.watch(Node)):
+                pass
+    finally:
+        await api.close()
+    assert _up() == 0
+
+
+class _FailsOnce:
+    """A cluster feature with a bug on its first run."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.second = anyio.Event()
+
+    def observe(self, inventory: Inventory) -> None:
+        return None
+
+    async def run(self, api: KubeApi) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            raise RuntimeError("a bug")
+        self.second.set()
+        await anyio.sleep_forever()
+
+
+async def test_a_failing_feature_is_started_again_not_the_end_of_the_agent(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    feature = _FailsOnce()
+    side = ClusterSide(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [feature])
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(side.run)
+            await feature.second.wait()
+            tasks.cancel_scope.cancel()
+    assert feature.runs == 2
+    assert "Cluster feature _FailsOnce failed; starting it again" in caplog.text
