@@ -6,10 +6,10 @@ back the admin's ``ManuallySeparateNPU`` into :class:`~ascend_agent.separation.M
     publisher.observe(inventory)         # after each reconcile: the lists to write, if they changed
     await publisher.run(api)             # writes at most once a second, rewrites every 5 min, reads back
 
-RBAC: configmaps in kube-system get, create, patch; nodes patch. The ConfigMap is written with a JSON merge
-patch of the keys the agent owns, so an admin's ``ManuallySeparateNPU`` is never overwritten, and no write
-races an admin's edit; a ConfigMap deleted by hand is created again at the next change, refresh or
-read-back.
+RBAC: configmaps in kube-system get, create, update; nodes patch. The ConfigMap is read, then updated with
+the keys the agent owns set and every other key kept (an admin's ``ManuallySeparateNPU`` is never
+overwritten; an edit between the read and the write is a 409 and the write starts again); a ConfigMap
+deleted by hand is created again at the next change, refresh or read-back.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ _CONFLICT_RETRIES = 3
 
 
 class _Contended(Exception):
-    """Someone else kept deleting and creating the ConfigMap between our writes."""
+    """Someone else kept changing the ConfigMap between the agent's read and its write."""
 
 
 class DeviceInfoPublisher:
@@ -138,30 +138,43 @@ class DeviceInfoPublisher:
             self._separation.update(ids)
 
     async def _write_map(self, api: KubeApi, name: str, lists: dict[str, str]) -> None:
-        """A merge patch of the keys the agent owns (an admin's ``ManuallySeparateNPU`` is never part of it);
-        a map that is not there is created."""
-        owned = {
-            deviceinfo.DEVICE_INFO_KEY: deviceinfo.device_info_cfg(lists, int(self._clock())),
-            deviceinfo.UPGRADE_FAULT_KEY: "{}",
-            deviceinfo.DESCRIPTION_KEY: DESCRIPTION,
-        }
-        patch = {"metadata": {"labels": {deviceinfo.CONSUMER_LABEL: "true"}}, "data": owned}
+        """Read the map, then update the keys the agent owns and keep every other (an admin's
+        ``ManuallySeparateNPU`` above all); a map that is not there is created."""
         for _ in range(_CONFLICT_RETRIES):
+            owned = {
+                deviceinfo.DEVICE_INFO_KEY: deviceinfo.device_info_cfg(lists, int(self._clock())),
+                deviceinfo.UPGRADE_FAULT_KEY: "{}",
+                deviceinfo.DESCRIPTION_KEY: DESCRIPTION,
+            }
             try:
-                await api.call(
-                    "patch",
-                    "configmaps",
-                    api.client.patch(
-                        ConfigMap, name, patch, namespace=deviceinfo.NAMESPACE, patch_type=PatchType.MERGE
-                    ),
+                found = await api.call(
+                    "get", "configmaps", api.client.get(ConfigMap, name, namespace=deviceinfo.NAMESPACE)
                 )
-                return
             except ApiError as exc:
                 if exc.status.code != 404:
                     raise
-            if await self._create(api, name, owned):
+                if await self._create(api, name, owned):
+                    return
+                continue
+            self._take_separation(found)
+            if await self._update(api, found, owned):
                 return
-        raise _Contended(f"it was deleted and created again under each of {_CONFLICT_RETRIES} writes")
+        raise _Contended(f"it changed between the read and the write {_CONFLICT_RETRIES} times")
+
+    async def _update(self, api: KubeApi, found: ConfigMap, owned: dict[str, str]) -> bool:
+        """False when it changed since it was read (409: its resourceVersion) or is gone (404)."""
+        metadata = found.metadata or ObjectMeta()
+        metadata.labels = {**(metadata.labels or {}), deviceinfo.CONSUMER_LABEL: "true"}
+        data = {**(found.data or {}), **owned}
+        data.setdefault(deviceinfo.SEPARATED_KEY, "")
+        found.metadata, found.data = metadata, data
+        try:
+            await api.call("update", "configmaps", api.client.replace(found))
+        except ApiError as exc:
+            if exc.status.code in (404, 409):
+                return False
+            raise
+        return True
 
     async def _create(self, api: KubeApi, name: str, owned: dict[str, str]) -> bool:
         """False when someone created it meanwhile (409)."""
