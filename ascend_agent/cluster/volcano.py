@@ -311,6 +311,13 @@ class VolcanoPods:
                 f"Volcano chose {', '.join(unknown)} for pod {pod.namespace}/{pod.name}, which this node "
                 "does not have; check the node's device-info ConfigMap"
             )
+        unhealthy = [self._chips[device] for device in chosen if not self._chips[device].healthy]
+        if unhealthy:  # not taken: the kubelet rejects the pod, and its controller makes a new one
+            ids = ", ".join(chip.device_id for chip in unhealthy)
+            reason = unhealthy[0].reason or "no reason reported"
+            raise LookupError(
+                f"Volcano chose {ids} for pod {pod.namespace}/{pod.name}, which is Unhealthy ({reason})"
+            )
         return chosen
 
     def _take(self, pod: PodView, resource: str, real: list[str], kubelet_ids: list[str]) -> None:

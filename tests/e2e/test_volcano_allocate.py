@@ -10,6 +10,7 @@ import re
 import threading
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -178,6 +179,26 @@ def test_a_pod_arriving_during_the_tries_is_taken_and_the_wait_blocks_nothing(
     finally:
         waiting.join(10)
     assert [answer.envs["ASCEND_VISIBLE_DEVICES"] for answer in answers] == ["6,7"]
+
+
+def test_a_choice_of_an_unhealthy_chip_is_refused_and_the_pod_not_taken(
+    kubelet: KubeletStandin, apiserver: ApiServer, state: Path
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "100"))
+    state.write_text(json.dumps({"unhealthy": [5]}))
+    agent = _start(kubelet, apiserver, "--volcano", "--fake-state", str(state))
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "Volcano chose Ascend910-5 for pod team-a/train-0, which is Unhealthy" in str(
+            refused.value.details()
+        )
+        assert "predicate-time" in _annotations(apiserver, "train-0")
+        assert _annotations(apiserver, "train-0")["predicate-time"] == "100"
+    finally:
+        agent.close()
 
 
 def test_every_chip_keeps_the_kubelets_ids(
