@@ -4,9 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto protos/podresources/v1/api.proto
+# The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
+DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -26,6 +28,10 @@ install: $(STAMP)
 run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" examples/run-local.sh
 
+# The agent as a DRA driver against the tests' API emulator and DRA kubelet stand-in (docs/dra.md).
+run-dra: $(STAMP)
+	$(BIN)/python examples/dra/run-local.py
+
 # mypy cannot follow setuptools' package-dir mapping (backends/ installs as ascend_agent.backends), so it
 # checks a tree of links laid out as the installed package is.
 lint: $(STAMP)
@@ -42,7 +48,7 @@ test: lint
 proto: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_betterproto2_out=ascend_agent/_proto \
-		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO)
+		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO) $(DRA_PROTO)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run

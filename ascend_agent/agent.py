@@ -27,6 +27,7 @@ from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, backend_for
 from ascend_agent.config import (
+    DRA_API,
     PLUGIN_WATCHER_REGISTRATION,
     ConfigError,
     EffectiveSettings,
@@ -52,6 +53,7 @@ from ascend_agent.watch import Change, Watcher, WatchEvent
 if TYPE_CHECKING:
     from ascend_agent.cluster import VolcanoRemapper
     from ascend_agent.cluster.side import ClusterSide
+    from ascend_agent.dra import DraDriver
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,9 @@ _CONFIG_TAG = "config"
 # The cluster side starts this long after the agent at the latest, registered or not.
 _CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
-_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "pod_resources_socket")
+_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name")
+# Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
+_KUBELET_API_SETTINGS = ("kubelet_api", "dra_driver_name", "dra_taint_effect", "dra_cleanup")
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -77,6 +81,8 @@ _AGENT_SETTINGS = frozenset(
         "log_level",
         "log_format",
         *_CLUSTER_SETTINGS,
+        "pod_resources_socket",
+        *_KUBELET_API_SETTINGS,
     }
 )
 # Settings that decide where and how each resource is served: a change re-serves every resource.
@@ -98,11 +104,13 @@ class Agent:
         backend: Backend,
         source: SettingsSource | None = None,
         cluster: ClusterSide | None = None,
+        separation: ManualSeparation | None = None,
     ) -> None:
         self.settings = settings
         self.cluster = cluster
         # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
-        self.separation = ManualSeparation(self.wake)
+        self.separation = separation or ManualSeparation()
+        self.separation.on_change = self.wake
         # --volcano: (resource, the kubelet's IDs per container) -> the chips Volcano chose.
         self.device_ids_for: VolcanoRemapper | None = None
         # --volcano: the kubelet's view of which pod holds which chip, by the chips really mounted.
@@ -125,6 +133,12 @@ class Agent:
         self._standby: str | None = None
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
+        self._dra: DraDriver | None = None
+        if settings.kubelet_api == DRA_API:  # the DRA driver in place of the device plugins
+            from ascend_agent.dra import DraDriver
+
+            self._dra = DraDriver.open(settings, cluster)
+            self._dra.plugin.on_registered = self._registered.set
 
     def wake(self) -> None:
         """Ask for a reconcile soon; any number of calls before it runs make one reconcile."""
@@ -144,6 +158,8 @@ class Agent:
         """``/readyz``: every resource with chips registered, and its kubelet stream open; or standing by."""
         if self._standby is not None:
             return True, f"standby: the ascend-agent with pid {self._standby} holds this node until it stops"
+        if self._dra is not None:
+            return self._dra.status()
         if not self._plugins:
             return False, "; ".join(self.inventory.problems) or "no chips found"
         reasons = [
@@ -165,8 +181,10 @@ class Agent:
                     self._serve_http(http)
                 if self.cluster is not None:
                     tasks.start_soon(self._run_cluster, name="cluster")
+                if self._dra is not None:
+                    tasks.start_soon(self._dra.run, name="dra")
                 label_devices_with_holders(self._holder_of)
-                tasks.start_soon(self.holders.run, lambda: None, name="pod resources")
+                tasks.start_soon(self.holders.run, name="pod resources")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -193,6 +211,8 @@ class Agent:
         endpoints = {self.settings.endpoint_dir}
         if self.settings.registration == PLUGIN_WATCHER_REGISTRATION:
             endpoints.add(self.settings.effective_plugins_registry_dir)
+        if self._dra is not None:
+            endpoints.update(self._dra.socket_dirs)
         for directory in sorted(endpoints - {self.settings.kubelet_dir}):
             watcher.watch(directory, _ENDPOINTS_TAG, lambda name: name.endswith(".sock"))
         for directory, accept in self.backend.watch_paths():
@@ -220,6 +240,8 @@ class Agent:
                 KUBELET_RESTARTS.inc()
             for running in self._plugins.values():
                 running.plugin.poke()
+            if self._dra is not None:
+                self._dra.poke()
         elif event.tag == _CONFIG_TAG:
             if event.change is not Change.DELETED:
                 self.reload()
@@ -303,7 +325,16 @@ class Agent:
             cdi.remove_spec(self.settings.cdi_spec_dir)
             self._cdi_document = None
         if set(changed) & set(_CLUSTER_SETTINGS):
-            log.warning("%s changed: the cluster side takes it at the next start", ", ".join(changed))
+            log.warning(
+                "%s changed: the cluster side takes it at the next start",
+                ", ".join(sorted(set(changed) & set(_CLUSTER_SETTINGS))),
+            )
+        self.holders.socket = settings.pod_resources_socket
+        if set(changed) & set(_KUBELET_API_SETTINGS):
+            log.warning(
+                "%s changed: device plugin or DRA driver, and the driver's settings, apply at the next start",
+                ", ".join(sorted(set(changed) & set(_KUBELET_API_SETTINGS))),
+            )
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)
@@ -340,6 +371,11 @@ class Agent:
         inventory = self.separation.apply(await self.backend.discover())
         self.inventory = inventory
         self._report(inventory)
+        if self._dra is not None:
+            self._dra.publish(inventory)
+            if self.cluster is not None:
+                self.cluster.observe(inventory)
+            return
         desired = inventory.by_resource()
         self._count(desired)
         container = replace(inventory.container, cdi=self.settings.cdi_spec_dir is not None)

@@ -237,6 +237,34 @@ Volcano = Annotated[
         unset="off",
     ),
 ]
+KubeletApi = Annotated[
+    str | None,
+    _option(
+        "--kubelet-api",
+        env="KUBELET_API",
+        help="device-plugin, or dra: a DRA driver publishing ResourceSlices (needs the cluster side).",
+    ),
+]
+DraDriverName = Annotated[
+    str | None, _option("--dra-driver-name", env="DRA_DRIVER_NAME", help="DRA: the driver's name.")
+]
+DraTaintEffect = Annotated[
+    str | None,
+    _option(
+        "--dra-taint-effect",
+        env="DRA_TAINT_EFFECT",
+        help="DRA: NoSchedule or NoExecute, the effect of an Unhealthy chip's taint.",
+    ),
+]
+DraCleanup = Annotated[
+    bool | None,
+    _option(
+        "--dra-cleanup/--no-dra-cleanup",
+        env="DRA_CLEANUP",
+        help="DRA: delete the node's ResourceSlices on exit (only when its chips are going).",
+        unset="off",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 
 
@@ -292,6 +320,10 @@ def run(
     pod_resources_socket: PodResourcesSocket = None,
     device_info: DeviceInfo = None,
     volcano: Volcano = None,
+    kubelet_api: KubeletApi = None,
+    dra_driver_name: DraDriverName = None,
+    dra_taint_effect: DraTaintEffect = None,
+    dra_cleanup: DraCleanup = None,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
     source, settings = _settings(dict(locals()))
@@ -400,6 +432,8 @@ def doctor(
     plugin_dir: PluginDir = None,
     metrics_address: MetricsAddress = None,
     pod_resources_socket: PodResourcesSocket = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
     json_output: Json = False,
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""

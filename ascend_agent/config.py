@@ -53,6 +53,12 @@ MODES = (PLAIN_MODE, ASCEND_RUNTIME_MODE)
 KUBELET_REGISTRATION = "kubelet"
 PLUGIN_WATCHER_REGISTRATION = "plugin-watcher"
 REGISTRATIONS = (KUBELET_REGISTRATION, PLUGIN_WATCHER_REGISTRATION)
+# What the agent is to the kubelet: a device plugin per resource, or a DRA driver (ascend_agent.dra).
+DEVICE_PLUGIN_API = "device-plugin"
+DRA_API = "dra"
+KUBELET_APIS = (DEVICE_PLUGIN_API, DRA_API)
+DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ConfigError(ValueError):
@@ -103,6 +109,11 @@ class Settings:
     # Allocate answering with the chips Volcano chose.
     device_info: bool = True
     volcano: bool = False
+    # The DRA driver (kubelet_api="dra"): its name, the effect of its health taints, slices removed at exit.
+    kubelet_api: str = DEVICE_PLUGIN_API
+    dra_driver_name: str = "npu.huawei.com"
+    dra_taint_effect: str = "NoSchedule"
+    dra_cleanup: bool = False
 
     @property
     def effective_plugins_registry_dir(self) -> Path:
@@ -232,6 +243,12 @@ def _text_list(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _dns_subdomain(value: str) -> str:
+    if len(value) > 63 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError("must be a lower-case DNS subdomain of at most 63 characters, e.g. npu.huawei.com")
+    return value
+
+
 def _one_of(*choices: str) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if value not in choices:
@@ -282,6 +299,10 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "pod_resources_socket": _path,
     "device_info": _bool,
     "volcano": _bool,
+    "kubelet_api": _one_of(*KUBELET_APIS),
+    "dra_driver_name": lambda value: _dns_subdomain(_text(value)),
+    "dra_taint_effect": _one_of(*DRA_TAINT_EFFECTS),
+    "dra_cleanup": _bool,
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
 

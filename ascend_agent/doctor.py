@@ -13,11 +13,10 @@ import contextlib
 import json
 import os
 import re
-import socket
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
@@ -28,6 +27,9 @@ from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, LocalChannel
 from ascend_agent.model import Generation
+
+if TYPE_CHECKING:
+    from ascend_agent.cluster.client import KubeApi
 
 _DIAL_TIMEOUT = 3.0
 _API_TIMEOUT = 10.0
@@ -61,7 +63,7 @@ async def run_checks(settings: Settings) -> list[Check]:
         checks.append(await _holders(settings.pod_resources_socket, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
     checks.append(await _kubernetes_api(settings.metrics_address))
-    checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname()))
+    checks.extend(await _cluster(settings))
     return checks
 
 
@@ -302,47 +304,53 @@ async def _readiness(address: str) -> Check:
     return Check("agent readiness", False, f"{address}/readyz: {body.strip()}", "see the agent's log for why")
 
 
-async def _cluster(node: str) -> list[Check]:
-    """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers."""
-    try:
-        from kubernetes_asyncio import client, config
-    except ImportError:
+async def _cluster(settings: Settings) -> list[Check]:
+    """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers (the
+    agent's own credentials and client: ``--kubeconfig``, the service account, ``KUBECONFIG``)."""
+    from ascend_agent.cluster import find_target, node_name
+
+    node = node_name(settings.node_name)
+    target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
+    if target is None:
         return [
             Check(
                 "cluster",
                 None,
-                "skipped: kubernetes-asyncio is not installed (pip install 'ascend-agent[cluster]')",
+                "skipped: no Kubernetes API configured (no service account, --kubeconfig or KUBECONFIG)",
                 f"kubectl -n {NAMESPACE} get ds {DAEMONSET}; kubectl describe node {node} | grep huawei.com",
             )
         ]
+    from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
+
     try:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            await config.load_kube_config()
-    except (config.ConfigException, OSError, TypeError, ValueError) as exc:
-        return [Check("cluster", None, f"skipped: no Kubernetes API configured ({exc})")]
+        api = KubeApi.connect(target, node, timeout=_API_TIMEOUT)
+    except ClusterConnectError as exc:
+        return [Check("cluster", None, f"skipped: {exc}")]
     try:
-        async with asyncio.timeout(_API_TIMEOUT), client.ApiClient() as api:
-            return [
-                await _daemonset(client.AppsV1Api(api)),
-                await _node_pod(client.CoreV1Api(api), node),
-                await _capacity(client.CoreV1Api(api), node),
-            ]
-    except (TimeoutError, OSError, client.ApiException) as exc:
-        reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+        return [await _daemonset(api), await _node_pod(api, node), await _capacity(api, node)]
+    except ApiUnavailable as exc:
         return [
-            Check("cluster", False, f"the Kubernetes API did not answer: {reason}", "check the kubeconfig")
+            Check(
+                "cluster",
+                False,
+                f"the Kubernetes API did not answer: {exc.failure}",
+                "check the kubeconfig, the API server and the RBAC of the credentials",
+            )
         ]
+    finally:
+        await api.close()
 
 
-async def _daemonset(apps: Any) -> Check:
-    from kubernetes_asyncio.client import ApiException
+async def _daemonset(api: KubeApi) -> Check:
+    from lightkube import ApiError
+    from lightkube.resources.apps_v1 import DaemonSet
 
     try:
-        daemonset = await apps.read_namespaced_daemon_set(DAEMONSET, NAMESPACE)
-    except ApiException as exc:
-        if exc.status == 404:
+        daemonset = await api.call(
+            "get", "daemonsets", api.client.get(DaemonSet, DAEMONSET, namespace=NAMESPACE)
+        )
+    except ApiError as exc:
+        if exc.status.code == 404:
             return Check(
                 "daemonset",
                 False,
@@ -351,7 +359,8 @@ async def _daemonset(apps: Any) -> Check:
             )
         raise
     status = daemonset.status
-    ready, desired = status.number_ready or 0, status.desired_number_scheduled or 0
+    ready = (status.numberReady if status else 0) or 0
+    desired = (status.desiredNumberScheduled if status else 0) or 0
     detail = f"{DAEMONSET}: {ready} of {desired} pods ready"
     if desired == 0:
         return Check("daemonset", False, detail, "no node matches its nodeSelector: label the NPU nodes")
@@ -362,9 +371,16 @@ async def _daemonset(apps: Any) -> Check:
     return Check("daemonset", True, detail)
 
 
-async def _node_pod(core: Any, node: str) -> Check:
-    pods = await core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}")
-    ours = [pod for pod in pods.items if (pod.metadata.name or "").startswith(f"{DAEMONSET}-")]
+async def _node_pod(api: KubeApi, node: str) -> Check:
+    from lightkube.resources.core_v1 import Pod
+
+    async def pods_here() -> list[Pod]:
+        return [
+            pod async for pod in api.client.list(Pod, namespace=NAMESPACE, fields={"spec.nodeName": node})
+        ]
+
+    pods = await api.call("list", "pods", pods_here())
+    ours = [pod for pod in pods if pod.metadata and (pod.metadata.name or "").startswith(f"{DAEMONSET}-")]
     if not ours:
         return Check(
             "pod on this node",
@@ -373,19 +389,22 @@ async def _node_pod(core: Any, node: str) -> Check:
             f"kubectl -n {NAMESPACE} describe ds {DAEMONSET}: check nodeSelector, tolerations and events",
         )
     pod = ours[0]
-    phase = pod.status.phase if pod.status else "Unknown"
-    detail = f"{pod.metadata.name} is {phase}"
+    name = pod.metadata.name if pod.metadata else ""
+    phase = (pod.status.phase if pod.status else None) or "Unknown"
+    detail = f"{name} is {phase}"
     if phase != "Running":
-        return Check(
-            "pod on this node", False, detail, f"kubectl -n {NAMESPACE} describe pod {pod.metadata.name}"
-        )
+        return Check("pod on this node", False, detail, f"kubectl -n {NAMESPACE} describe pod {name}")
     return Check("pod on this node", True, detail)
 
 
-async def _capacity(core: Any, node: str) -> Check:
-    status = (await core.read_node(node)).status
-    capacity = {k: v for k, v in (status.capacity or {}).items() if k.startswith("huawei.com/")}
-    allocatable = status.allocatable or {}
+async def _capacity(api: KubeApi, node: str) -> Check:
+    from lightkube.resources.core_v1 import Node
+
+    status = (await api.call("get", "nodes", api.client.get(Node, node), answers=frozenset())).status
+    capacity = {
+        k: v for k, v in ((status.capacity if status else None) or {}).items() if k.startswith("huawei.com/")
+    }
+    allocatable = (status.allocatable if status else None) or {}
     if not capacity:
         return Check(
             "node capacity",

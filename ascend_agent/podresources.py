@@ -12,7 +12,7 @@ never the health loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,10 +118,10 @@ class PodHolders:
         self.holders = holders
         return changed
 
-    async def run(self, on_change: Callable[[], None]) -> None:
+    async def run(self) -> None:
+        """Refresh each ``interval``, and ``AFTER_ALLOCATE`` after a :meth:`poke`, until cancelled."""
         while True:
-            if await self.refresh():
-                on_change()
+            await self.refresh()
             self._poked = anyio.Event()
             with anyio.move_on_after(self.interval):
                 await self._poked.wait()

@@ -22,9 +22,9 @@ How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSl
    ``observe(inventory)`` (on the event loop, never awaits: compute the desired state and hand it to a
    writer, or just remember it) and ``async run(api)`` (its task for the agent's lifetime).
 2. In ``run``, make requests with ``api.client`` (lightkube's ``AsyncClient``; typed resources from
-   ``lightkube.resources``, any other kind through ``lightkube.generic_resource``, e.g. ``resource.k8s.io/v1``
-   ResourceSlices) wrapped in ``await api.call(verb, resource, request)``: that bounds the time, feeds
-   ``ascend_agent_kube_api_up`` and ``/healthz``, logs each kind of failure once, and raises
+   ``lightkube.resources``, e.g. ``resource_v1.ResourceSlice``; a kind it lacks through
+   ``lightkube.generic_resource``) wrapped in ``await api.call(verb, resource, request)``: that bounds the
+   time, feeds ``ascend_agent_kube_api_up`` and ``/healthz``, logs each kind of failure once, and raises
    :class:`~ascend_agent.cluster.client.ApiUnavailable` when the server does not serve the request (404/409
    come back as lightkube's ``ApiError`` for the feature to handle).
 3. For state the agent owns, run a ``LatestWriter(name, apply)`` in the feature's task and call
@@ -111,6 +111,13 @@ def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]
         from ascend_agent.cluster.volcano import VolcanoPods
 
         features.append(VolcanoPods())
+
+    if settings.kubelet_api == "dra":
+        from ascend_agent.dra.slices import SlicePublisher
+
+        features.append(
+            SlicePublisher(settings.dra_driver_name, settings.dra_taint_effect, cleanup=settings.dra_cleanup)
+        )
     return features
 
 

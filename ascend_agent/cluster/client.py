@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import anyio
 import httpx2
+import msgspec
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError, ConfigError
 
@@ -128,6 +129,8 @@ class KubeApi:
             failure = Failure(0, f"no answer within {self.timeout:g} s")
         elif isinstance(exc, httpx2.TransportError):
             failure = Failure(0, f"unreachable: {exc or type(exc).__name__}")
+        elif isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
+            failure = Failure(0, f"an answer the client cannot read: {exc}")
         else:
             return exc
         self.health.record_failure(channel, failure)
