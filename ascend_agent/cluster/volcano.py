@@ -327,7 +327,8 @@ class VolcanoPods:
         )
         self._version += 1
         self._taken[pod.uid] = Mounted(pod.namespace, pod.name, resource, tuple(kubelet_ids), tuple(real))
-        log.info(
+        # Debug: Allocate's own line names the chips, and the pod's marks name them for kubectl.
+        log.debug(
             "Pod %s/%s gets %s (Volcano's choice; the kubelet's IDs %s)",
             pod.namespace,
             pod.name,

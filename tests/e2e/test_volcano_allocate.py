@@ -127,7 +127,7 @@ def test_volcano_chips_mounted_and_the_pod_marked(
         "server_id": "uid-train-0",
         "devices": [{"device_id": "3", "device_ip": ""}, {"device_id": "5", "device_ip": ""}],
     }
-    volcano.wait_log("Pod team-a/train-0 gets Ascend910-3,Ascend910-5")
+    volcano.wait_log("Allocated Ascend910-3,Ascend910-5")
 
 
 def test_pods_placed_together_get_their_own_chips_in_predicate_time_order(
