@@ -434,6 +434,7 @@ def doctor(
     pod_resources_socket: PodResourcesSocket = None,
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
+    volcano: Volcano = None,
     json_output: Json = False,
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""

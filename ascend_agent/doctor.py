@@ -30,6 +30,7 @@ from ascend_agent.model import Generation
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.client import KubeApi
+    from ascend_agent.podresources import Holders
 
 _DIAL_TIMEOUT = 3.0
 _API_TIMEOUT = 10.0
@@ -60,7 +61,7 @@ async def run_checks(settings: Settings) -> list[Check]:
     unhealthy: list[tuple[str, str]] = []
     checks.extend(await _our_sockets(settings, discover, unhealthy))
     if unhealthy:
-        checks.append(await _holders(settings.pod_resources_socket, unhealthy))
+        checks.append(await _holders(settings, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
     checks.append(await _kubernetes_api(settings.metrics_address))
     checks.extend(await _cluster(settings))
@@ -227,15 +228,19 @@ async def _ask(path: Path, unhealthy: list[tuple[str, str]]) -> Check:
     )
 
 
-async def _holders(socket: Path, unhealthy: list[tuple[str, str]]) -> Check:
+async def _holders(settings: Settings, unhealthy: list[tuple[str, str]]) -> Check:
     """The pods whose containers hold the Unhealthy devices: the ones to move off this node."""
     from ascend_agent.podresources import PodResourcesError, list_holders
 
     name = "pods on Unhealthy chips"
     try:
-        holders = await list_holders(socket)
+        holders = await list_holders(settings.pod_resources_socket)
     except PodResourcesError as exc:
         return Check(name, None, f"skipped: {exc}")
+    if settings.volcano:
+        holders, problem = await _on_mounted_chips(settings, holders)
+        if problem:
+            return Check(name, None, f"skipped: {problem}")
     held = [
         f"{device} held by {', '.join(map(str, holders.by_device[(resource, device)]))}"
         for resource, device in unhealthy
@@ -337,6 +342,32 @@ async def _cluster(settings: Settings) -> list[Check]:
                 "check the kubeconfig, the API server and the RBAC of the credentials",
             )
         ]
+    finally:
+        await api.close()
+
+
+async def _on_mounted_chips(settings: Settings, holders: Holders) -> tuple[Holders, str]:
+    """``--volcano``: the kubelet's holders (by its IDs) moved to the chips really mounted, from the pods'
+    marks; or why the pods cannot be read."""
+    from ascend_agent.cluster import find_target, node_name
+
+    target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
+    if target is None:
+        return (
+            holders,
+            "with --volcano the pods' marks say which chip each holds: no Kubernetes API to read them",
+        )
+    from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
+    from ascend_agent.cluster.volcano import follow_mounted, mounted_from, node_pods
+
+    try:
+        api = KubeApi.connect(target, node_name(settings.node_name), timeout=_API_TIMEOUT)
+    except ClusterConnectError as exc:
+        return holders, str(exc)
+    try:
+        return follow_mounted(holders, mounted_from(await node_pods(api))), ""
+    except ApiUnavailable as exc:
+        return holders, f"the pods' marks could not be read: {exc.failure}"
     finally:
         await api.close()
 

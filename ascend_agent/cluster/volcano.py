@@ -113,6 +113,25 @@ class Mounted:
     real: tuple[str, ...]
 
 
+def mounted_from(pods: Iterable[PodView]) -> list[Mounted]:
+    """What the pods' marks (``huawei.com/AscendReal``, ``huawei.com/kltDev``) say they got."""
+    found = []
+    for pod in pods:
+        if REAL in pod.annotations and KUBELET_IDS in pod.annotations:
+            resource = next((r for r in pod.limits if r in pod.annotations), None)
+            if resource is not None:
+                real, kubelet_ids = _split(pod.annotations[REAL]), _split(pod.annotations[KUBELET_IDS])
+                found.append(Mounted(pod.namespace, pod.name, resource, kubelet_ids, real))
+    return found
+
+
+async def node_pods(api: KubeApi) -> list[PodView]:
+    """The pods bound to the agent's node, read once."""
+    listing = api.client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": api.node})
+    pods, _ = await api.call("list", "pods", _collect(listing))
+    return [PodView.of(pod) for pod in pods if _on(api.node, pod)]
+
+
 def follow_mounted(holders: Holders, mounted: Iterable[Mounted]) -> Holders:
     """The holders by the chips really mounted: a pod that got Volcano's choice holds its ``AscendReal``
     chips, not the kubelet's IDs for it.
@@ -219,14 +238,8 @@ class VolcanoPods:
     def mounted(self) -> list[Mounted]:
         """Every pod on the node that got Volcano's choice: from this agent's Allocates, and from the pods'
         marks (an earlier agent's, too)."""
-        found = dict(self._taken)
-        for pod in self._pods.values():
-            if pod.uid not in found and REAL in pod.annotations and KUBELET_IDS in pod.annotations:
-                resource = next((r for r in pod.limits if r in pod.annotations), None)
-                if resource is not None:
-                    real, kubelet_ids = _split(pod.annotations[REAL]), _split(pod.annotations[KUBELET_IDS])
-                    found[pod.uid] = Mounted(pod.namespace, pod.name, resource, kubelet_ids, real)
-        return list(found.values())
+        marked = [pod for pod in self._pods.values() if pod.uid not in self._taken]
+        return [*self._taken.values(), *mounted_from(marked)]
 
     def follow_mounted(self, holders: Holders) -> Holders:
         """``holders`` (the kubelet's PodResources view, by its IDs) by the chips really mounted; computed
