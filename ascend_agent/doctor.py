@@ -30,7 +30,6 @@ from ascend_agent.model import Generation
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.client import KubeApi
-    from ascend_agent.podresources import Holders
 
 _DIAL_TIMEOUT = 3.0
 _API_TIMEOUT = 10.0
@@ -238,7 +237,9 @@ async def _holders(settings: Settings, unhealthy: list[tuple[str, str]]) -> Chec
     except PodResourcesError as exc:
         return Check(name, None, f"skipped: {exc}")
     if settings.volcano:
-        holders, problem = await _on_mounted_chips(settings, holders)
+        from ascend_agent.cluster import on_mounted_chips
+
+        holders, problem = await on_mounted_chips(settings, holders, _API_TIMEOUT)
         if problem:
             return Check(name, None, f"skipped: {problem}")
     held = [
@@ -342,32 +343,6 @@ async def _cluster(settings: Settings) -> list[Check]:
                 "check the kubeconfig, the API server and the RBAC of the credentials",
             )
         ]
-    finally:
-        await api.close()
-
-
-async def _on_mounted_chips(settings: Settings, holders: Holders) -> tuple[Holders, str]:
-    """``--volcano``: the kubelet's holders (by its IDs) moved to the chips really mounted, from the pods'
-    marks; or why the pods cannot be read."""
-    from ascend_agent.cluster import find_target, node_name
-
-    target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
-    if target is None:
-        return (
-            holders,
-            "with --volcano the pods' marks say which chip each holds: no Kubernetes API to read them",
-        )
-    from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
-    from ascend_agent.cluster.volcano import follow_mounted, mounted_from, node_pods
-
-    try:
-        api = KubeApi.connect(target, node_name(settings.node_name), timeout=_API_TIMEOUT)
-    except ClusterConnectError as exc:
-        return holders, str(exc)
-    try:
-        return follow_mounted(holders, mounted_from(await node_pods(api))), ""
-    except ApiUnavailable as exc:
-        return holders, f"the pods' marks could not be read: {exc.failure}"
     finally:
         await api.close()
 

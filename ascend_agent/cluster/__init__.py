@@ -59,7 +59,15 @@ if TYPE_CHECKING:
     from ascend_agent.config import Settings
     from ascend_agent.podresources import Holders
 
-__all__ = ["ClusterTarget", "find_target", "node_name", "open_side", "volcano_holders", "volcano_remapper"]
+__all__ = [
+    "ClusterTarget",
+    "find_target",
+    "node_name",
+    "on_mounted_chips",
+    "open_side",
+    "volcano_holders",
+    "volcano_remapper",
+]
 
 # (resource, the kubelet's device IDs per container) -> the chips to hand over.
 VolcanoRemapper = Callable[[str, Sequence[Sequence[str]]], Awaitable[list[list[str]]]]
@@ -155,6 +163,31 @@ def volcano_holders(side: ClusterSide | None, settings: Settings) -> Callable[[H
         return holders if pods is None else pods.follow_mounted(holders)
 
     return follow
+
+
+async def on_mounted_chips(settings: Settings, holders: Holders, timeout: float) -> tuple[Holders, str]:
+    """``--volcano``: the kubelet's holders (by its IDs) moved to the chips really mounted, from the pods'
+    marks, for ``list`` and the doctor (the agent keeps its own pod cache); or why the pods cannot be read.
+    Reads the node's pods once, each request bounded by ``timeout``."""
+    target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
+    if target is None:
+        return (
+            holders,
+            "with --volcano the pods' marks say which chip each holds: no Kubernetes API to read them",
+        )
+    from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
+    from ascend_agent.cluster.volcano import follow_mounted, mounted_from, node_pods
+
+    try:
+        api = KubeApi.connect(target, node_name(settings.node_name), timeout=timeout)
+    except ClusterConnectError as exc:
+        return holders, str(exc)
+    try:
+        return follow_mounted(holders, mounted_from(await node_pods(api))), ""
+    except ApiUnavailable as exc:
+        return holders, f"the pods' marks could not be read: {exc.failure}"
+    finally:
+        await api.close()
 
 
 def _volcano_pods(side: ClusterSide) -> VolcanoPods | None:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer
+from tests.support.cli import run_cli
 from tests.support.http_probe import free_port, wait_answer
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.podresources import PodResourcesStandin
@@ -257,3 +258,15 @@ def test_metrics_name_the_pod_on_the_chips_really_mounted(
         assert re.search(_held_by("Ascend910-0", ""), body) and re.search(_held_by("Ascend910-1", ""), body)
     finally:
         agent.close()
+
+    apiserver.wait_for(lambda: _annotations(apiserver, "train-0"), lambda got: "huawei.com/kltDev" in got)
+    common = ["--backend", "fake", "--pod-resources-socket", str(podresources.path), "--json"]
+    cluster = ["--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE]
+    rows = {
+        row["id"]: row["holders"]
+        for row in json.loads(run_cli("list", *common, *cluster, "--volcano").stdout)
+    }
+    holder = [{"namespace": "team-a", "pod": "train-0", "container": "main"}]
+    assert (rows["Ascend910-3"], rows["Ascend910-5"], rows["Ascend910-0"]) == (holder, holder, [])
+    rows = {row["id"]: row["holders"] for row in json.loads(run_cli("list", *common).stdout)}
+    assert (rows["Ascend910-0"], rows["Ascend910-3"]) == (holder, []), "without --volcano: the kubelet's IDs"
