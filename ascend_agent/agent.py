@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
@@ -52,11 +52,13 @@ from ascend_agent.observability import (
     log_fields,
     serve_http,
 )
-from ascend_agent.podresources import PodHolders
+from ascend_agent.podresources import Holders, PodHolders
+from ascend_agent.separation import ManualSeparation
 from ascend_agent.vnpu_layout import ChipPlan, HeldDevices
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
+    from ascend_agent.cluster import VolcanoRemapper
     from ascend_agent.cluster.side import ClusterSide
     from ascend_agent.dra import DraDriver
 
@@ -118,6 +120,7 @@ class Agent:
         backend: Backend,
         source: SettingsSource | None = None,
         cluster: ClusterSide | None = None,
+        separation: ManualSeparation | None = None,
         held_devices: HeldDevices | None = None,
     ) -> None:
         """``held_devices`` says which device IDs containers hold now, None while that is unknown: by
@@ -125,6 +128,13 @@ class Agent:
         vNPU nor splits a chip held whole."""
         self.settings = settings
         self.cluster = cluster
+        # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
+        self.separation = separation or ManualSeparation()
+        self.separation.on_change = self.wake
+        # --volcano: (resource, the kubelet's IDs per container) -> the chips Volcano chose.
+        self.device_ids_for: VolcanoRemapper | None = None
+        # --volcano: the kubelet's view of which pod holds which chip, by the chips really mounted.
+        self.follow_mounted: Callable[[Holders], Holders] | None = None
         self._registered = anyio.Event()
         self.holders = PodHolders(
             settings.pod_resources_socket, backend.health_interval or settings.health_interval
@@ -464,8 +474,10 @@ class Agent:
     async def reconcile(self) -> None:
         """Discover, then make the plugins and what they advertise match."""
         inventory = await self.backend.discover()
-        chips = self._hold.apply(inventory.chips)
-        inventory = replace(inventory, chips=chips, vnpus=_follow_holds(chips, inventory.vnpus))
+        inventory = replace(inventory, chips=self._hold.apply(inventory.chips))
+        # The admin's separation over the chips' own health, the flap hold included.
+        inventory = self.separation.apply(inventory)
+        inventory = replace(inventory, vnpus=_follow_chips(inventory.chips, inventory.vnpus))
         self.inventory = inventory
         self._report(inventory)
         if self._dra is not None:
@@ -511,6 +523,8 @@ class Agent:
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
         running.plugin.service.on_allocated = self.holders.poke
+        if self.device_ids_for is not None:
+            running.plugin.service.remap_ids = partial(self.device_ids_for, resource)
         running.plugin.on_registered = self._registered.set
         return running
 
@@ -573,8 +587,11 @@ class Agent:
         replicas are held by several."""
         inventory = self.inventory
         chip = next((c for c in (*inventory.chips, *inventory.vnpus) if c.device_id == device), None)
+        found = self.holders.holders
+        if self.follow_mounted is not None:
+            found = self.follow_mounted(found)
         replicas = 1 if chip is not None and chip.vnpu is not None else self.settings.replicas
-        holders = self.holders.holders.of(chip, replicas) if chip is not None else ()
+        holders = found.of(chip, replicas) if chip is not None else ()
         return (
             ",".join(h.namespace for h in holders),
             ",".join(h.pod for h in holders),
@@ -593,15 +610,19 @@ class Agent:
                 DEVICE_HEALTH.labels(resource=resource, device=chip.device_id).set(chip.healthy)
 
 
-def _follow_holds(chips: Sequence[Chip], parts: Sequence[Chip]) -> tuple[Chip, ...]:
-    """The vNPUs of a chip the flap hold keeps Unhealthy are held with it."""
-    held = {chip.phys_id: chip for chip in chips if chip.held}
-    return tuple(
-        replace(part, held=True).with_health(Health.UNHEALTHY, held[part.phys_id].reason)
-        if part.phys_id in held
-        else part
-        for part in parts
-    )
+def _follow_chips(chips: Sequence[Chip], parts: Sequence[Chip]) -> tuple[Chip, ...]:
+    """The vNPUs of a chip the agent itself made Unhealthy (the flap hold, the admin's separation) are
+    Unhealthy with it, held when it is held."""
+    by_phys = {chip.phys_id: chip for chip in chips}
+    followed = []
+    for part in parts:
+        chip = by_phys.get(part.phys_id)
+        if chip is not None and chip.held:
+            part = replace(part, held=True).with_health(Health.UNHEALTHY, chip.reason)
+        elif chip is not None and not chip.healthy and part.healthy:
+            part = part.with_health(Health.UNHEALTHY, chip.reason)
+        followed.append(part)
+    return tuple(followed)
 
 
 def _count_vnpus(parts: Sequence[Chip]) -> None:
