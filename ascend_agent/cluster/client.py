@@ -65,13 +65,16 @@ class KubeApi:
             else:
                 assert target.kubeconfig is not None
                 config = KubeConfig.from_file(target.kubeconfig)
-        except (ConfigError, OSError, ValueError, KeyError) as exc:
-            raise ClusterConnectError(f"cannot use {target.describe()}: {exc}") from None
-        single = config.get()
-        if single is None:
-            raise ClusterConnectError(f"cannot use {target.describe()}: it names no current context")
-        server = single.cluster.server
-        client = AsyncClient(config=config, timeout=httpx2.Timeout(timeout), field_manager="ascend-agent")
+            single = config.get()
+            if single is None:
+                raise ConfigError("it names no current context")
+            server = single.cluster.server
+            client = AsyncClient(config=config, timeout=httpx2.Timeout(timeout), field_manager="ascend-agent")
+        # Any kubeconfig a person wrote can fail here in its own way (YAML syntax, a list instead of a map, a
+        # context naming an absent cluster, a certificate file that is not there): all of them are bad input.
+        except Exception as exc:
+            what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ClusterConnectError(f"cannot use {target.describe()}: {type(exc).__name__}: {what}") from None
         return cls(client, node, server, timeout)
 
     async def call(

@@ -17,7 +17,7 @@ from lightkube.types import PatchType
 from prometheus_client import REGISTRY
 
 from ascend_agent.cluster import find_target, node_name, open_side
-from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.labels import NodeLabels, node_labels, sanitise
 from ascend_agent.cluster.side import ClusterSide
@@ -62,6 +62,31 @@ def test_cluster_side_off_by_flag_and_without_credentials(monkeypatch: pytest.Mo
 def test_unusable_kubeconfig_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^--kubeconfig: cannot use kubeconfig .*absent"):
         open_side(Settings(kubeconfig=tmp_path / "absent"))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "a: [b\n",  # not YAML
+        "- 1\n- 2\n",  # a list, not a map
+        "",  # empty
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "contexts: [{name: x, context: {cluster: absent, user: u}}]\nclusters: []\nusers: []\n",
+    ],
+)
+async def test_a_kubeconfig_that_does_not_parse_turns_the_cluster_side_off_in_one_line(
+    tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(content)
+    target = ClusterTarget("kubeconfig", kubeconfig)
+    with pytest.raises(ClusterConnectError, match=f"^cannot use kubeconfig {kubeconfig}: [A-Za-z]+: [^\n]+$"):
+        KubeApi.connect(target, "node-1")
+    side = ClusterSide(target, "node-1", lambda: [])
+    with anyio.fail_after(5):
+        await side.run()  # returns: the agent goes on without its cluster side
+    assert side.state().detail.startswith(f"off: cannot use kubeconfig {kubeconfig}")
+    assert "Traceback" not in caplog.text
 
 
 def test_agent_without_cluster_side_never_imports_the_client() -> None:
