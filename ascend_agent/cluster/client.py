@@ -74,7 +74,9 @@ class KubeApi:
         # context naming an absent cluster, a certificate file that is not there): all of them are bad input.
         except Exception as exc:
             what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ClusterConnectError(f"cannot use {target.describe()}: {type(exc).__name__}: {what}") from None
+            raise ClusterConnectError(
+                f"cannot use {target.describe()}: {type(exc).__name__}: {what}"
+            ) from None
         return cls(client, node, server, timeout)
 
     async def call(
