@@ -193,15 +193,24 @@ class Prepared:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text``: a temporary file in the same directory, then rename."""
+    """Replace ``path`` with ``text``: a temporary file in the same directory, flushed to disk, then renamed,
+    and the directory flushed too, so that after a power loss the file is either the old or the new one and
+    the rename itself is not lost."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

@@ -4,6 +4,8 @@ Kubernetes 1.36, the checkpoint of prepared claims, the gRPC method paths the ku
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.config import ConfigError, Settings, SettingsSource
 from ascend_agent.dra import DraDriver
 from ascend_agent.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
-from ascend_agent.dra.claims import CheckpointError, Prepared, PreparedClaim, PreparedDevice
+from ascend_agent.dra.claims import CheckpointError, Prepared, PreparedClaim, PreparedDevice, atomic_write
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
 from ascend_agent.dra.service import DraService
 from ascend_agent.dra.slices import ResourceSlice, SlicePublisher
@@ -116,6 +118,25 @@ def test_the_checkpoint_survives_a_new_process_and_refuses_garbage(short_dir: Pa
     (short_dir / "plugins" / "plugin" / "checkpoint.json").write_text("[]")
     with pytest.raises(ConfigError, match="move it away"):
         DraDriver.open(settings, None)
+
+
+def test_the_checkpoint_is_on_disk_before_it_replaces_the_old_one(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = short_dir / "checkpoint.json"
+    checkpoint.write_text("old")
+    flushed: list[tuple[str, str]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        kind = "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        flushed.append((kind, checkpoint.read_text()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    atomic_write(checkpoint, "new")
+    # the new text is flushed while the old file is still in place, then the rename is flushed
+    assert flushed == [("file", "old"), ("directory", "new")]
 
 
 def test_the_method_paths_are_the_kubelets(short_dir: Path) -> None:
