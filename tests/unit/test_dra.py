@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -215,4 +216,35 @@ async def test_a_slice_deleted_by_hand_is_published_again_at_the_refresh(apiserv
     assert again["spec"]["pool"]["generation"] == first["spec"]["pool"]["generation"] + 1
     writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
     assert len(writes) == 2, "refreshes of an unchanged pool write nothing"
+    await api.close()
+
+
+async def test_a_taint_says_since_when_and_keeps_that_time_across_a_restart(apiserver: ApiServer) -> None:
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    sick = Chip.make(1, "910B4", health=Health.UNHEALTHY, reason="npu-smi: Critical")
+    inventory = Inventory((Chip.make(0, "910B4"), sick))
+
+    async def published(publisher: SlicePublisher) -> dict[str, Any]:
+        publisher.observe(inventory)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(publisher.run, api)
+            with anyio.fail_after(10):
+                while publisher._writer is None or publisher._writer.pending:
+                    await anyio.sleep(0.01)
+            tasks.cancel_scope.cancel()
+        (found,) = apiserver.list("resourceslices")
+        return found
+
+    first = await published(SlicePublisher("npu.huawei.com", "NoSchedule"))
+    (taint,) = first["spec"]["devices"][1]["taints"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", taint["timeAdded"])
+    assert (
+        kubernetes_validate.validate({**_slice({}), "spec": first["spec"]}, KUBERNETES, strict=True)
+        == KUBERNETES
+    )
+
+    again = await published(SlicePublisher("npu.huawei.com", "NoSchedule"))  # the agent restarted
+    assert again["spec"] == first["spec"], "same taint time, same generation"
+    writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
+    assert len(writes) == 1
     await api.close()
