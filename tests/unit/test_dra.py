@@ -248,3 +248,31 @@ async def test_a_taint_says_since_when_and_keeps_that_time_across_a_restart(apis
     writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
     assert len(writes) == 1
     await api.close()
+
+
+async def test_claims_of_one_call_are_read_side_by_side(apiserver: ApiServer, short_dir: Path) -> None:
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=30.0)
+    reader = ClaimReader(lambda: api, "npu.huawei.com", "node-1")
+    service = DraService("npu.huawei.com", "node-1", Prepared(short_dir / "c.json"), short_dir, reader)
+    service.publish([Chip.make(0, "910B4")], lambda chips: ContainerSpec())
+    claims = [ClaimRef("default", "a", "u1"), ClaimRef("default", "b", "u2")]
+    apiserver.fail("hang", verb="get", resource="resourceclaims")
+    answers: dict[str, Any] = {}
+
+    async def prepare() -> None:
+        answers.update(await service.prepare(claims))
+
+    def reads() -> int:
+        return sum(1 for s in apiserver.seen() if s.verb == "get" and s.resource == "resourceclaims")
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(prepare)
+            # both reads reach the server while the first still hangs: one timeout for the call, not two
+            await anyio.to_thread.run_sync(lambda: apiserver.wait_for(reads, lambda n: n == 2, timeout=5.0))
+            apiserver.behave()
+    finally:
+        apiserver.behave()
+        await api.close()
+    assert list(answers) == ["u1", "u2"]
+    assert all("cannot read ResourceClaim" in answer for answer in answers.values())
