@@ -13,15 +13,23 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_namespaced_resource
+if TYPE_CHECKING:
+    from ascend_agent.cluster.client import KubeApi
 
-from ascend_agent.cluster.client import ApiUnavailable, KubeApi
-
-ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
 _CACHED = 1024
+
+
+@cache
+def _resource_claim() -> Any:
+    """lightkube's class for ResourceClaims. Made on first use: the client library is loaded in a worker
+    thread by the cluster side, and importing it here would make the agent's start (the kubelet's
+    registration) wait for it."""
+    from lightkube.generic_resource import create_namespaced_resource
+
+    return create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
 
 
 class ClaimError(Exception):
@@ -66,12 +74,16 @@ class ClaimReader:
         api = self._api_of()
         if api is None:
             raise ClaimError(f"cannot read ResourceClaim {claim}: the Kubernetes client is still loading")
+        from lightkube.core.exceptions import ApiError
+
+        from ascend_agent.cluster.client import ApiUnavailable
+
         self.reads += 1
         try:
             found = await api.call(
                 "get",
                 "resourceclaims",
-                api.client.get(ResourceClaim, claim.name, namespace=claim.namespace),
+                api.client.get(_resource_claim(), claim.name, namespace=claim.namespace),
             )
         except ApiUnavailable as exc:
             raise ClaimError(f"cannot read ResourceClaim {claim}: {exc.failure}") from None

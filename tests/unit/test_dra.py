@@ -7,6 +7,8 @@ import json
 import os
 import re
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +278,19 @@ async def test_claims_of_one_call_are_read_side_by_side(apiserver: ApiServer, sh
         await api.close()
     assert list(answers) == ["u1", "u2"]
     assert all("cannot read ResourceClaim" in answer for answer in answers.values())
+
+
+def test_the_dra_driver_starts_without_loading_the_client(short_dir: Path) -> None:
+    """The client library is loaded in a worker thread by the cluster side; the DRA driver's registration
+    must not wait for that import on the event loop."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from ascend_agent.config import Settings\n"
+        "from ascend_agent.dra import DraDriver\n"
+        f"settings = Settings(kubelet_dir=Path({str(short_dir / 'device-plugins')!r}), kubelet_api='dra')\n"
+        "DraDriver.open(settings, None)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
