@@ -118,8 +118,8 @@ class KubeApi:
     def _failed(
         self, channel: str, verb: str, resource: str, exc: Exception, answers: frozenset[int]
     ) -> Exception:
-        """What to raise for ``exc``: itself for an answer in ``answers`` (or not an API failure at all),
-        else a recorded :class:`ApiUnavailable`."""
+        """What to raise for ``exc``: itself for an answer in ``answers``, else a recorded
+        :class:`ApiUnavailable`."""
         if isinstance(exc, ApiError):
             code = exc.status.code or exc.response.status_code
             if code in answers:
@@ -137,7 +137,9 @@ class KubeApi:
         elif isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
             failure = Failure(0, f"an answer the client cannot read: {exc}")
         else:
-            return exc
+            # What else the client raises for a request is about the answer too: an error page without a
+            # Content-Type (lightkube's KeyError), one that says JSON but is not (ValueError), and the like.
+            failure = Failure(0, f"an answer the client cannot read ({type(exc).__name__}: {exc})")
         self.health.record_failure(channel, failure)
         return ApiUnavailable(channel, failure)
 

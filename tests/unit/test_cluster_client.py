@@ -3,6 +3,7 @@ the failure kinds logged once, ``ascend_agent_kube_api_up``, and the writer wher
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import subprocess
@@ -294,3 +295,43 @@ async def test_a_failing_feature_is_started_again_not_the_end_of_the_agent(
             tasks.cancel_scope.cancel()
     assert feature.runs == 2
     assert "Cluster feature _FailsOnce failed; starting it again" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 3\r\n",  # no Content-Type
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 3\r\n",
+    ],
+    ids=["no-content-type", "not-json"],
+)
+async def test_an_error_page_that_is_no_status_object_is_an_outage(
+    tmp_path: Path, answer: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A proxy in front of the API server answers with its own page: the request failed, in one line."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer + b"Connection: close\r\n\r\nbad")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    api = KubeApi.connect(ClusterTarget("kubeconfig", kubeconfig), "node-1", timeout=5.0)
+    try:
+        for _ in range(2):
+            with pytest.raises(ApiUnavailable, match=r"^get nodes: an answer the client cannot read"):
+                await api.call("get", "nodes", api.client.get(Node, "node-1"))
+    finally:
+        await api.close()
+        server.close()
+    assert api.health.state().up is False
+    assert caplog.text.count("get nodes failed") == 1
