@@ -55,11 +55,18 @@ class ClaimRef:
 
 
 class ClaimReader:
-    """Reads ResourceClaims through the cluster side's client (``api_of()``: None until it has loaded) and
-    keeps the allocations it found."""
+    """Reads ResourceClaims through the cluster side's client (``api_of()``: None until it has loaded, and
+    ``no_client()`` says why) and keeps the allocations it found."""
 
-    def __init__(self, api_of: Callable[[], KubeApi | None], driver: str, pool: str) -> None:
+    def __init__(
+        self,
+        api_of: Callable[[], KubeApi | None],
+        driver: str,
+        pool: str,
+        no_client: Callable[[], str] = lambda: "the Kubernetes client is still loading",
+    ) -> None:
         self._api_of = api_of
+        self._no_client = no_client
         self.driver = driver
         self.pool = pool
         self._known: OrderedDict[str, tuple[Allocated, ...]] = OrderedDict()
@@ -73,7 +80,7 @@ class ClaimReader:
             return known
         api = self._api_of()
         if api is None:
-            raise ClaimError(f"cannot read ResourceClaim {claim}: the Kubernetes client is still loading")
+            raise ClaimError(f"cannot read ResourceClaim {claim}: {self._no_client()}")
         from lightkube.core.exceptions import ApiError
 
         from ascend_agent.cluster.client import ApiUnavailable

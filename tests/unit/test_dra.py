@@ -18,6 +18,7 @@ import pytest
 
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.cluster.side import ClusterSide
 from ascend_agent.config import ConfigError, Settings, SettingsSource
 from ascend_agent.dra import DraDriver
 from ascend_agent.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
@@ -294,3 +295,18 @@ def test_the_dra_driver_starts_without_loading_the_client(short_dir: Path) -> No
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+async def test_a_claim_says_why_when_the_cluster_side_could_not_start(short_dir: Path) -> None:
+    kubeconfig = short_dir / "kubeconfig"
+    kubeconfig.write_text("a: [b\n")
+    side = ClusterSide(ClusterTarget("kubeconfig", kubeconfig), "node-1", lambda: [])
+    await side.run()  # fails to load the kubeconfig and returns
+    settings = Settings(kubelet_dir=short_dir / "device-plugins", kubelet_api="dra", cdi_spec_dir=short_dir)
+    driver = DraDriver.open(settings, side)
+    driver.publish(Inventory((Chip.make(0, "910B4"),)))
+    answers = await driver.service.prepare([ClaimRef("default", "train", "u1")])
+    assert answers["u1"] == (
+        "cannot read ResourceClaim default/train: the cluster side is off: "
+        f"cannot use kubeconfig {kubeconfig}: ParserError: while parsing a flow sequence"
+    )
