@@ -335,3 +335,32 @@ async def test_an_error_page_that_is_no_status_object_is_an_outage(
         server.close()
     assert api.health.state().up is False
     assert caplog.text.count("get nodes failed") == 1
+
+
+class _BrokenObserve:
+    def observe(self, inventory: Inventory) -> None:
+        raise RuntimeError("a bug")
+
+    async def run(self, api: KubeApi) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_a_feature_failing_on_an_inventory_does_not_fail_the_reconcile(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    labels = NodeLabels(1)
+    side = ClusterSide(
+        ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [_BrokenObserve(), labels]
+    )
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(side.run)
+        with anyio.fail_after(10):
+            while not side.features:
+                await anyio.sleep(0.01)
+        side.observe(Inventory((Chip.make(0, "910B4"),)))
+        tasks.cancel_scope.cancel()
+    got_it = labels._pending if labels._writer is None else labels._writer._desired
+    assert got_it == node_labels(Inventory((Chip.make(0, "910B4"),)), 1), (
+        "the next feature still got the inventory"
+    )
+    assert "Cluster feature _BrokenObserve failed on the new inventory" in caplog.text
