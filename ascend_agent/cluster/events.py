@@ -88,7 +88,7 @@ class NodeEvents:
             # chip flapping between two fault codes must not make an Event per turn.
             next_write = 0.0 if record is None else record.next_write
             self._records[key] = _Record(
-                kind, reason, chip.device_id, message, 1, now, now, None, 0, next_write
+                kind, reason, chip.device_id, message, 1, now, now, next_write=next_write
             )
         else:
             record.count += 1
