@@ -136,8 +136,10 @@ class KubeApi:
             failure = Failure(0, f"unreachable: {exc or type(exc).__name__}")
         elif isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
             failure = Failure(0, f"an answer the client cannot read: {exc}")
+        elif isinstance(exc, OSError | ConfigError):  # the token file of the credentials gone or unreadable
+            failure = Failure(0, f"cannot make the request: {type(exc).__name__}: {exc}")
         else:
-            # What else the client raises for a request is about the answer too: an error page without a
+            # What else the client raises for a request is about the answer: an error page without a
             # Content-Type (lightkube's KeyError), one that says JSON but is not (ValueError), and the like.
             failure = Failure(0, f"an answer the client cannot read ({type(exc).__name__}: {exc})")
         self.health.record_failure(channel, failure)

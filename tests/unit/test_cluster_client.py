@@ -364,3 +364,26 @@ async def test_a_feature_failing_on_an_inventory_does_not_fail_the_reconcile(
         "the next feature still got the inventory"
     )
     assert "Cluster feature _BrokenObserve failed on the new inventory" in caplog.text
+
+
+async def test_a_token_file_that_is_gone_is_an_outage_in_one_line(
+    apiserver: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The service account's token is read at the first request and again after a 401 (the kubelet rotates
+    it): a token file that is gone then is a failed request, not an exception out of the feature."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: '{apiserver.url}'}}}}]\n"
+        f"users: [{{name: u, user: {{tokenFile: '{tmp_path / 'token'}'}}}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    api = KubeApi.connect(ClusterTarget("kubeconfig", kubeconfig), "node-1", timeout=5.0)
+    try:
+        with pytest.raises(
+            ApiUnavailable, match=r"^get nodes: cannot make the request: ConfigError: Token file"
+        ):
+            await api.call("get", "nodes", api.client.get(Node, "node-1"))
+    finally:
+        await api.close()
+    assert "Traceback" not in caplog.text
