@@ -16,17 +16,26 @@ import anyio
 import kubernetes_validate
 import pytest
 
+from ascend_agent.backends._container import container_base
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.side import ClusterSide
 from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.container import container_spec
 from ascend_agent.dra import DraDriver
 from ascend_agent.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
-from ascend_agent.dra.claims import CheckpointError, Prepared, PreparedClaim, PreparedDevice, atomic_write
+from ascend_agent.dra.claims import (
+    CheckpointError,
+    Prepared,
+    PreparedClaim,
+    PreparedDevice,
+    atomic_write,
+    claim_spec,
+)
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
 from ascend_agent.dra.service import DraService
 from ascend_agent.dra.slices import ResourceSlice, SlicePublisher
-from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
+from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory
 from tests.support.apiserver import ApiServer
 
 KUBERNETES = "1.36"
@@ -310,3 +319,13 @@ async def test_a_claim_says_why_when_the_cluster_side_could_not_start(short_dir:
         "cannot read ResourceClaim default/train: the cluster side is off: "
         f"cannot use kubeconfig {kubeconfig}: ParserError: while parsing a flow sequence"
     )
+
+
+@pytest.mark.parametrize("mode", ["plain", "ascend-runtime"])
+def test_every_cdi_device_of_a_claim_has_edits(mode: str) -> None:
+    """CDI refuses a spec with a device without edits ("invalid device, empty device edits")."""
+    chips = {f"npu-{i}": Chip.make(i, "910B4") for i in (0, 1)}
+    base = container_base(mode, [DeviceNode("/dev/davinci_manager", "/dev/davinci_manager")])
+    spec = claim_spec("npu.huawei.com", "u1", chips, container_spec(list(chips.values()), base))
+    assert all(any(device["containerEdits"].values()) for device in spec["devices"])
+    assert "ASCEND_VISIBLE_DEVICES=0,1" in spec["containerEdits"]["env"]
