@@ -26,13 +26,26 @@ LOCK_FILE = "agent.lock"
 
 
 @contextlib.asynccontextmanager
-async def exclusive(directory: Path, on_wait: Callable[[str], None] | None = None) -> AsyncIterator[None]:
+async def exclusive(
+    directory: Path, on_wait: Callable[[str], None] | None = None, make_parents: bool = True
+) -> AsyncIterator[None]:
     """Hold ``directory/agent.lock`` exclusively, waiting for its holder to stop first (``on_wait`` hears the
-    holder's pid); the file carries our pid while we hold it."""
+    holder's pid); the file carries our pid while we hold it. ``directory`` is made if missing, and its
+    parents with ``make_parents`` (never when the parent is the kubelet's own)."""
     path = directory / LOCK_FILE
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=make_parents, exist_ok=True)
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(
+            f"cannot create the instance lock {path}: {directory} (or a directory above it) is a file, "
+            "not a directory; give --plugin-dir a directory"
+        ) from None
+    except PermissionError as exc:
+        raise ConfigError(
+            f"cannot create the instance lock {path}: {exc.strerror or exc}; run the agent as root, or give "
+            "--plugin-dir a directory this user can write"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"cannot create the instance lock {path}: {exc.strerror or exc}") from None
     try:

@@ -110,10 +110,9 @@ class _Server(Server):
     async def serve(self, path: Path) -> SocketIdentity:
         """Listen on ``path`` (a stale file is removed first), mode 0600 before any client can connect; the
         socket file's identity."""
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:  # a plain file where the directory should be
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from None
+        # The directory is the kubelet's, or the agent's own made with the instance lock: never made here.
+        if path.parent.exists() and not path.parent.is_dir():  # a plain file where the directory should be
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent))
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -197,11 +196,16 @@ class ResourcePlugin:
 
     # what the agent may call -----------------------------------------------------------------------------
     def publish(
-        self, devices: Mapping[str, Chip], preference: Preference | None, container: ContainerBase
+        self,
+        devices: Mapping[str, Chip],
+        preference: Preference | None,
+        container: ContainerBase,
+        most_per_container: int | None = None,
     ) -> None:
         """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``container`` says
-        what a container that gets some of them gets besides them."""
-        self.service.publish(devices, preference, container)
+        what a container that gets some of them gets besides them; a container asking for more than
+        ``most_per_container`` devices is refused."""
+        self.service.publish(devices, preference, container, most_per_container)
 
     def set_serve_timeout(self, seconds: float) -> None:
         """How long serving may keep failing before the agent gives up (``serveTimeout``, live)."""
