@@ -148,9 +148,8 @@ class NodeEvents:
                     raise
                 # expired (the API server keeps Events for an hour) or deleted: a new one takes its count
         name = f"{api.node}.{time.time_ns():x}"
-        await api.call(
-            "create", "events", api.client.create(self._event(api.node, name, record), namespace=NAMESPACE)
-        )
+        # The namespace is the Event's own (metadata.namespace).
+        await api.call("create", "events", api.client.create(self._event(api.node, name, record)))
         record.name, record.written_count = name, count
 
     @staticmethod
