@@ -206,8 +206,7 @@ class DraService:
 
 
 def _health_message(chip: Chip) -> str:
-    if chip.healthy and chip.held:
-        return "held after flapping: healthy again but kept out of use until it stays so"
+    """The chip's reason while Unhealthy; a held chip's reason says it is held and until when."""
     if chip.healthy:
         return ""
     return (chip.reason or "unhealthy")[:_MAX_MESSAGE]

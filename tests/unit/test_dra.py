@@ -75,7 +75,14 @@ def test_unhealthy_and_held_chips_are_tainted_with_a_valid_value() -> None:
     chips = (
         Chip.make(0, "910B4"),
         Chip.make(1, "910B4", health=Health.UNHEALTHY, reason="npu-smi: Critical (80E3A203) on chip 1"),
-        Chip.make(2, "910B4", held=True),
+        # as the flap hold reports a chip it keeps out of use: Unhealthy, held, the hold in the reason
+        Chip.make(
+            2,
+            "910B4",
+            held=True,
+            health=Health.UNHEALTHY,
+            reason="Healthy now; held Unhealthy: it turned Unhealthy 3 times within 600 s",
+        ),
     )
     (spec,) = pool_slices(Inventory(chips), DeviceTaints("npu.huawei.com", "NoExecute"))
     taints = [d.get("taints") for d in spec["devices"]]
