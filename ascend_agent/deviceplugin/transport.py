@@ -48,7 +48,8 @@ from grpclib.protocol import Stream as H2Stream
 from grpclib.server import Handler as RequestHandlers
 from grpclib.server import Server, Stream
 from h2.errors import ErrorCodes
-from h2.events import RequestReceived, StreamReset
+from h2.events import DataReceived, RequestReceived, StreamReset
+from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 
 from ascend_agent.deviceplugin import wire
@@ -214,8 +215,11 @@ class _Processor(EventsProcessor):
 
     def process_stream_reset(self, event: StreamReset) -> None:
         super().process_stream_reset(event)
-        if not event.remote_reset:
-            return
+        if event.remote_reset:
+            self.count_reset()
+
+    def count_reset(self) -> None:
+        """The client reset a stream: past the budget, the connection ends."""
         limits = self._protocol.limits
         now = time.monotonic()
         self._resets.append(now)
@@ -251,6 +255,33 @@ class _Protocol(H2Protocol):
         self.connection.flush()
         self.processor = _Processor(cast(_Handlers, self.handler), self.connection, self)
         self._arm_idle(self.limits.idle_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        """grpclib's, except that a request the same read also resets is never started: a flood of HEADERS
+        each followed by RST_STREAM costs no stream object and no task."""
+        try:
+            events = self.connection.feed(data)
+        except ProtocolError:
+            log.debug("HTTP/2 protocol error", exc_info=True)
+            self.processor.close("Protocol error")
+            return
+        self.connection.flush()
+        reset = {e.stream_id for e in events if isinstance(e, StreamReset) and e.remote_reset}
+        skipped: set[int] = set()
+        for event in events:
+            if self._transport is None or self._transport.is_closing():
+                break
+            stream_id = getattr(event, "stream_id", None)
+            if isinstance(event, RequestReceived) and stream_id in reset:
+                skipped.add(stream_id)
+            elif stream_id in skipped:
+                if isinstance(event, StreamReset):
+                    cast(_Processor, self.processor).count_reset()
+                elif isinstance(event, DataReceived):  # its window is the connection's too
+                    self.connection.ack(stream_id, event.flow_controlled_length)
+            else:
+                self.processor.process(event)
+        self.connection.flush()
 
     @property
     def open_streams(self) -> int:
