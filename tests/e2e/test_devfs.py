@@ -282,10 +282,13 @@ def test_hot_unplug_and_return_by_event(
     [("--health-interval", "1", "--npu-smi-timeout", "1", "--health-failure-threshold", "2")],
     indirect=True,
 )
+@pytest.mark.parametrize("mode", ["hang", "flood", "orphan"])
 def test_hanging_npu_smi_fails_after_the_threshold_and_recovers(
-    kubelet: KubeletStandin, devfs_agent: AgentProcess, npu_smi: FakeNpuSmi
+    kubelet: KubeletStandin, devfs_agent: AgentProcess, npu_smi: FakeNpuSmi, mode: str
 ) -> None:
-    npu_smi.set_mode("hang")
+    """A hanging npu-smi, one that prints without end, and a wrapper whose child hangs holding the pipes:
+    each a failed query, never a stopped health loop."""
+    npu_smi.set_mode(mode)
     devfs_agent.wait_log("Health query failed, keeping the last known health: ")
     # The kubelet's calls never wait for npu-smi.
     assert _allocate(kubelet, ["Ascend910-0"], timeout=0.5).envs["ASCEND_VISIBLE_DEVICES"] == "0"
