@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from ascend_agent.files import make_dirs
 from ascend_agent.model import Chip, ContainerSpec
 from ascend_agent.naming import CDI_KIND
 
@@ -85,7 +87,8 @@ async def write_spec(directory: Path, document: dict[str, Any]) -> Path:
 
 
 def _write(directory: Path, text: str) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory, 0o755)  # container runtimes read it
+    _check_directory(directory)
     target = directory / SPEC_FILE
     handle, temporary = tempfile.mkstemp(prefix=f".{SPEC_FILE}.", dir=directory)
     try:
@@ -98,6 +101,16 @@ def _write(directory: Path, text: str) -> Path:
             os.unlink(temporary)
         raise
     return target
+
+
+def _check_directory(directory: Path) -> None:
+    """The spec goes only where no one but the agent's user can replace it (what the runtime reads from it
+    becomes a container's devices and mounts)."""
+    stat = os.stat(directory)
+    if stat.st_uid != os.geteuid() or stat.st_mode & 0o022:
+        raise PermissionError(
+            errno.EPERM, f"{directory} can be changed by users other than {os.geteuid()}; make it 0755"
+        )
 
 
 def remove_spec(directory: Path) -> None:

@@ -368,8 +368,12 @@ class BoundedServer(Server):
             path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(str(path))  # no client can connect before listen(), after the chmod
-            os.chmod(path, 0o600)
+            # The file is made 0600 by bind() itself: a chmod after it would follow a link put in its place.
+            previous = os.umask(0o177)
+            try:
+                listener.bind(str(path))
+            finally:
+                os.umask(previous)
             await self.start(sock=listener)
         except BaseException:  # cancelled too (SIGTERM): the file we bound goes with the listener
             listener.close()
