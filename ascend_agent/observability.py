@@ -122,6 +122,11 @@ REGISTRATIONS = Counter(
     "ascend_agent_registrations", "Successful registrations with the kubelet.", ["resource"]
 )
 KUBELET_RESTARTS = Counter("ascend_agent_kubelet_restarts", "Times kubelet.sock was created while we ran.")
+WATCH_RESCANS = Counter(
+    "ascend_agent_watch_rescans",
+    "Times every watched directory was looked at again because inotify events were lost.",
+    ["reason"],
+)
 ALLOCATIONS = Counter(
     "ascend_agent_allocations", "Allocate container requests answered.", ["resource", "code"]
 )
