@@ -3,10 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
+PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto protos/podresources/v1/api.proto
+# The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
+DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run test lint proto bench soak interop interop-packages image image-test clean
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -26,6 +28,10 @@ install: $(STAMP)
 run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" examples/run-local.sh
 
+# The agent as a DRA driver against the tests' API emulator and DRA kubelet stand-in (docs/dra.md).
+run-dra: $(STAMP)
+	$(BIN)/python examples/dra/run-local.py
+
 # mypy cannot follow setuptools' package-dir mapping (backends/ installs as ascend_agent.backends), so it
 # checks a tree of links laid out as the installed package is.
 lint: $(STAMP)
@@ -42,7 +48,7 @@ test: lint
 proto: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_betterproto2_out=ascend_agent/_proto \
-		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO)
+		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO) $(DRA_PROTO)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
@@ -92,5 +98,28 @@ image:
 image-test:
 	tests/image/image-test.sh
 
+# The Helm chart through Helm v4's own engine (helm-sdkpy), which needs Python 3.12 or newer: the first such
+# interpreter on PATH or under pyenv, or HELM_PYTHON, in an environment of its own (.venv-helm). See
+# charts/check.py.
+HELM_VENV := .venv-helm
+HELM_STAMP := $(HELM_VENV)/.installed-stamp
+_is_3_12 = "$(1)" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null
+HELM_PYTHON ?= $(shell for p in python3.14 python3.13 python3.12 python3 \
+	$$(pyenv root 2>/dev/null || echo "$${PYENV_ROOT:-$$HOME/.pyenv}")/versions/3.1[2-9]*/bin/python3; do $(call _is_3_12,$$p) && { command -v "$$p"; break; }; done)
+_helm_python_ok = $(and $(HELM_PYTHON),$(shell $(call _is_3_12,$(HELM_PYTHON)) && echo yes))
+
+$(HELM_STAMP): charts/requirements.txt
+	$(if $(_helm_python_ok),,$(error make helm-lint needs Python 3.12 or newer for helm-sdkpy but $(if $(HELM_PYTHON),$(HELM_PYTHON) is not,none is on PATH or under pyenv); name one with make helm-lint HELM_PYTHON=/path/to/python3.12))
+	$(HELM_PYTHON) -m venv --clear $(HELM_VENV)
+	$(HELM_VENV)/bin/pip install --quiet --disable-pip-version-check -r charts/requirements.txt
+	touch $(HELM_STAMP)
+
+helm-lint: $(HELM_STAMP)
+	$(HELM_VENV)/bin/python charts/check.py lint
+
+# After a chart change: the renders tests/unit/test_chart.py reads, in tests/fixtures/helm/.
+helm-render: $(HELM_STAMP)
+	$(HELM_VENV)/bin/python charts/check.py write-renders
+
 clean:
-	rm -rf $(VENV) dist build *.egg-info bench/results
+	rm -rf $(VENV) $(HELM_VENV) dist build *.egg-info bench/results

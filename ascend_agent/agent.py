@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from ascend_agent import __version__, cdi, naming
+from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
-from ascend_agent.backends import Backend, load_backend
+from ascend_agent.backends import Backend, backend_for
 from ascend_agent.config import (
+    DRA_API,
     PLUGIN_WATCHER_REGISTRATION,
     ConfigError,
     EffectiveSettings,
@@ -37,19 +34,23 @@ from ascend_agent.config import (
     SettingsSource,
 )
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
-from ascend_agent.deviceplugin.lifecycle import ResourcePlugin, ServeFailed
-from ascend_agent.deviceplugin.service import SpecFor
-from ascend_agent.instance import exclusive
-from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
+from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     DEVICE_HEALTH,
     DEVICES,
     KUBELET_RESTARTS,
     configure_logging,
+    label_devices_with_holders,
     log_fields,
     serve_http,
 )
+from ascend_agent.podresources import PodHolders
 from ascend_agent.watch import Change, Watcher, WatchEvent
+
+if TYPE_CHECKING:
+    from ascend_agent.cluster.side import ClusterSide
+    from ascend_agent.dra import DraDriver
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,12 @@ _KUBELET_TAG = "kubelet"
 _ENDPOINTS_TAG = "endpoints"
 _BACKEND_TAG = "backend"
 _CONFIG_TAG = "config"
+# The cluster side starts this long after the agent at the latest, registered or not.
+_CLUSTER_START_WAIT = 2.0
+# The cluster side is set up once, at start.
+_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name")
+# Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
+_KUBELET_API_SETTINGS = ("kubelet_api", "dra_driver_name", "dra_taint_effect", "dra_cleanup")
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -70,6 +77,9 @@ _AGENT_SETTINGS = frozenset(
         "metrics_address",
         "log_level",
         "log_format",
+        *_CLUSTER_SETTINGS,
+        "pod_resources_socket",
+        *_KUBELET_API_SETTINGS,
     }
 )
 # Settings that decide where and how each resource is served: a change re-serves every resource.
@@ -85,8 +95,19 @@ class _Running:
 class Agent:
     """Keeps one ResourcePlugin per resource with chips, published with what the backend reports."""
 
-    def __init__(self, settings: Settings, backend: Backend, source: SettingsSource | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        source: SettingsSource | None = None,
+        cluster: ClusterSide | None = None,
+    ) -> None:
         self.settings = settings
+        self.cluster = cluster
+        self._registered = anyio.Event()
+        self.holders = PodHolders(
+            settings.pod_resources_socket, backend.health_interval or settings.health_interval
+        )
         self.backend = backend
         self._source = source
         self._plugins: dict[str, _Running] = {}
@@ -96,13 +117,17 @@ class Agent:
         self._health: dict[str, tuple[Health, str]] = {}
         self._problems: tuple[str, ...] = ()
         self.inventory = Inventory()
-        self._spec_key: tuple[ContainerSpec, Settings] | None = None
-        self._spec_for: SpecFor | None = None
         self._cdi_document: dict[str, Any] | None = None
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
+        self._dra: DraDriver | None = None
+        if settings.kubelet_api == DRA_API:  # the DRA driver in place of the device plugins
+            from ascend_agent.dra import DraDriver
+
+            self._dra = DraDriver.open(settings, cluster)
+            self._dra.plugin.on_registered = self._registered.set
 
     def wake(self) -> None:
         """Ask for a reconcile soon; any number of calls before it runs make one reconcile."""
@@ -122,12 +147,18 @@ class Agent:
         """``/readyz``: every resource with chips registered, and its kubelet stream open; or standing by."""
         if self._standby is not None:
             return True, f"standby: the ascend-agent with pid {self._standby} holds this node until it stops"
+        if self._dra is not None:
+            return self._dra.status()
         if not self._plugins:
             return False, "; ".join(self.inventory.problems) or "no chips found"
         reasons = [
             reason for ready, reason in (r.plugin.status() for r in self._plugins.values()) if not ready
         ]
         return (False, "; ".join(sorted(reasons))) if reasons else (True, "")
+
+    def health_detail(self) -> str:
+        """What ``/healthz`` adds to ``ok``: the Kubernetes API state while the cluster side is on."""
+        return "" if self.cluster is None else f"kubernetes api: {self.cluster.state().detail}"
 
     async def run(self, http: asyncio.Server | None = None) -> None:
         """Reconcile on every wake-up until cancelled; then every plugin stops serving."""
@@ -137,6 +168,12 @@ class Agent:
                 self._tasks = tasks
                 if http is not None:
                     self._serve_http(http)
+                if self.cluster is not None:
+                    tasks.start_soon(self._run_cluster, name="cluster")
+                if self._dra is not None:
+                    tasks.start_soon(self._dra.run, name="dra")
+                label_devices_with_holders(self._holder_of)
+                tasks.start_soon(self.holders.run, name="pod resources")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -163,6 +200,8 @@ class Agent:
         endpoints = {self.settings.endpoint_dir}
         if self.settings.registration == PLUGIN_WATCHER_REGISTRATION:
             endpoints.add(self.settings.effective_plugins_registry_dir)
+        if self._dra is not None:
+            endpoints.update(self._dra.socket_dirs)
         for directory in sorted(endpoints - {self.settings.kubelet_dir}):
             watcher.watch(directory, _ENDPOINTS_TAG, lambda name: name.endswith(".sock"))
         for directory, accept in self.backend.watch_paths():
@@ -190,6 +229,8 @@ class Agent:
                 KUBELET_RESTARTS.inc()
             for running in self._plugins.values():
                 running.plugin.poke()
+            if self._dra is not None:
+                self._dra.poke()
         elif event.tag == _CONFIG_TAG:
             if event.change is not Change.DELETED:
                 self.reload()
@@ -214,6 +255,14 @@ class Agent:
                     continue
                 if changed:
                     self.wake()
+
+    async def _run_cluster(self) -> None:
+        """The cluster side, once the kubelet registered a resource (loading the client library meanwhile
+        would delay that registration) or after a few seconds without."""
+        assert self.cluster is not None
+        with anyio.move_on_after(_CLUSTER_START_WAIT):
+            await self._registered.wait()
+        await self.cluster.run()
 
     def _serve_http(self, server: asyncio.Server) -> None:
         assert self._tasks is not None
@@ -246,7 +295,7 @@ class Agent:
         )
         if set(changed) - _AGENT_SETTINGS:
             try:
-                backend = _backend(settings)
+                backend = backend_for(settings)
                 await backend.start()
             except ConfigError as exc:
                 log.error("Config not applied, keeping the running settings: %s", exc)
@@ -264,6 +313,17 @@ class Agent:
         if settings.cdi_spec_dir != self.settings.cdi_spec_dir and self.settings.cdi_spec_dir is not None:
             cdi.remove_spec(self.settings.cdi_spec_dir)
             self._cdi_document = None
+        if set(changed) & set(_CLUSTER_SETTINGS):
+            log.warning(
+                "%s changed: the cluster side takes it at the next start",
+                ", ".join(sorted(set(changed) & set(_CLUSTER_SETTINGS))),
+            )
+        self.holders.socket = settings.pod_resources_socket
+        if set(changed) & set(_KUBELET_API_SETTINGS):
+            log.warning(
+                "%s changed: device plugin or DRA driver, and the driver's settings, apply at the next start",
+                ", ".join(sorted(set(changed) & set(_KUBELET_API_SETTINGS))),
+            )
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)
@@ -275,7 +335,7 @@ class Agent:
         self.settings = settings
         self._start_watching()
         log.info("Config applied: %s changed", ", ".join(changed))
-        _log_configuration(replace(effective, settings=settings))
+        log_configuration(replace(effective, settings=settings))
 
     async def _move_http(self, address: str) -> bool:
         """Serve the HTTP endpoint on ``address`` instead; False (and the old one kept) when it cannot."""
@@ -284,7 +344,7 @@ class Agent:
             log.info("Stopped serving /metrics, /healthz and /readyz")
             return True
         try:
-            server = await serve_http(address, self.ready)
+            server = await serve_http(address, self.ready, self.health_detail)
         except OSError as exc:
             log.error(
                 "Cannot serve /metrics on %s, keeping the old address: %s", address, exc.strerror or exc
@@ -300,9 +360,14 @@ class Agent:
         inventory = await self.backend.discover()
         self.inventory = inventory
         self._report(inventory)
+        if self._dra is not None:
+            self._dra.publish(inventory)
+            if self.cluster is not None:
+                self.cluster.observe(inventory)
+            return
         desired = inventory.by_resource()
         self._count(desired)
-        spec_for = self._current_spec_for(inventory)
+        container = replace(inventory.container, cdi=self.settings.cdi_spec_dir is not None)
         for resource in [r for r in self._plugins if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
             self._stop_plugin(resource)
@@ -314,7 +379,9 @@ class Agent:
                 for chip in chips
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
-            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), spec_for)
+            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), container)
+        if self.cluster is not None:
+            self.cluster.observe(inventory)
         await self._write_cdi(inventory)
 
     def _start_plugin(self, resource: str) -> _Running:
@@ -328,27 +395,12 @@ class Agent:
                 await running.plugin.run()
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
+        running.plugin.service.on_allocated = self.holders.poke
+        running.plugin.on_registered = self._registered.set
         return running
 
     def _stop_plugin(self, resource: str) -> None:
         self._plugins.pop(resource).scope.cancel()
-
-    def _current_spec_for(self, inventory: Inventory) -> SpecFor:
-        """What Allocate hands over, as one function object that changes only when its answers would: then
-        the plugins forget the answers they keep."""
-        key = (self.backend.container_spec(inventory.chips), self.settings)
-        if self._spec_for is None or key != self._spec_key:
-            backend, with_cdi = self.backend, self.settings.cdi_spec_dir is not None
-
-            def spec_for(chips: Sequence[Chip]) -> ContainerSpec:
-                spec = backend.container_spec(chips)
-                if not with_cdi:
-                    return spec
-                ordered = sorted(chips, key=lambda chip: chip.phys_id)
-                return replace(spec, cdi_devices=tuple(naming.cdi_device_name(c.device_id) for c in ordered))
-
-            self._spec_key, self._spec_for = key, spec_for
-        return self._spec_for
 
     async def _write_cdi(self, inventory: Inventory) -> None:
         """Keep the CDI spec in step with the chips. It stays when the agent stops: containers that restart
@@ -357,7 +409,7 @@ class Agent:
         if directory is None or not inventory.chips:
             # No chips at all (npu-smi failing at start, say) must not empty the spec containers rely on.
             return
-        document = cdi.build_spec(inventory.chips, self.backend.container_spec)
+        document = cdi.build_spec(inventory.chips, inventory.container)
         if document == self._cdi_document:
             return
         try:
@@ -401,6 +453,17 @@ class Agent:
                     log.warning("%s", problem)
             self._problems = inventory.problems
 
+    def _holder_of(self, device: str) -> tuple[str, str, str]:
+        """The (namespace, pod, container) holding a chip, for its metrics; comma-joined when its replicas are
+        held by several."""
+        chip = next((c for c in self.inventory.chips if c.device_id == device), None)
+        holders = self.holders.holders.of(chip, self.settings.replicas) if chip is not None else ()
+        return (
+            ",".join(h.namespace for h in holders),
+            ",".join(h.pod for h in holders),
+            ",".join(h.container for h in holders),
+        )
+
     def _count(self, desired: dict[str, tuple[Chip, ...]]) -> None:
         DEVICES.clear()
         DEVICE_HEALTH.clear()
@@ -413,93 +476,5 @@ class Agent:
                 DEVICE_HEALTH.labels(resource=resource, device=chip.device_id).set(chip.healthy)
 
 
-def _backend(settings: Settings) -> Backend:
-    try:
-        return load_backend(settings.backend)(settings)
-    except LookupError as exc:
-        raise ConfigError(f"--backend: {exc.args[0]}") from None
-
-
-async def discover_once(settings: Settings) -> Inventory:
-    """One discovery with the configured backend, for ``ascend-agent list`` and the doctor."""
-    backend = _backend(settings)
-    try:
-        await backend.start()
-        await backend.query()
-        return await backend.discover()
-    finally:
-        await backend.close()
-
-
-def _reap_children_by_pidfd() -> None:
-    """On the running loop: Python 3.11 waits for every npu-smi in a thread started for it; a pidfd on the
-    event loop needs no thread (3.12 and later choose it themselves)."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:  # a kernel before 5.3, or a seccomp profile that refuses it
-        return
-    watcher = asyncio.PidfdChildWatcher()
-    watcher.attach_loop(asyncio.get_running_loop())
-    asyncio.set_child_watcher(watcher)
-
-
-async def run_agent(source: SettingsSource, settings: Settings) -> int:
-    """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
-    configure_logging(settings.log_level, settings.log_format)
-    _reap_children_by_pidfd()
-    backend = _backend(settings)
-    await backend.start()
-    log.info(
-        "ascend-agent %s starting: backend %s, kubelet directory %s",
-        __version__,
-        settings.backend,
-        settings.kubelet_dir,
-    )
-    _log_configuration(source.load_effective())
-    agent = Agent(settings, backend, source)
-    http = None
-    if settings.metrics_address:
-        try:
-            http = await serve_http(settings.metrics_address, agent.ready)
-        except OSError as exc:
-            raise ConfigError(
-                f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
-            ) from None
-        log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
-    failures: list[BaseException] = []
-    try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
-            async with exclusive(settings.effective_plugin_dir, on_wait=agent.standby):
-                await agent.run(http)
-    except* ServeFailed as failed:
-        failures.extend(_leaves(failed))
-    if failures:
-        log.error("Giving up: %s", failures[0])
-        return 1
-    log.info("Stopped; sockets removed")
-    return 0
-
-
-def _log_configuration(effective: EffectiveSettings) -> None:
+def log_configuration(effective: EffectiveSettings) -> None:
     log.info("Configuration: %s", effective, extra=log_fields(settings=effective.as_fields()))
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    """The exceptions inside nested task groups' exception groups."""
-    found: list[BaseException] = []
-    for exc in group.exceptions:
-        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return found
-
-
-async def _signals(agent: Agent, scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-        async for signum in received:
-            if signum == signal.SIGHUP:
-                agent.reload()
-            else:
-                scope.cancel()
-                return

@@ -5,7 +5,7 @@ named by its device ID, with its device node; the management devices and driver 
 Allocate then names the chips as ``huawei.com/npu=Ascend910-2`` in ``cdi_devices``, and a CDI-aware runtime
 applies the edits itself::
 
-    spec = build_spec(chips, backend.container_spec)
+    spec = build_spec(inventory.chips, inventory.container)
     await write_spec(Path("/var/run/cdi"), spec)
 """
 
@@ -16,26 +16,27 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ascend_agent.container import container_spec
 from ascend_agent.files import make_dirs
-from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.model import Chip, ContainerBase, ContainerSpec
 from ascend_agent.naming import CDI_KIND
 
 CDI_VERSION = "0.6.0"
 SPEC_FILE = "huawei.com-npu.yaml"
 
 
-def build_spec(chips: Sequence[Chip], spec_for: Callable[[Sequence[Chip]], ContainerSpec]) -> dict[str, Any]:
-    """The CDI spec document for ``chips``; what a container needs comes from the backend's ``spec_for``."""
+def build_spec(chips: Sequence[Chip], container: ContainerBase) -> dict[str, Any]:
+    """The CDI spec document for ``chips``, each handed over with what ``container`` adds."""
     devices = []
     shared: ContainerSpec | None = None
     for chip in sorted(chips, key=lambda c: c.phys_id):
-        spec = spec_for([chip])
+        spec = container_spec([chip], container)
         own = [node for node in spec.devices if node.host_path == chip.device_path]
         devices.append(
             {

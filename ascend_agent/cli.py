@@ -11,14 +11,17 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
 from click.core import ParameterSource
 
 from ascend_agent import __version__
-from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Settings, SettingsSource
+
+if TYPE_CHECKING:
+    from ascend_agent.model import Inventory
 
 app = typer.Typer(
     add_completion=False,
@@ -39,7 +42,7 @@ _DEFAULTS = Settings()
 def _option(*names: str, env: str, help: str, unset: str | None = None, **kwargs: Any) -> Any:
     """A flag that is also ``ASCEND_AGENT_<env>``; ``--help`` shows the default from :class:`Settings`, or
     ``unset``, which says what happens when a setting whose default is None is not given."""
-    setting = names[0].removeprefix("--").replace("-", "_")
+    setting = names[0].split("/")[0].removeprefix("--").replace("-", "_")
     default = getattr(_DEFAULTS, setting, None)
     shown = unset if default is None else str(default)
     assert shown is not None, f"{names[0]}: say what an unset value means"
@@ -185,6 +188,65 @@ FakeState = Annotated[
         unset="none (every chip healthy)",
     ),
 ]
+Cluster = Annotated[
+    bool | None,
+    _option(
+        "--cluster/--no-cluster",
+        env="CLUSTER",
+        help="Node labels and Events through the Kubernetes API; off without credentials.",
+    ),
+]
+Kubeconfig = Annotated[
+    Path | None,
+    _option(
+        "--kubeconfig",
+        env="KUBECONFIG",
+        help="kubeconfig for the API server.",
+        unset="the pod's service account, else $KUBECONFIG",
+    ),
+]
+NodeName = Annotated[
+    str | None,
+    _option(
+        "--node-name", env="NODE_NAME", help="This node's Node object.", unset="$NODE_NAME, else the hostname"
+    ),
+]
+PodResourcesSocket = Annotated[
+    Path | None,
+    _option(
+        "--pod-resources-socket",
+        env="POD_RESOURCES_SOCKET",
+        help="The kubelet's PodResources socket: which pod holds which chip.",
+    ),
+]
+KubeletApi = Annotated[
+    str | None,
+    _option(
+        "--kubelet-api",
+        env="KUBELET_API",
+        help="device-plugin, or dra: a DRA driver publishing ResourceSlices (needs the cluster side).",
+    ),
+]
+DraDriverName = Annotated[
+    str | None, _option("--dra-driver-name", env="DRA_DRIVER_NAME", help="DRA: the driver's name.")
+]
+DraTaintEffect = Annotated[
+    str | None,
+    _option(
+        "--dra-taint-effect",
+        env="DRA_TAINT_EFFECT",
+        help="DRA: NoSchedule or NoExecute, the effect of an Unhealthy chip's taint.",
+    ),
+]
+DraCleanup = Annotated[
+    bool | None,
+    _option(
+        "--dra-cleanup/--no-dra-cleanup",
+        env="DRA_CLEANUP",
+        help="DRA: delete the node's ResourceSlices on exit (only when its chips are going).",
+        unset="off",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 
 
@@ -234,10 +296,18 @@ def run(
     fake_chips: FakeChips = None,
     fake_model: FakeModel = None,
     fake_state: FakeState = None,
+    cluster: Cluster = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
+    pod_resources_socket: PodResourcesSocket = None,
+    kubelet_api: KubeletApi = None,
+    dra_driver_name: DraDriverName = None,
+    dra_taint_effect: DraTaintEffect = None,
+    dra_cleanup: DraCleanup = None,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
     source, settings = _settings(dict(locals()))
-    from ascend_agent.agent import run_agent
+    from ascend_agent.process import run_agent
 
     try:
         code = asyncio.run(run_agent(source, settings))
@@ -259,16 +329,28 @@ def list_chips(
     fake_chips: FakeChips = None,
     fake_model: FakeModel = None,
     fake_state: FakeState = None,
+    pod_resources_socket: PodResourcesSocket = None,
     json_output: Json = False,
 ) -> None:
-    """Print the chips the backend sees."""
+    """Print the chips the backend sees, and the pod holding each (the kubelet's PodResources socket)."""
     overrides = dict(locals())
     overrides.pop("json_output")
     _, settings = _settings(overrides)
-    from ascend_agent.agent import discover_once
+    from ascend_agent.backends import discover_once
+    from ascend_agent.podresources import Holders, PodResourcesError, list_holders
+
+    async def discover() -> tuple[Inventory, Holders, str | None]:
+        inventory = await discover_once(settings)
+        socket = settings.pod_resources_socket
+        if socket == DEFAULT_POD_RESOURCES_SOCKET and not socket.exists():
+            return inventory, Holders(), None  # not on a node (or not mounted): say nothing unless asked
+        try:
+            return inventory, await list_holders(settings.pod_resources_socket), None
+        except PodResourcesError as exc:
+            return inventory, Holders(), f"cannot tell which pod holds which chip: {exc}"
 
     try:
-        inventory = asyncio.run(discover_once(settings))
+        inventory, holders, holders_problem = asyncio.run(discover())
     except ConfigError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     rows = [
@@ -285,6 +367,10 @@ def list_chips(
             "npu_id": chip.npu_id,
             "faults": [{"code": fault.code, "text": fault.text} for fault in chip.faults],
             "held": chip.held,
+            "holders": [
+                {"namespace": h.namespace, "pod": h.pod, "container": h.container}
+                for h in holders.of(chip, settings.replicas)
+            ],
         }
         for chip in inventory.chips
     ]
@@ -292,7 +378,7 @@ def list_chips(
         print(json.dumps(rows, indent=2))
     else:
         _print_table(rows)
-    for problem in inventory.problems:
+    for problem in (*inventory.problems, *([holders_problem] if holders_problem else [])):
         print(f"ascend-agent: {problem}", file=sys.stderr)
 
 
@@ -300,11 +386,17 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     if not rows:
         print("no chips found")
         return
-    columns = ("id", "model", "health", "bus_id", "numa_node", "resource", "reason")
-    cells = [[("-" if row[c] is None else str(row[c])) for c in columns] for row in rows]
+    columns = ("id", "model", "health", "bus_id", "numa_node", "resource", "holder", "reason")
+    cells = [[_cell(row, c) for c in columns] for row in rows]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
     for line in [list(columns), *cells]:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
+def _cell(row: dict[str, Any], column: str) -> str:
+    if column == "holder":
+        return ",".join(f"{h['namespace']}/{h['pod']}/{h['container']}" for h in row["holders"]) or "-"
+    return "-" if row[column] is None else str(row[column])
 
 
 @app.command()
@@ -319,6 +411,9 @@ def doctor(
     registration: Registration = None,
     plugin_dir: PluginDir = None,
     metrics_address: MetricsAddress = None,
+    pod_resources_socket: PodResourcesSocket = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
     json_output: Json = False,
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""

@@ -28,6 +28,7 @@ from ascend_agent.faults import VERDICTS
 from ascend_agent.naming import NAMING_SCHEMES
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_DRIVER_MOUNTS = (
     "/usr/local/Ascend/driver/lib64",
     "/usr/local/Ascend/driver/include",
@@ -52,6 +53,12 @@ MODES = (PLAIN_MODE, ASCEND_RUNTIME_MODE)
 KUBELET_REGISTRATION = "kubelet"
 PLUGIN_WATCHER_REGISTRATION = "plugin-watcher"
 REGISTRATIONS = (KUBELET_REGISTRATION, PLUGIN_WATCHER_REGISTRATION)
+# What the agent is to the kubelet: a device plugin per resource, or a DRA driver (ascend_agent.dra).
+DEVICE_PLUGIN_API = "device-plugin"
+DRA_API = "dra"
+KUBELET_APIS = (DEVICE_PLUGIN_API, DRA_API)
+DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ConfigError(ValueError):
@@ -93,6 +100,16 @@ class Settings:
     fake_chips: int = 8
     fake_model: str = "910B4"
     fake_state: Path | None = None
+    # The cluster side (ascend_agent.cluster): off with cluster=False, or when no credentials are found.
+    cluster: bool = True
+    kubeconfig: Path | None = None
+    node_name: str | None = None
+    pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    # The DRA driver (kubelet_api="dra"): its name, the effect of its health taints, slices removed at exit.
+    kubelet_api: str = DEVICE_PLUGIN_API
+    dra_driver_name: str = "npu.huawei.com"
+    dra_taint_effect: str = "NoSchedule"
+    dra_cleanup: bool = False
 
     @property
     def effective_plugins_registry_dir(self) -> Path:
@@ -197,6 +214,12 @@ def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(policy))
 
 
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
 # List settings hold a handful of entries (driver paths, Health values); a long one is a mistake or worse.
 MAX_LIST_ITEMS = 64
 MAX_POLICY_ENTRIES = 256
@@ -233,6 +256,12 @@ def _text_list(value: Any) -> tuple[str, ...]:
     if len(value) > MAX_LIST_ITEMS:
         raise ValueError(f"has {len(value)} entries; at most {MAX_LIST_ITEMS} are accepted")
     return tuple(_text(item) for item in value)
+
+
+def _dns_subdomain(value: str) -> str:
+    if len(value) > 63 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError("must be a lower-case DNS subdomain of at most 63 characters, e.g. npu.huawei.com")
+    return value
 
 
 def _one_of(*choices: str) -> Callable[[Any], str]:
@@ -279,6 +308,14 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "fake_chips": _positive_int,
     "fake_model": _model,
     "fake_state": _optional(_path),
+    "cluster": _bool,
+    "kubeconfig": _optional(_path),
+    "node_name": _optional(_text),
+    "pod_resources_socket": _path,
+    "kubelet_api": _one_of(*KUBELET_APIS),
+    "dra_driver_name": lambda value: _dns_subdomain(_text(value)),
+    "dra_taint_effect": _one_of(*DRA_TAINT_EFFECTS),
+    "dra_cleanup": _bool,
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
 
@@ -311,7 +348,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            raise _AliasFound(self.peek_event().start_mark.line + 1)
+            raise _AliasFound(self.peek_event().start_mark.line + 1)  # type: ignore[no-untyped-call]
         return super().compose_node(parent, index)
 
 

@@ -13,21 +13,24 @@ import contextlib
 import json
 import os
 import re
-import socket
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
+from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.transport import LocalChannel
 from ascend_agent.model import Generation
+
+if TYPE_CHECKING:
+    from ascend_agent.cluster.client import KubeApi
 
 _DIAL_TIMEOUT = 3.0
 _API_TIMEOUT = 10.0
@@ -55,9 +58,13 @@ async def run_checks(settings: Settings) -> list[Check]:
     checks.append(_kubelet(settings.kubelet_dir))
     # npu-smi already failed on devfs: asking the backend would run it (and wait out its timeout) again.
     discover = settings.backend != "devfs" or npu_smi.ok is True
-    checks.extend(await _our_sockets(settings, discover))
+    unhealthy: list[tuple[str, str]] = []
+    checks.extend(await _our_sockets(settings, discover, unhealthy))
+    if unhealthy:
+        checks.append(await _holders(settings.pod_resources_socket, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
-    checks.extend(await _cluster(os.environ.get("NODE_NAME") or socket.gethostname()))
+    checks.append(await _kubernetes_api(settings.metrics_address))
+    checks.extend(await _cluster(settings))
     return checks
 
 
@@ -160,8 +167,6 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     """The socket names of the resources this configuration serves: those of the chips found; else (no
     chips, or npu-smi failing) every name Huawei's naming can give, and under ``model`` naming the sockets of
     that shape that are there."""
-    from ascend_agent.agent import discover_once
-
     resources: set[str] = set()
     if discover:
         with contextlib.suppress(ConfigError):
@@ -174,7 +179,8 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     return sorted(names)
 
 
-async def _our_sockets(settings: Settings, discover: bool) -> list[Check]:
+async def _our_sockets(settings: Settings, discover: bool, unhealthy: list[tuple[str, str]]) -> list[Check]:
+    """One check per plugin socket; the (resource, device ID) of each Unhealthy device go to ``unhealthy``."""
     directory = settings.endpoint_dir
     names = await _expected_sockets(settings, discover)
     found = [directory / name for name in names if (directory / name).is_socket()]
@@ -189,10 +195,10 @@ async def _our_sockets(settings: Settings, discover: bool) -> list[Check]:
                 "then kubectl -n kube-system logs <pod>",
             )
         ]
-    return [await _ask(path) for path in found]
+    return [await _ask(path, unhealthy) for path in found]
 
 
-async def _ask(path: Path) -> Check:
+async def _ask(path: Path, unhealthy: list[tuple[str, str]]) -> Check:
     """What the kubelet sees: the first ListAndWatch message from the socket."""
     channel = LocalChannel(path)
     # The generated stub is typed as an iterator; it is an async generator, closed to end the stream.
@@ -213,6 +219,8 @@ async def _ask(path: Path) -> Check:
         channel.close()
     devices = first.devices if first is not None else []
     healthy = sum(device.health == "Healthy" for device in devices)
+    resource = naming.resource_name(path.name.removesuffix(".sock"))
+    unhealthy.extend((resource, device.id) for device in devices if device.health != "Healthy")
     return Check(
         f"plugin socket {path.name}",
         True,
@@ -220,71 +228,130 @@ async def _ask(path: Path) -> Check:
     )
 
 
-async def _readiness(address: str) -> Check:
-    if not address:
-        return Check("agent readiness", None, "skipped: --metrics-address is empty")
+async def _holders(socket: Path, unhealthy: list[tuple[str, str]]) -> Check:
+    """The pods whose containers hold the Unhealthy devices: the ones to move off this node."""
+    from ascend_agent.podresources import PodResourcesError, list_holders
+
+    name = "pods on Unhealthy chips"
+    try:
+        holders = await list_holders(socket)
+    except PodResourcesError as exc:
+        return Check(name, None, f"skipped: {exc}")
+    held = [
+        f"{device} held by {', '.join(map(str, holders.by_device[(resource, device)]))}"
+        for resource, device in unhealthy
+        if holders.by_device.get((resource, device))
+    ]
+    if not held:
+        return Check(name, True, f"none: no pod holds {', '.join(device for _, device in unhealthy)}")
+    return Check(
+        name,
+        False,
+        "; ".join(held),
+        "these pods run on failing chips: delete them (their controllers place them again on Healthy chips)",
+    )
+
+
+async def _get(address: str, path: str) -> tuple[str, str] | str:
+    """(status line, body) of ``GET path`` on the agent's HTTP address; a string saying why not."""
     host, _, port = address.rpartition(":")
     host = "127.0.0.1" if host in ("0.0.0.0", "") else host.strip("[]")
     try:
         async with asyncio.timeout(_DIAL_TIMEOUT):
             reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
+            writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
             answer = (await reader.read()).decode("latin-1")
             writer.close()
     except (OSError, TimeoutError) as exc:
-        return Check(
-            "agent readiness",
-            False,
-            f"nothing answers on {address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}",
-            "is the agent running with this --metrics-address?",
-        )
+        return f"nothing answers on {address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
     status, _, body = answer.partition("\r\n\r\n")
-    if " 200 " in status.split("\r\n")[0] + " ":
+    return status.split("\r\n")[0], body
+
+
+async def _kubernetes_api(address: str) -> Check:
+    """The agent's own view of the API server (the /healthz detail): what its cluster side writes through."""
+    name = "kubernetes api (agent)"
+    if not address:
+        return Check(name, None, "skipped: --metrics-address is empty")
+    answer = await _get(address, "/healthz")
+    if isinstance(answer, str):
+        return Check(name, None, f"skipped: {answer}")
+    detail = next((line for line in answer[1].splitlines() if line.startswith("kubernetes api: ")), "")
+    if not detail:
+        return Check(name, None, "skipped: the agent's cluster side is off (--no-cluster, or no credentials)")
+    state = detail.removeprefix("kubernetes api: ")
+    if state.endswith(": up"):
+        return Check(name, True, state)
+    if state == "starting" or state.endswith(": no request yet"):
+        return Check(name, None, state)
+    return Check(
+        name,
+        False,
+        state,
+        "node labels and Events wait (the device plugin works without them): for 403, grant the verb in the "
+        "agent's ClusterRole; else check the API server and the agent's network",
+    )
+
+
+async def _readiness(address: str) -> Check:
+    if not address:
+        return Check("agent readiness", None, "skipped: --metrics-address is empty")
+    answer = await _get(address, "/readyz")
+    if isinstance(answer, str):
+        return Check("agent readiness", False, answer, "is the agent running with this --metrics-address?")
+    status, body = answer
+    if " 200 " in status + " ":
         return Check("agent readiness", True, f"{address}/readyz: ready")
     return Check("agent readiness", False, f"{address}/readyz: {body.strip()}", "see the agent's log for why")
 
 
-async def _cluster(node: str) -> list[Check]:
-    """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers."""
-    try:
-        from kubernetes_asyncio import client, config
-    except ImportError:
+async def _cluster(settings: Settings) -> list[Check]:
+    """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers (the
+    agent's own credentials and client: ``--kubeconfig``, the service account, ``KUBECONFIG``)."""
+    from ascend_agent.cluster import find_target, node_name
+
+    node = node_name(settings.node_name)
+    target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
+    if target is None:
         return [
             Check(
                 "cluster",
                 None,
-                "skipped: kubernetes-asyncio is not installed (pip install 'ascend-agent[cluster]')",
+                "skipped: no Kubernetes API configured (no service account, --kubeconfig or KUBECONFIG)",
                 f"kubectl -n {NAMESPACE} get ds {DAEMONSET}; kubectl describe node {node} | grep huawei.com",
             )
         ]
+    from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
+
     try:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            await config.load_kube_config()
-    except (config.ConfigException, OSError, TypeError, ValueError) as exc:
-        return [Check("cluster", None, f"skipped: no Kubernetes API configured ({exc})")]
+        api = KubeApi.connect(target, node, timeout=_API_TIMEOUT)
+    except ClusterConnectError as exc:
+        return [Check("cluster", None, f"skipped: {exc}")]
     try:
-        async with asyncio.timeout(_API_TIMEOUT), client.ApiClient() as api:
-            return [
-                await _daemonset(client.AppsV1Api(api)),
-                await _node_pod(client.CoreV1Api(api), node),
-                await _capacity(client.CoreV1Api(api), node),
-            ]
-    except (TimeoutError, OSError, client.ApiException) as exc:
-        reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+        return [await _daemonset(api), await _node_pod(api, node), await _capacity(api, node)]
+    except ApiUnavailable as exc:
         return [
-            Check("cluster", False, f"the Kubernetes API did not answer: {reason}", "check the kubeconfig")
+            Check(
+                "cluster",
+                False,
+                f"the Kubernetes API did not answer: {exc.failure}",
+                "check the kubeconfig, the API server and the RBAC of the credentials",
+            )
         ]
+    finally:
+        await api.close()
 
 
-async def _daemonset(apps: Any) -> Check:
-    from kubernetes_asyncio.client import ApiException
+async def _daemonset(api: KubeApi) -> Check:
+    from lightkube import ApiError
+    from lightkube.resources.apps_v1 import DaemonSet
 
     try:
-        daemonset = await apps.read_namespaced_daemon_set(DAEMONSET, NAMESPACE)
-    except ApiException as exc:
-        if exc.status == 404:
+        daemonset = await api.call(
+            "get", "daemonsets", api.client.get(DaemonSet, DAEMONSET, namespace=NAMESPACE)
+        )
+    except ApiError as exc:
+        if exc.status.code == 404:
             return Check(
                 "daemonset",
                 False,
@@ -293,7 +360,8 @@ async def _daemonset(apps: Any) -> Check:
             )
         raise
     status = daemonset.status
-    ready, desired = status.number_ready or 0, status.desired_number_scheduled or 0
+    ready = (status.numberReady if status else 0) or 0
+    desired = (status.desiredNumberScheduled if status else 0) or 0
     detail = f"{DAEMONSET}: {ready} of {desired} pods ready"
     if desired == 0:
         return Check("daemonset", False, detail, "no node matches its nodeSelector: label the NPU nodes")
@@ -304,9 +372,16 @@ async def _daemonset(apps: Any) -> Check:
     return Check("daemonset", True, detail)
 
 
-async def _node_pod(core: Any, node: str) -> Check:
-    pods = await core.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}")
-    ours = [pod for pod in pods.items if (pod.metadata.name or "").startswith(f"{DAEMONSET}-")]
+async def _node_pod(api: KubeApi, node: str) -> Check:
+    from lightkube.resources.core_v1 import Pod
+
+    async def pods_here() -> list[Pod]:
+        return [
+            pod async for pod in api.client.list(Pod, namespace=NAMESPACE, fields={"spec.nodeName": node})
+        ]
+
+    pods = await api.call("list", "pods", pods_here())
+    ours = [pod for pod in pods if pod.metadata and (pod.metadata.name or "").startswith(f"{DAEMONSET}-")]
     if not ours:
         return Check(
             "pod on this node",
@@ -315,19 +390,22 @@ async def _node_pod(core: Any, node: str) -> Check:
             f"kubectl -n {NAMESPACE} describe ds {DAEMONSET}: check nodeSelector, tolerations and events",
         )
     pod = ours[0]
-    phase = pod.status.phase if pod.status else "Unknown"
-    detail = f"{pod.metadata.name} is {phase}"
+    name = pod.metadata.name if pod.metadata else ""
+    phase = (pod.status.phase if pod.status else None) or "Unknown"
+    detail = f"{name} is {phase}"
     if phase != "Running":
-        return Check(
-            "pod on this node", False, detail, f"kubectl -n {NAMESPACE} describe pod {pod.metadata.name}"
-        )
+        return Check("pod on this node", False, detail, f"kubectl -n {NAMESPACE} describe pod {name}")
     return Check("pod on this node", True, detail)
 
 
-async def _capacity(core: Any, node: str) -> Check:
-    status = (await core.read_node(node)).status
-    capacity = {k: v for k, v in (status.capacity or {}).items() if k.startswith("huawei.com/")}
-    allocatable = status.allocatable or {}
+async def _capacity(api: KubeApi, node: str) -> Check:
+    from lightkube.resources.core_v1 import Node
+
+    status = (await api.call("get", "nodes", api.client.get(Node, node), answers=frozenset())).status
+    capacity = {
+        k: v for k, v in ((status.capacity if status else None) or {}).items() if k.startswith("huawei.com/")
+    }
+    allocatable = (status.allocatable if status else None) or {}
     if not capacity:
         return Check(
             "node capacity",

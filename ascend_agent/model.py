@@ -106,6 +106,7 @@ class Chip:
     naming_scheme: str = "huawei"
     faults: tuple[Fault, ...] = ()
     held: bool = False
+    hbm_mb: int | None = None  # HBM size where the chip has HBM and the backend knows it
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
@@ -166,11 +167,27 @@ class ContainerSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerBase:
+    """What every container that gets chips of this node gets besides them: the management device nodes and
+    the driver mounts. ``chip_nodes`` is False where the Ascend container runtime adds device nodes and
+    mounts itself (container mode ``ascend-runtime``); ``cdi`` also names the chips as CDI devices.
+    :func:`ascend_agent.container.container_spec` makes it and a set of chips a :class:`ContainerSpec`."""
+
+    devices: tuple[DeviceNode, ...] = ()
+    mounts: tuple[HostMount, ...] = ()
+    chip_nodes: bool = True
+    cdi: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Inventory:
-    """One discovery: the chips, and what is wrong if anything."""
+    """One discovery: the chips, what every container that gets some of them gets, and what is wrong if
+    anything."""
 
     chips: tuple[Chip, ...] = ()
     problems: tuple[str, ...] = ()
+    container: ContainerBase = ContainerBase()
+    driver_version: str | None = None  # as npu-smi reports it, where it does
 
     def by_resource(self) -> dict[str, tuple[Chip, ...]]:
         grouped: dict[str, list[Chip]] = {}

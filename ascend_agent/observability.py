@@ -13,19 +13,21 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    REGISTRY,
     Counter,
     Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics_core import Metric
 
 from ascend_agent import __version__
 
@@ -175,6 +177,36 @@ BUILD_INFO.labels(version=__version__).set(1)
 
 
 # Repeated log lines --------------------------------------------------------------------------------------
+class ProblemLog:
+    """Whether a problem is new: one that persists is logged once, and again only when it changes or after
+    :meth:`clear`. For problems a loop meets on every pass::
+
+        serving = ProblemLog()
+        if serving.changed(reason):
+            log.error("Cannot serve: %s", reason)
+        ...
+        if serving.clear():                      # it works again
+            log.info("Serving again")
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: Hashable | None = None
+
+    def changed(self, problem: Hashable) -> bool:
+        """True when ``problem`` differs from the last one (which it replaces)."""
+        if problem == self._last:
+            return False
+        self._last = problem
+        return True
+
+    def clear(self) -> bool:
+        """The problem is over; True when there was one."""
+        had, self._last = self._last is not None, None
+        return had
+
+
 @dataclass(slots=True)
 class _Window:
     started: float
@@ -246,33 +278,75 @@ class RepeatLimiter:
         logger.log(level, msg, *args, extra=extra)
 
 
+# Who holds each device, as labels of every per-device series ---------------------------------------------
+HolderOf = Callable[[str], tuple[str, str, str]]
+HOLDER_LABELS = ("namespace", "pod", "container")
+_holder_of: HolderOf | None = None
+
+
+def label_devices_with_holders(holder_of: HolderOf | None) -> None:
+    """From now on every series with a ``device`` label is exposed with ``namespace``, ``pod`` and
+    ``container`` too: ``holder_of(device)`` (empty strings while the device is free), as dcgm-exporter labels
+    GPU metrics."""
+    global _holder_of
+    _holder_of = holder_of
+
+
+class _Exposed:
+    """The default registry as /metrics shows it: per-device series with their holder's labels."""
+
+    def collect(self) -> Iterator[Metric]:
+        holder_of = _holder_of
+        for family in REGISTRY.collect():
+            if holder_of is None or not any("device" in sample.labels for sample in family.samples):
+                yield family
+                continue
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                if "device" in sample.labels:
+                    held = dict(zip(HOLDER_LABELS, holder_of(sample.labels["device"]), strict=True))
+                    sample = sample._replace(labels={**sample.labels, **held})
+                labelled.samples.append(sample)
+            yield labelled
+
+
+_EXPOSED = _Exposed()
+
+
 # Probes and /metrics over HTTP ----------------------------------------------------------------------------
 Readiness = Callable[[], tuple[bool, str]]
+HealthDetail = Callable[[], str]
 
 _READ_TIMEOUT = 5.0
 _MAX_REQUEST_LINE = 8192
 
 
-async def serve_http(address: str, ready: Readiness) -> asyncio.Server:
+async def serve_http(address: str, ready: Readiness, detail: HealthDetail | None = None) -> asyncio.Server:
     """Serve ``/metrics`` (Prometheus text format), ``/healthz`` and ``/readyz`` on ``HOST:PORT``.
 
-    ``/healthz`` answers 200 while the event loop runs; ``/readyz`` answers 200 when ``ready()`` says so and
+    ``/healthz`` answers 200 while the event loop runs, with ``detail()`` (the Kubernetes API state) after
+    ``ok`` when there is any; ``/readyz`` answers 200 when ``ready()`` says so and
     503 with its reason otherwise. HTTP/1.0, one request per connection: what probes and scrapers need.
     """
     host, _, port = address.rpartition(":")
     return await asyncio.start_server(
-        lambda reader, writer: _answer(reader, writer, ready), host.strip("[]"), int(port)
+        lambda reader, writer: _answer(reader, writer, ready, detail), host.strip("[]"), int(port)
     )
 
 
-async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ready: Readiness) -> None:
+async def _answer(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    ready: Readiness,
+    detail: HealthDetail | None = None,
+) -> None:
     try:
         async with asyncio.timeout(_READ_TIMEOUT):
             request_line = await reader.readuntil(b"\r\n")
             while (await reader.readuntil(b"\r\n")) not in (b"\r\n", b""):
                 pass
         method, path, *_ = request_line[:_MAX_REQUEST_LINE].decode("latin-1").split()
-        status, content_type, body = _route(method, path.split("?", 1)[0], ready)
+        status, content_type, body = _route(method, path.split("?", 1)[0], ready, detail)
     except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, UnicodeError):
         status, content_type, body = 400, "text/plain", b"bad request\n"
     head = (
@@ -297,13 +371,16 @@ _REASONS = {
 }
 
 
-def _route(method: str, path: str, ready: Readiness) -> tuple[int, str, bytes]:
+def _route(
+    method: str, path: str, ready: Readiness, detail: HealthDetail | None = None
+) -> tuple[int, str, bytes]:
     if method not in ("GET", "HEAD"):
         return 405, "text/plain", b"only GET\n"
     if path == "/metrics":
-        return 200, CONTENT_TYPE_LATEST, generate_latest()
+        return 200, CONTENT_TYPE_LATEST, generate_latest(_EXPOSED)
     if path == "/healthz":
-        return 200, "text/plain", b"ok\n"
+        extra = detail() if detail is not None else ""
+        return 200, "text/plain", f"ok\n{extra}\n".encode() if extra else b"ok\n"
     if path == "/readyz":
         is_ready, reason = ready()
         if is_ready:

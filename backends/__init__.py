@@ -1,6 +1,7 @@
 """Hardware backends: the Backend protocol and the registry of implementations.
 
-A backend supplies chips and describes what a container needs; it knows nothing of gRPC or the kubelet.
+A backend supplies chips and what every container that gets some of them needs besides them; it knows nothing
+of gRPC or the kubelet.
 Backends are found through the ``ascend_agent.backends`` entry-point group, so a third party can add one::
 
     backend = load_backend("fake")(settings)
@@ -14,7 +15,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ascend_agent.model import Chip, ContainerSpec, Inventory
+from ascend_agent.config import ConfigError
+from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:
     from ascend_agent.config import Settings
@@ -41,11 +43,9 @@ class Backend(Protocol):
         ``discover`` reports may have changed."""
 
     async def discover(self) -> Inventory:
-        """The chips now: the last hardware query combined with the cheap sources (device nodes, state
-        files), read again on every call. No subprocess."""
-
-    def container_spec(self, chips: Sequence[Chip]) -> ContainerSpec:
-        """What a container that gets ``chips`` needs; from memory, no I/O (it runs inside Allocate)."""
+        """The chips now, and what every container that gets some of them gets besides them: the last
+        hardware query combined with the cheap sources (device nodes, state files), read again on every
+        call. No subprocess."""
 
     async def close(self) -> None:
         """Release what the backend holds."""
@@ -65,3 +65,22 @@ def load_backend(name: str) -> BackendFactory:
         factory: BackendFactory = ep.load()
         return factory
     raise LookupError(f"unknown backend {name!r} (known: {', '.join(backend_names()) or 'none installed'})")
+
+
+def backend_for(settings: Settings) -> Backend:
+    """The configured backend, not started; :class:`ConfigError` when no backend has that name."""
+    try:
+        return load_backend(settings.backend)(settings)
+    except LookupError as exc:
+        raise ConfigError(f"--backend: {exc.args[0]}") from None
+
+
+async def discover_once(settings: Settings) -> Inventory:
+    """One discovery with the configured backend, for ``ascend-agent list`` and the doctor."""
+    backend = backend_for(settings)
+    try:
+        await backend.start()
+        await backend.query()
+        return await backend.discover()
+    finally:
+        await backend.close()

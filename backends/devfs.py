@@ -1,4 +1,5 @@
-"""Real probing: ``npu-smi`` for the chips and their health, ``/dev`` for the device nodes, sysfs for NUMA.
+"""Real probing: ``npu-smi`` for the chips and their health, ``/dev`` for the device nodes, sysfs for NUMA
+(the gauges the answers feed are kept by :mod:`~ascend_agent.backends.telemetry`).
 
 The chips are what npu-smi reports, matched to ``<dev-root>/davinci<phys id>``; a device node npu-smi does not
 know is never invented. npu-smi runs once per health interval, beside the agent's loop (``query``); device
@@ -11,7 +12,6 @@ node changes arrive as inotify events and only re-read the directory (``discover
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import re
@@ -22,10 +22,9 @@ from pathlib import Path
 
 import aiofiles
 import aiofiles.os
-from prometheus_client import Gauge
 
 from ascend_agent import naming
-from ascend_agent.backends._container import container_spec
+from ascend_agent.backends._container import container_base
 from ascend_agent.backends.npusmi import (
     ChipRow,
     InfoTable,
@@ -42,12 +41,12 @@ from ascend_agent.backends.npusmi import (
     query_info,
     run_npu_smi,
 )
+from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.config import Settings
 from ascend_agent.faults import FaultPolicy, describe
 from ascend_agent.flaphold import FlapHold, HoldEvent
 from ascend_agent.model import (
     Chip,
-    ContainerSpec,
     DeviceNode,
     Fault,
     Generation,
@@ -58,17 +57,10 @@ from ascend_agent.model import (
     normalise_model,
 )
 from ascend_agent.observability import (
-    CHIP_FAULT,
-    CHIP_HBM_TOTAL,
-    CHIP_HBM_USED,
     CHIP_HELD,
-    CHIP_MEMORY_TOTAL,
-    CHIP_MEMORY_USED,
-    CHIP_POWER,
-    CHIP_TEMPERATURE,
-    CHIP_UTILIZATION,
     NPU_SMI_FAILURES,
     NPU_SMI_SECONDS,
+    ProblemLog,
     log_fields,
 )
 
@@ -87,7 +79,6 @@ A3_MODEL = "910_93"
 HEALTH_QUERIES_PER_INTERVAL = 4
 # Listing /dev can fail for want of descriptors or memory; that is not "no device nodes".
 _TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
-_MIB = 1024 * 1024
 
 
 def is_device_name(name: str) -> bool:
@@ -108,6 +99,7 @@ class _Probed:
     bus_id: str | None
     numa_node: int | None
     faults: tuple[Fault, ...] = ()
+    hbm_mb: int | None = None
 
 
 class DevfsBackend:
@@ -126,16 +118,16 @@ class DevfsBackend:
         self._a3_model = A3_MODEL
         self._failures = 0
         self._last_failure = ""
+        self._failure_log = ProblemLog()
         self._query_problem = ""
-        self._management: tuple[DeviceNode, ...] = ()
-        self._mounts: tuple[str, ...] = ()
+        self._driver_version: str | None = None
         self._nodes: set[str] = set()
         self._listing_error: OSError | None = None
+        self._listing_log = ProblemLog()
         self._policy = FaultPolicy(dict(settings.fault_policy))
         # Per chip: the Health value `info -t health` was last run for, and the faults it gave.
         self._asked_health: dict[int, tuple[str, tuple[Fault, ...]]] = {}
-        self._fault_labels: set[tuple[str, str]] = set()
-        self._telemetry_devices: set[str] = set()
+        self._telemetry = ChipTelemetry()
         self._hold = FlapHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
 
     @property
@@ -190,6 +182,7 @@ class DevfsBackend:
                 extra=log_fields(count=self._failures),
             )
         self._failures, self._last_failure, self._query_problem = 0, "", ""
+        self._failure_log.clear()
         gone = self._reported - set(probed)
         if gone:
             log.warning(
@@ -201,6 +194,7 @@ class DevfsBackend:
         self._probed.update(probed)
         self._reported = frozenset(probed)
         self._record_telemetry(table, probed)
+        self._driver_version = table.version
         return True
 
     async def _check_device_listing(self) -> None:
@@ -272,38 +266,15 @@ class DevfsBackend:
                 )
             elif before is not None:
                 log.info("%s reports no error code any more (health %s)", device, chip.health)
-        for device, code in self._fault_labels - labels:
-            with contextlib.suppress(KeyError):
-                CHIP_FAULT.remove(device, code)
-        for device, code in labels:
-            CHIP_FAULT.labels(device=device, code=code).set(1)
-        self._fault_labels = labels
+        self._telemetry.faults(labels)
 
     def _record_telemetry(self, table: InfoTable, probed: Mapping[int, _Probed]) -> None:
-        """Temperature, power, utilisation, HBM and memory of every chip, as the table printed them."""
-        devices = set()
-        phys_ids = physical_ids(table.chips, self._chip_map)
-        for row, phys_id in zip(table.chips, phys_ids, strict=True):
+        rows = {}
+        for row, phys_id in zip(table.chips, physical_ids(table.chips, self._chip_map), strict=True):
             chip = probed.get(phys_id)
-            if chip is None:
-                continue
-            device = self._device_id(chip)
-            devices.add(device)
-            utilization = None if row.utilization_pct is None else row.utilization_pct / 100
-            for gauge, value in (
-                (CHIP_TEMPERATURE, row.temp_c),
-                (CHIP_POWER, row.power_w),
-                (CHIP_UTILIZATION, utilization),
-                (CHIP_HBM_USED, _bytes(row.hbm_used_mb)),
-                (CHIP_HBM_TOTAL, _bytes(row.hbm_total_mb)),
-                (CHIP_MEMORY_USED, _bytes(row.memory_used_mb)),
-                (CHIP_MEMORY_TOTAL, _bytes(row.memory_total_mb)),
-            ):
-                _set_or_remove(gauge, device, value)
-        for device in self._telemetry_devices - devices:
-            for gauge in _TELEMETRY:
-                _set_or_remove(gauge, device, None)
-        self._telemetry_devices = devices
+            if chip is not None:
+                rows[self._device_id(chip)] = row
+        self._telemetry.record(rows)
 
     def _chip_healthy(self, chip: _Probed) -> bool:
         return self._policy.healthy(chip.health.lower() in self._healthy_states, chip.faults)
@@ -312,14 +283,13 @@ class DevfsBackend:
         self._failures += 1
         threshold = self._settings.health_failure_threshold
         reason = str(error)
-        if reason != self._last_failure:
-            if self._probed:
-                log.warning(
-                    "Health query failed, keeping the last known health: %s",
-                    reason,
-                    extra=log_fields(reason=reason),
-                )
-            self._last_failure = reason
+        self._last_failure = reason
+        if self._failure_log.changed(reason) and self._probed:
+            log.warning(
+                "Health query failed, keeping the last known health: %s",
+                reason,
+                extra=log_fields(reason=reason),
+            )
         if not self._probed:
             # A failure npu-smi explained already names the next step; any other leaves the model unknown.
             self._query_problem = (
@@ -406,6 +376,7 @@ class DevfsBackend:
                     health=row.health,
                     bus_id=row.bus_id,
                     numa_node=await self._numa_node(row.bus_id),
+                    hbm_mb=row.hbm_total_mb or None,
                 )
             )
         return probed
@@ -432,9 +403,11 @@ class DevfsBackend:
 
     async def discover(self) -> Inventory:
         nodes = await self._device_nodes()
-        self._management = self._management_devices(nodes, self._is_310b())
-        self._mounts = tuple(
-            [path for path in self._settings.driver_mounts if await aiofiles.os.path.exists(self._host(path))]
+        mounts = [
+            path for path in self._settings.driver_mounts if await aiofiles.os.path.exists(self._host(path))
+        ]
+        container = container_base(
+            self._settings.mode, self._management_devices(nodes, self._is_310b()), mounts
         )
         problems = [self._query_problem] if self._query_problem else []
         chips = self._chips(nodes)
@@ -448,7 +421,9 @@ class DevfsBackend:
             problems.append(
                 f"{self._dev_root}/{MANAGER} is missing: every chip is Unhealthy until it returns"
             )
-        return Inventory(chips=chips, problems=tuple(problems))
+        return Inventory(
+            chips=chips, problems=tuple(problems), container=container, driver_version=self._driver_version
+        )
 
     def _chips(self, nodes: set[str]) -> tuple[Chip, ...]:
         if not self._probed and self._settings.model is not None:
@@ -468,6 +443,7 @@ class DevfsBackend:
                 npu_id=probed.npu_id,
                 naming_scheme=self._settings.resource_naming,
                 faults=probed.faults,
+                hbm_mb=probed.hbm_mb,
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:
@@ -519,13 +495,13 @@ class DevfsBackend:
             names = await aiofiles.os.listdir(self._dev_root)
         except OSError as exc:
             if exc.errno in _TRANSIENT_ERRNOS:
-                if self._listing_error is None or self._listing_error.errno != exc.errno:
+                if self._listing_log.changed(exc.errno):
                     log.warning("Cannot list %s (%s): keeping the last known device nodes",
                                 self._dev_root, exc.strerror or exc)  # fmt: skip
                 self._listing_error = exc
                 return self._nodes
             names = []
-        if self._listing_error is not None:
+        if self._listing_log.clear():
             log.info("Listing %s works again", self._dev_root)
         self._listing_error = None
         self._nodes = {name for name in names if is_device_name(name)}
@@ -547,38 +523,11 @@ class DevfsBackend:
         """A host absolute path as the agent sees it, under ``--host-root``."""
         return self._settings.host_root / path.lstrip("/")
 
-    def container_spec(self, chips: Sequence[Chip]) -> ContainerSpec:
-        return container_spec(
-            chips, mode=self._settings.mode, management_devices=self._management, driver_mounts=self._mounts
-        )
-
     async def close(self) -> None:
         return None
 
 
 _SHORT_OF_RESOURCES = "the agent is out of file descriptors or memory; it tries again next health interval"
-_TELEMETRY = (
-    CHIP_TEMPERATURE,
-    CHIP_POWER,
-    CHIP_UTILIZATION,
-    CHIP_HBM_USED,
-    CHIP_HBM_TOTAL,
-    CHIP_MEMORY_USED,
-    CHIP_MEMORY_TOTAL,
-)
-
-
-def _bytes(mebibytes: int | None) -> int | None:
-    return None if mebibytes is None else mebibytes * _MIB
-
-
-def _set_or_remove(gauge: Gauge, device: str, value: float | None) -> None:
-    """A value the table printed; a cell it left ``NA`` or ``-`` removes the series."""
-    if value is None:
-        with contextlib.suppress(KeyError):
-            gauge.remove(device)
-    else:
-        gauge.labels(device=device).set(value)
 
 
 def _known_model(name: str) -> bool:

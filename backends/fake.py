@@ -14,16 +14,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiofiles
 
-from ascend_agent.backends._container import container_spec
+from ascend_agent.backends._container import container_base
 from ascend_agent.config import ConfigError, Settings, decode_utf8
 from ascend_agent.model import (
     Chip,
-    ContainerSpec,
     DeviceNode,
     Generation,
     Health,
@@ -31,7 +30,7 @@ from ascend_agent.model import (
     UnknownModelError,
     classify,
 )
-from ascend_agent.observability import log_fields
+from ascend_agent.observability import ProblemLog, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +39,14 @@ _MANAGEMENT_DEVICES = tuple(
     for path in ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 )
 _NUMA_NODES = 2
+# HBM per chip (die on A3) in MiB, as npu-smi's table prints it; 310 chips have none.
+_HBM_MB = {
+    Generation.ASCEND910A: 32768,
+    Generation.ASCEND910B: 65536,
+    Generation.ASCEND910A3: 65536,
+    Generation.ASCEND950: 131072,
+}
+_HBM_MB_BY_MODEL = {"910B4": 32768}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +96,8 @@ class FakeBackend:
         # A3 boards have two dies per NPU id; every other model one chip per NPU id.
         self._dies_per_npu = 2 if classify(settings.fake_model) is Generation.ASCEND910A3 else 1
         self._state = FaultState()
-        self._state_error: str | None = None
-        self._out_of_range: tuple[int, ...] = ()
+        self._state_problem = ProblemLog()
+        self._out_of_range = ProblemLog()
 
     @property
     def health_interval(self) -> float | None:
@@ -131,7 +138,7 @@ class FakeBackend:
         """One warning per change of the ids that name no chip: a typo there would fault nothing."""
         chips = self._settings.fake_chips
         out_of_range = tuple(sorted(i for i in state.unhealthy | state.absent if not 0 <= i < chips))
-        if out_of_range and out_of_range != self._out_of_range:
+        if self._out_of_range.changed(out_of_range) and out_of_range:
             log.warning(
                 "fake state file %s names chips that do not exist: %s (%d chips, ids 0-%d); ignored",
                 path,
@@ -140,21 +147,22 @@ class FakeBackend:
                 chips - 1,
                 extra=log_fields(path=path, ids=list(out_of_range)),
             )
-        self._out_of_range = out_of_range
 
     async def discover(self) -> Inventory:
         try:
             await self._load_state()
-            self._state_error = None
+            self._state_problem.clear()
         except ConfigError as exc:
-            if str(exc) != self._state_error:
+            if self._state_problem.changed(str(exc)):
                 log.warning(
                     "%s; keeping the previous state",
                     exc,
                     extra=log_fields(path=self._settings.fake_state, reason=str(exc)),
                 )
-            self._state_error = str(exc)
-        return Inventory(chips=tuple(self._chip(i) for i in range(self._settings.fake_chips)))
+        return Inventory(
+            chips=tuple(self._chip(i) for i in range(self._settings.fake_chips)),
+            container=container_base(self._settings.mode, _MANAGEMENT_DEVICES),
+        )
 
     def _chip(self, phys_id: int) -> Chip:
         chips = self._settings.fake_chips
@@ -166,14 +174,12 @@ class FakeBackend:
             npu_id=phys_id // self._dies_per_npu,
             naming_scheme=self._settings.resource_naming,
         )
+        chip = replace(chip, hbm_mb=_HBM_MB_BY_MODEL.get(chip.model, _HBM_MB.get(chip.generation)))
         if phys_id in self._state.absent:
             return chip.with_health(Health.UNHEALTHY, "absent: the device node is gone")
         if phys_id in self._state.unhealthy:
             return chip.with_health(Health.UNHEALTHY, "fault scripted in the state file")
         return chip
-
-    def container_spec(self, chips: Sequence[Chip]) -> ContainerSpec:
-        return container_spec(chips, mode=self._settings.mode, management_devices=_MANAGEMENT_DEVICES)
 
     async def close(self) -> None:
         return None

@@ -1,5 +1,7 @@
 """Allocate latency and throughput from a grpcio client over the unix socket, against a grpcio (C-core)
-server in its own process that answers the same bytes, in the same run."""
+server in its own process that answers the same bytes, in the same run; and beside it the DRA driver's
+NodePrepareResources for one claim of two chips (the claim read before: what a kubelet's call costs once the
+agent knows the claim), with the Kubernetes API emulator of the tests."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,12 @@ import grpc
 from grpclib.exceptions import GRPCError
 
 from ascend_agent._proto.v1beta1 import AllocateRequest, ContainerAllocateRequest
-from ascend_agent.backends._container import container_spec
+from ascend_agent.backends._container import container_base
 from ascend_agent.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService
-from ascend_agent.model import Chip, ContainerSpec, DeviceNode
+from ascend_agent.model import Chip, DeviceNode
 from bench._common import ROOT, Row, grpc_api, kubelet, quick, report, start_agent, stats
+from tests.support.apiserver import ApiServer
+from tests.support.kubelet_standin import compile_proto
 
 
 def _sequential(stub: Any, request: Any, calls: int) -> list[float]:
@@ -95,7 +98,7 @@ def _worst_requests(repetitions: int) -> list[Row]:
     full of unknown fields, and the most containers one call may name, each a chip set not seen before."""
     service = DevicePluginService("huawei.com/Ascend910", on_stream_change=lambda: None)
     chips = [Chip.make(i, "910B4", numa_node=i // 4) for i in range(8)]
-    service.publish({chip.device_id: chip for chip in chips}, None, _real_spec)
+    service.publish({chip.device_id: chip for chip in chips}, None, _REAL_CONTAINER)
     rows = []
     junk = b"\x10\x01" * ((MAX_REQUEST - 2) // 2)
     times = []
@@ -114,8 +117,9 @@ def _worst_requests(repetitions: int) -> list[Row]:
     for n in range(repetitions):
         sets = [[ids[(k + c) % 8] for k in range(1 + (c + n) % 8)] for c in range(MAX_CONTAINERS)]
         request = AllocateRequest(container_requests=[ContainerAllocateRequest(devices_ids=s) for s in sets])
-        # A new spec_for each time: the service forgets every answer, so each chip set is built anew.
-        service.publish({chip.device_id: chip for chip in chips}, None, lambda cs: _real_spec(cs))
+        # No devices, then the chips again: the service forgets every answer, so each chip set is built anew.
+        service.publish({}, None, _REAL_CONTAINER)
+        service.publish({chip.device_id: chip for chip in chips}, None, _REAL_CONTAINER)
         started = time.perf_counter()
         service.allocate(bytes(request))
         times.append(time.perf_counter() - started)
@@ -133,12 +137,85 @@ def _worst_requests(repetitions: int) -> list[Row]:
     return rows
 
 
-def _real_spec(chips: Sequence[Chip]) -> ContainerSpec:
-    """What the fake backend hands a container: device nodes, management devices, no driver mounts."""
-    management = [
-        DeviceNode(f"/dev/{name}", f"/dev/{name}") for name in ("davinci_manager", "devmm_svm", "hisi_hdc")
+# What the fake backend hands a container besides its chips: management devices, no driver mounts.
+_REAL_CONTAINER = container_base(
+    "plain",
+    [DeviceNode(f"/dev/{name}", f"/dev/{name}") for name in ("davinci_manager", "devmm_svm", "hisi_hdc")],
+)
+
+
+def _dra_prepare(calls: int) -> list[Row]:
+    """NodePrepareResources (v1) of one claim with two chips from a grpcio client, the agent in DRA mode
+    on the fake backend: each call writes the claim's CDI spec and the checkpoint (an unprepare after each
+    call removes them again, not timed); and the same call again while the claim is prepared (from memory)."""
+    directory = Path(tempfile.mkdtemp(prefix="bench-dra-", dir="/tmp"))
+    (directory / "api").mkdir()
+    pb, pb_grpc = compile_proto(directory / "api", "dra/v1/api.proto")
+    apiserver = ApiServer(directory)
+    apiserver.start()
+    uid = "0d7c9b1e-7f0a-4d1e-9a51-3f4f2b8c0a11"
+    apiserver.put("nodes", {"metadata": {"name": "bench-node"}})
+    apiserver.put(
+        "resourceclaims",
+        {
+            "metadata": {"name": "train", "namespace": "default", "uid": uid},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "npus", "driver": "npu.huawei.com", "pool": "bench-node", "device": d}
+                            for d in ("npu-0", "npu-1")
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    kubelet_dir = directory / "kubelet" / "device-plugins"
+    agent = start_agent(
+        kubelet_dir,
+        "--kubelet-api=dra",
+        f"--kubeconfig={apiserver.kubeconfig}",
+        "--node-name=bench-node",
+        f"--cdi-spec-dir={directory / 'cdi'}",
+    )
+    try:
+        agent.wait_log("Serving DRA driver")
+        # The cluster side (and with it the claim reader) loads once the driver is registered, or after 2 s.
+        apiserver.wait_for(lambda: apiserver.list("resourceslices"), bool)
+        socket = directory / "kubelet" / "plugins" / "npu.huawei.com" / "dra.sock"
+        channel = grpc.insecure_channel(f"unix://{socket}")
+        stub = pb_grpc.DRAPluginStub(channel)
+        claims = [pb.Claim(namespace="default", uid=uid, name="train")]
+        prepare = pb.NodePrepareResourcesRequest(claims=claims)
+        unprepare = pb.NodeUnprepareResourcesRequest(claims=claims)
+        answer = stub.NodePrepareResources(prepare).claims[uid]
+        assert not answer.error and len(answer.devices) == 2, answer
+        stub.NodeUnprepareResources(unprepare)
+        fresh, again = [], []
+        for _ in range(calls):
+            started = time.perf_counter()
+            stub.NodePrepareResources(prepare)
+            fresh.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            stub.NodePrepareResources(prepare)
+            again.append(time.perf_counter() - started)
+            stub.NodeUnprepareResources(unprepare)
+        channel.close()
+    finally:
+        agent.close()
+        apiserver.stop()
+    fresh_med, fresh_p99 = stats(fresh)
+    again_med, again_p99 = stats(again)
+    return [
+        Row(
+            "DRA NodePrepareResources, 1 claim, 2 chips (cached claim)",
+            fresh_med * 1e3,
+            fresh_p99 * 1e3,
+            "ms",
+        ),
+        Row("DRA NodePrepareResources, the same claim again", again_med * 1e3, again_p99 * 1e3, "ms"),
     ]
-    return container_spec(chips, mode="plain", management_devices=management)
 
 
 def main() -> None:
@@ -208,6 +285,7 @@ def main() -> None:
         finally:
             agent.close()
     rows += _worst_requests(20 if quick() else 100)
+    rows += _dra_prepare(200 if quick() else 1000)
     report("allocate", rows, {"ratios": figures})
 
 

@@ -13,6 +13,10 @@ import pytest
 
 from tests.support.kubelet_standin import KubeletStandin, compile_api, compile_proto
 
+# ``apiserver``: a Kubernetes API emulator with a kubeconfig file; ``podresources``: the kubelet's
+# PodResources socket.
+pytest_plugins = ["tests.support.apiserver", "tests.support.podresources"]
+
 
 @pytest.fixture(scope="session")
 def kubelet_api(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, ModuleType]:

@@ -7,7 +7,7 @@ service that the kubelet's plugin manager calls instead::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from grpclib.exceptions import GRPCError, StreamTerminatedError
@@ -69,7 +69,8 @@ async def register(
 class WatcherRegistration(RegistrationBase):
     """``pluginregistration.Registration`` for one resource: GetInfo names the DevicePlugin endpoint (and
     ``on_info()`` runs: the kubelet dials it next), and the kubelet's verdict arrives through
-    NotifyRegistrationStatus as ``on_status(registered, error)``."""
+    NotifyRegistrationStatus as ``on_status(registered, error)``. A DRA driver is the same with
+    ``plugin_type="DRAPlugin"``, its driver name and its service versions."""
 
     def __init__(
         self,
@@ -77,9 +78,11 @@ class WatcherRegistration(RegistrationBase):
         endpoint: Path,
         on_info: Callable[[], None],
         on_status: Callable[[bool, str], None],
+        plugin_type: str = "DevicePlugin",
+        versions: Sequence[str] = (API_VERSION,),
     ) -> None:
         self._info = PluginInfo(
-            type="DevicePlugin", name=resource, endpoint=str(endpoint), supported_versions=[API_VERSION]
+            type=plugin_type, name=resource, endpoint=str(endpoint), supported_versions=list(versions)
         )
         self._on_info = on_info
         self._on_status = on_status

@@ -6,7 +6,7 @@ thing that is missing, then sleeps until :meth:`poke` (a file event, a stream th
 timer wakes it::
 
     plugin = ResourcePlugin("huawei.com/Ascend910", settings)
-    plugin.publish(devices, preference, spec_for)
+    plugin.publish(devices, preference, inventory.container)
     task_group.start_soon(plugin.run)
     ...
     plugin.poke()          # kubelet.sock or our socket changed
@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import anyio
@@ -33,11 +33,11 @@ from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginOptions, DevicePluginStub, PreStartContainerRequest
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, RegistrationError, WatcherRegistration, register
-from ascend_agent.deviceplugin.service import DevicePluginService, Preference, SpecFor
+from ascend_agent.deviceplugin.service import DevicePluginService, Preference
 from ascend_agent.deviceplugin.transport import BoundedServer, LocalChannel, SocketIdentity, socket_identity
 from ascend_agent.deviceplugin.wire import BytesCodec
-from ascend_agent.model import Chip
-from ascend_agent.observability import REGISTRATIONS, log_fields
+from ascend_agent.model import Chip, ContainerBase
+from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ class ResourcePlugin:
         self._failing_since: float | None = None
         self.service = DevicePluginService(resource, on_stream_change=self.poke)
         self._poked = anyio.Event()
+        # Told after each registration (the agent starts its cluster side after the first).
+        self.on_registered: Callable[[], None] = lambda: None
         self._registering: anyio.Event | None = None
         self._servers: list[tuple[BoundedServer, Path, SocketIdentity]] = []
         self._stale = False  # serve again although the sockets are still ours
@@ -107,13 +109,15 @@ class ResourcePlugin:
         self._lost_streak = 0
         self._last_lost = -math.inf
         self._problem = "not served yet"
-        self._logged_problem = ""
+        self._problem_log = ProblemLog()
 
     # what the agent may call -----------------------------------------------------------------------------
-    def publish(self, devices: Mapping[str, Chip], preference: Preference | None, spec_for: SpecFor) -> None:
-        """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``spec_for`` says
-        what a container that gets some of them needs."""
-        self.service.publish(devices, preference, spec_for)
+    def publish(
+        self, devices: Mapping[str, Chip], preference: Preference | None, container: ContainerBase
+    ) -> None:
+        """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``container`` says
+        what a container that gets some of them gets besides them."""
+        self.service.publish(devices, preference, container)
 
     def set_serve_timeout(self, seconds: float) -> None:
         """How long serving may keep failing before the agent gives up (``serveTimeout``, live)."""
@@ -191,8 +195,7 @@ class ResourcePlugin:
                 exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
             )
             self._problem = f"cannot serve on {path}: {reason}"
-            if self._problem != self._logged_problem:
-                self._logged_problem = self._problem
+            if self._problem_log.changed(self._problem):
                 log.error(
                     "Cannot serve %s on %s: %s",
                     self.resource,
@@ -269,8 +272,7 @@ class ResourcePlugin:
                 return 0
         except RegistrationError as exc:
             self._problem = str(exc)
-            if self._problem != self._logged_problem:
-                self._logged_problem = self._problem
+            if self._problem_log.changed(self._problem):
                 log.warning(
                     "Cannot register %s: %s; retrying with back-off",
                     self.resource,
@@ -373,9 +375,11 @@ class ResourcePlugin:
     def _registered(self, registered_with: SocketIdentity | bool) -> None:
         self._lost_at = None
         self._registered_with = registered_with
-        self._problem = self._logged_problem = ""
+        self._problem = ""
+        self._problem_log.clear()
         REGISTRATIONS.labels(resource=self.resource).inc()
         log.info("Registered resource %s", self.resource, extra=log_fields(resource=self.resource))
+        self.on_registered()
 
     def _on_watcher_status(self, registered: bool, error: str) -> None:
         if registered:

@@ -1,10 +1,10 @@
 """The five DevicePlugin RPCs of one resource, for a grpclib server, answered from what was last published.
 
 Nothing on a request path does I/O: Allocate and GetPreferredAllocation compute from the published devices,
-and answers already given are looked up by the request's bytes::
+and the answer entry of each chip set is kept until the devices or what containers get change::
 
     service = DevicePluginService("huawei.com/Ascend910", on_stream_change=wake)
-    service.publish({chip.device_id: chip for chip in chips}, preference, spec_for)
+    service.publish({chip.device_id: chip for chip in chips}, preference, inventory.container)
     server = BoundedServer([service], codec=BytesCodec())
 """
 
@@ -20,9 +20,10 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
+from ascend_agent.container import container_spec
 from ascend_agent.deviceplugin import wire
 from ascend_agent.deviceplugin.transport import DEFAULT_LIMITS, connection_of
-from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.model import Chip, ContainerBase
 from ascend_agent.naming import MAX_DEVICE_ID_LENGTH
 from ascend_agent.observability import (
     ALLOCATE_SECONDS,
@@ -35,12 +36,11 @@ from ascend_agent.observability import (
 
 log = logging.getLogger(__name__)
 
-SpecFor = Callable[[Sequence[Chip]], ContainerSpec]
 # (available, must_include, size) -> the preferred IDs
 Preference = Callable[[Sequence[str], Sequence[str], int], list[str]]
 
 _SERVICE = "/v1beta1.DevicePlugin"
-# A kubelet's Allocate request is a few hundred bytes per container; the caches hold the answers of many pods.
+# A kubelet's Allocate request is a few hundred bytes per container.
 MAX_REQUEST = DEFAULT_LIMITS.max_request
 _CACHE_BYTES = 4 * 1024 * 1024
 # The kubelet asks for one container per call; a pod's containers, init containers included, stay far below
@@ -73,18 +73,18 @@ class _BoundedCache:
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._size = 0
-        self._items: dict[Any, tuple[bytes, str, int]] = {}
+        self._items: dict[Any, tuple[bytes, int]] = {}
 
-    def get(self, key: Any) -> tuple[bytes, str] | None:
+    def get(self, key: Any) -> bytes | None:
         item = self._items.get(key)
-        return None if item is None else (item[0], item[1])
+        return None if item is None else item[0]
 
-    def put(self, key: Any, value: bytes, label: str, size: int) -> None:
+    def put(self, key: Any, value: bytes, size: int) -> None:
         if size > self._limit:
             return
         while self._items and self._size + size > self._limit:
-            self._size -= self._items.pop(next(iter(self._items)))[2]
-        self._items[key] = (value, label, size)
+            self._size -= self._items.pop(next(iter(self._items)))[1]
+        self._items[key] = (value, size)
         self._size += size
 
     def clear(self) -> None:
@@ -110,11 +110,10 @@ class DevicePluginService:
         self._on_stream_change = on_stream_change
         self._devices: dict[str, Chip] = {}
         self._preference: Preference | None = None
-        self._spec_for: SpecFor | None = None
+        self._container = ContainerBase()
         self._device_list = wire.DeviceList()
         self._snapshot = b""
         self._changed = anyio.Event()
-        self._answers = _BoundedCache(_CACHE_BYTES)
         self._entries = _BoundedCache(_CACHE_BYTES)
         self._options = wire.options(preferred_allocation=False)
         self._streams: set[object] = set()
@@ -124,6 +123,8 @@ class DevicePluginService:
         self.kubelet_streams_opened = 0
         self._allocated = ALLOCATIONS.labels(resource=resource, code="OK")
         self._refusals = RepeatLimiter("allocate_refused", _REFUSAL_LOG_INTERVAL)
+        # Told after each Allocate answered (the agent then asks the kubelet which pod got the chips).
+        self.on_allocated: Callable[[], None] = lambda: None
 
     @property
     def kubelet_stream_open(self) -> bool:
@@ -141,23 +142,23 @@ class DevicePluginService:
 
     @property
     def cached_bytes(self) -> int:
-        """What the answer caches hold now, keys and values."""
-        return self._answers.size + self._entries.size
+        """What the answer cache holds now, keys and values."""
+        return self._entries.size
 
-    def publish(self, devices: Mapping[str, Chip], preference: Preference | None, spec_for: SpecFor) -> None:
-        """Advertise ``devices`` (advertised ID -> chip); every stream gets the new list if it changed. A new
-        ``spec_for`` (what containers get changed) forgets every answer given."""
+    def publish(
+        self, devices: Mapping[str, Chip], preference: Preference | None, container: ContainerBase
+    ) -> None:
+        """Advertise ``devices`` (advertised ID -> chip); every stream gets the new list if it changed. A
+        ``container`` unlike the last (what containers get changed) forgets every answer given."""
         self._preference = preference
         self._options = wire.options(preferred_allocation=preference is not None)
-        if spec_for is not self._spec_for:
-            self._spec_for = spec_for
-            self._answers.clear()
+        if container != self._container:
+            self._container = container
             self._entries.clear()
         if devices == self._devices and self._snapshot:
             return
         self._devices = dict(devices)
         self._snapshot = self._device_list.encode(devices)
-        self._answers.clear()
         self._entries.clear()
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
@@ -236,13 +237,11 @@ class DevicePluginService:
         self._allocated.inc()
         log.info("Allocated %s", ids, extra=log_fields(resource=self.resource, devices=ids.split(",")))
         await stream.send_message(answer)
+        self.on_allocated()
 
     def allocate(self, request: bytes) -> tuple[bytes, str]:
         """The encoded AllocateResponse to an encoded AllocateRequest, and the IDs it hands over; GRPCError
-        names a bad ID. The kubelet repeats requests, so answers are kept by the request's bytes."""
-        cached = self._answers.get(request)
-        if cached is not None:
-            return cached
+        names a bad ID."""
         try:
             containers = wire.allocate_request(request)
         except wire.WireError as exc:
@@ -251,7 +250,6 @@ class DevicePluginService:
         entries = [self._container_entry(index, ids) for index, ids in enumerate(containers, start=1)]
         answer = b"".join(entries)
         ids = ";".join(",".join(container) for container in containers)
-        self._answers.put(request, answer, ids, len(request) + len(answer) + len(ids))
         return answer, ids
 
     def _container_entry(self, index: int, device_ids: Sequence[str]) -> bytes:
@@ -267,10 +265,9 @@ class DevicePluginService:
         key = tuple(sorted(chips))
         cached = self._entries.get(key)
         if cached is not None:
-            return cached[0]
-        assert self._spec_for is not None
-        entry = wire.container_response(self._spec_for([chips[phys_id] for phys_id in key]))
-        self._entries.put(key, entry, "", len(entry) + 8 * len(key))
+            return cached
+        entry = wire.container_response(container_spec([chips[phys_id] for phys_id in key], self._container))
+        self._entries.put(key, entry, len(entry) + 8 * len(key))
         return entry
 
     def _checked_chip(self, device_id: str, seen: set[str]) -> Chip:

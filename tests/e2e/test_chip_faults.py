@@ -4,7 +4,6 @@ the agent's log, ``/metrics`` and ``list --json``; the devfs backend over a fake
 from __future__ import annotations
 
 import json
-import re
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.agent_process import AgentProcess
@@ -56,9 +56,12 @@ def _metrics(port: int) -> str:
 
 
 def _sample(text: str, name: str, **labels: str) -> float | None:
-    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
-    match = re.search(rf"^{name}\{{{re.escape(wanted)}\}} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
+    """The value of the series ``name`` with ``labels`` (it may carry more: the chip holder's)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                return float(sample.value)
+    return None
 
 
 def _agent(

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.support import FIXTURES
@@ -99,6 +98,9 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
             body: dict[str, Any] = {
                 "kind": "DaemonSet", "apiVersion": "apps/v1",
                 "metadata": {"name": "ascend-device-plugin-daemonset", "namespace": "kube-system"},
+                "spec": {"selector": {"matchLabels": {"app": "a"}},
+                         "template": {"metadata": {"labels": {"app": "a"}},
+                                      "spec": {"containers": [{"name": "agent"}]}}},
                 "status": {"desiredNumberScheduled": 2, "numberReady": 2, "currentNumberScheduled": 2,
                            "numberMisscheduled": 0},
             }  # fmt: skip
@@ -127,7 +129,6 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
 
 
 def test_doctor_cluster_checks_through_the_api(short_dir: Path) -> None:
-    pytest.importorskip("kubernetes_asyncio")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeApi)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -11,7 +11,7 @@ import pytest
 
 from ascend_agent.agent import Agent
 from ascend_agent.config import Settings
-from ascend_agent.model import Chip, ContainerSpec, Inventory
+from ascend_agent.model import Chip, Inventory
 
 
 class _FlakyBackend:
@@ -41,9 +41,6 @@ class _FlakyBackend:
 
     async def discover(self) -> Inventory:
         return Inventory(chips=(Chip.make(0, "910B4"),))
-
-    def container_spec(self, chips: Sequence[Chip]) -> ContainerSpec:
-        return ContainerSpec()
 
     async def close(self) -> None:
         return None

@@ -398,7 +398,7 @@ def test_security_context() -> None:
         assert context["capabilities"]["drop"] == ["ALL"]
 
 
-def test_rbac_is_read_only_and_wired_to_the_service_account() -> None:
+def test_rbac_is_wired_to_the_service_account() -> None:
     account = _one("ServiceAccount")["metadata"]
     assert _pod_spec()["serviceAccountName"] == account["name"]
     subject = {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
@@ -410,9 +410,12 @@ def test_rbac_is_read_only_and_wired_to_the_service_account() -> None:
     for binding in bindings:
         assert binding["subjects"] == [subject]
         assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in roles
+    # Writes only where the cluster side writes: its Node, Events, the device-info ConfigMap.
+    writes = {"create", "update", "patch", "delete"}
     for role in roles.values():
         for rule in role["rules"]:
-            assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+            if set(rule["verbs"]) & writes:
+                assert set(rule["resources"]) <= {"nodes", "events", "configmaps"}, rule
 
 
 def _grants(namespace: str | None, group: str, resource: str, verb: str, name: str) -> bool:
@@ -449,9 +452,29 @@ def test_rbac_covers_the_doctors_reads() -> None:
     assert not _grants(doctor.NAMESPACE, "apps", "daemonsets", "get", "someone-else")
     assert not _grants("default", "", "pods", "list", "")
     assert not _grants(None, "", "secrets", "get", "x")
-    # The token is mounted for the doctor only through the pod spec; the account alone mounts nothing.
+    # The token is mounted through the pod spec only; the account alone mounts nothing.
     assert _one("ServiceAccount")["automountServiceAccountToken"] is False
     assert _pod_spec()["automountServiceAccountToken"] is True
+
+
+def test_rbac_covers_the_cluster_side() -> None:
+    """Node labels, Events about chip health, and Huawei's device-info ConfigMap in kube-system."""
+    assert _grants(None, "", "nodes", "patch", "npu-node-1")
+    assert _grants(None, "", "events", "create", "")
+    assert _grants("default", "", "events", "patch", "npu-node-1.17a2")
+    for verb in ("get", "create", "update"):
+        assert _grants("kube-system", "", "configmaps", verb, "mindx-dl-deviceinfo-npu-node-1")
+    # ...and no more: no other namespace's ConfigMaps, no deletes, no pod writes without Volcano.
+    assert not _grants("default", "", "configmaps", "get", "x")
+    assert not _grants("kube-system", "", "configmaps", "delete", "mindx-dl-deviceinfo-npu-node-1")
+    assert not _grants(None, "", "nodes", "delete", "npu-node-1")
+    assert not _grants("default", "", "pods", "patch", "x")
+
+
+def test_the_pod_resources_socket_is_mounted_read_only() -> None:
+    mount, volume = _host_path("/var/lib/kubelet/pod-resources")
+    assert volume["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+    assert mount.get("readOnly") is True
 
 
 def _images() -> list[str]:
@@ -707,8 +730,6 @@ def test_containerfile_builds_and_installs_the_wheel() -> None:
     runs = [rest for keyword, rest in final if keyword == "RUN"]
     installs = [run for run in runs if "pip install" in run and "/dist/*.whl" in run]
     assert installs, runs
-    if "cluster" in PYPROJECT["project"].get("optional-dependencies", {}):
-        assert "[cluster]" in installs[0], "the image's doctor needs the Kubernetes client"
     assert not any(re.search(r"\b(apt-get|apk|dnf|yum)\b", run) for run in runs), "no packages in the runtime"
     assert any(keyword == "COPY" and "--from=" in rest for keyword, rest in final)
     assert not any(keyword == "COPY" and "--from=" not in rest for keyword, rest in final), (

@@ -16,7 +16,7 @@ from ascend_agent.deviceplugin.service import DevicePluginService
 from ascend_agent.deviceplugin.transport import BoundedServer
 from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.instance import LOCK_FILE, exclusive
-from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.model import Chip, ContainerBase
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ async def test_directories_the_agent_makes_ignore_the_umask(short_dir: Path, ope
         await server.shut()
 
     chips = [Chip.make(0, "910B4")]
-    written = await cdi.write_spec(short_dir / "cdi", cdi.build_spec(chips, lambda c: ContainerSpec()))
+    written = await cdi.write_spec(short_dir / "cdi", cdi.build_spec(chips, ContainerBase()))
     assert _mode(short_dir / "cdi") == 0o755
     assert _mode(written) == 0o644
 
@@ -77,5 +77,5 @@ async def test_the_cdi_spec_is_not_written_where_others_can_replace_it(short_dir
     shared.chmod(0o777)
     chips = [Chip.make(0, "910B4")]
     with pytest.raises(PermissionError, match="make it 0755"):
-        await cdi.write_spec(shared, cdi.build_spec(chips, lambda c: ContainerSpec()))
+        await cdi.write_spec(shared, cdi.build_spec(chips, ContainerBase()))
     assert not (shared / cdi.SPEC_FILE).exists()

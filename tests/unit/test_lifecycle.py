@@ -17,22 +17,21 @@ from anyio.abc import TaskGroup
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.config import Settings
 from ascend_agent.deviceplugin import lifecycle
-from ascend_agent.deviceplugin.kubelet import LocalChannel
 from ascend_agent.deviceplugin.lifecycle import BACKOFF_START, STREAM_GRACE, ResourcePlugin
-from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.deviceplugin.transport import LocalChannel
+from ascend_agent.model import Chip, ContainerBase
 from tests.support.grpclib_kubelet import AsyncKubelet
 
 RESOURCE = "huawei.com/Ascend910"
 CHIPS = [Chip.make(i, "910B4", numa_node=i // 4) for i in range(8)]
 
 
-def _spec_for(chips: Sequence[Chip]) -> ContainerSpec:
-    return ContainerSpec(envs={"ASCEND_VISIBLE_DEVICES": ",".join(str(c.phys_id) for c in chips)})
+_CONTAINER = ContainerBase(chip_nodes=False)
 
 
 def _plugin(directory: Path, chips: Sequence[Chip] = CHIPS) -> ResourcePlugin:
     plugin = ResourcePlugin(RESOURCE, Settings(kubelet_dir=directory, plugin_dir=directory.parent / "agent"))
-    plugin.publish({chip.device_id: chip for chip in chips}, None, _spec_for)
+    plugin.publish({chip.device_id: chip for chip in chips}, None, _CONTAINER)
     return plugin
 
 
@@ -175,7 +174,7 @@ async def test_not_ready_while_the_kubelet_stream_is_closed_though_another_strea
             _, why = plugin.status()
             assert "ListAndWatch stream is not open" in why and RESOURCE in why
             # The other client's stream is alive: it gets the next device list, and still we are not ready.
-            plugin.publish({c.device_id: c for c in CHIPS[:4]}, None, _spec_for)
+            plugin.publish({c.device_id: c for c in CHIPS[:4]}, None, _CONTAINER)
             with anyio.fail_after(5):
                 assert len((await anext(stream)).devices) == 4
             plugin.poke()

@@ -90,3 +90,28 @@ def test_targets_without_python_do_not_check_it(tmp_path: Path) -> None:
 def test_the_minimum_is_pyprojects() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert pyproject["project"]["requires-python"] == f">={_minimum()}"
+
+
+def test_helm_lint_without_python_3_12_stops_with_one_line(tmp_path: Path) -> None:
+    """helm-sdkpy needs Python 3.12: an older HELM_PYTHON, or none found, is one line before .venv-helm."""
+    venv = tmp_path / "venv-helm"
+    old = _old_python(tmp_path)
+    for python, says in ((str(old), f"but {old} is not"), ("", "but none is on PATH or under pyenv")):
+        result = _make("helm-lint", f"HELM_VENV={venv}", f"HELM_PYTHON={python}")
+        assert result.returncode != 0
+        (line,) = result.stderr.splitlines()
+        assert "make helm-lint needs Python 3.12 or newer for helm-sdkpy" in line and says in line, line
+        assert "HELM_PYTHON=/path/to/python3.12" in line
+        assert not venv.exists()
+
+
+def test_helm_lint_takes_a_python_3_12(tmp_path: Path) -> None:
+    python = tmp_path / "python3.12"
+    script = _OLD_PYTHON.format(python=sys.executable).replace("(3, 10, 12,", "(3, 12, 1,")
+    python.write_text(script, encoding="utf-8")
+    python.chmod(0o755)
+    venv = tmp_path / "venv-helm"
+    result = _make("-n", "helm-lint", f"HELM_VENV={venv}", f"HELM_PYTHON={python}")
+    assert result.returncode == 0, result.stderr
+    assert f"{python} -m venv --clear {venv}" in result.stdout.splitlines()
+    assert f"{venv}/bin/python charts/check.py lint" in result.stdout.splitlines()

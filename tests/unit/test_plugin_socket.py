@@ -1,5 +1,5 @@
 """The plugin socket's grpclib server as the lifecycle builds it, driven by raw HTTP/2 clients: concurrent
-requests with interleaved DATA frames, a client that stops reading, the request cap, and the answer caches'
+requests with interleaved DATA frames, a client that stops reading, the request cap, and the answer cache's
 bound."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from grpclib.exceptions import GRPCError
 
 from ascend_agent._proto.v1beta1 import AllocateResponse
 from ascend_agent.deviceplugin import wire
-from ascend_agent.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService, SpecFor
+from ascend_agent.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService
 from ascend_agent.deviceplugin.transport import SERVER_CONFIG as _SERVER_CONFIG
 from ascend_agent.deviceplugin.transport import BoundedServer
 from ascend_agent.deviceplugin.wire import BytesCodec
-from ascend_agent.model import Chip, ContainerSpec, DeviceNode, HostMount
+from ascend_agent.model import Chip, ContainerBase, DeviceNode, HostMount
 from tests.support.h2_client import RawGrpcClient, grpc_message, request_headers
 
 RESOURCE = "huawei.com/Ascend910"
@@ -36,18 +36,15 @@ CHIPS = [Chip.make(i, "910B4", numa_node=i // 4) for i in range(8)]
 RESOURCE_EXHAUSTED = Status.RESOURCE_EXHAUSTED.value
 
 
-def _small_spec(chips: Sequence[Chip]) -> ContainerSpec:
-    return ContainerSpec(envs={"ASCEND_VISIBLE_DEVICES": ",".join(str(c.phys_id) for c in chips)})
-
-
-def _big_spec(chips: Sequence[Chip]) -> ContainerSpec:
-    """About 40 KB per container: many environment variables, device nodes and mounts."""
-    ids = ",".join(str(c.phys_id) for c in chips)
-    return ContainerSpec(
-        envs={f"ASCEND_SETTING_{n:03d}_{ids}": "v" * 200 for n in range(150)},
-        devices=tuple(DeviceNode(f"/dev/davinci{c.phys_id}", f"/dev/davinci{c.phys_id}") for c in chips),
-        mounts=tuple(HostMount(f"/usr/local/Ascend/driver/lib{n:03d}", f"/lib{n:03d}") for n in range(50)),
-    )
+_SMALL = ContainerBase(chip_nodes=False)
+# About 40 KB per container: many device nodes and mounts.
+_BIG = ContainerBase(
+    devices=tuple(DeviceNode(f"/dev/management{n:03d}", f"/dev/management{n:03d}") for n in range(50)),
+    mounts=tuple(
+        HostMount(f"/usr/local/Ascend/driver/lib{n:03d}/{'x' * 40}", f"/lib{n:03d}/{'x' * 40}")
+        for n in range(350)
+    ),
+)
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -90,10 +87,10 @@ class _StreamChanges:
             raise AssertionError(f"no {what} within 5 s ({self.count} stream changes)") from None
 
 
-def _service(spec_for: SpecFor = _small_spec) -> tuple[DevicePluginService, _StreamChanges]:
+def _service(container: ContainerBase = _SMALL) -> tuple[DevicePluginService, _StreamChanges]:
     changes = _StreamChanges()
     service = DevicePluginService(RESOURCE, on_stream_change=changes)
-    service.publish({chip.device_id: chip for chip in CHIPS}, None, spec_for)
+    service.publish({chip.device_id: chip for chip in CHIPS}, None, container)
     return service, changes
 
 
@@ -167,7 +164,7 @@ async def test_a_client_that_stops_reading_is_disconnected_when_the_server_shuts
     # A device list of about 250 KB, changed a few times, so that what is sent to the client piles up.
     devices = {f"Ascend910-{n:05d}-{'p' * 60}": CHIPS[n % 8] for n in range(3000)}
     service, changes = _service()
-    service.publish(devices, None, _small_spec)
+    service.publish(devices, None, _SMALL)
     service.expect_kubelet()  # this client's stream is followed as the kubelet's
     server = BoundedServer([service], codec=BytesCodec())
     path = short_dir / "Ascend910.sock"
@@ -188,7 +185,7 @@ async def test_a_client_that_stops_reading_is_disconnected_when_the_server_shuts
         await loop.sock_sendall(client, conn.data_to_send())
         await changes.wait_for(1, "ListAndWatch stream")
         for n in range(1, 5):
-            service.publish(dict(list(devices.items())[n:]), None, _small_spec)
+            service.publish(dict(list(devices.items())[n:]), None, _SMALL)
         await anyio.wait_all_tasks_blocked()
         with anyio.fail_after(5):
             await server.shut()
@@ -223,26 +220,21 @@ async def test_the_request_cap_is_64_kib(socket_path: Path) -> None:
         channel.close()
 
 
-def test_answer_caches_stay_under_8_mib_over_5000_distinct_large_requests() -> None:
-    service, _ = _service(_big_spec)
-    limit = 8 * 1024 * 1024
+def test_the_answer_cache_stays_under_4_mib_over_every_chip_set() -> None:
+    service, _ = _service(_BIG)
+    limit = 4 * 1024 * 1024
     highest = 0
-    seen: set[bytes] = set()
     ids = [chip.device_id for chip in CHIPS]
-    for n in range(5000):
-        # Four containers of distinct chip sets, so each answer is about 160 KB; the tag makes every request
-        # distinct, the padding about 16 KiB.
-        containers = [[ids[(n + k) % 8], ids[(n + k + 1 + n // 8 % 6) % 8]] for k in range(4)]
-        request = _allocate_request(containers, 16 * 1024 - 64 + n % 64, tag=str(n).encode())
-        assert request not in seen
-        seen.add(request)
-        answer, _ = service.allocate(request)
-        if n % 500 == 0:
-            assert len(AllocateResponse.parse(answer).container_responses) == 4
+    # Every non-empty set of the 8 chips, four to a request: about 12 MB of distinct answer entries.
+    chip_sets = [[ids[i] for i in range(8) if mask >> i & 1] for mask in range(1, 256)]
+    for n in range(0, len(chip_sets), 4):
+        containers = chip_sets[n : n + 4]
+        answer, _ = service.allocate(_allocate_request(containers))
+        assert len(AllocateResponse.parse(answer).container_responses) == len(containers)
         highest = max(highest, service.cached_bytes)
-        assert service.cached_bytes <= limit, f"{service.cached_bytes} bytes cached after {n + 1} requests"
-    print(f"answer caches: at most {highest} bytes over 5000 requests (bound {limit})")
-    assert highest > limit // 4, "the requests were meant to fill the caches"
+        assert service.cached_bytes <= limit, f"{service.cached_bytes} bytes cached after {n + 4} chip sets"
+    print(f"answer cache: at most {highest} bytes over {len(chip_sets)} chip sets (bound {limit})")
+    assert highest > limit // 2, "the requests were meant to fill the cache"
 
 
 def test_a_64_kib_request_of_unknown_fields_is_read_for_what_it_names() -> None:
@@ -278,7 +270,7 @@ async def test_a_request_that_ends_early_is_invalid_without_a_traceback(
 
 def test_more_containers_than_a_pod_has_are_refused_and_the_largest_accepted_is_cheap() -> None:
     service, _ = _service()
-    service.publish({chip.device_id: chip for chip in CHIPS}, None, _big_spec)
+    service.publish({chip.device_id: chip for chip in CHIPS}, None, _BIG)
     ids = [chip.device_id for chip in CHIPS]
     too_many = _allocate_request([ids[n % 8 : n % 8 + 1] for n in range(MAX_CONTAINERS + 1)])
     with pytest.raises(GRPCError) as refused:

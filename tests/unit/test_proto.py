@@ -26,6 +26,10 @@ def test_checked_in_code_is_not_stale(tmp_path: Path, monkeypatch: pytest.Monkey
             "--python_betterproto2_opt=client_generation=async,server_generation=async",
             "deviceplugin/v1beta1/api.proto",
             "pluginregistration/v1/api.proto",
+            "podresources/v1/api.proto",
+            "dra/v1/api.proto",
+            "dra/v1beta1/api.proto",
+            "dra-health/v1/api.proto",
         ]
     )
     assert code == 0

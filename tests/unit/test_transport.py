@@ -19,7 +19,7 @@ from ascend_agent.deviceplugin.kubelet import WatcherRegistration
 from ascend_agent.deviceplugin.service import DevicePluginService
 from ascend_agent.deviceplugin.transport import BoundedServer, Limits
 from ascend_agent.deviceplugin.wire import BytesCodec
-from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.model import Chip, ContainerBase
 from tests.support.h2_client import RawGrpcClient, grpc_message, request_headers
 
 ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
@@ -46,7 +46,7 @@ async def serve(short_dir: Path) -> AsyncIterator[Callable[[Limits], object]]:
 
     async def start(limits: Limits) -> tuple[BoundedServer, str]:
         service = DevicePluginService("huawei.com/Ascend910", on_stream_change=lambda: None)
-        service.publish({c.device_id: c for c in CHIPS}, None, lambda chips: ContainerSpec())
+        service.publish({c.device_id: c for c in CHIPS}, None, ContainerBase())
         server = BoundedServer([service], codec=BytesCodec(), limits=limits)
         path = short_dir / f"plugin{len(servers)}.sock"
         await server.serve(path)

@@ -1,0 +1,153 @@
+"""The one Kubernetes client of the agent: lightkube's ``AsyncClient`` plus the bookkeeping every request
+needs. This module imports lightkube; only :func:`ascend_agent.cluster.start` imports this module, so an
+agent with the cluster side off never loads it.
+
+    api = KubeApi.connect(target, node="node-1")
+    node = await api.call("get", "nodes", api.client.get(Node, api.node))
+
+:meth:`KubeApi.call` bounds the request by ``timeout`` (a hanging API server is a failure after that long,
+never a wait without end), records the outcome in :class:`~ascend_agent.cluster.health.ApiHealth`, and turns
+every failure that means "the API server does not serve us" (no answer, 401, 403, 429, 5xx) into
+:class:`ApiUnavailable`. Answers a feature handles itself (404, 409, 422) come back as lightkube's
+``ApiError``
+and count as the API server working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
+from typing import TypeVar
+
+import anyio
+import httpx2
+import msgspec
+from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError, ConfigError
+
+from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.cluster.health import ApiHealth, Failure
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = 10.0
+# Answers that are about the request, not about the API server: the feature that asked decides.
+ANSWERS = frozenset({404, 409, 410, 422})
+
+
+class ApiUnavailable(Exception):
+    """The API server did not serve a request: down, hanging, or refusing. Retry later."""
+
+    def __init__(self, channel: str, failure: Failure) -> None:
+        super().__init__(f"{channel}: {failure}")
+        self.channel = channel
+        self.failure = failure
+
+
+class ClusterConnectError(Exception):
+    """The credentials cannot be used (a kubeconfig that does not exist or does not parse)."""
+
+
+class KubeApi:
+    """The shared client: ``client`` for requests, ``call`` around each, ``node`` the agent's own Node."""
+
+    def __init__(self, client: AsyncClient, node: str, server: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.client = client
+        self.node = node
+        self.timeout = timeout
+        self.health = ApiHealth(server)
+
+    @classmethod
+    def connect(cls, target: ClusterTarget, node: str, timeout: float = DEFAULT_TIMEOUT) -> KubeApi:
+        """A client for ``target``; no request is made here."""
+        try:
+            if target.kind == "in-cluster":
+                config = KubeConfig.from_service_account()
+            else:
+                assert target.kubeconfig is not None
+                config = KubeConfig.from_file(target.kubeconfig)
+        except (ConfigError, OSError, ValueError, KeyError) as exc:
+            raise ClusterConnectError(f"cannot use {target.describe()}: {exc}") from None
+        single = config.get()
+        if single is None:
+            raise ClusterConnectError(f"cannot use {target.describe()}: it names no current context")
+        server = single.cluster.server
+        client = AsyncClient(config=config, timeout=httpx2.Timeout(timeout), field_manager="ascend-agent")
+        return cls(client, node, server, timeout)
+
+    async def call(
+        self, verb: str, resource: str, request: Awaitable[T], answers: frozenset[int] = ANSWERS
+    ) -> T:
+        """Await one request of ``verb`` on ``resource`` (both only name it, for the log and the metric).
+        An error status in ``answers`` is raised as lightkube's ``ApiError`` for the caller; any other is an
+        outage (``answers=frozenset()`` for a request whose 404 means the setup is wrong)."""
+        channel = f"{verb} {resource}"
+        try:
+            with anyio.fail_after(self.timeout):
+                result = await request
+        except Exception as exc:
+            failed = self._failed(channel, verb, resource, exc, answers)
+            if failed is exc:
+                raise
+            raise failed from None
+        self.health.record_success(channel)
+        return result
+
+    async def stream(self, resource: str, watch: AsyncIterable[T]) -> AsyncIterator[T]:
+        """The items of a watch (``api.client.watch(...)``) on ``resource``, its failures recorded and raised
+        as by :meth:`call` under the channel ``watch <resource>``; no time bound, a watch lasts::
+
+            async for kind, pod in api.stream("pods", api.client.watch(Pod, namespace="*")):
+                ...
+        """
+        channel = f"watch {resource}"
+        try:
+            async for item in watch:
+                self.health.record_success(channel)
+                yield item
+        except Exception as exc:
+            failed = self._failed(channel, "watch", resource, exc, frozenset({410}))
+            if failed is exc:
+                raise
+            raise failed from None
+
+    def _failed(
+        self, channel: str, verb: str, resource: str, exc: Exception, answers: frozenset[int]
+    ) -> Exception:
+        """What to raise for ``exc``: itself for an answer in ``answers`` (or not an API failure at all),
+        else a recorded :class:`ApiUnavailable`."""
+        if isinstance(exc, ApiError):
+            code = exc.status.code or exc.response.status_code
+            if code in answers:
+                self.health.record_success(channel)
+                return exc
+            failure = _refusal(code, exc.status.reason, verb, resource, self.node)
+        elif isinstance(exc, httpx2.HTTPStatusError):  # not the API server's JSON (a proxy in between, say)
+            failure = _refusal(
+                exc.response.status_code, exc.response.reason_phrase, verb, resource, self.node
+            )
+        elif isinstance(exc, TimeoutError | httpx2.TimeoutException):
+            failure = Failure(0, f"no answer within {self.timeout:g} s")
+        elif isinstance(exc, httpx2.TransportError):
+            failure = Failure(0, f"unreachable: {exc or type(exc).__name__}")
+        elif isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
+            failure = Failure(0, f"an answer the client cannot read: {exc}")
+        else:
+            return exc
+        self.health.record_failure(channel, failure)
+        return ApiUnavailable(channel, failure)
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.client.close()
+
+
+def _refusal(code: int, reason: str | None, verb: str, resource: str, node: str) -> Failure:
+    if code == 404 and resource == "nodes":
+        return Failure(
+            404, f"404 Not Found: there is no Node {node} (--node-name, NODE_NAME or the hostname)"
+        )
+    if code == 403:
+        return Failure(403, f"403 Forbidden: the agent may not {verb} {resource} (check its RBAC)")
+    if code == 401:
+        return Failure(401, "401 Unauthorized: the credentials were refused")
+    return Failure(code, f"{code} {reason or 'error'}")

@@ -1,0 +1,174 @@
+"""Kubernetes Events on the agent's Node for each health transition of a chip, repeats counted on the same
+Event (``count``, ``lastTimestamp``), as the kubelet's event recorder does.
+
+    events = NodeEvents()
+    events.observe(inventory)     # a chip turned Unhealthy: Warning NPUUnhealthy, written at once
+    events.observe(inventory)     # Healthy again: Normal NPUHealthy; Unhealthy again: count 2 on the first
+
+Reasons: ``NPUUnhealthy`` (Warning), ``NPUHeld`` (Warning: the flap hold keeps the chip Unhealthy),
+``NPUHealthy`` (Normal). One Event object per chip and reason while its message stays the same; an Event is
+written at once the first time, and its repeats at most once per ``min_interval`` (30 s), so a chip that flaps
+100 times a minute costs a handful of writes, not hundreds. RBAC: events create, patch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import anyio
+from lightkube import ApiError
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event
+from lightkube.types import PatchType
+
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.cluster.writer import Backoff
+from ascend_agent.model import Chip, Inventory
+
+log = logging.getLogger("ascend_agent.cluster")
+
+COMPONENT = "ascend-agent"
+# Where the kubelet records a Node's Events; `kubectl describe node` finds them there.
+NAMESPACE = "default"
+UNHEALTHY, HELD, HEALTHY = "NPUUnhealthy", "NPUHeld", "NPUHealthy"
+MIN_INTERVAL = 30.0
+
+
+@dataclass(slots=True)
+class _Record:
+    """One Event object: what it says, how often, and what of it is written."""
+
+    type: str
+    reason: str
+    device: str
+    message: str
+    count: int
+    first: datetime
+    last: datetime
+    name: str | None = None  # set once created
+    written_count: int = 0
+    next_write: float = 0.0  # monotonic time before which repeats wait
+
+
+class NodeEvents:
+    """The cluster feature that raises Events for health transitions."""
+
+    def __init__(self, min_interval: float = MIN_INTERVAL) -> None:
+        self._min_interval = min_interval
+        self._seen: dict[str, tuple[bool, bool]] = {}  # device -> (healthy, held)
+        self._records: dict[tuple[str, str], _Record] = {}
+        self._wake = anyio.Event()
+
+    # what happened --------------------------------------------------------------------------------------
+    def observe(self, inventory: Inventory) -> None:
+        for chip in inventory.chips:
+            now = (chip.healthy, chip.held)
+            before = self._seen.get(chip.device_id)
+            self._seen[chip.device_id] = now
+            if before == now or (before is None and chip.healthy):
+                continue
+            if chip.healthy:
+                self._record("Normal", HEALTHY, chip, f"{chip.device_id} is Healthy again")
+            elif chip.held and (before is None or not before[1]):
+                self._record("Warning", HELD, chip, f"{chip.device_id} is held Unhealthy: {_cause(chip)}")
+            elif before is None or before[0]:
+                self._record("Warning", UNHEALTHY, chip, f"{chip.device_id} is Unhealthy: {_cause(chip)}")
+
+    def _record(self, kind: str, reason: str, chip: Chip, message: str) -> None:
+        now = datetime.now(UTC).replace(microsecond=0)
+        key = (chip.device_id, reason)
+        record = self._records.get(key)
+        if record is None or record.message != message:
+            self._records[key] = _Record(kind, reason, chip.device_id, message, 1, now, now)
+        else:
+            record.count += 1
+            record.last = now
+        self._wake.set()
+
+    # writing it -----------------------------------------------------------------------------------------
+    async def run(self, api: KubeApi) -> None:
+        backoff = Backoff()
+        while True:
+            self._wake = anyio.Event()
+            try:
+                delay = await self._write_due(api)
+            except ApiUnavailable:
+                await anyio.sleep(backoff.next())
+                continue
+            backoff.reset()
+            with anyio.move_on_after(delay):
+                await self._wake.wait()
+
+    async def _write_due(self, api: KubeApi) -> float:
+        """Write every record whose change may be written now; the seconds until the next one may be."""
+        wait = float("inf")
+        for record in list(self._records.values()):
+            if record.count == record.written_count:
+                continue
+            due = record.next_write - time.monotonic()
+            if record.name is not None and due > 0:
+                wait = min(wait, due)
+                continue
+            try:
+                await self._write(api, record)
+            except ApiError as exc:  # the API server answered but will not take this Event: drop it
+                log.warning(
+                    "Event %s for %s not written: %s", record.reason, record.device, exc.status.message
+                )
+                record.written_count = record.count
+            record.next_write = time.monotonic() + self._min_interval
+        return wait
+
+    async def _write(self, api: KubeApi, record: _Record) -> None:
+        count = record.count
+        if record.name is not None:
+            patch = {"count": count, "lastTimestamp": _time(record.last), "message": record.message}
+            try:
+                await api.call(
+                    "patch",
+                    "events",
+                    api.client.patch(
+                        Event, record.name, patch, namespace=NAMESPACE, patch_type=PatchType.MERGE
+                    ),
+                )
+                record.written_count = count
+                return
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+                # expired (the API server keeps Events for an hour) or deleted: a new one takes its count
+        name = f"{api.node}.{time.time_ns():x}"
+        await api.call("create", "events", api.client.create(self._event(api.node, name, record), NAMESPACE))
+        record.name, record.written_count = name, count
+
+    @staticmethod
+    def _event(node: str, name: str, record: _Record) -> Event:
+        return Event(
+            metadata=ObjectMeta(name=name, namespace=NAMESPACE),
+            # The kubelet gives its Node the node name as UID; `kubectl describe node` looks for that.
+            involvedObject=ObjectReference(kind="Node", name=node, uid=node, apiVersion="v1"),
+            type=record.type,
+            reason=record.reason,
+            message=record.message,
+            count=record.count,
+            firstTimestamp=record.first,
+            lastTimestamp=record.last,
+            source=EventSource(component=COMPONENT, host=node),
+            reportingComponent=COMPONENT,
+            reportingInstance=node,
+        )
+
+
+def _cause(chip: Chip) -> str:
+    """The chip's reason, with its fault codes when the reason does not name them."""
+    reason = chip.reason or "no reason reported"
+    codes = [fault.code for fault in chip.faults if fault.code not in reason]
+    return f"{reason} (fault codes {', '.join(codes)})" if codes else reason
+
+
+def _time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

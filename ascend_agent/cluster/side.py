@@ -1,0 +1,108 @@
+"""The cluster side as the agent holds it: the shared client and the features that use it.
+
+    side = ClusterSide(target, node, features=lambda: [NodeLabels(1), NodeEvents()])
+    tasks.start_soon(side.run)          # loads the client in a thread, then one task per feature
+    side.observe(inventory)             # after each reconcile; never blocks, never awaits
+
+The client library and the features' modules are imported in a worker thread when :meth:`ClusterSide.run`
+starts, so the agent's start (serving and registering with the kubelet) does not wait for those imports.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import anyio
+
+from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.model import Inventory
+
+if TYPE_CHECKING:
+    from ascend_agent.cluster.client import KubeApi
+    from ascend_agent.cluster.health import ApiState
+
+log = logging.getLogger("ascend_agent.cluster")
+
+
+class Feature(Protocol):
+    """One thing the agent keeps in the cluster: node labels, Events, a ConfigMap, a pod watch..."""
+
+    def observe(self, inventory: Inventory) -> None:
+        """The chips and their health after a reconcile: remember what to write, wake the own task. Called
+        on the event loop: must not block or await."""
+
+    async def run(self, api: KubeApi) -> None:
+        """The feature's own task for the agent's lifetime; cancelled when the agent stops."""
+
+
+async def _guarded(feature: Feature, api: KubeApi) -> None:
+    """``feature.run``, started again after back-off if it ever fails: a bug in one cluster feature must not
+    end the agent (the kubelet's side shares its task group)."""
+    from ascend_agent.cluster.writer import Backoff
+
+    backoff = Backoff()
+    while True:
+        try:
+            await feature.run(api)
+            return
+        except Exception:
+            log.exception("Cluster feature %s failed; starting it again", type(feature).__name__)
+        await anyio.sleep(backoff.next())
+
+
+class ClusterSide:
+    """Runs each feature's task and hands each inventory to every feature."""
+
+    def __init__(self, target: ClusterTarget, node: str, features: Callable[[], Sequence[Feature]]) -> None:
+        self.target = target
+        self.node = node
+        self._make_features = features
+        self.api: KubeApi | None = None
+        self.features: tuple[Feature, ...] = ()
+        self._latest: Inventory | None = None
+        self._failed: str | None = None
+
+    def observe(self, inventory: Inventory) -> None:
+        self._latest = inventory
+        for feature in self.features:
+            feature.observe(inventory)
+
+    def state(self) -> ApiState:
+        if self.api is not None:
+            return self.api.health.state()
+        from ascend_agent.cluster.health import ApiState
+
+        return ApiState(None, f"off: {self._failed}" if self._failed else "starting")
+
+    def _load(self) -> tuple[KubeApi, tuple[Feature, ...]]:
+        from ascend_agent.cluster.client import KubeApi
+
+        return KubeApi.connect(self.target, self.node), tuple(self._make_features())
+
+    async def run(self) -> None:
+        from ascend_agent.cluster.client import ClusterConnectError
+
+        try:
+            api, features = await anyio.to_thread.run_sync(self._load)
+        except ClusterConnectError as exc:
+            self._failed = str(exc)
+            log.error("Cluster side off: %s", exc)
+            return
+        self.api, self.features = api, features
+        log.info(
+            "Cluster side on: %s, node %s, API server %s",
+            self.target.describe(),
+            self.node,
+            api.health.server,
+        )
+        if self._latest is not None:
+            self.observe(self._latest)
+        try:
+            async with anyio.create_task_group() as tasks:
+                for feature in features:
+                    tasks.start_soon(_guarded, feature, api, name=f"cluster {type(feature).__name__}")
+                await anyio.sleep_forever()  # the client stays open for what asks through it
+        finally:
+            await api.close()

@@ -1,0 +1,86 @@
+"""The agent as a DRA (Dynamic Resource Allocation) driver, ``--kubelet-api dra``: instead of a device plugin
+per resource, one kubelet plugin for the driver (``npu.huawei.com`` by default) and one ResourceSlice pool
+for the node's chips.
+
+- :mod:`.devices`: the chips as DRA devices (names, attributes, capacity, health taints); pure.
+- :mod:`.slices`: the ResourceSlice publisher, a cluster feature.
+- :mod:`.claimread`: a claim's allocation, read from its ResourceClaim once and kept.
+- :mod:`.claims`: one CDI spec per prepared claim, and the checkpoint of prepared claims.
+- :mod:`.service`: NodePrepareResources / NodeUnprepareResources (v1, v1beta1) and NodeWatchResources.
+- :mod:`.plugin`: serving ``dra.sock`` and the registration socket for the kubelet's plugin watcher.
+
+The agent holds a :class:`DraDriver` in place of its device plugins::
+
+    driver = DraDriver.open(settings, cluster_side)   # ConfigError for a checkpoint it cannot read
+    task_group.start_soon(driver.run)
+    driver.publish(inventory)                         # after each reconcile
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ascend_agent.config import ConfigError, Settings
+from ascend_agent.container import container_spec
+from ascend_agent.dra.claimread import ClaimReader
+from ascend_agent.dra.claims import CheckpointError, Prepared
+from ascend_agent.dra.plugin import DraPaths, DraPlugin
+from ascend_agent.dra.service import DraService
+from ascend_agent.model import Inventory
+
+if TYPE_CHECKING:
+    from ascend_agent.cluster.side import ClusterSide
+
+__all__ = ["DraDriver"]
+
+
+class DraDriver:
+    """The kubelet side of the DRA driver: its service and the sockets it is served on."""
+
+    def __init__(self, service: DraService, plugin: DraPlugin) -> None:
+        self.service = service
+        self.plugin = plugin
+
+    @classmethod
+    def open(cls, settings: Settings, side: ClusterSide | None) -> DraDriver:
+        """The driver for ``settings``; claims are read through ``side``'s client once it has loaded."""
+        paths = DraPaths.of(settings)
+        try:
+            prepared = Prepared.load(paths.checkpoint)
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from None
+        pool = side.node if side is not None else ""
+        reader = None
+        if side is not None:
+            reader = ClaimReader(lambda: side.api, settings.dra_driver_name, pool)
+        service = DraService(
+            settings.dra_driver_name,
+            pool,
+            prepared,
+            paths.cdi_dir,
+            reader,
+            health_refresh=max(settings.health_interval, 5.0),
+        )
+        return cls(service, DraPlugin(paths, service))
+
+    @property
+    def socket_dirs(self) -> Sequence[Path]:
+        """The directories whose socket files the plugin serves: changes there poke it."""
+        return (self.plugin.paths.socket.parent, self.plugin.paths.registration.parent)
+
+    def publish(self, inventory: Inventory) -> None:
+        """The chips now; a claim's CDI spec holds what Allocate gives for its chips (no CDI names)."""
+        base = replace(inventory.container, cdi=False)
+        self.service.publish(inventory.chips, lambda chips: container_spec(chips, base))
+
+    def poke(self) -> None:
+        self.plugin.poke()
+
+    def status(self) -> tuple[bool, str]:
+        return self.plugin.status()
+
+    async def run(self) -> None:
+        await self.plugin.run()

@@ -1,0 +1,107 @@
+"""What the scheduler allocated to a claim on this node, read from its ResourceClaim and kept.
+
+An allocation never changes once made, so a claim read once is answered from memory for as long as its UID
+is the one asked for; the kubelet's NodePrepareResources for a claim seen before makes no request::
+
+    reader = ClaimReader(lambda: side.api, driver="npu.huawei.com", pool="node-1")
+    results = await reader.allocated(Claim(namespace="default", uid="...", name="train"))
+    # ClaimError("...") with one line when the claim is not ours to prepare
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+
+ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
+_CACHED = 1024
+
+
+class ClaimError(Exception):
+    """This claim cannot be prepared; the message says why in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocated:
+    """One result of ``status.allocation.devices`` for this driver and pool."""
+
+    request: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class ClaimReader:
+    """Reads ResourceClaims through the cluster side's client (``api_of()``: None until it has loaded) and
+    keeps the allocations it found."""
+
+    def __init__(self, api_of: Callable[[], KubeApi | None], driver: str, pool: str) -> None:
+        self._api_of = api_of
+        self.driver = driver
+        self.pool = pool
+        self._known: OrderedDict[str, tuple[Allocated, ...]] = OrderedDict()
+        self.reads = 0
+
+    async def allocated(self, claim: ClaimRef) -> tuple[Allocated, ...]:
+        """This driver's devices in ``claim``'s allocation on this node; ClaimError when there is none."""
+        known = self._known.get(claim.uid)
+        if known is not None:
+            self._known.move_to_end(claim.uid)
+            return known
+        api = self._api_of()
+        if api is None:
+            raise ClaimError(f"cannot read ResourceClaim {claim}: the Kubernetes client is still loading")
+        self.reads += 1
+        try:
+            found = await api.call(
+                "get",
+                "resourceclaims",
+                api.client.get(ResourceClaim, claim.name, namespace=claim.namespace),
+            )
+        except ApiUnavailable as exc:
+            raise ClaimError(f"cannot read ResourceClaim {claim}: {exc.failure}") from None
+        except ApiError as exc:
+            raise ClaimError(f"cannot read ResourceClaim {claim}: {exc.status.message or exc}") from None
+        results = self._results(claim, dict(found))
+        self._known[claim.uid] = results
+        if len(self._known) > _CACHED:
+            self._known.popitem(last=False)
+        return results
+
+    def _results(self, claim: ClaimRef, found: dict[str, Any]) -> tuple[Allocated, ...]:
+        uid = (found.get("metadata") or {}).get("uid")
+        if uid != claim.uid:
+            raise ClaimError(
+                f"ResourceClaim {claim} has UID {uid}, not {claim.uid}: it was deleted and made again"
+            )
+        allocation = (found.get("status") or {}).get("allocation")
+        if not allocation:
+            raise ClaimError(f"ResourceClaim {claim} is not allocated")
+        results = tuple(
+            Allocated(r.get("request", ""), r["device"])
+            for r in (allocation.get("devices") or {}).get("results") or ()
+            if r.get("driver") == self.driver and r.get("pool") == self.pool and "device" in r
+        )
+        if not results:
+            raise ClaimError(
+                f"ResourceClaim {claim} has no device of driver {self.driver} in pool {self.pool}"
+            )
+        return results
+
+    def forget(self, uid: str) -> None:
+        self._known.pop(uid, None)

@@ -1,0 +1,151 @@
+"""The chips as DRA devices: their names, attributes, capacity and health taints, and the ResourceSlices of
+the node's pool. Pure functions of the inventory; no I/O.
+
+    >>> chips = tuple(Chip.make(i, "910B3", numa_node=i // 4, hbm_mb=65536) for i in range(2))
+    >>> device = slice_device(chips[1], chips, "25.0.rc1.1", DeviceTaints("npu.huawei.com", "NoSchedule"))
+    >>> device["name"], device["attributes"]["deviceType"], device["attributes"]["physicId"]
+    ('npu-1', {'string': 'Ascend910B3'}, {'int': 1})
+    >>> device["capacity"]["memory"], device["attributes"]["driverVersion"]
+    ({'value': '64Gi'}, {'version': '25.0.1-rc.1'})
+    >>> spec = pool_slices(Inventory(chips), DeviceTaints("npu.huawei.com", "NoSchedule"))
+    >>> [len(s["devices"]) for s in spec]
+    [2]
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ascend_agent.allocation import Layout, topology_for
+from ascend_agent.model import Chip, Inventory
+
+# resource.k8s.io/v1: at most 128 devices per slice, 64 when any device has taints.
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS = 64
+_MAX_STRING = 64
+_MAX_TAINT_VALUE = 63
+_INVALID_VALUE = re.compile(r"[^A-Za-z0-9._-]")
+# AI cores per chip where the model alone fixes the count: 310P3 (Atlas inference cards) and 910B4 (Atlas 800I
+# A2). Other 910 models come in variants with different counts.
+_AI_CORES = {"910B4": 20, "310P3": 8}
+
+
+def device_name(chip: Chip) -> str:
+    """The chip's device name in the pool (a DNS label): ``npu-<phys id>``."""
+    return f"npu-{chip.phys_id}"
+
+
+def taint_key(driver: str) -> str:
+    """The key of the health taint: ``<driver>/unhealthy``."""
+    return f"{driver}/unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTaints:
+    """How an Unhealthy or held chip is tainted: the driver's key and the effect (``--dra-taint-effect``)."""
+
+    driver: str
+    effect: str
+
+    def for_chip(self, chip: Chip) -> list[dict[str, str]]:
+        if chip.healthy and not chip.held:
+            return []
+        reason = "held" if chip.held and chip.healthy else (chip.reason or "unhealthy")
+        return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": self.effect}]
+
+
+def taint_value(reason: str) -> str:
+    """A reason as a taint value (a label value: 63 characters of ``[A-Za-z0-9._-]``, alphanumeric at both
+    ends).
+
+    >>> taint_value("npu-smi: Critical (80E3A203)")
+    'npu-smi--Critical--80E3A203'
+    """
+    cleaned = _INVALID_VALUE.sub("-", reason)[:_MAX_TAINT_VALUE].strip("._-")
+    return cleaned or "unhealthy"
+
+
+def semver(version: str) -> str | None:
+    """npu-smi's driver version as semantic version, where it is one.
+
+    >>> semver("25.0.rc1.1"), semver("23.0.0"), semver("24.1.RC2"), semver("unknown")
+    ('25.0.1-rc.1', '23.0.0', '24.1.0-rc.2', None)
+    """
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.?[Rr][Cc](\d+))?(?:\.(\d+))?", version.strip())
+    if match is None:
+        return None
+    major, minor, patch, rc, build = match.groups()
+    if rc is None:
+        return f"{major}.{minor}.{patch or 0}" + (f"+{build}" if build else "")
+    # 25.0.rc1.1: the first patch of release candidate 1 of 25.0.
+    return f"{major}.{minor}.{build or patch or 0}-rc.{rc}"
+
+
+def _chip_ids(chips: Sequence[Chip]) -> dict[int, int]:
+    """Phys id -> the chip's index within its NPU (A3: die 0 and 1 of one NPU id)."""
+    ids: dict[int, int] = {}
+    counters: dict[int, int] = {}
+    for chip in sorted(chips, key=lambda c: c.phys_id):
+        if chip.npu_id is not None:
+            ids[chip.phys_id] = counters.get(chip.npu_id, 0)
+            counters[chip.npu_id] = ids[chip.phys_id] + 1
+    return ids
+
+
+def slice_device(
+    chip: Chip, chips: Sequence[Chip], driver_version: str | None, taints: DeviceTaints
+) -> dict[str, Any]:
+    """One device of the slice: attributes Huawei's DeviceClasses select on (``deviceType``, ``physicId``),
+    the topology (``numaNode``, ``hccsRing`` on 910A, ``moduleId`` on A3), ``memory`` and ``aiCores``."""
+    attributes: dict[str, dict[str, Any]] = {
+        "deviceType": {"string": f"Ascend{chip.model}"[:_MAX_STRING]},
+        "physicId": {"int": chip.phys_id},
+        "model": {"string": chip.model[:_MAX_STRING]},
+        "generation": {"string": chip.generation.value},
+    }
+    if chip.npu_id is not None:
+        attributes["npuId"] = {"int": chip.npu_id}
+        chip_id = _chip_ids(chips).get(chip.phys_id)
+        if chip_id is not None:
+            attributes["chipId"] = {"int": chip_id}
+    if chip.numa_node is not None:
+        attributes["numaNode"] = {"int": chip.numa_node}
+    topology = topology_for(chips)
+    group = topology.group_of.get(chip.device_id)
+    if group is not None and topology.layout is Layout.RINGS:
+        attributes["hccsRing"] = {"int": group}
+    elif group is not None and topology.layout is Layout.MODULES:
+        attributes["moduleId"] = {"int": group}
+    version = semver(driver_version) if driver_version else None
+    if version is not None:
+        attributes["driverVersion"] = {"version": version}
+    device: dict[str, Any] = {"name": device_name(chip), "attributes": attributes}
+    capacity: dict[str, dict[str, str]] = {}
+    if chip.hbm_mb:
+        capacity["memory"] = {"value": _quantity(chip.hbm_mb)}
+    cores = _AI_CORES.get(chip.model)
+    if cores is not None:
+        capacity["aiCores"] = {"value": str(cores)}
+    if capacity:
+        device["capacity"] = capacity
+    chip_taints = taints.for_chip(chip)
+    if chip_taints:
+        device["taints"] = chip_taints
+    return device
+
+
+def _quantity(mib: int) -> str:
+    """MiB as a Kubernetes quantity: ``64Gi`` when whole GiB, else ``<n>Mi``."""
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def pool_slices(inventory: Inventory, taints: DeviceTaints) -> list[dict[str, Any]]:
+    """The ``spec.devices`` of each slice of the node's pool, in order; one slice unless there are more
+    devices than one may hold. Generation, names and counts are the publisher's."""
+    chips = tuple(sorted(inventory.chips, key=lambda c: c.phys_id))
+    devices = [slice_device(chip, chips, inventory.driver_version, taints) for chip in chips]
+    limit = MAX_DEVICES_WITH_TAINTS if any("taints" in d for d in devices) else MAX_DEVICES
+    return [{"devices": devices[i : i + limit]} for i in range(0, len(devices), limit)] or [{"devices": []}]

@@ -1,0 +1,155 @@
+"""The DRA kubelet plugin's life: serve ``dra.sock`` and the registration socket, and serve them again when
+either file goes (a kubelet that cleans its directories, an operator). The kubelet's plugin watcher finds the
+registration socket by itself, calls GetInfo (type ``DRAPlugin``, versions ``v1.DRAPlugin`` and
+``v1beta1.DRAPlugin``, endpoint ``dra.sock``) and then NotifyRegistrationStatus::
+
+    plugin = DraPlugin(DraPaths.of(settings), service)
+    task_group.start_soon(plugin.run)
+    plugin.poke()                          # a socket directory changed
+    ready, why = plugin.status()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from ascend_agent.config import Settings
+from ascend_agent.deviceplugin.kubelet import WatcherRegistration
+from ascend_agent.deviceplugin.transport import SocketIdentity, socket_identity
+from ascend_agent.dra.service import DraService
+from ascend_agent.dra.serving import GrpcServer
+from ascend_agent.observability import REGISTRATIONS, log_fields
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+_RETRY = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class DraPaths:
+    """Where the DRA plugin lives on the node."""
+
+    socket: Path  # <kubelet plugins dir>/<driver>/dra.sock
+    registration: Path  # <plugins registry>/<driver>-reg.sock
+    checkpoint: Path  # beside dra.sock
+    cdi_dir: Path
+
+    @classmethod
+    def of(cls, settings: Settings) -> DraPaths:
+        driver = settings.dra_driver_name
+        plugin_dir = settings.kubelet_dir.parent / "plugins" / driver
+        return cls(
+            socket=plugin_dir / "dra.sock",
+            registration=settings.effective_plugins_registry_dir / f"{driver}-reg.sock",
+            checkpoint=plugin_dir / "checkpoint.json",
+            cdi_dir=settings.cdi_spec_dir or Path("/var/run/cdi"),
+        )
+
+
+class DraPlugin:
+    """Keeps the DRA plugin's two sockets served until cancelled; then removes them."""
+
+    def __init__(self, paths: DraPaths, service: DraService) -> None:
+        self.paths = paths
+        self.service = service
+        self._servers: list[tuple[GrpcServer, Path, SocketIdentity]] = []
+        self._poked = anyio.Event()
+        self._registered = False
+        self._problem = "not served yet"
+        self._logged = ""
+        self.on_registered: Callable[[], None] = lambda: None
+
+    def poke(self) -> None:
+        self._poked.set()
+
+    def status(self) -> tuple[bool, str]:
+        """(ready, why not): ready once the kubelet confirmed the registration."""
+        if not self._registered:
+            return False, f"DRA driver {self.service.driver} not registered with the kubelet: {self._problem}"
+        return True, ""
+
+    async def run(self) -> None:
+        try:
+            while True:
+                poked = self._poked = anyio.Event()
+                delay: float | None = None
+                if not self._serving_ours():
+                    delay = None if await self._serve() else _RETRY
+                if delay is None:
+                    await poked.wait()
+                else:
+                    with anyio.move_on_after(delay):
+                        await poked.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._stop()
+
+    def _serving_ours(self) -> bool:
+        return bool(self._servers) and all(socket_identity(p) == i for _, p, i in self._servers)
+
+    async def _serve(self) -> bool:
+        if self._servers:
+            log.info("A socket of DRA driver %s is gone; serving again", self.service.driver)
+        await self._stop()
+        self._registered = False
+        registration = WatcherRegistration(
+            self.service.driver,
+            self.paths.socket,
+            on_info=lambda: None,
+            on_status=self._on_status,
+            plugin_type=PLUGIN_TYPE,
+            versions=VERSIONS,
+        )
+        path = self.paths.socket
+        try:
+            served: list[tuple[list[object], Path]] = [
+                (self.service.handlers(), self.paths.socket),
+                ([registration], self.paths.registration),
+            ]
+            for handlers, path in served:
+                server = GrpcServer(handlers)
+                self._servers.append((server, path, await server.serve(path)))
+        except OSError as exc:
+            self._problem = f"cannot serve on {path}: {exc.strerror or exc}"
+            if self._problem != self._logged:
+                self._logged = self._problem
+                log.error("DRA driver %s: %s", self.service.driver, self._problem)
+            await self._stop()
+            return False
+        self._problem = f"waiting for the kubelet's plugin watcher to find {self.paths.registration}"
+        log.info(
+            "Serving DRA driver %s on %s (registration %s)",
+            self.service.driver,
+            self.paths.socket,
+            self.paths.registration,
+        )
+        return True
+
+    async def _stop(self) -> None:
+        servers, self._servers = self._servers, []
+        for server, path, identity in servers:
+            if socket_identity(path) == identity:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            await server.shut()
+
+    def _on_status(self, registered: bool, error: str) -> None:
+        driver = self.service.driver
+        if registered:
+            self._registered = True
+            self._problem = self._logged = ""
+            REGISTRATIONS.labels(resource=driver).inc()
+            self.on_registered()
+            log.info("Registered DRA driver %s", driver, extra=log_fields(resource=driver))
+        else:
+            self._registered = False
+            self._problem = f"the kubelet refused the registration: {error or 'no reason given'}"
+            log.warning("DRA driver %s: %s", driver, self._problem, extra=log_fields(resource=driver))

@@ -1,0 +1,294 @@
+"""The DRA kubelet plugin's gRPC services on ``dra.sock``: ``DRAPlugin`` (v1 and v1beta1: the same answers,
+v1beta1 without share IDs) and ``DRAResourceHealth`` (KEP-4680).
+
+    service = DraService("npu.huawei.com", pool="node-1", prepared=Prepared.load(checkpoint), reader=reader)
+    service.publish(chips, spec_for)        # after each reconcile: chips, health, what Allocate gives
+    handlers = service.handlers()           # for a grpclib server on dra.sock
+
+NodePrepareResources answers each claim on its own: a claim that cannot be prepared gets its ``error`` and
+the others are prepared. A claim prepared before gets the same answer again without any request or write.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from pathlib import Path
+
+import anyio
+
+from ascend_agent._proto import v1 as health_api
+from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from ascend_agent.dra.claimread import ClaimError, ClaimReader, ClaimRef
+from ascend_agent.dra.claims import (
+    Prepared,
+    PreparedClaim,
+    PreparedDevice,
+    cdi_device_id,
+    claim_spec,
+    spec_file_name,
+)
+from ascend_agent.dra.devices import device_name
+from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.observability import log_fields
+
+log = logging.getLogger(__name__)
+
+SpecFor = Callable[[Sequence[Chip]], ContainerSpec]
+_MAX_MESSAGE = 1024
+
+
+class DraService:
+    """Prepares and unprepares claims against the chips last published, and feeds the health stream."""
+
+    def __init__(
+        self,
+        driver: str,
+        pool: str,
+        prepared: Prepared,
+        cdi_dir: Path,
+        reader: ClaimReader | None,
+        health_refresh: float = 10.0,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.prepared = prepared
+        self.cdi_dir = cdi_dir
+        self._reader = reader
+        self._chips: dict[str, Chip] = {}
+        self._spec_for: SpecFor | None = None
+        self._writing = anyio.Lock()
+        self._health: tuple[tuple[str, bool, str], ...] = ()
+        self._health_changed = anyio.Event()
+        self.health_refresh = health_refresh
+        self.health_streams = 0
+
+    def publish(self, chips: Iterable[Chip], spec_for: SpecFor) -> None:
+        """The node's chips now and what a container that gets some of them needs. Never blocks."""
+        self._chips = {device_name(chip): chip for chip in chips}
+        self._spec_for = spec_for
+        health = tuple(
+            (name, chip.healthy and not chip.held, _health_message(chip))
+            for name, chip in sorted(self._chips.items(), key=lambda item: item[1].phys_id)
+        )
+        if health != self._health:
+            self._health = health
+            self._health_changed.set()
+            self._health_changed = anyio.Event()
+
+    def handlers(self) -> list[object]:
+        return [_PluginV1(self), _PluginV1beta1(self), _Health(self)]
+
+    # preparing ------------------------------------------------------------------------------------------
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        """Each claim's prepared devices, or the one line saying why not, by UID."""
+        answers: dict[str, PreparedClaim | str] = {}
+        for claim in claims:
+            try:
+                answers[claim.uid] = await self._prepare(claim)
+            except ClaimError as exc:
+                log.warning(
+                    "Cannot prepare claim %s: %s",
+                    claim,
+                    exc,
+                    extra=log_fields(claim=str(claim), uid=claim.uid, reason=str(exc)),
+                )
+                answers[claim.uid] = str(exc)
+        return answers
+
+    async def _prepare(self, claim: ClaimRef) -> PreparedClaim:
+        done = self.prepared.get(claim.uid)
+        if done is not None:
+            return done
+        if self._reader is None:
+            raise ClaimError("the Kubernetes API is not available to read the claim (cluster side off)")
+        if self._spec_for is None:
+            raise ClaimError("the chips are not discovered yet; the kubelet retries")
+        allocated = await self._reader.allocated(claim)
+        chips: dict[str, Chip] = {}
+        for result in allocated:
+            chip = self._chips.get(result.device)
+            if chip is None:
+                raise ClaimError(
+                    f"device {result.device} of ResourceClaim {claim} is not on this node "
+                    f"(devices here: {', '.join(self._chips) or 'none'})"
+                )
+            chips[result.device] = chip
+        requests: dict[str, list[str]] = {}
+        for result in allocated:
+            requests.setdefault(result.device, []).append(result.request)
+        prepared = PreparedClaim(
+            uid=claim.uid,
+            namespace=claim.namespace,
+            name=claim.name,
+            devices=tuple(
+                PreparedDevice(
+                    tuple(r for r in requests[device] if r),
+                    self.pool,
+                    device,
+                    (cdi_device_id(self.driver, claim.uid, device),),
+                )
+                for device in sorted(chips, key=lambda name: chips[name].phys_id)
+            ),
+            spec_path=str(self.cdi_dir / spec_file_name(self.driver, claim.uid)),
+        )
+        document = claim_spec(self.driver, claim.uid, chips, self._spec_for(list(chips.values())))
+        async with self._writing:
+            done = self.prepared.get(claim.uid)
+            if done is not None:  # a concurrent call prepared it meanwhile
+                return done
+            try:
+                await anyio.to_thread.run_sync(self.prepared.add, prepared, document)
+            except OSError as exc:
+                raise ClaimError(
+                    f"cannot write the CDI spec {prepared.spec_path} or the checkpoint: {exc.strerror or exc}"
+                ) from None
+        log.info(
+            "Prepared claim %s: %s",
+            claim,
+            ", ".join(d.device_name for d in prepared.devices),
+            extra=log_fields(claim=str(claim), uid=claim.uid),
+        )
+        return prepared
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Remove what was prepared for each claim; an error line per claim, empty on success."""
+        answers: dict[str, str] = {}
+        for claim in claims:
+            answers[claim.uid] = ""
+            if self.prepared.get(claim.uid) is None:
+                continue
+            async with self._writing:
+                try:
+                    await anyio.to_thread.run_sync(self.prepared.unprepare, claim.uid)
+                except OSError as exc:
+                    answers[claim.uid] = f"cannot remove the CDI spec of {claim}: {exc.strerror or exc}"
+                    continue
+            log.info("Unprepared claim %s", claim, extra=log_fields(claim=str(claim), uid=claim.uid))
+        return answers
+
+    # health ---------------------------------------------------------------------------------------------
+    async def health_updates(self) -> AsyncIterator[health_api.NodeWatchResourcesResponse]:
+        """The health of every device now, then again on each change, and every ``health_refresh`` seconds
+        so that the kubelet never takes a quiet device for one it has not heard of."""
+        timeout = int(self.health_refresh * 3) + 1
+        self.health_streams += 1
+        try:
+            while True:
+                changed = self._health_changed
+                now = int(time.time())
+                yield health_api.NodeWatchResourcesResponse(
+                    devices=[
+                        health_api.DeviceHealth(
+                            device=health_api.DeviceIdentifier(pool_name=self.pool, device_name=name),
+                            health=health_api.HealthStatus.HEALTHY
+                            if healthy
+                            else health_api.HealthStatus.UNHEALTHY,
+                            last_updated_time=now,
+                            health_check_timeout_seconds=timeout,
+                            message=message,
+                        )
+                        for name, healthy, message in self._health
+                    ]
+                )
+                with anyio.move_on_after(self.health_refresh):
+                    await changed.wait()
+        finally:
+            self.health_streams -= 1
+
+
+def _health_message(chip: Chip) -> str:
+    if chip.healthy and chip.held:
+        return "held after flapping: healthy again but kept out of use until it stays so"
+    if chip.healthy:
+        return ""
+    return (chip.reason or "unhealthy")[:_MAX_MESSAGE]
+
+
+def _refs(claims: Iterable[dra_v1.Claim | dra_v1beta1.Claim]) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
+
+
+class _PluginV1(dra_v1.DraPluginBase):
+    def __init__(self, service: DraService) -> None:
+        self._service = service
+
+    async def node_prepare_resources(
+        self, message: dra_v1.NodePrepareResourcesRequest
+    ) -> dra_v1.NodePrepareResourcesResponse:
+        answers = await self._service.prepare(_refs(message.claims))
+        return dra_v1.NodePrepareResourcesResponse(
+            claims={
+                uid: dra_v1.NodePrepareResourceResponse(error=answer)
+                if isinstance(answer, str)
+                else dra_v1.NodePrepareResourceResponse(
+                    devices=[
+                        dra_v1.Device(
+                            request_names=list(d.request_names),
+                            pool_name=d.pool_name,
+                            device_name=d.device_name,
+                            cdi_device_ids=list(d.cdi_device_ids),
+                        )
+                        for d in answer.devices
+                    ]
+                )
+                for uid, answer in answers.items()
+            }
+        )
+
+    async def node_unprepare_resources(
+        self, message: dra_v1.NodeUnprepareResourcesRequest
+    ) -> dra_v1.NodeUnprepareResourcesResponse:
+        answers = await self._service.unprepare(_refs(message.claims))
+        return dra_v1.NodeUnprepareResourcesResponse(
+            claims={uid: dra_v1.NodeUnprepareResourceResponse(error=e) for uid, e in answers.items()}
+        )
+
+
+class _PluginV1beta1(dra_v1beta1.DraPluginBase):
+    def __init__(self, service: DraService) -> None:
+        self._service = service
+
+    async def node_prepare_resources(
+        self, message: dra_v1beta1.NodePrepareResourcesRequest
+    ) -> dra_v1beta1.NodePrepareResourcesResponse:
+        answers = await self._service.prepare(_refs(message.claims))
+        return dra_v1beta1.NodePrepareResourcesResponse(
+            claims={
+                uid: dra_v1beta1.NodePrepareResourceResponse(error=answer)
+                if isinstance(answer, str)
+                else dra_v1beta1.NodePrepareResourceResponse(
+                    devices=[
+                        dra_v1beta1.Device(
+                            request_names=list(d.request_names),
+                            pool_name=d.pool_name,
+                            device_name=d.device_name,
+                            cdi_device_ids=list(d.cdi_device_ids),
+                        )
+                        for d in answer.devices
+                    ]
+                )
+                for uid, answer in answers.items()
+            }
+        )
+
+    async def node_unprepare_resources(
+        self, message: dra_v1beta1.NodeUnprepareResourcesRequest
+    ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
+        answers = await self._service.unprepare(_refs(message.claims))
+        return dra_v1beta1.NodeUnprepareResourcesResponse(
+            claims={uid: dra_v1beta1.NodeUnprepareResourceResponse(error=e) for uid, e in answers.items()}
+        )
+
+
+class _Health(health_api.DraResourceHealthBase):
+    def __init__(self, service: DraService) -> None:
+        self._service = service
+
+    async def node_watch_resources(
+        self, message: health_api.NodeWatchResourcesRequest
+    ) -> AsyncIterator[health_api.NodeWatchResourcesResponse]:
+        async for update in self._service.health_updates():
+            yield update

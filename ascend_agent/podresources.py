@@ -1,0 +1,128 @@
+"""Which pod holds which chip, from the kubelet's PodResources API (``v1.PodResourcesLister/List`` on
+``/var/lib/kubelet/pod-resources/kubelet.sock``), as dcgm-exporter does for GPUs.
+
+    holders = await list_holders(Path("/var/lib/kubelet/pod-resources/kubelet.sock"))
+    holders.of(chip, replicas=1)      # (Holder(namespace='team-a', pod='train-0', container='main'),)
+
+:class:`PodHolders` keeps the last answer for the agent, refreshed at each health interval and shortly after
+each Allocate; a missing or refusing socket costs one warning (again only after it worked) and empty holders,
+never the health loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from ascend_agent import naming
+from ascend_agent._proto.v1 import ListPodResourcesRequest, PodResourcesListerStub
+from ascend_agent.deviceplugin.transport import LocalChannel
+from ascend_agent.model import Chip
+
+log = logging.getLogger(__name__)
+
+LIST_TIMEOUT = 2.0
+# The kubelet records an allocation as the pod is admitted; give it that long after Allocate answered.
+AFTER_ALLOCATE = 0.5
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Holder:
+    namespace: str
+    pod: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
+@dataclass(frozen=True, slots=True)
+class Holders:
+    """Who holds each advertised device, by (resource, device ID) as the kubelet names them."""
+
+    by_device: Mapping[tuple[str, str], tuple[Holder, ...]] = field(default_factory=dict)
+
+    def of(self, chip: Chip, replicas: int) -> tuple[Holder, ...]:
+        """The containers holding ``chip`` (through any of its replicas), sorted."""
+        found = {
+            holder
+            for device_id in naming.replica_ids(chip.device_id, replicas)
+            for holder in self.by_device.get((chip.resource, device_id), ())
+        }
+        return tuple(sorted(found))
+
+
+class PodResourcesError(Exception):
+    """The socket is missing or refused the call; the message says which in one line."""
+
+
+async def list_holders(socket: Path, timeout: float = LIST_TIMEOUT) -> Holders:
+    """One ``List`` call; :class:`PodResourcesError` when it cannot be made."""
+    if not socket.exists():
+        raise PodResourcesError(f"{socket} does not exist (is the pod-resources directory mounted?)")
+    channel = LocalChannel(socket)
+    try:
+        with anyio.fail_after(timeout):
+            response = await PodResourcesListerStub(channel).list(ListPodResourcesRequest(), timeout=timeout)
+    except TimeoutError:
+        raise PodResourcesError(f"{socket} did not answer List within {timeout:g} s") from None
+    except GRPCError as exc:
+        raise PodResourcesError(f"{socket} refused List: {exc.message or exc.status.name}") from None
+    except (OSError, StreamTerminatedError) as exc:
+        raise PodResourcesError(f"cannot call List on {socket}: {exc}") from None
+    finally:
+        channel.close()
+    found: dict[tuple[str, str], set[Holder]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            holder = Holder(pod.namespace, pod.name, container.name)
+            for devices in container.devices:
+                for device_id in devices.device_ids:
+                    found.setdefault((devices.resource_name, device_id), set()).add(holder)
+    return Holders({key: tuple(sorted(holders)) for key, holders in found.items()})
+
+
+class PodHolders:
+    """The agent's view of the holders: :meth:`run` refreshes it; :meth:`poke` after an Allocate."""
+
+    def __init__(self, socket: Path, interval: float) -> None:
+        self.socket = socket
+        self.interval = interval
+        self.holders = Holders()
+        self.error: str | None = None
+        self._poked = anyio.Event()
+
+    def poke(self) -> None:
+        self._poked.set()
+
+    async def refresh(self) -> bool:
+        """Ask the kubelet once; True when the holders changed."""
+        try:
+            holders = await list_holders(self.socket)
+        except Exception as exc:  # PodResourcesError, or an answer that does not decode
+            reason = str(exc) if isinstance(exc, PodResourcesError) else f"{type(exc).__name__}: {exc}"
+            if self.error is None:
+                log.warning("Cannot tell which pod holds which chip: %s", reason)
+            self.error = reason
+            holders = Holders()
+        else:
+            if self.error is not None:
+                log.info("PodResources answers again on %s", self.socket)
+            self.error = None
+        changed = holders != self.holders
+        self.holders = holders
+        return changed
+
+    async def run(self) -> None:
+        """Refresh each ``interval``, and ``AFTER_ALLOCATE`` after a :meth:`poke`, until cancelled."""
+        while True:
+            await self.refresh()
+            self._poked = anyio.Event()
+            with anyio.move_on_after(self.interval):
+                await self._poked.wait()
+                await anyio.sleep(AFTER_ALLOCATE)

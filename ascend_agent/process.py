@@ -1,0 +1,104 @@
+"""The ``run`` command as a process: logging, the backend, the HTTP endpoint, the instance lock and the
+signals around one :class:`~ascend_agent.agent.Agent`; its exit status::
+
+    sys.exit(asyncio.run(run_agent(source, settings)))
+
+SIGTERM and SIGINT stop the agent (every plugin stops serving and removes its sockets), SIGHUP re-reads the
+config file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+import anyio
+
+from ascend_agent import __version__, cluster
+from ascend_agent.agent import Agent, log_configuration
+from ascend_agent.backends import backend_for
+from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
+from ascend_agent.deviceplugin.lifecycle import ServeFailed
+from ascend_agent.instance import exclusive
+from ascend_agent.observability import configure_logging, serve_http
+
+log = logging.getLogger(__name__)
+
+
+def _reap_children_by_pidfd() -> None:
+    """On the running loop: Python 3.11 waits for every npu-smi in a thread started for it; a pidfd on the
+    event loop needs no thread (3.12 and later choose it themselves)."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # a kernel before 5.3, or a seccomp profile that refuses it
+        return
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())
+    asyncio.set_child_watcher(watcher)
+
+
+async def run_agent(source: SettingsSource, settings: Settings) -> int:
+    """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
+    configure_logging(settings.log_level, settings.log_format)
+    _reap_children_by_pidfd()
+    backend = backend_for(settings)
+    await backend.start()
+    log.info(
+        "ascend-agent %s starting: backend %s, kubelet directory %s",
+        __version__,
+        settings.backend,
+        settings.kubelet_dir,
+    )
+    log_configuration(source.load_effective())
+    side = cluster.open_side(settings)
+    if side is None and settings.kubelet_api == DRA_API:
+        raise ConfigError(
+            "--kubelet-api dra needs the Kubernetes API (claims, ResourceSlices): give --kubeconfig or run "
+            "in a pod with a service account, and do not set --no-cluster"
+        )
+    agent = Agent(settings, backend, source, side)
+    http = None
+    if settings.metrics_address:
+        try:
+            http = await serve_http(settings.metrics_address, agent.ready, agent.health_detail)
+        except OSError as exc:
+            raise ConfigError(
+                f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
+            ) from None
+        log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
+    failures: list[BaseException] = []
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
+            async with exclusive(settings.effective_plugin_dir, on_wait=agent.standby):
+                await agent.run(http)
+    except* ServeFailed as failed:
+        failures.extend(_leaves(failed))
+    if failures:
+        log.error("Giving up: %s", failures[0])
+        return 1
+    log.info("Stopped; sockets removed")
+    return 0
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions inside nested task groups' exception groups."""
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
+
+
+async def _signals(agent: Agent, scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
+        async for signum in received:
+            if signum == signal.SIGHUP:
+                agent.reload()
+            else:
+                scope.cancel()
+                return

@@ -1,0 +1,87 @@
+"""The per-chip gauges npu-smi's answers feed: temperature, power, utilisation, HBM and memory from the
+``npu-smi info`` table, and the error codes each chip reports. Series of chips (or codes) no longer seen are
+removed, so ``/metrics`` never shows a stale value::
+
+    telemetry = ChipTelemetry()
+    telemetry.record({"Ascend910-0": row})             # row: the chip's ChipRow of the table
+    telemetry.faults({("Ascend910-0", "80E18005")})
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Set
+
+from prometheus_client import Gauge
+
+from ascend_agent.backends.npusmi import ChipRow
+from ascend_agent.observability import (
+    CHIP_FAULT,
+    CHIP_HBM_TOTAL,
+    CHIP_HBM_USED,
+    CHIP_MEMORY_TOTAL,
+    CHIP_MEMORY_USED,
+    CHIP_POWER,
+    CHIP_TEMPERATURE,
+    CHIP_UTILIZATION,
+)
+
+_MIB = 1024 * 1024
+_TELEMETRY = (
+    CHIP_TEMPERATURE,
+    CHIP_POWER,
+    CHIP_UTILIZATION,
+    CHIP_HBM_USED,
+    CHIP_HBM_TOTAL,
+    CHIP_MEMORY_USED,
+    CHIP_MEMORY_TOTAL,
+)
+
+
+class ChipTelemetry:
+    """Keeps the chip gauges in step with the last answers, per device ID."""
+
+    def __init__(self) -> None:
+        self._devices: set[str] = set()
+        self._fault_labels: set[tuple[str, str]] = set()
+
+    def record(self, rows: Mapping[str, ChipRow]) -> None:
+        """Temperature, power, utilisation, HBM and memory of every chip, as the table printed them."""
+        for device, row in rows.items():
+            utilization = None if row.utilization_pct is None else row.utilization_pct / 100
+            for gauge, value in (
+                (CHIP_TEMPERATURE, row.temp_c),
+                (CHIP_POWER, row.power_w),
+                (CHIP_UTILIZATION, utilization),
+                (CHIP_HBM_USED, _bytes(row.hbm_used_mb)),
+                (CHIP_HBM_TOTAL, _bytes(row.hbm_total_mb)),
+                (CHIP_MEMORY_USED, _bytes(row.memory_used_mb)),
+                (CHIP_MEMORY_TOTAL, _bytes(row.memory_total_mb)),
+            ):
+                _set_or_remove(gauge, device, value)
+        for device in self._devices - set(rows):
+            for gauge in _TELEMETRY:
+                _set_or_remove(gauge, device, None)
+        self._devices = set(rows)
+
+    def faults(self, labels: Set[tuple[str, str]]) -> None:
+        """``ascend_agent_chip_fault``: 1 for each (device, code) reported now; the others removed."""
+        for device, code in self._fault_labels - labels:
+            with contextlib.suppress(KeyError):
+                CHIP_FAULT.remove(device, code)
+        for device, code in labels:
+            CHIP_FAULT.labels(device=device, code=code).set(1)
+        self._fault_labels = set(labels)
+
+
+def _bytes(mebibytes: int | None) -> int | None:
+    return None if mebibytes is None else mebibytes * _MIB
+
+
+def _set_or_remove(gauge: Gauge, device: str, value: float | None) -> None:
+    """A value the table printed; a cell it left ``NA`` or ``-`` removes the series."""
+    if value is None:
+        with contextlib.suppress(KeyError):
+            gauge.remove(device)
+    else:
+        gauge.labels(device=device).set(value)

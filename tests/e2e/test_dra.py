@@ -1,0 +1,257 @@
+"""The agent as a DRA driver end to end: the agent as a process on the fake backend, the DRA kubelet stand-in
+on its sockets, and the Kubernetes API emulator holding the Node, the ResourceClaims and the slices."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from tests.support.agent_process import AgentProcess
+from tests.support.apiserver import ApiServer
+from tests.support.dra_kubelet import DraKubelet
+
+NODE = "node-1"
+DRIVER = "npu.huawei.com"
+KUBERNETES = "1.36"
+
+
+class _Host:
+    def __init__(self, directory: Path, apiserver: ApiServer) -> None:
+        self.directory = directory
+        self.kubelet_dir = directory / "kubelet" / "device-plugins"
+        self.registry = directory / "kubelet" / "plugins_registry"
+        self.cdi = directory / "cdi"
+        self.state = directory / "state.json"
+        self.state.write_text("{}")
+        self.apiserver = apiserver
+        self.agents: list[AgentProcess] = []
+
+    def start(self, *extra: str) -> AgentProcess:
+        agent = AgentProcess(
+            [
+                "run",
+                "--backend=fake",
+                "--fake-chips=4",
+                "--fake-model=910B3",
+                f"--fake-state={self.state}",
+                f"--kubelet-dir={self.kubelet_dir}",
+                f"--cdi-spec-dir={self.cdi}",
+                "--metrics-address=",
+                f"--kubeconfig={self.apiserver.kubeconfig}",
+                f"--node-name={NODE}",
+                "--kubelet-api=dra",
+                *extra,
+            ]
+        )
+        self.agents.append(agent)
+        return agent
+
+    def faults(self, unhealthy: list[int]) -> None:
+        temporary = self.state.with_name(".state.tmp")
+        temporary.write_text(json.dumps({"unhealthy": unhealthy}))
+        os.replace(temporary, self.state)
+
+
+@pytest.fixture
+def host(short_dir: Path, apiserver: ApiServer) -> Iterator[_Host]:
+    apiserver.put("nodes", {"metadata": {"name": NODE, "uid": "node-uid-1"}})
+    made = _Host(short_dir, apiserver)
+    yield made
+    for agent in made.agents:
+        agent.close()
+
+
+def _claim(apiserver: ApiServer, name: str, devices: list[str], pool: str = NODE) -> str:
+    uid = str(uuid.uuid4())
+    apiserver.put(
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default", "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "npus", "exactly": {"deviceClassName": "npu"}}]}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": "npus", "driver": DRIVER, "pool": pool, "device": device}
+                            for device in devices
+                        ]
+                    }
+                }
+            },
+        },
+    )
+    return uid
+
+
+def _stop(agent: AgentProcess) -> None:
+    agent.proc.send_signal(signal.SIGTERM)
+    assert agent.proc.wait(10) == 0, agent.output
+
+
+def _slices(apiserver: ApiServer) -> list[dict[str, Any]]:
+    return [s for s in apiserver.list("resourceslices") if s["spec"]["nodeName"] == NODE]
+
+
+def _devices(apiserver: ApiServer) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in _slices(apiserver) for d in s["spec"]["devices"]}
+
+
+async def test_registers_publishes_prepares_and_reports_health(host: _Host, apiserver: ApiServer) -> None:
+    host.start()
+    kubelet = DraKubelet(host.registry)
+    info = await kubelet.register(DRIVER)
+    assert (info.type, info.name) == ("DRAPlugin", DRIVER)
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert info.endpoint == str(host.directory / "kubelet" / "plugins" / DRIVER / "dra.sock")
+
+    # The slice: one pool named after the node, a device per chip, valid for resource.k8s.io/v1.
+    slices = apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    kubernetes_validate.validate(slices[0], KUBERNETES, strict=True)
+    spec = slices[0]["spec"]
+    assert (
+        spec["driver"] == DRIVER and spec["pool"]["name"] == NODE and spec["pool"]["resourceSliceCount"] == 1
+    )
+    assert [d["name"] for d in spec["devices"]] == ["npu-0", "npu-1", "npu-2", "npu-3"]
+    npu1 = spec["devices"][1]
+    assert npu1["attributes"]["deviceType"] == {"string": "Ascend910B3"}
+    assert npu1["attributes"]["physicId"] == {"int": 1}
+    assert npu1["attributes"]["numaNode"] == {"int": 0}
+    assert npu1["capacity"] == {"memory": {"value": "64Gi"}}
+    assert "taints" not in npu1
+
+    # A claim with two chips, and one whose UID is not the one the kubelet asks for, in one call.
+    uid = _claim(apiserver, "train", ["npu-0", "npu-1"])
+    _claim(apiserver, "stale", ["npu-2"])
+    claims = [
+        dra_v1.Claim(namespace="default", uid=uid, name="train"),
+        dra_v1.Claim(namespace="default", uid="not-its-uid", name="stale"),
+    ]
+    answer = await kubelet.prepare(claims)
+    prepared = answer.claims[uid]
+    assert prepared.error == ""
+    assert [(d.pool_name, d.device_name, list(d.request_names)) for d in prepared.devices] == [
+        (NODE, "npu-0", ["npus"]),
+        (NODE, "npu-1", ["npus"]),
+    ]
+    cdi_ids = [id_ for d in prepared.devices for id_ in d.cdi_device_ids]
+    assert cdi_ids == [f"{DRIVER}/claim={uid}-npu-0", f"{DRIVER}/claim={uid}-npu-1"]
+    assert "UID" in answer.claims["not-its-uid"].error and not answer.claims["not-its-uid"].devices
+    spec_file = host.cdi / f"{DRIVER}-claim-{uid}.json"
+    cdi = json.loads(spec_file.read_text())
+    assert cdi["kind"] == f"{DRIVER}/claim"
+    assert [d["name"] for d in cdi["devices"]] == [f"{uid}-npu-0", f"{uid}-npu-1"]
+    nodes = [n["path"] for d in cdi["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    assert nodes == ["/dev/davinci0", "/dev/davinci1"]
+    assert "ASCEND_VISIBLE_DEVICES=0,1" in cdi["containerEdits"]["env"]
+    assert "/dev/davinci_manager" in [n["path"] for n in cdi["containerEdits"]["deviceNodes"]]
+
+    # Retried, in v1 and v1beta1: the same answer, the claim not read again.
+    reads = len([s for s in apiserver.seen() if s.resource == "resourceclaims"])
+    assert (await kubelet.prepare(claims[:1])).claims[uid] == prepared
+    beta = (
+        await kubelet.prepare_v1beta1([dra_v1beta1.Claim(namespace="default", uid=uid, name="train")])
+    ).claims
+    assert [list(d.cdi_device_ids) for d in beta[uid].devices] == [
+        list(d.cdi_device_ids) for d in prepared.devices
+    ]
+    assert len([s for s in apiserver.seen() if s.resource == "resourceclaims"]) == reads
+
+    # Health: a chip going Unhealthy is a taint in the slice and UNHEALTHY on the stream; both clear.
+    async with kubelet.watching() as updates:
+        await updates.wait_for(lambda seen: seen.get("npu-1", ("",))[0] == "HEALTHY", "npu-1 HEALTHY")
+        host.faults([1])
+        took = await updates.wait_for(lambda seen: seen["npu-1"][0] == "UNHEALTHY", "npu-1 UNHEALTHY")
+        assert took < 2.0
+        tainted = apiserver.wait_for(
+            lambda: _devices(apiserver)["npu-1"], lambda d: "taints" in d, timeout=2.0
+        )
+        assert tainted["taints"][0]["key"] == f"{DRIVER}/unhealthy"
+        assert tainted["taints"][0]["effect"] == "NoSchedule"
+        kubernetes_validate.validate(_slices(apiserver)[0], KUBERNETES, strict=True)
+        host.faults([])
+        await updates.wait_for(lambda seen: seen["npu-1"][0] == "HEALTHY", "npu-1 HEALTHY again", timeout=2.0)
+        apiserver.wait_for(lambda: _devices(apiserver)["npu-1"], lambda d: "taints" not in d, timeout=2.0)
+    generations = {s["spec"]["pool"]["generation"] for s in _slices(apiserver)}
+    assert generations == {3}, "one generation per change: published, tainted, cleared"
+
+    # Unprepared: the spec is gone; an unknown claim is success.
+    done = await kubelet.unprepare([claims[0], dra_v1.Claim(namespace="default", uid="never", name="x")])
+    assert {k: v.error for k, v in done.claims.items()} == {uid: "", "never": ""}
+    assert not spec_file.exists()
+
+
+async def test_a_restart_keeps_the_slices_and_unprepares_what_was_written(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    agent = host.start()
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    uid = _claim(apiserver, "train", ["npu-2", "npu-3"])
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
+    first = (await kubelet.prepare([claim])).claims[uid]
+    spec_file = host.cdi / f"{DRIVER}-claim-{uid}.json"
+    assert spec_file.exists()
+
+    _stop(agent)
+    assert not (host.registry / f"{DRIVER}-reg.sock").exists()
+    assert len(_slices(apiserver)) == 1, "an ordinary restart leaves the slices"
+    host.start()
+    await kubelet.register(DRIVER)
+    assert (await kubelet.prepare([claim])).claims[uid] == first
+    assert (await kubelet.unprepare([claim])).claims[uid].error == ""
+    assert not spec_file.exists()
+    assert not [s for s in apiserver.seen() if s.verb == "delete" and s.resource == "resourceslices"]
+
+
+async def test_dra_cleanup_removes_the_slices_on_exit(host: _Host, apiserver: ApiServer) -> None:
+    agent = host.start("--dra-cleanup", "--dra-taint-effect=NoExecute")
+    await DraKubelet(host.registry).register(DRIVER)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    _stop(agent)
+    assert _slices(apiserver) == []
+
+
+def test_dra_mode_without_the_kubernetes_api_stops_with_one_line(host: _Host) -> None:
+    agent = host.start("--no-cluster")
+    assert agent.proc.wait(10) == 2
+    assert "--kubelet-api dra needs the Kubernetes API" in agent.output
+    assert "Traceback" not in agent.output
+
+
+async def test_a_claim_read_once_is_prepared_while_the_api_server_hangs(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    host.start()
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    uid = _claim(apiserver, "train", ["npu-0", "npu-1"])
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
+    first = (await kubelet.prepare([claim])).claims[uid]
+    assert (await kubelet.unprepare([claim])).claims[uid].error == ""
+
+    apiserver.fail(403, verb="get", resource="resourceclaims")
+    other = _claim(apiserver, "other", ["npu-2"])
+    refused = await kubelet.prepare([dra_v1.Claim(namespace="default", uid=other, name="other")])
+    assert "403" in refused.claims[other].error and "resourceclaims" in refused.claims[other].error
+
+    apiserver.fail("hang")
+    try:
+        again = await kubelet.prepare([claim], timeout=5.0)
+        assert again.claims[uid] == first
+        assert (host.cdi / f"{DRIVER}-claim-{uid}.json").exists()
+    finally:
+        apiserver.behave()

@@ -1,0 +1,281 @@
+"""charts/ascend-agent against examples/daemonset.yaml: the chart's default render installs the same objects,
+container args, environment, mounts and RBAC rules.
+
+The renders are Helm's own (charts/check.py on helm-sdkpy, which needs Python >= 3.12), kept in
+tests/fixtures/helm/ by `make helm-render`: default.yaml for the chart's defaults, <mode>.yaml for
+charts/ascend-agent/ci/<mode>-values.yaml. Where `make helm-lint` has made .venv-helm, the default is
+rendered here too and must equal the kept one; elsewhere (a fresh clone's `make test`) the kept renders are
+read as they are, and `make helm-lint`, which CI runs next, fails when one is not the engine's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ascend_agent.config import Settings, SettingsSource
+from tests.support import ROOT
+
+CHART = ROOT / "charts" / "ascend-agent"
+RENDERS = ROOT / "tests" / "fixtures" / "helm"
+GOLDEN = RENDERS / "default.yaml"
+HELM_PYTHON = ROOT / ".venv-helm" / "bin" / "python"
+EXAMPLE = ROOT / "examples" / "daemonset.yaml"
+
+Doc = dict[str, Any]
+Key = tuple[str, str, str]
+
+
+def _docs(text: str) -> list[Doc]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def _by_key(docs: list[Doc]) -> dict[Key, Doc]:
+    return {(doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]): doc for doc in docs}
+
+
+@pytest.fixture(scope="module")
+def chart() -> dict[Key, Doc]:
+    golden = _docs(GOLDEN.read_text(encoding="utf-8"))
+    if HELM_PYTHON.exists():
+        result = subprocess.run(
+            [HELM_PYTHON, ROOT / "charts" / "check.py", "render"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        assert result.returncode == 0, result.stderr
+        assert _docs(result.stdout) == golden, f"{GOLDEN.relative_to(ROOT)} is stale: run make helm-render"
+    return _by_key(golden)
+
+
+@pytest.fixture(scope="module")
+def example() -> dict[Key, Doc]:
+    return _by_key(_docs(EXAMPLE.read_text(encoding="utf-8")))
+
+
+def _one(docs: dict[Key, Doc], kind: str) -> Doc:
+    (doc,) = [doc for key, doc in docs.items() if key[0] == kind]
+    return doc
+
+
+def _pod(docs: dict[Key, Doc]) -> Doc:
+    spec: Doc = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def _container(docs: dict[Key, Doc]) -> Doc:
+    (container,) = _pod(docs)["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def test_the_same_objects(chart: dict[Key, Doc], example: dict[Key, Doc]) -> None:
+    assert set(chart) == set(example)
+
+
+def test_the_same_container_args_and_environment(chart: dict[Key, Doc], example: dict[Key, Doc]) -> None:
+    assert _container(chart)["args"] == _container(example)["args"]
+    assert _container(chart)["env"] == _container(example)["env"]
+    assert _container(chart)["image"] == _container(example)["image"]
+
+
+def _mounts(docs: dict[Key, Doc]) -> dict[str, tuple[Doc, Doc]]:
+    """mountPath -> (the mount without its volume's name, the volume's source)."""
+    volumes = {volume.pop("name"): volume for volume in yaml.safe_load(yaml.safe_dump(_pod(docs)["volumes"]))}
+    mounts = {}
+    for mount in _container(docs)["volumeMounts"]:
+        mount = dict(mount)
+        mounts[mount.pop("mountPath")] = (mount, volumes[mount.pop("name")])
+    return mounts
+
+
+def test_the_same_mounts(chart: dict[Key, Doc], example: dict[Key, Doc]) -> None:
+    chart_mounts, example_mounts = _mounts(chart), _mounts(example)
+    assert sorted(chart_mounts) == sorted(example_mounts)
+    for path, entry in example_mounts.items():
+        assert chart_mounts[path] == entry, path
+    assert "/var/lib/kubelet/pod-resources" in chart_mounts
+
+
+def _rules(docs: dict[Key, Doc]) -> dict[Key, list[tuple[tuple[str, ...], ...]]]:
+    """Each role's rules, order-free: (apiGroups, resources, resourceNames, verbs) as sorted tuples."""
+    fields = ("apiGroups", "resources", "resourceNames", "verbs")
+    return {
+        key: sorted(tuple(tuple(sorted(rule.get(field, []))) for field in fields) for rule in doc["rules"])
+        for key, doc in docs.items()
+        if key[0] in ("ClusterRole", "Role")
+    }
+
+
+def test_the_same_rbac(chart: dict[Key, Doc], example: dict[Key, Doc]) -> None:
+    assert _rules(chart) == _rules(example)
+    for key, doc in example.items():
+        if key[0].endswith("Binding"):
+            assert chart[key]["roleRef"] == doc["roleRef"], key
+            assert chart[key]["subjects"] == doc["subjects"], key
+    account = ("ServiceAccount", "kube-system", "ascend-device-plugin")
+    assert chart[account]["automountServiceAccountToken"] == example[account]["automountServiceAccountToken"]
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "nodeSelector",
+        "tolerations",
+        "priorityClassName",
+        "serviceAccountName",
+        "automountServiceAccountToken",
+        "hostNetwork",
+        "securityContext",
+    ],
+)
+def test_the_same_pod_spec(chart: dict[Key, Doc], example: dict[Key, Doc], field: str) -> None:
+    assert _pod(chart).get(field) == _pod(example).get(field)
+    assert _pod(chart)["priorityClassName"] == "system-node-critical"
+
+
+@pytest.mark.parametrize(
+    "field", ["ports", "livenessProbe", "readinessProbe", "resources", "securityContext", "imagePullPolicy"]
+)
+def test_the_same_container(chart: dict[Key, Doc], example: dict[Key, Doc], field: str) -> None:
+    assert _container(chart)[field] == _container(example)[field]
+
+
+def _settings(docs: dict[Key, Doc], directory: Path) -> Settings:
+    path = directory / "config.yaml"
+    path.write_text(_one(docs, "ConfigMap")["data"]["config.yaml"], encoding="utf-8")
+    return SettingsSource({}, path).load()
+
+
+def test_the_same_settings(
+    chart: dict[Key, Doc], example: dict[Key, Doc], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart writes every setting, the example only what differs from the defaults: the agent reads both
+    as the same Settings (and the chart's file loads in today's agent: no key it does not know)."""
+    for name in [name for name in os.environ if name.startswith("ASCEND_AGENT_")]:
+        monkeypatch.delenv(name)
+    (tmp_path / "chart").mkdir()
+    (tmp_path / "example").mkdir()
+    assert _settings(chart, tmp_path / "chart") == _settings(example, tmp_path / "example")
+
+
+def test_the_chart_is_the_agents_version() -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))["appVersion"] == version
+
+
+def test_make_helm_lint_covers_each_mode() -> None:
+    files = {path.name for path in (CHART / "ci").glob("*-values.yaml")}
+    for mode in ("default", "volcano", "dra", "no-cluster"):
+        assert f"{mode}-values.yaml" in files, mode
+
+
+# --- the modes behind values, from their kept renders -------------------------------------------------
+
+
+def _render(mode: str) -> dict[Key, Doc]:
+    return _by_key(_docs((RENDERS / f"{mode}.yaml").read_text(encoding="utf-8")))
+
+
+def _config(docs: dict[Key, Doc]) -> Doc:
+    config: Doc = yaml.safe_load(_one(docs, "ConfigMap")["data"]["config.yaml"])
+    return config
+
+
+def _verbs(docs: dict[Key, Doc], group: str, resource: str) -> set[str]:
+    """What the agent's roles allow on a resource, wherever they allow it."""
+    return {
+        verb
+        for key, doc in docs.items()
+        if key[0] in ("ClusterRole", "Role")
+        for rule in doc["rules"]
+        if group in rule["apiGroups"] and resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+_MODE_KEYS = {
+    "cluster",
+    "deviceInfo",
+    "volcano",
+    "kubeletApi",
+    "draDriverName",
+    "draTaintEffect",
+    "draCleanup",
+}
+
+
+def test_the_default_writes_no_mode_key(chart: dict[Key, Doc]) -> None:
+    """Each mode key is written only when it differs from the agent's default: agents that predate a key
+    load the default file."""
+    assert not set(_config(chart)) & _MODE_KEYS
+
+
+def test_volcano_mode() -> None:
+    docs, default = _render("volcano"), _render("default")
+    assert _config(docs) == _config(default) | {"volcano": True}
+    assert _verbs(docs, "", "pods") == {"list", "watch", "patch"}
+    assert _verbs(default, "", "pods") == {"list"}, "the doctor's list in its namespace only"
+    assert _mounts(docs) == _mounts(default)
+
+
+def test_dra_mode() -> None:
+    docs, default = _render("dra"), _render("default")
+    assert _config(docs) == _config(default) | {
+        "kubeletApi": "dra",
+        "draDriverName": "npu.huawei.com",
+        "draTaintEffect": "NoExecute",
+        "draCleanup": False,
+    }
+    assert _verbs(docs, "resource.k8s.io", "resourceslices") == {
+        "create",
+        "update",
+        "delete",
+        "list",
+        "watch",
+        "get",
+    }
+    assert _verbs(docs, "resource.k8s.io", "resourceclaims") == {"get"}
+    assert not _verbs(default, "resource.k8s.io", "resourceslices")
+    mounts = _mounts(docs)
+    assert "/var/lib/kubelet/device-plugins" not in mounts
+    for path in ("/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry"):
+        mount, volume = mounts[path]
+        assert volume == {"hostPath": {"path": path, "type": "Directory"}}, "never create the kubelet's own"
+        assert not mount.get("readOnly")
+    # The agent's lock directory is inside the plugins mount.
+    assert "/var/lib/kubelet/plugins/ascend-agent" not in mounts
+    assert "/var/lib/kubelet/pod-resources" in mounts
+
+
+def test_no_cluster_mode() -> None:
+    docs, default = _render("no-cluster"), _render("default")
+    assert _config(docs) == _config(default) | {"cluster": False}
+    assert _verbs(docs, "", "nodes") == {"get"}, "the doctor's read only"
+    assert not _verbs(docs, "", "events") and not _verbs(docs, "", "configmaps")
+    assert "/var/lib/kubelet/pod-resources" not in _mounts(docs)
+    assert set(_mounts(docs)) == set(_mounts(default)) - {"/var/lib/kubelet/pod-resources"}
+
+
+def test_plugin_watcher_mode() -> None:
+    docs = _render("plugin-watcher")
+    assert _config(docs)["registration"] == "plugin-watcher"
+    _, volume = _mounts(docs)["/var/lib/kubelet/plugins_registry"]
+    assert volume == {"hostPath": {"path": "/var/lib/kubelet/plugins_registry", "type": "Directory"}}
+    # metricsAddress "" turns the endpoint off: no port, no probes, no scrape annotations.
+    container = _container(docs)
+    assert not {"ports", "livenessProbe", "readinessProbe"} & set(container)
+    annotations = _one(docs, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert not any(key.startswith("prometheus.io/") for key in annotations)
+
+
+def test_every_mode_has_its_render() -> None:
+    modes = {path.name.removesuffix("-values.yaml") for path in (CHART / "ci").glob("*-values.yaml")}
+    assert {path.stem for path in RENDERS.glob("*.yaml")} == modes

@@ -1,0 +1,271 @@
+"""The cluster client layer against the Kubernetes API emulator over HTTP: credentials, the bounded request,
+the failure kinds logged once, ``ascend_agent_kube_api_up``, and the writer where the newest state wins."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from lightkube import ApiError
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+from prometheus_client import REGISTRY
+
+from ascend_agent.cluster import find_target, node_name, open_side
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.cluster.labels import NodeLabels, node_labels, sanitise
+from ascend_agent.cluster.side import ClusterSide
+from ascend_agent.cluster.writer import Backoff, LatestWriter
+from ascend_agent.config import ConfigError, Settings
+from ascend_agent.model import Chip, Inventory
+from tests.support.apiserver import ApiServer
+
+
+def _api(apiserver: ApiServer, timeout: float = 2.0) -> KubeApi:
+    return KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=timeout)
+
+
+def _up() -> float | None:
+    return REGISTRY.get_sample_value("ascend_agent_kube_api_up")
+
+
+def test_credentials_flag_then_service_account_then_kubeconfig_env(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("t")
+    in_pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBECONFIG": "/env/kc"}
+    assert find_target("/flag/kc", in_pod, tmp_path) == ClusterTarget("kubeconfig", Path("/flag/kc"))
+    assert find_target(None, in_pod, tmp_path) == ClusterTarget("in-cluster")
+    assert find_target(None, {"KUBECONFIG": "/env/kc:/other"}, tmp_path) == ClusterTarget(
+        "kubeconfig", Path("/env/kc")
+    )
+    assert find_target(None, {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, tmp_path / "absent") is None
+
+
+def test_node_name_flag_then_environment_then_hostname() -> None:
+    assert node_name("flag", {"NODE_NAME": "env"}) == "flag"
+    assert node_name(None, {"NODE_NAME": "env"}) == "env"
+    assert node_name(None, {}) != ""
+
+
+def test_cluster_side_off_by_flag_and_without_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert open_side(Settings(cluster=False, kubeconfig=Path("/x"))) is None
+    assert open_side(Settings()) is None
+
+
+def test_unusable_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^--kubeconfig: cannot use kubeconfig .*absent"):
+        open_side(Settings(kubeconfig=tmp_path / "absent"))
+
+
+def test_agent_without_cluster_side_never_imports_the_client() -> None:
+    code = (
+        "import sys; import ascend_agent.agent, ascend_agent.cli, ascend_agent.cluster\n"
+        "from ascend_agent.config import Settings\n"
+        "assert ascend_agent.cluster.open_side(Settings(cluster=False)) is None\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+async def test_requests_reach_the_server_and_mark_it_up(apiserver: ApiServer) -> None:
+    apiserver.put("nodes", {"metadata": {"name": "node-1", "labels": {"other": "kept"}}})
+    api = _api(apiserver)
+    try:
+        node = await api.call(
+            "patch",
+            "nodes",
+            api.client.patch(
+                Node, "node-1", {"metadata": {"labels": {"mine": "1"}}}, patch_type=PatchType.MERGE
+            ),
+        )
+    finally:
+        await api.close()
+    assert node.metadata is not None and node.metadata.labels == {"other": "kept", "mine": "1"}
+    assert api.health.state().up is True
+    assert _up() == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        (403, r"patch nodes failed: 403 Forbidden: the agent may not patch nodes \(check its RBAC\)"),
+        (401, r"patch nodes failed: 401 Unauthorized"),
+        (500, r"patch nodes failed: 500 InternalError"),
+    ],
+)
+async def test_refusals_are_logged_once_while_they_last(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture, status: int, message: str
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    apiserver.fail(status, verb="patch", resource="nodes")
+    api = _api(apiserver)
+    patch = {"metadata": {"labels": {"mine": "1"}}}
+    caplog.set_level(logging.INFO, "ascend_agent.cluster")
+    try:
+        for _ in range(3):
+            with pytest.raises(ApiUnavailable) as raised:
+                await api.call(
+                    "patch", "nodes", api.client.patch(Node, "node-1", patch, patch_type=PatchType.MERGE)
+                )
+            assert raised.value.failure.status == status
+        assert _up() == 0
+        assert api.health.state().up is False
+        await api.call("get", "nodes", api.client.get(Node, "node-1"))  # another channel works meanwhile
+        assert _up() == 0
+        apiserver.behave()
+        await api.call("patch", "nodes", api.client.patch(Node, "node-1", patch, patch_type=PatchType.MERGE))
+    finally:
+        await api.close()
+    failures = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1, failures
+    assert re.search(message, failures[0]), failures
+    assert [r.getMessage() for r in caplog.records if "works again" in r.getMessage()] == [
+        "Kubernetes API: patch nodes works again"
+    ]
+    assert _up() == 1
+
+
+async def test_a_hanging_server_is_a_failure_after_the_timeout(apiserver: ApiServer) -> None:
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    apiserver.fail("hang")
+    api = _api(apiserver, timeout=0.3)
+    try:
+        with pytest.raises(ApiUnavailable, match=r"get nodes: no answer within 0.3 s"):
+            await api.call("get", "nodes", api.client.get(Node, "node-1"))
+    finally:
+        await api.close()
+    assert _up() == 0
+
+
+async def test_not_found_is_an_answer_not_an_outage(apiserver: ApiServer) -> None:
+    api = _api(apiserver)
+    try:
+        with pytest.raises(ApiError):
+            await api.call("get", "nodes", api.client.get(Node, "absent"))
+    finally:
+        await api.close()
+    assert api.health.state().up is True
+
+
+def test_backoff_doubles_to_the_cap_with_jitter_and_resets() -> None:
+    low, high = Backoff(rng=lambda: 0.0), Backoff(rng=lambda: 0.999999)
+    lows = [low.next() for _ in range(10)]
+    highs = [high.next() for _ in range(10)]
+    assert lows[:3] == [0.25, 0.5, 1.0] and lows[-1] == 15.0
+    assert max(highs) <= 30.0 and highs[-1] == pytest.approx(30.0)
+    low.reset()
+    assert low.next() == 0.25
+
+
+async def test_writer_writes_the_newest_state_and_retries_until_it_lands(apiserver: ApiServer) -> None:
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    apiserver.fail(500, verb="patch", resource="nodes")
+    api = _api(apiserver)
+    written = anyio.Event()
+
+    async def apply(count: int) -> None:
+        patch = {"metadata": {"labels": {"count": str(count)}}}
+        await api.call("patch", "nodes", api.client.patch(Node, "node-1", patch, patch_type=PatchType.MERGE))
+        if count == 99:
+            written.set()
+
+    writer: LatestWriter[int] = LatestWriter("labels", apply, Backoff(first=0.05, cap=0.1))
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(writer.run)
+            for count in range(100):
+                writer.set(count)
+                await anyio.sleep(0)
+            await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(lambda: writer.failures, lambda failures: failures >= 2)
+            )
+            apiserver.behave()
+            with anyio.fail_after(5):
+                await written.wait()
+            tasks.cancel_scope.cancel()
+    finally:
+        await api.close()
+    node = apiserver.get("nodes", "node-1")
+    assert node is not None and node["metadata"]["labels"] == {"count": "99"}
+    patches = [s for s in apiserver.seen() if s.verb == "patch"]
+    assert writer.writes == 1
+    assert len(patches) == writer.failures + 1 < 20
+    assert not writer.pending
+
+
+def test_label_values_are_made_valid_or_skipped_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    assert sanitise("x" * 70) == "x" * 63
+    assert sanitise("24.1.RC2 (beta)") == "24.1.RC2--beta"
+    assert sanitise("(!)") == ""
+    labels = NodeLabels(replicas=1)
+    inventory = Inventory((Chip.make(0, "310P3"),), driver_version="((?))")
+    for _ in range(2):
+        labels.observe(inventory)
+    assert labels._pending is not None and "huawei.com/driver.version" not in labels._pending
+    assert labels._pending["accelerator"] == "huawei-Ascend310P"
+    assert "mind-cluster/npu-chip-memory" not in labels._pending, "310P3 has no HBM"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "Node label huawei.com/driver.version not set: '((?))' cannot be made a valid label value"
+    ]
+    assert node_labels(Inventory(), replicas=1) == {}
+
+
+async def test_a_watch_through_stream_records_its_failures(apiserver: ApiServer) -> None:
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    api = _api(apiserver)
+    try:
+        with anyio.fail_after(5):
+            async for kind, node in api.stream("nodes", api.client.watch(Node)):
+                assert (kind, node.metadata and node.metadata.name) == ("ADDED", "node-1")
+                break
+        assert api.health.state().up is True
+        apiserver.fail(403, verb="watch", resource="nodes")
+        with pytest.raises(
+            ApiUnavailable, match=r"watch nodes: 403 Forbidden: the agent may not watch nodes"
+        ):
+            async for _ in api.stream("nodes", api.client.watch(Node)):
+                pass
+    finally:
+        await api.close()
+    assert _up() == 0
+
+
+class _FailsOnce:
+    """A cluster feature with a bug on its first run."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.second = anyio.Event()
+
+    def observe(self, inventory: Inventory) -> None:
+        return None
+
+    async def run(self, api: KubeApi) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            raise RuntimeError("a bug")
+        self.second.set()
+        await anyio.sleep_forever()
+
+
+async def test_a_failing_feature_is_started_again_not_the_end_of_the_agent(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    feature = _FailsOnce()
+    side = ClusterSide(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [feature])
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(side.run)
+            await feature.second.wait()
+            tasks.cancel_scope.cancel()
+    assert feature.runs == 2
+    assert "Cluster feature _FailsOnce failed; starting it again" in caplog.text

@@ -1,0 +1,123 @@
+"""Events for chip health transitions against the Kubernetes API emulator: one per transition, repeats counted
+on the same object, and a flapping chip bounded to a handful of writes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from ascend_agent.cluster.client import KubeApi
+from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.cluster.events import NodeEvents
+from ascend_agent.model import Chip, Fault, Health, Inventory
+from tests.support.apiserver import ApiServer
+
+HEALTHY = Chip.make(3, "910B3")
+FAULTY = HEALTHY.with_health(Health.UNHEALTHY, "Health Alarm from npu-smi")
+FAULTY = Chip(**{**{f: getattr(FAULTY, f) for f in FAULTY.__slots__}, "faults": (Fault("80E3A203"),)})
+HELD = Chip(**{**{f: getattr(FAULTY, f) for f in FAULTY.__slots__}, "held": True})
+
+
+def _inventory(*chips: Chip) -> Inventory:
+    return Inventory(chips=(Chip.make(0, "910B3"), *chips))
+
+
+async def _wait(apiserver: ApiServer, read: Callable[[], Any], ready: Callable[[Any], bool]) -> Any:
+    return await anyio.to_thread.run_sync(lambda: apiserver.wait_for(read, ready, timeout=5))
+
+
+@asynccontextmanager
+async def _running(apiserver: ApiServer) -> AsyncIterator[NodeEvents]:
+    """NodeEvents with its task (a fixture's teardown would run in another task than its task group)."""
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1")
+    feature = NodeEvents(min_interval=0.5)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(feature.run, api)
+        yield feature
+        tasks.cancel_scope.cancel()
+    await api.close()
+
+
+def _by_reason(apiserver: ApiServer) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for event in apiserver.list("events", "default"):
+        found.setdefault(event["reason"], []).append(event)
+    return found
+
+
+async def test_one_event_per_transition(apiserver: ApiServer) -> None:
+    async with _running(apiserver) as events:
+        events.observe(_inventory(HEALTHY))
+        events.observe(_inventory(FAULTY))
+        (unhealthy,) = (await _wait(apiserver, lambda: _by_reason(apiserver), lambda f: "NPUUnhealthy" in f))[
+            "NPUUnhealthy"
+        ]
+        assert unhealthy["type"] == "Warning"
+        assert (
+            unhealthy["message"]
+            == "Ascend910-3 is Unhealthy: Health Alarm from npu-smi (fault codes 80E3A203)"
+        )
+        assert unhealthy["involvedObject"] == {
+            "kind": "Node",
+            "name": "node-1",
+            "uid": "node-1",
+            "apiVersion": "v1",
+        }
+        assert unhealthy["source"] == {"component": "ascend-agent", "host": "node-1"}
+        assert unhealthy["reportingComponent"] == "ascend-agent"
+        assert unhealthy["count"] == 1
+        events.observe(_inventory(HELD))
+        events.observe(_inventory(HEALTHY))
+        found = await _wait(
+            apiserver, lambda: _by_reason(apiserver), lambda f: "NPUHealthy" in f and "NPUHeld" in f
+        )
+        assert found["NPUHeld"][0]["type"] == "Warning"
+        assert found["NPUHeld"][0]["message"].startswith("Ascend910-3 is held Unhealthy: ")
+        assert (found["NPUHealthy"][0]["type"], found["NPUHealthy"][0]["message"]) == (
+            "Normal",
+            "Ascend910-3 is Healthy again",
+        )
+        assert sum(map(len, found.values())) == 3
+
+
+async def test_a_flapping_chip_counts_on_one_event_with_few_writes(apiserver: ApiServer) -> None:
+    async with _running(apiserver) as events:
+        events.observe(_inventory(HEALTHY))
+        for _ in range(100):
+            events.observe(_inventory(FAULTY))
+            events.observe(_inventory(HEALTHY))
+            await anyio.sleep(0)
+        found = await _wait(
+            apiserver,
+            lambda: _by_reason(apiserver),
+            lambda f: (
+                [e["count"] for e in f.get("NPUUnhealthy", [])] == [100]
+                and [e["count"] for e in f.get("NPUHealthy", [])] == [100]
+            ),
+        )
+        unhealthy = found["NPUUnhealthy"][0]
+        assert unhealthy["lastTimestamp"] >= unhealthy["firstTimestamp"]
+        writes = [s for s in apiserver.seen() if s.resource == "events"]
+        assert len(writes) <= 6, [(s.verb, s.data) for s in writes]
+        assert {s.verb for s in writes} == {"create", "patch"}
+
+
+async def test_events_wait_out_an_outage_and_keep_their_count(apiserver: ApiServer) -> None:
+    async with _running(apiserver) as events:
+        apiserver.fail(500, verb="create", resource="events")
+        events.observe(_inventory(HEALTHY))
+        events.observe(_inventory(FAULTY))
+        events.observe(_inventory(HEALTHY))
+        events.observe(_inventory(FAULTY))
+        await _wait(apiserver, lambda: len(apiserver.seen()), lambda n: n >= 2)
+        apiserver.behave()
+        found = await _wait(
+            apiserver,
+            lambda: _by_reason(apiserver),
+            lambda f: [e["count"] for e in f.get("NPUUnhealthy", [])] == [2] and "NPUHealthy" in f,
+        )
+        assert len(found["NPUUnhealthy"]) == 1

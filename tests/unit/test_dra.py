@@ -1,0 +1,197 @@
+"""The DRA driver's parts without processes: devices and slices against the resource.k8s.io/v1 schema of
+Kubernetes 1.36, the checkpoint of prepared claims, the gRPC method paths the kubelet calls, the settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import kubernetes_validate
+import pytest
+
+from ascend_agent.cluster.client import KubeApi
+from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.dra import DraDriver
+from ascend_agent.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
+from ascend_agent.dra.claims import CheckpointError, Prepared, PreparedClaim, PreparedDevice
+from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
+from ascend_agent.dra.service import DraService
+from ascend_agent.dra.slices import ResourceSlice, SlicePublisher
+from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
+from tests.support.apiserver import ApiServer
+
+KUBERNETES = "1.36"
+TAINTS = DeviceTaints("npu.huawei.com", "NoSchedule")
+
+
+def _slice(spec: dict[str, Any], index: int = 0, count: int = 1) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"node-1-npu.huawei.com-{index}"},
+        "spec": {
+            "driver": "npu.huawei.com",
+            "nodeName": "node-1",
+            "pool": {"name": "node-1", "generation": 1, "resourceSliceCount": count},
+            **spec,
+        },
+    }
+
+
+def test_a3_dies_share_a_module_and_910a_chips_name_their_ring() -> None:
+    dies = tuple(Chip.make(i, "910_9392", npu_id=i // 2, hbm_mb=65536) for i in range(4))
+    (spec,) = pool_slices(Inventory(dies, driver_version="25.0.rc1.1"), TAINTS)
+    attributes = [d["attributes"] for d in spec["devices"]]
+    assert [a["moduleId"]["int"] for a in attributes] == [0, 0, 1, 1]
+    assert [(a["npuId"]["int"], a["chipId"]["int"]) for a in attributes] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(a["driverVersion"] == {"version": "25.0.1-rc.1"} for a in attributes)
+    assert kubernetes_validate.validate(_slice(spec), KUBERNETES, strict=True) == KUBERNETES
+
+    rings = tuple(Chip.make(i, "910ProB") for i in range(8))
+    (spec,) = pool_slices(Inventory(rings), TAINTS)
+    assert [d["attributes"]["hccsRing"]["int"] for d in spec["devices"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert all("moduleId" not in d["attributes"] for d in spec["devices"])
+
+
+def test_unhealthy_and_held_chips_are_tainted_with_a_valid_value() -> None:
+    chips = (
+        Chip.make(0, "910B4"),
+        Chip.make(1, "910B4", health=Health.UNHEALTHY, reason="npu-smi: Critical (80E3A203) on chip 1"),
+        Chip.make(2, "910B4", held=True),
+    )
+    (spec,) = pool_slices(Inventory(chips), DeviceTaints("npu.huawei.com", "NoExecute"))
+    taints = [d.get("taints") for d in spec["devices"]]
+    assert taints == [
+        None,
+        [
+            {
+                "key": "npu.huawei.com/unhealthy",
+                "value": "npu-smi--Critical--80E3A203--on-chip-1",
+                "effect": "NoExecute",
+            }
+        ],
+        [{"key": "npu.huawei.com/unhealthy", "value": "held", "effect": "NoExecute"}],
+    ]
+    assert kubernetes_validate.validate(_slice(spec), KUBERNETES, strict=True) == KUBERNETES
+
+
+def test_a_pool_with_taints_is_split_at_64_devices_per_slice() -> None:
+    chips = [Chip.make(i, "310P3") for i in range(100)]
+    chips[7] = chips[7].with_health(Health.UNHEALTHY, "gone")
+    specs = pool_slices(Inventory(tuple(chips)), TAINTS)
+    assert [len(s["devices"]) for s in specs] == [MAX_DEVICES_WITH_TAINTS, 100 - MAX_DEVICES_WITH_TAINTS]
+    for index, spec in enumerate(specs):
+        assert kubernetes_validate.validate(_slice(spec, index, len(specs)), KUBERNETES, strict=True)
+    assert len(pool_slices(Inventory(tuple(c.with_health(Health.HEALTHY) for c in chips)), TAINTS)) == 1
+
+
+def test_the_checkpoint_survives_a_new_process_and_refuses_garbage(short_dir: Path) -> None:
+    checkpoint = short_dir / "plugin" / "checkpoint.json"
+    spec = short_dir / "cdi" / "claim.json"
+    claim = PreparedClaim(
+        "uid-1",
+        "default",
+        "train",
+        (PreparedDevice(("npus",), "node-1", "npu-0", ("k/claim=uid-1-npu-0",)),),
+        str(spec),
+    )
+    prepared = Prepared.load(checkpoint)
+    prepared.add(claim, {"cdiVersion": "0.6.0"})
+    assert json.loads(spec.read_text()) == {"cdiVersion": "0.6.0"}
+
+    again = Prepared.load(checkpoint)
+    assert again.get("uid-1") == claim
+    again.unprepare("uid-1")
+    again.unprepare("never-prepared")
+    assert not spec.exists() and len(Prepared.load(checkpoint)) == 0
+
+    checkpoint.write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"checkpoint\.json is not a checkpoint"):
+        Prepared.load(checkpoint)
+    settings = Settings(kubelet_dir=short_dir / "device-plugins", kubelet_api="dra", dra_driver_name="plugin")
+    (short_dir / "plugins" / "plugin").mkdir(parents=True)
+    (short_dir / "plugins" / "plugin" / "checkpoint.json").write_text("[]")
+    with pytest.raises(ConfigError, match="move it away"):
+        DraDriver.open(settings, None)
+
+
+def test_the_method_paths_are_the_kubelets(short_dir: Path) -> None:
+    service = DraService("npu.huawei.com", "node-1", Prepared(short_dir / "c.json"), short_dir, None)
+    paths = {path for handler in service.handlers() for path in handler.__mapping__()}  # type: ignore[attr-defined]
+    assert paths == {
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+        "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",
+        "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources",
+        "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources",
+        "/v1.DRAResourceHealth/NodeWatchResources",
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"kubelet_api": "csi"}, "--kubelet-api must be one of device-plugin, dra"),
+        ({"dra_driver_name": "NPU_driver"}, "--dra-driver-name must be a lower-case DNS subdomain"),
+        ({"dra_taint_effect": "PreferNoSchedule"}, "--dra-taint-effect must be one of NoSchedule, NoExecute"),
+    ],
+)
+def test_bad_dra_settings_are_one_line(overrides: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SettingsSource(overrides=overrides).load()
+
+
+def _claim_object(uid: str, results: list[dict[str, str]] | None) -> dict[str, Any]:
+    status = {} if results is None else {"allocation": {"devices": {"results": results}}}
+    return {"metadata": {"name": "train", "namespace": "default", "uid": uid}, "status": status}
+
+
+def test_only_this_drivers_results_in_this_pool_are_prepared() -> None:
+    reader = ClaimReader(lambda: None, "npu.huawei.com", "node-1")
+    ref = ClaimRef("default", "train", "u1")
+    mixed = [
+        {"request": "a", "driver": "npu.huawei.com", "pool": "node-1", "device": "npu-0"},
+        {"request": "a", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0"},
+        {"request": "b", "driver": "npu.huawei.com", "pool": "node-2", "device": "npu-1"},
+    ]
+    assert reader._results(ref, _claim_object("u1", mixed)) == (Allocated("a", "npu-0"),)
+    with pytest.raises(ClaimError, match="is not allocated"):
+        reader._results(ref, _claim_object("u1", None))
+    with pytest.raises(ClaimError, match=r"no device of driver npu\.huawei\.com in pool node-1"):
+        reader._results(ref, _claim_object("u1", mixed[1:]))
+
+
+async def test_a_claim_before_the_client_has_loaded_is_an_error_for_that_claim(short_dir: Path) -> None:
+    reader = ClaimReader(lambda: None, "npu.huawei.com", "node-1")
+    service = DraService("npu.huawei.com", "node-1", Prepared(short_dir / "c.json"), short_dir, reader)
+    service.publish([Chip.make(0, "910B4")], lambda chips: ContainerSpec())
+    answers = await service.prepare([ClaimRef("default", "train", "u1")])
+    assert answers == {
+        "u1": "cannot read ResourceClaim default/train: the Kubernetes client is still loading"
+    }
+
+
+async def test_a_slice_deleted_by_hand_is_published_again_at_the_refresh(apiserver: ApiServer) -> None:
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    publisher = SlicePublisher("npu.huawei.com", "NoSchedule", refresh=0.1)
+    publisher.observe(Inventory((Chip.make(0, "910B4"), Chip.make(1, "910B4"))))
+
+    async def slices() -> list[dict[str, Any]]:
+        with anyio.fail_after(10):
+            while not (found := apiserver.list("resourceslices")):
+                await anyio.sleep(0.01)
+        return found
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(publisher.run, api)
+        (first,) = await slices()
+        await api.client.delete(ResourceSlice, first["metadata"]["name"])
+        (again,) = await slices()
+        tasks.cancel_scope.cancel()
+    assert again["spec"]["devices"] == first["spec"]["devices"]
+    assert again["spec"]["pool"]["generation"] == first["spec"]["pool"]["generation"] + 1
+    writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
+    assert len(writes) == 2, "refreshes of an unchanged pool write nothing"
+    await api.close()

@@ -1,0 +1,71 @@
+"""examples/dra/: valid against the Kubernetes 1.36 schemas (offline, strict: extendedResourceName and device
+taints are not in older ones), the DaemonSet runs the agent in DRA mode with a config Settings accepts, and
+the CEL selectors name attributes the agent publishes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from ascend_agent.config import DRA_API, SettingsSource
+from ascend_agent.dra.devices import DeviceTaints, pool_slices
+from ascend_agent.model import Chip, Inventory
+from tests.support import ROOT
+
+KUBERNETES = "1.36"
+DRA = ROOT / "examples" / "dra"
+
+
+def _documents() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path in sorted(DRA.glob("*.yaml")):
+        for index, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
+            if doc is not None:
+                found.append((f"{path.name}[{index}]{doc['kind']}", doc))
+    return found
+
+
+DOCUMENTS = _documents()
+
+
+@pytest.mark.parametrize("doc", [d for _, d in DOCUMENTS], ids=[n for n, _ in DOCUMENTS])
+def test_manifest_is_valid_for_kubernetes_1_36(doc: dict[str, Any]) -> None:
+    assert kubernetes_validate.validate(doc, KUBERNETES, strict=True) == KUBERNETES
+
+
+def test_the_daemonset_runs_the_dra_driver(tmp_path: Path) -> None:
+    (config,) = [d for _, d in DOCUMENTS if d["kind"] == "ConfigMap"]
+    path = tmp_path / "config.yaml"
+    path.write_text(config["data"]["config.yaml"], encoding="utf-8")
+    loaded = SettingsSource({}, path).load()
+    assert loaded.kubelet_api == DRA_API and loaded.dra_driver_name == "npu.huawei.com"
+    kinds = [d["kind"] for _, d in DOCUMENTS]
+    for kind in ("DaemonSet", "ClusterRole", "DeviceClass", "ResourceClaimTemplate"):
+        assert kind in kinds
+    (role,) = [d for _, d in DOCUMENTS if d["kind"] == "ClusterRole"]
+    verbs = {r["resources"][0]: set(r["verbs"]) for r in role["rules"]}
+    assert verbs["resourceslices"] == {"list", "create", "patch", "delete"}
+    assert verbs["resourceclaims"] == {"get"}
+
+
+def test_selectors_name_published_attributes() -> None:
+    a3 = tuple(Chip.make(i, "910_9392", npu_id=i // 2, hbm_mb=65536) for i in range(4))
+    rings = tuple(Chip.make(i, "910ProB") for i in range(8))
+    taints = DeviceTaints("npu.huawei.com", "NoSchedule")
+    published = {
+        name
+        for inventory in (Inventory(a3, driver_version="25.0.rc1.1"), Inventory(rings))
+        for spec in pool_slices(inventory, taints)
+        for device in spec["devices"]
+        for name in (*device["attributes"], *device.get("capacity", {}))
+    }
+    text = "\n".join(p.read_text(encoding="utf-8") for p in DRA.glob("*.yaml"))
+    named = set(re.findall(r'\["npu\.huawei\.com"\]\.(\w+)', text)) | set(
+        re.findall(r"matchAttribute: npu\.huawei\.com/(\w+)", text)
+    )
+    assert named and named <= published, named - published

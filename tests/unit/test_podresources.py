@@ -1,0 +1,50 @@
+"""Which pod holds which chip, asked of a PodResources stand-in over its unix socket."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ascend_agent.model import Chip
+from ascend_agent.podresources import Holder, PodHolders, PodResourcesError, list_holders
+from tests.support.podresources import PodResourcesStandin
+
+
+async def test_holders_by_chip_and_replica(podresources: PodResourcesStandin) -> None:
+    podresources.hold("huawei.com/Ascend910", ["Ascend910-3-0"], "team-a", "train-0", "main")
+    podresources.hold("huawei.com/Ascend910", ["Ascend910-3-1", "Ascend910-4-0"], "team-b", "infer", "server")
+    podresources.hold("nvidia.com/gpu", ["Ascend910-5-0"], "other", "gpu-pod", "c")
+    holders = await list_holders(podresources.path)
+    chip3, chip4, chip5 = (Chip.make(i, "910B3") for i in (3, 4, 5))
+    assert holders.of(chip3, replicas=2) == (
+        Holder("team-a", "train-0", "main"),
+        Holder("team-b", "infer", "server"),
+    )
+    assert holders.of(chip4, replicas=2) == (Holder("team-b", "infer", "server"),)
+    assert holders.of(chip5, replicas=2) == (), "another resource's device of the same name is not ours"
+
+
+async def test_missing_socket_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(
+        PodResourcesError, match=r"does not exist \(is the pod-resources directory mounted\?\)"
+    ):
+        await list_holders(tmp_path / "absent.sock")
+
+
+async def test_refusing_socket_costs_one_warning_and_empty_holders(
+    podresources: PodResourcesStandin, caplog: pytest.LogCaptureFixture
+) -> None:
+    podresources.hold("huawei.com/Ascend910", ["Ascend910-0"], "ns", "p", "c")
+    view = PodHolders(podresources.path, interval=5)
+    assert await view.refresh() is True
+    podresources.refuse = True
+    for _ in range(3):
+        await view.refresh()
+    assert view.holders.by_device == {}
+    assert view.error is not None and "refused List: pod resources are not ready" in view.error
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    podresources.refuse = False
+    assert await view.refresh() is True
+    assert view.error is None
