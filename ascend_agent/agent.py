@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,8 @@ _KUBELET_TAG = "kubelet"
 _ENDPOINTS_TAG = "endpoints"
 _BACKEND_TAG = "backend"
 _CONFIG_TAG = "config"
+# At most one config reload per this many seconds: a burst of SIGHUPs makes two, not one per signal.
+_RELOAD_SPACING = 1.0
 # The cluster side starts this long after the agent at the latest, registered or not.
 _CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
@@ -113,6 +116,7 @@ class Agent:
         self._plugins: dict[str, _Running] = {}
         self._wakeup = anyio.Event()
         self._reload = False
+        self._last_reload = -math.inf
         self._known_chips: set[str] = set()
         self._health: dict[str, tuple[Health, str]] = {}
         self._problems: tuple[str, ...] = ()
@@ -179,7 +183,12 @@ class Agent:
                 while True:
                     self._wakeup = anyio.Event()
                     if self._reload:
+                        # Reloads asked for in a burst (SIGHUPs in a loop) make one more, after the spacing.
+                        await anyio.sleep(
+                            max(0.0, self._last_reload + _RELOAD_SPACING - anyio.current_time())
+                        )
                         self._reload = False
+                        self._last_reload = anyio.current_time()
                         await self._apply_config()
                     await self.reconcile()
                     await self._wakeup.wait()
