@@ -121,9 +121,13 @@ def _healthz_worst(port: int, stop: threading.Event) -> list[float]:
         while not stop.is_set():
             start = time.monotonic()
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            connection.request("GET", "/healthz")
-            connection.getresponse().read()
-            connection.close()
+            try:
+                connection.request("GET", "/healthz")
+                connection.getresponse().read()
+            except OSError:  # the agent stopping at the end
+                return
+            finally:
+                connection.close()
             worst.append(time.monotonic() - start)
 
     threading.Thread(target=probe, daemon=True).start()
