@@ -3,14 +3,13 @@ HTTP/2 rapid resets (HEADERS then RST_STREAM at once) on its DevicePlugin socket
 agent ends a connection; and the time until a 1 MiB GetInfo on the plugin-watcher registration socket is
 answered, with the slowest /healthz answer meanwhile. ``--quick``: 10,000 resets.
 
-``ASCEND_AGENT_CODE=/path/to/a/checkout`` runs that checkout's agent instead (to compare with an older one).
+Run from another checkout's directory (with this file copied into its bench/) to measure that checkout's agent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import http.client
-import os
 import socket
 import sys
 import tempfile
@@ -42,10 +41,6 @@ def _free_port() -> int:
 
 
 def _start(kubelet_dir: Path, registry: Path, port: int) -> AgentProcess:
-    env = {}
-    code = os.environ.get("ASCEND_AGENT_CODE")
-    if code:
-        env["PYTHONPATH"] = code
     agent = AgentProcess(
         [
             "run",
@@ -61,8 +56,7 @@ def _start(kubelet_dir: Path, registry: Path, port: int) -> AgentProcess:
             str(kubelet_dir.parent / "plugin"),
             "--metrics-address",
             f"127.0.0.1:{port}",
-        ],
-        env=env,
+        ]
     )
     agent.wait_log(r"Serving /metrics")
     return agent
