@@ -3,7 +3,7 @@ HTTP/2 rapid resets (HEADERS then RST_STREAM at once) on its DevicePlugin socket
 agent ends a connection; and the time until a 1 MiB GetInfo on the plugin-watcher registration socket is
 answered, with the slowest /healthz answer meanwhile. ``--quick``: 10,000 resets.
 
-Run from another checkout's directory (with this file copied into its bench/) to measure that checkout's agent.
+Run from another checkout's directory (this file copied into its bench/) to measure that checkout's agent.
 """
 
 from __future__ import annotations
