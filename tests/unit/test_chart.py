@@ -234,15 +234,9 @@ def test_dra_mode() -> None:
         "draTaintEffect": "NoExecute",
         "draCleanup": False,
     }
-    assert _verbs(docs, "resource.k8s.io", "resourceslices") == {
-        "create",
-        "update",
-        "delete",
-        "list",
-        "watch",
-        "get",
-    }
-    assert _verbs(docs, "resource.k8s.io", "resourceclaims") == {"get"}
+    dra_example = _by_key(_docs((ROOT / "examples" / "dra" / "daemonset.yaml").read_text(encoding="utf-8")))
+    for resource in ("resourceslices", "resourceclaims"):
+        assert _verbs(docs, "resource.k8s.io", resource) == _verbs(dra_example, "resource.k8s.io", resource)
     assert not _verbs(default, "resource.k8s.io", "resourceslices")
     mounts = _mounts(docs)
     assert "/var/lib/kubelet/device-plugins" not in mounts
