@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import tempfile
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from typing import Any
 import yaml
 
 from ascend_agent.container import container_spec
-from ascend_agent.files import make_dirs
+from ascend_agent.files import check_not_shared, make_dirs
 from ascend_agent.model import Chip, ContainerBase, ContainerSpec
 from ascend_agent.naming import CDI_KIND
 
@@ -89,7 +88,7 @@ async def write_spec(directory: Path, document: dict[str, Any]) -> Path:
 
 def _write(directory: Path, text: str) -> Path:
     make_dirs(directory, 0o755)  # container runtimes read it
-    _check_directory(directory)
+    check_not_shared(directory)
     target = directory / SPEC_FILE
     handle, temporary = tempfile.mkstemp(prefix=f".{SPEC_FILE}.", dir=directory)
     try:
@@ -102,16 +101,6 @@ def _write(directory: Path, text: str) -> Path:
             os.unlink(temporary)
         raise
     return target
-
-
-def _check_directory(directory: Path) -> None:
-    """The spec goes only where no one but the agent's user can replace it (what the runtime reads from it
-    becomes a container's devices and mounts)."""
-    stat = os.stat(directory)
-    if stat.st_uid != os.geteuid() or stat.st_mode & 0o022:
-        raise PermissionError(
-            errno.EPERM, f"{directory} can be changed by users other than {os.geteuid()}; make it 0755"
-        )
 
 
 def remove_spec(directory: Path) -> None:

@@ -7,6 +7,7 @@ whatever the umask, and never through a link someone planted::
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -34,3 +35,13 @@ def make_dirs(directory: Path, mode: int) -> None:
 def open_no_follow(path: Path, flags: int, mode: int = 0o644) -> int:
     """``os.open`` that refuses a symbolic link at ``path`` (ELOOP) and is closed on exec."""
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def check_not_shared(directory: Path) -> None:
+    """PermissionError unless only the agent's user can change ``directory``: what is written there (a CDI
+    spec becomes a container's devices and mounts) must not be replaceable by others."""
+    stat = os.stat(directory)
+    if stat.st_uid != os.geteuid() or stat.st_mode & 0o022:
+        raise PermissionError(
+            errno.EPERM, f"{directory} can be changed by users other than {os.geteuid()}; make it 0755"
+        )
