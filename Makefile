@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# `make run` needs only what running needs: the package and its runtime dependencies, not the test tools.
+RUN_STAMP := $(VENV)/.run-stamp
 PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto protos/podresources/v1/api.proto
 # The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
 DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
@@ -21,11 +23,17 @@ $(STAMP): pyproject.toml
 	$(if $(_python_ok),,$(error ascend-agent needs Python $(PYTHON_MIN) or newer but $(PYTHON) is $(or $(_python_version),not found); pick another with make PYTHON=python$(PYTHON_MIN)))
 	$(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml
+	$(if $(_python_ok),,$(error ascend-agent needs Python $(PYTHON_MIN) or newer but $(PYTHON) is $(or $(_python_version),not found); pick another with make PYTHON=python$(PYTHON_MIN)))
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e .
+	touch $(RUN_STAMP)
 
 install: $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" examples/run-local.sh
 
 # The agent as a DRA driver against the tests' API emulator and DRA kubelet stand-in (docs/dra.md).

@@ -14,10 +14,12 @@ resource's lifecycle, so no task outlives the agent::
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import math
 from dataclasses import dataclass, fields, replace
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -36,6 +38,8 @@ from ascend_agent.config import (
 )
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.flaphold import ChipHold
+from ascend_agent.kubelet_dirs import waiting_reason
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     DEVICE_HEALTH,
@@ -78,6 +82,11 @@ _AGENT_SETTINGS = frozenset(
         "plugins_registry_dir",
         "plugin_dir",
         "replicas",
+        "rename_shared",
+        "fail_requests_greater_than_one",
+        "flap_threshold",
+        "flap_window",
+        "flap_quiet",
         "serve_timeout",
         "cdi_spec_dir",
         "metrics_address",
@@ -88,6 +97,9 @@ _AGENT_SETTINGS = frozenset(
         *_KUBELET_API_SETTINGS,
     }
 )
+# Seconds between tries to serve the HTTP endpoint on an address another process holds.
+_HTTP_RETRY_FIRST = 1.0
+_HTTP_RETRY_MOST = 10.0
 # Settings that decide where and how each resource is served: a change re-serves every resource.
 _SERVING_SETTINGS = frozenset({"kubelet_dir", "registration", "plugins_registry_dir", "plugin_dir"})
 
@@ -130,6 +142,8 @@ class Agent:
         self._cdi_document: dict[str, Any] | None = None
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
+        self._missing: Path | None = None
+        self._hold = ChipHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
         self._dra: DraDriver | None = None
@@ -153,8 +167,14 @@ class Agent:
         update with ``maxSurge`` (which waits for the new pod to be ready) lets the old pod go."""
         self._standby = holder
 
+    def waiting_for(self, directory: Path | None) -> None:
+        """The kubelet's ``directory`` is missing and waited for (None: no more): ``/readyz`` says so."""
+        self._missing = directory
+
     def ready(self) -> tuple[bool, str]:
         """``/readyz``: every resource with chips registered, and its kubelet stream open; or standing by."""
+        if self._missing is not None:
+            return False, waiting_reason(self._missing)
         if self._standby is not None:
             return True, f"standby: the ascend-agent with pid {self._standby} holds this node until it stops"
         if self._dra is not None:
@@ -180,6 +200,8 @@ class Agent:
                 self._tasks = tasks
                 if http is not None:
                     self._serve_http(http)
+                elif self.settings.metrics_address:
+                    self._serve_http_when_free(self.settings.metrics_address)
                 if self.cluster is not None:
                     tasks.start_soon(self._run_cluster, name="cluster")
                 if self._dra is not None:
@@ -199,7 +221,9 @@ class Agent:
                         self._last_reload = anyio.current_time()
                         await self._apply_config()
                     await self.reconcile()
-                    await self._wakeup.wait()
+                    # A held chip comes back once quiet, with no event to say so: look again then.
+                    with anyio.move_on_after(self._hold.seconds_to_release()):
+                        await self._wakeup.wait()
         finally:
             self._tasks = None
             with anyio.CancelScope(shield=True):
@@ -273,6 +297,35 @@ class Agent:
                 if changed:
                     self.wake()
 
+    def _serve_http_when_free(self, address: str) -> None:
+        """Serve the HTTP endpoint on ``address`` once nothing else holds it (the agent that stopped before
+        this one took over, say): the kubelet path never waits for it."""
+        assert self._tasks is not None
+        self._http_scope.cancel()
+        scope = self._http_scope = anyio.CancelScope()
+
+        async def retry() -> None:
+            delay = 0.0
+            with scope:
+                while True:
+                    await anyio.sleep(delay)
+                    try:
+                        server = await serve_http(address, self.ready, self.health_detail)
+                    except OSError as exc:
+                        if exc.errno != errno.EADDRINUSE:
+                            log.error("Cannot serve /metrics on %s: %s", address, exc.strerror or exc)
+                            return
+                        delay = min(max(2 * delay, _HTTP_RETRY_FIRST), _HTTP_RETRY_MOST)
+                        continue
+                    log.info("Serving /metrics, /healthz and /readyz on %s", address)
+                    break
+            if not scope.cancel_called:
+                self._serve_http(server)
+            else:
+                server.close()
+
+        self._tasks.start_soon(retry, name="http retry")
+
     async def _run_cluster(self) -> None:
         """The cluster side, once the kubelet registered a resource (loading the client library meanwhile
         would delay that registration) or after a few seconds without."""
@@ -321,6 +374,7 @@ class Agent:
             self.backend = backend
             await backend.query()
         configure_logging(settings.log_level, settings.log_format)
+        self._hold.configure(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         if settings.metrics_address != self.settings.metrics_address and not await self._move_http(
             settings.metrics_address
         ):
@@ -376,6 +430,7 @@ class Agent:
     async def reconcile(self) -> None:
         """Discover, then make the plugins and what they advertise match."""
         inventory = await self.backend.discover()
+        inventory = replace(inventory, chips=self._hold.apply(inventory.chips))
         self.inventory = inventory
         self._report(inventory)
         if self._dra is not None:
@@ -383,13 +438,19 @@ class Agent:
             if self.cluster is not None:
                 self.cluster.observe(inventory)
             return
-        desired = inventory.by_resource()
+        settings = self.settings
+        desired = {
+            naming.advertised_resource(resource, settings.replicas, settings.rename_shared): chips
+            for resource, chips in inventory.by_resource().items()
+        }
         self._count(desired)
         container = replace(inventory.container, cdi=self.settings.cdi_spec_dir is not None)
         for resource in [r for r in self._plugins if r not in desired]:
             log.info("No more chips for %s; stopping its server", resource)
             self._stop_plugin(resource)
         replicas = self.settings.replicas
+        # failRequestsGreaterThanOne: a container gets one replica of a shared chip at most.
+        most = 1 if replicas > 1 and settings.fail_requests_greater_than_one else None
         for resource, chips in desired.items():
             running = self._plugins.get(resource) or self._start_plugin(resource)
             devices = {
@@ -397,7 +458,9 @@ class Agent:
                 for chip in chips
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
-            running.plugin.publish(devices, partial(preferred, topology_for(chips, replicas)), container)
+            running.plugin.publish(
+                devices, partial(preferred, topology_for(chips, replicas)), container, most_per_container=most
+            )
         if self.cluster is not None:
             self.cluster.observe(inventory)
         await self._write_cdi(inventory)

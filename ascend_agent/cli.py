@@ -17,7 +17,7 @@ import click
 import typer
 from click.core import ParameterSource
 
-from ascend_agent import __version__
+from ascend_agent import __version__, naming
 from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Settings, SettingsSource
 from ascend_agent.stopping import catch_early
 
@@ -249,6 +249,24 @@ DraCleanup = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+DaemonSetName = Annotated[
+    str,
+    typer.Option(
+        "--daemonset-name",
+        envvar="ASCEND_AGENT_DAEMONSET_NAME",
+        help="The agent's DaemonSet.",
+        show_default=True,
+    ),
+]
+DaemonSetNamespace = Annotated[
+    str,
+    typer.Option(
+        "--daemonset-namespace",
+        envvar="ASCEND_AGENT_DAEMONSET_NAMESPACE",
+        help="The DaemonSet's namespace.",
+        show_default=True,
+    ),
+]
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -413,6 +431,8 @@ def doctor(
     registration: Registration = None,
     plugin_dir: PluginDir = None,
     metrics_address: MetricsAddress = None,
+    daemonset_name: DaemonSetName = naming.DAEMONSET_NAME,
+    daemonset_namespace: DaemonSetNamespace = naming.DAEMONSET_NAMESPACE,
     pod_resources_socket: PodResourcesSocket = None,
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
@@ -420,11 +440,12 @@ def doctor(
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""
     overrides = dict(locals())
-    overrides.pop("json_output")
+    for option in ("json_output", "daemonset_name", "daemonset_namespace"):
+        overrides.pop(option)
     _, settings = _settings(overrides)
-    from ascend_agent.doctor import as_json, render, run_checks
+    from ascend_agent.doctor import AgentDaemonSet, as_json, render, run_checks
 
-    checks = asyncio.run(run_checks(settings))
+    checks = asyncio.run(run_checks(settings, AgentDaemonSet(daemonset_name, daemonset_namespace)))
     print(as_json(checks) if json_output else render(checks))
     raise typer.Exit(EXIT_FAILURE if any(check.ok is False for check in checks) else 0)
 

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from ascend_agent.faults import VERDICTS
+from ascend_agent.model import UnknownModelError, classify
 from ascend_agent.naming import NAMING_SCHEMES
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
@@ -93,6 +94,9 @@ class Settings:
     model: str | None = None
     resource_naming: str = "huawei"
     replicas: int = 1
+    # With replicas > 1: advertise <resource>.shared instead, and refuse a container more than one replica.
+    rename_shared: bool = False
+    fail_requests_greater_than_one: bool = False
     cdi_spec_dir: Path | None = None
     metrics_address: str = "127.0.0.1:9410"
     log_format: str = "text"
@@ -240,8 +244,15 @@ def _text(value: Any) -> str:
 
 
 def _model(value: Any) -> str:
-    """A chip model; YAML reads ``model: 310`` as a number, which is meant as the name."""
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
+    """A chip model that names an Ascend chip; YAML reads ``model: 310`` as a number, meant as the name."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
+    try:
+        classify(text)
+    except UnknownModelError:
+        raise ValueError(
+            f"{text!r} is not an Ascend chip model (e.g. 910B4, 910A, 910_9392, 950PR, 310P3, 310)"
+        ) from None
+    return text
 
 
 def _path(value: Any) -> Path:
@@ -301,6 +312,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "model": _optional(_model),
     "resource_naming": _one_of(*NAMING_SCHEMES),
     "replicas": _positive_int,
+    "rename_shared": _bool,
+    "fail_requests_greater_than_one": _bool,
     "cdi_spec_dir": _optional(_path),
     "metrics_address": _text,
     "log_format": _one_of(*LOG_FORMATS),

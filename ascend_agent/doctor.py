@@ -27,16 +27,24 @@ from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.transport import LocalChannel
-from ascend_agent.model import Generation
+from ascend_agent.model import Generation, Inventory
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.client import KubeApi
 
 _DIAL_TIMEOUT = 3.0
 _API_TIMEOUT = 10.0
-DAEMONSET = "ascend-device-plugin-daemonset"
-NAMESPACE = "kube-system"
+DAEMONSET = naming.DAEMONSET_NAME
+NAMESPACE = naming.DAEMONSET_NAMESPACE
 _CHIP_NODE = re.compile(r"^davinci(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDaemonSet:
+    """Which DaemonSet runs the agent (``doctor --daemonset-name/--daemonset-namespace``)."""
+
+    name: str = DAEMONSET
+    namespace: str = NAMESPACE
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,24 +55,27 @@ class Check:
     hint: str = ""
 
 
-async def run_checks(settings: Settings) -> list[Check]:
+async def run_checks(settings: Settings, daemonset: AgentDaemonSet | None = None) -> list[Check]:
     """Every check, in the order a person should read them."""
+    daemonset = daemonset or AgentDaemonSet()
     dev_root = settings.effective_dev_root
     nodes = _chip_nodes(dev_root)
     checks = [_device_files(dev_root, nodes), _driver(settings)]
     chips, npu_smi = await _npu_smi(settings)
     checks.append(npu_smi)
     checks.append(_match(nodes, chips, dev_root))
-    checks.append(_kubelet(settings.kubelet_dir))
     # npu-smi already failed on devfs: asking the backend would run it (and wait out its timeout) again.
-    discover = settings.backend != "devfs" or npu_smi.ok is True
+    inventory = await _discover(settings) if settings.backend != "devfs" or npu_smi.ok is True else None
+    if settings.backend == "devfs":
+        checks.append(_advertised(nodes, inventory))
+    checks.append(_kubelet(settings.kubelet_dir))
     unhealthy: list[tuple[str, str]] = []
-    checks.extend(await _our_sockets(settings, discover, unhealthy))
+    checks.extend(await _our_sockets(settings, inventory, unhealthy, daemonset))
     if unhealthy:
         checks.append(await _holders(settings.pod_resources_socket, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
     checks.append(await _kubernetes_api(settings.metrics_address))
-    checks.extend(await _cluster(settings))
+    checks.extend(await _cluster(settings, daemonset))
     return checks
 
 
@@ -151,9 +162,54 @@ def _match(nodes: set[int], chips: Sequence[int], dev_root: Path) -> Check:
     return Check("chips match device files", True, detail)
 
 
+_AS_ROOT = "run the doctor as root, as the agent runs: it reads the kubelet's directories and opens the chips"
+
+
+def _is_socket(path: Path) -> bool | OSError:
+    """Whether ``path`` is a socket; the error when it cannot be looked at (a directory only root reads)."""
+    try:
+        return path.is_socket()
+    except OSError as exc:
+        return exc
+
+
+async def _discover(settings: Settings) -> Inventory | None:
+    """What the agent with these settings would find; None when the settings do not make a backend."""
+    try:
+        return await discover_once(settings)
+    except ConfigError:
+        return None
+
+
+def _advertised(nodes: set[int], inventory: Inventory | None) -> Check:
+    """Every device file should become an advertised chip: a name npu-smi redacts (``xxx``) or a row it
+    leaves out keeps a chip from the kubelet although the files and npu-smi look fine."""
+    name = "chips advertised"
+    if inventory is None:
+        return Check(name, None, "skipped: the backend could not be asked")
+    advertised = {chip.phys_id for chip in inventory.chips}
+    left = sorted(nodes - advertised)
+    if left:
+        files = ", ".join(f"davinci{n}" for n in left)
+        why = "; ".join(inventory.problems)
+        return Check(
+            name,
+            False,
+            f"{len(left)} of {len(nodes)} device files would not be advertised ({files})"
+            + (f": {why}" if why else ": npu-smi does not list them"),
+            "run npu-smi info on the host: every chip must be listed; where npu-smi hides chip names, "
+            "set model: in the config file",
+        )
+    healthy = sum(chip.healthy for chip in inventory.chips)
+    return Check(name, True, f"{len(advertised)} chips would be advertised, {healthy} of them Healthy")
+
+
 def _kubelet(kubelet_dir: Path) -> Check:
     path = kubelet_dir / KUBELET_SOCKET
-    if path.is_socket():
+    found = _is_socket(path)
+    if isinstance(found, OSError):
+        return Check("kubelet socket", False, f"cannot look at {path}: {found.strerror or found}", _AS_ROOT)
+    if found:
         return Check("kubelet socket", True, f"{path}")
     return Check(
         "kubelet socket",
@@ -163,15 +219,15 @@ def _kubelet(kubelet_dir: Path) -> Check:
     )
 
 
-async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
+def _expected_sockets(settings: Settings, inventory: Inventory | None) -> list[str]:
     """The socket names of the resources this configuration serves: those of the chips found; else (no
     chips, or npu-smi failing) every name Huawei's naming can give, and under ``model`` naming the sockets of
     that shape that are there."""
-    resources: set[str] = set()
-    if discover:
-        with contextlib.suppress(ConfigError):
-            resources = set((await discover_once(settings)).by_resource())
-    names = {naming.socket_name(resource) for resource in resources}
+    resources = set(inventory.by_resource()) if inventory is not None else set()
+    names = {
+        naming.socket_name(naming.advertised_resource(resource, settings.replicas, settings.rename_shared))
+        for resource in resources
+    }
     if not names:
         names = {naming.socket_name(naming.resource_name(generation.family)) for generation in Generation}
         if settings.resource_naming == "model":
@@ -179,11 +235,19 @@ async def _expected_sockets(settings: Settings, discover: bool) -> list[str]:
     return sorted(names)
 
 
-async def _our_sockets(settings: Settings, discover: bool, unhealthy: list[tuple[str, str]]) -> list[Check]:
+async def _our_sockets(
+    settings: Settings,
+    inventory: Inventory | None,
+    unhealthy: list[tuple[str, str]],
+    daemonset: AgentDaemonSet,
+) -> list[Check]:
     """One check per plugin socket; the (resource, device ID) of each Unhealthy device go to ``unhealthy``."""
     directory = settings.endpoint_dir
-    names = await _expected_sockets(settings, discover)
-    found = [directory / name for name in names if (directory / name).is_socket()]
+    try:
+        names = _expected_sockets(settings, inventory)
+        found = [directory / name for name in names if (directory / name).is_socket()]
+    except OSError as exc:
+        return [Check("plugin socket", False, f"cannot look in {directory}: {exc.strerror or exc}", _AS_ROOT)]
     if not found:
         return [
             Check(
@@ -191,8 +255,8 @@ async def _our_sockets(settings: Settings, discover: bool, unhealthy: list[tuple
                 False,
                 f"no {', '.join(names)} in {directory}",
                 "is the agent running? "
-                "kubectl -n kube-system get pods -l app.kubernetes.io/name=ascend-agent, "
-                "then kubectl -n kube-system logs <pod>",
+                f"kubectl -n {daemonset.namespace} get pods -l app.kubernetes.io/name=ascend-agent, "
+                f"then kubectl -n {daemonset.namespace} logs <pod>",
             )
         ]
     return [await _ask(path, unhealthy) for path in found]
@@ -305,7 +369,7 @@ async def _readiness(address: str) -> Check:
     return Check("agent readiness", False, f"{address}/readyz: {body.strip()}", "see the agent's log for why")
 
 
-async def _cluster(settings: Settings) -> list[Check]:
+async def _cluster(settings: Settings, ours: AgentDaemonSet) -> list[Check]:
     """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers (the
     agent's own credentials and client: ``--kubeconfig``, the service account, ``KUBECONFIG``)."""
     from ascend_agent.cluster import find_target, node_name
@@ -318,7 +382,8 @@ async def _cluster(settings: Settings) -> list[Check]:
                 "cluster",
                 None,
                 "skipped: no Kubernetes API configured (no service account, --kubeconfig or KUBECONFIG)",
-                f"kubectl -n {NAMESPACE} get ds {DAEMONSET}; kubectl describe node {node} | grep huawei.com",
+                f"kubectl -n {ours.namespace} get ds {ours.name}; "
+                f"kubectl describe node {node} | grep huawei.com",
             )
         ]
     from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
@@ -328,7 +393,7 @@ async def _cluster(settings: Settings) -> list[Check]:
     except ClusterConnectError as exc:
         return [Check("cluster", None, f"skipped: {exc}")]
     try:
-        return [await _daemonset(api), await _node_pod(api, node), await _capacity(api, node)]
+        return [await _daemonset(api, ours), await _node_pod(api, node, ours), await _capacity(api, node)]
     except ApiUnavailable as exc:
         return [
             Check(
@@ -342,59 +407,61 @@ async def _cluster(settings: Settings) -> list[Check]:
         await api.close()
 
 
-async def _daemonset(api: KubeApi) -> Check:
+async def _daemonset(api: KubeApi, ours: AgentDaemonSet) -> Check:
     from lightkube import ApiError
     from lightkube.resources.apps_v1 import DaemonSet
 
     try:
         daemonset = await api.call(
-            "get", "daemonsets", api.client.get(DaemonSet, DAEMONSET, namespace=NAMESPACE)
+            "get", "daemonsets", api.client.get(DaemonSet, ours.name, namespace=ours.namespace)
         )
     except ApiError as exc:
         if exc.status.code == 404:
             return Check(
                 "daemonset",
                 False,
-                f"no DaemonSet {DAEMONSET} in {NAMESPACE}",
+                f"no DaemonSet {ours.name} in {ours.namespace}",
                 "kubectl apply -f examples/daemonset.yaml",
             )
         raise
     status = daemonset.status
     ready = (status.numberReady if status else 0) or 0
     desired = (status.desiredNumberScheduled if status else 0) or 0
-    detail = f"{DAEMONSET}: {ready} of {desired} pods ready"
+    detail = f"{ours.name}: {ready} of {desired} pods ready"
     if desired == 0:
         return Check("daemonset", False, detail, "no node matches its nodeSelector: label the NPU nodes")
     if ready < desired:
         return Check(
-            "daemonset", False, detail, f"kubectl -n {NAMESPACE} get pods -o wide | grep {DAEMONSET}"
+            "daemonset", False, detail, f"kubectl -n {ours.namespace} get pods -o wide | grep {ours.name}"
         )
     return Check("daemonset", True, detail)
 
 
-async def _node_pod(api: KubeApi, node: str) -> Check:
+async def _node_pod(api: KubeApi, node: str, ours: AgentDaemonSet) -> Check:
     from lightkube.resources.core_v1 import Pod
 
     async def pods_here() -> list[Pod]:
         return [
-            pod async for pod in api.client.list(Pod, namespace=NAMESPACE, fields={"spec.nodeName": node})
+            pod
+            async for pod in api.client.list(Pod, namespace=ours.namespace, fields={"spec.nodeName": node})
         ]
 
     pods = await api.call("list", "pods", pods_here())
-    ours = [pod for pod in pods if pod.metadata and (pod.metadata.name or "").startswith(f"{DAEMONSET}-")]
-    if not ours:
+    found = [pod for pod in pods if pod.metadata and (pod.metadata.name or "").startswith(f"{ours.name}-")]
+    if not found:
         return Check(
             "pod on this node",
             False,
-            f"no {DAEMONSET} pod on node {node}",
-            f"kubectl -n {NAMESPACE} describe ds {DAEMONSET}: check nodeSelector, tolerations and events",
+            f"no {ours.name} pod on node {node}",
+            f"kubectl -n {ours.namespace} describe ds {ours.name}: "
+            "check nodeSelector, tolerations and events",
         )
-    pod = ours[0]
+    pod = found[0]
     name = pod.metadata.name if pod.metadata else ""
     phase = (pod.status.phase if pod.status else None) or "Unknown"
     detail = f"{name} is {phase}"
     if phase != "Running":
-        return Check("pod on this node", False, detail, f"kubectl -n {NAMESPACE} describe pod {name}")
+        return Check("pod on this node", False, detail, f"kubectl -n {ours.namespace} describe pod {name}")
     return Check("pod on this node", True, detail)
 
 

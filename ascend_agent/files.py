@@ -12,14 +12,17 @@ import os
 from pathlib import Path
 
 
-def make_dirs(directory: Path, mode: int) -> None:
-    """Make ``directory`` and its missing parents with ``mode`` exactly (mkdir's mode is narrowed by the
-    umask, and a umask of 000 would leave them writable by all); existing ones are left as they are."""
+def make_dirs(directory: Path, mode: int, parents: bool = True) -> None:
+    """Make ``directory``, and its missing parents with ``parents``, with ``mode`` exactly (mkdir's mode is
+    narrowed by the umask, and a umask of 000 would leave them writable by all); existing ones are left as
+    they are. FileNotFoundError when a parent is missing and ``parents`` is False."""
     missing = []
     place = directory
     while not place.exists() and place != place.parent:
         missing.append(place)
         place = place.parent
+    if not parents:
+        missing = missing[:1]
     for step in reversed(missing):
         try:
             os.mkdir(step, mode)

@@ -12,10 +12,16 @@ as it likes (observing the same state again changes nothing) and logs the events
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from ascend_agent.model import Chip, Health
+from ascend_agent.observability import CHIP_HELD
+
+log = logging.getLogger(__name__)
 
 
 class HoldEvent(enum.StrEnum):
@@ -88,13 +94,16 @@ class FlapHold:
             return HoldStep(held=False, event=HoldEvent.ENDED)
         return HoldStep(held=True)
 
-    def release_due(self) -> bool:
-        """True when a held chip has been Healthy for the quiet period: observing it now ends its hold."""
+    def seconds_to_release(self) -> float | None:
+        """Seconds until a held chip that is Healthy now has been so for the quiet period (observing it then
+        ends its hold); None while no held chip is Healthy."""
         now = self._clock()
-        return any(
-            track.held and track.healthy_since is not None and now - track.healthy_since >= self.quiet
+        left = [
+            self.quiet - (now - track.healthy_since)
             for track in self._tracks.values()
-        )
+            if track.held and track.healthy_since is not None
+        ]
+        return max(0.0, min(left)) if left else None
 
     def reason(self) -> str:
         """Why a held chip is Unhealthy, for ``list`` and the logs."""
@@ -102,3 +111,44 @@ class FlapHold:
             f"held Unhealthy: it turned Unhealthy {self.threshold} times within {self.window:g} s; "
             f"it comes back once Healthy for {self.quiet:g} s"
         )
+
+
+class ChipHold:
+    """The flap hold over the chips a backend reports, whichever backend: the agent keeps one for its
+    lifetime, so a backend made anew by a config reload keeps the chips held and their history::
+
+        hold = ChipHold(threshold=3, window=600, quiet=600)
+        chips = hold.apply(inventory.chips)     # a held chip is Unhealthy with the hold's reason
+        hold.seconds_to_release()               # when to look again although nothing else happens
+    """
+
+    def __init__(
+        self, threshold: int, window: float, quiet: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._hold = FlapHold(threshold, window, quiet, clock)
+
+    def configure(self, threshold: int, window: float, quiet: float) -> None:
+        """New limits (a config reload); what each chip did so far is kept."""
+        self._hold.threshold, self._hold.window, self._hold.quiet = threshold, window, quiet
+
+    def seconds_to_release(self) -> float | None:
+        return self._hold.seconds_to_release()
+
+    def apply(self, chips: Sequence[Chip]) -> tuple[Chip, ...]:
+        """The chips as reported: each one's own health, unless the hold keeps it Unhealthy."""
+        return tuple(self._held(chip) for chip in chips)
+
+    def _held(self, chip: Chip) -> Chip:
+        hold = self._hold
+        step = hold.observe(chip.device_id, healthy=chip.health is Health.HEALTHY)
+        if step.event is HoldEvent.STARTED:
+            log.warning(
+                "%s is held Unhealthy: %s", chip.device_id, hold.reason().removeprefix("held Unhealthy: ")
+            )
+        elif step.event is HoldEvent.ENDED:
+            log.info("%s is no longer held: Healthy for %g s", chip.device_id, hold.quiet)
+        CHIP_HELD.labels(device=chip.device_id).set(1 if step.held else 0)
+        if not step.held:
+            return chip
+        reason = f"{chip.reason or 'Healthy now'}; {hold.reason()}"
+        return replace(chip, held=True).with_health(Health.UNHEALTHY, reason)

@@ -29,13 +29,26 @@ LOCK_FILE = "agent.lock"
 
 
 @contextlib.asynccontextmanager
-async def exclusive(directory: Path, on_wait: Callable[[str], None] | None = None) -> AsyncIterator[None]:
+async def exclusive(
+    directory: Path, on_wait: Callable[[str], None] | None = None, make_parents: bool = True
+) -> AsyncIterator[None]:
     """Hold ``directory/agent.lock`` exclusively, waiting for its holder to stop first (``on_wait`` hears the
-    holder's pid); the file carries our pid while we hold it."""
+    holder's pid); the file carries our pid while we hold it. ``directory`` is made if missing, and its
+    parents with ``make_parents`` (never when the parent is the kubelet's own)."""
     path = directory / LOCK_FILE
     try:
-        make_dirs(directory, 0o750)
+        make_dirs(directory, 0o750, parents=make_parents)
         descriptor = open_no_follow(path, os.O_RDWR | os.O_CREAT | os.O_NOCTTY | os.O_NONBLOCK, 0o644)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(
+            f"cannot create the instance lock {path}: {directory} (or a directory above it) is a file, "
+            "not a directory; give --plugin-dir a directory"
+        ) from None
+    except PermissionError as exc:
+        raise ConfigError(
+            f"cannot create the instance lock {path}: {exc.strerror or exc}; run the agent as root, or give "
+            "--plugin-dir a directory this user can write"
+        ) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise ConfigError(

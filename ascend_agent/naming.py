@@ -59,6 +59,16 @@ def replica_ids(chip_id: str, replicas: int) -> tuple[str, ...]:
     return tuple(f"{chip_id}-{n}" for n in range(replicas))
 
 
+def advertised_resource(resource: str, replicas: int, rename_shared: bool) -> str:
+    """The name a resource is advertised under: ``<resource>.shared`` when its chips are shared
+    (``replicas`` > 1) and ``renameShared`` is on, so that nobody takes a slice for a chip.
+
+    >>> [advertised_resource("huawei.com/Ascend910", replicas, True) for replicas in (4, 1)]
+    ['huawei.com/Ascend910.shared', 'huawei.com/Ascend910']
+    """
+    return f"{resource}.shared" if rename_shared and replicas > 1 else resource
+
+
 def socket_name(resource: str) -> str:
     """The DevicePlugin socket of a resource, in the kubelet's directory or the plugin directory."""
     return resource.rpartition("/")[2] + ".sock"
@@ -72,3 +82,8 @@ def registry_socket_name(resource: str) -> str:
 def cdi_device_name(chip_device_id: str) -> str:
     """The fully qualified CDI name of a chip."""
     return f"{CDI_KIND}={chip_device_id}"
+
+
+# The DaemonSet of examples/daemonset.yaml, which the doctor looks for unless told another.
+DAEMONSET_NAME = "ascend-device-plugin-daemonset"
+DAEMONSET_NAMESPACE = "kube-system"

@@ -10,6 +10,7 @@ config file.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ import sys
 
 import anyio
 
-from ascend_agent import __version__, cluster
+from ascend_agent import __version__, cluster, kubelet_dirs
 from ascend_agent.agent import Agent, log_configuration
 from ascend_agent.backends import backend_for
 from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
@@ -68,18 +69,34 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         try:
             http = await serve_http(settings.metrics_address, agent.ready, agent.health_detail)
         except OSError as exc:
-            raise ConfigError(
-                f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
-            ) from None
-        log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
+            if exc.errno != errno.EADDRINUSE:
+                raise ConfigError(
+                    f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
+                ) from None
+            # Another agent (waiting for it below), or another program: /metrics must not decide who runs.
+            log.warning(
+                "Cannot serve /metrics on %s yet (%s); trying again once this agent runs",
+                settings.metrics_address,
+                exc.strerror or exc,
+            )
+        else:
+            log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
     failures: list[BaseException] = []
+    bad_usage: list[BaseException] = []
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_signals, agent, tasks.cancel_scope, name="signals")
-            async with exclusive(settings.effective_plugin_dir, on_wait=agent.standby):
+            await kubelet_dirs.wait_for(kubelet_dirs.kubelets_own(settings), on_wait=agent.waiting_for)
+            # The default plugin directory sits in the kubelet's own plugins directory: never made here.
+            make_parents = settings.plugin_dir is not None
+            async with exclusive(settings.effective_plugin_dir, agent.standby, make_parents):
                 await agent.run(http)
     except* ServeFailed as failed:
         failures.extend(_leaves(failed))
+    except* ConfigError as bad:
+        bad_usage.extend(_leaves(bad))
+    if bad_usage:
+        raise bad_usage[0]
     if failures:
         log.error("Giving up: %s", failures[0])
         return 1

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -42,9 +44,8 @@ from ascend_agent.backends.npusmi import (
     run_npu_smi,
 )
 from ascend_agent.backends.telemetry import ChipTelemetry
-from ascend_agent.config import Settings
+from ascend_agent.config import ConfigError, Settings
 from ascend_agent.faults import FaultPolicy, describe
-from ascend_agent.flaphold import FlapHold, HoldEvent
 from ascend_agent.model import (
     Chip,
     DeviceNode,
@@ -57,7 +58,6 @@ from ascend_agent.model import (
     normalise_model,
 )
 from ascend_agent.observability import (
-    CHIP_HELD,
     NPU_SMI_FAILURES,
     NPU_SMI_SECONDS,
     ProblemLog,
@@ -77,6 +77,10 @@ A3_MODEL = "910_93"
 # `npu-smi info -t health` runs per chip whose Health changed to something not OK, at most this many per
 # query; the others are asked in the next queries.
 HEALTH_QUERIES_PER_INTERVAL = 4
+# A chip whose Health stays not OK is asked again after this many queries (its codes can change under an
+# unchanged Alarm), one such chip per query: at most one more npu-smi per health interval, and per chip one
+# every 15 s at the default interval.
+FAULT_REFRESH_QUERIES = 3
 # Listing /dev can fail for want of descriptors or memory; that is not "no device nodes".
 _TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
 
@@ -125,10 +129,10 @@ class DevfsBackend:
         self._listing_error: OSError | None = None
         self._listing_log = ProblemLog()
         self._policy = FaultPolicy(dict(settings.fault_policy))
-        # Per chip: the Health value `info -t health` was last run for, and the faults it gave.
-        self._asked_health: dict[int, tuple[str, tuple[Fault, ...]]] = {}
+        # Per chip: the Health `info -t health` was last run for, the faults it gave, and in which query.
+        self._asked_health: dict[int, tuple[str, tuple[Fault, ...], int]] = {}
+        self._queries = 0
         self._telemetry = ChipTelemetry()
-        self._hold = FlapHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
 
     @property
     def health_interval(self) -> float | None:
@@ -138,7 +142,16 @@ class DevfsBackend:
         return [(self._dev_root, is_device_name)]
 
     async def start(self) -> None:
-        return None
+        """An npu-smi the operator named must be there and executable; only the default lookup may miss."""
+        given = self._settings.npu_smi
+        if given is None:
+            return
+        problem = _not_executable(given)
+        if problem:
+            raise ConfigError(
+                f"--npu-smi {given}: {problem}; give the path of an executable npu-smi, or leave it unset "
+                "to use npu-smi on PATH or <host-root>/usr/local/bin/npu-smi"
+            )
 
     async def query(self) -> bool:
         """One ``npu-smi info`` for every chip. A failure keeps the last known health; after
@@ -147,7 +160,7 @@ class DevfsBackend:
         before = self._view()
         if await self._query():
             await self._check_device_listing()
-        return self._view() != before or self._hold.release_due()
+        return self._view() != before
 
     def _view(self) -> tuple[object, ...]:
         failing = self._failures >= self._settings.health_failure_threshold
@@ -215,19 +228,33 @@ class DevfsBackend:
         self, executable: str, shape: Shape, probed: Mapping[int, _Probed]
     ) -> dict[int, _Probed]:
         """The chips with the error codes of those whose Health is not OK: ``npu-smi info -t health`` runs
-        once per change of a chip's Health, never for a chip that is OK."""
-        asked = 0
+        once per change of a chip's Health, and again every ``FAULT_REFRESH_QUERIES`` queries while it stays
+        not OK (one such chip per query, the one asked longest ago); never for a chip that is OK."""
+        self._queries += 1
+        for phys_id in [p for p, chip in probed.items() if chip.health.upper() == "OK"]:
+            self._asked_health.pop(phys_id, None)
+        sick = [phys_id for phys_id, chip in probed.items() if chip.health.upper() != "OK"]
+        changed = [
+            p for p in sick if p not in self._asked_health or self._asked_health[p][0] != probed[p].health
+        ]
+        stale = sorted(
+            (
+                p
+                for p in sick
+                if p not in changed and self._queries - self._asked_health[p][2] >= FAULT_REFRESH_QUERIES
+            ),
+            key=lambda p: self._asked_health[p][2],
+        )
+        for phys_id in (changed + stale[:1])[:HEALTH_QUERIES_PER_INTERVAL]:
+            chip = probed[phys_id]
+            self._asked_health[phys_id] = (
+                chip.health,
+                await self._faults(executable, shape, chip),
+                self._queries,
+            )
         result = {}
         for phys_id, chip in probed.items():
-            if chip.health.upper() == "OK":
-                self._asked_health.pop(phys_id, None)
-                result[phys_id] = chip
-                continue
             known = self._asked_health.get(phys_id)
-            if (known is None or known[0] != chip.health) and asked < HEALTH_QUERIES_PER_INTERVAL:
-                asked += 1
-                known = (chip.health, await self._faults(executable, shape, chip))
-                self._asked_health[phys_id] = known
             result[phys_id] = replace(chip, faults=known[1]) if known is not None else chip
         return result
 
@@ -456,25 +483,8 @@ class DevfsBackend:
                 reason = f"npu-smi failed {self._failures} times in a row: {self._last_failure}"
             elif not self._chip_healthy(probed):
                 reason = describe(probed.health, probed.faults)
-            chips.append(self._held(chip, reason))
+            chips.append(chip.with_health(Health.UNHEALTHY, reason) if reason else chip)
         return tuple(chips)
-
-    def _held(self, chip: Chip, reason: str) -> Chip:
-        """The chip as reported: its own health, unless the flap hold keeps it Unhealthy."""
-        step = self._hold.observe(chip.device_id, healthy=not reason)
-        if step.event is HoldEvent.STARTED:
-            log.warning(
-                "%s is held Unhealthy: %s",
-                chip.device_id,
-                self._hold.reason().removeprefix("held Unhealthy: "),
-            )
-        elif step.event is HoldEvent.ENDED:
-            log.info("%s is no longer held: Healthy for %g s", chip.device_id, self._hold.quiet)
-        CHIP_HELD.labels(device=chip.device_id).set(1 if step.held else 0)
-        if step.held:
-            reason = f"{reason or 'Healthy now'}; {self._hold.reason()}"
-            return replace(chip, held=True).with_health(Health.UNHEALTHY, reason)
-        return chip.with_health(Health.UNHEALTHY, reason) if reason else chip
 
     def _fallback_chip(self, phys_id: int, nodes: set[str]) -> Chip:
         """A chip known only from its device node and the configured model (npu-smi is not usable)."""
@@ -536,3 +546,16 @@ def _known_model(name: str) -> bool:
     except UnknownModelError:
         return False
     return True
+
+
+def _not_executable(given: str) -> str:
+    """What is wrong with running ``given`` (a path, or a name looked up on PATH); empty when nothing."""
+    if "/" not in given:
+        return "" if shutil.which(given) else "not found on PATH"
+    if not os.path.exists(given):
+        return "no such file"
+    if os.path.isdir(given):
+        return "is a directory"
+    if not os.access(given, os.X_OK):
+        return "not executable"
+    return ""

@@ -442,49 +442,87 @@ def physical_ids(chips: Sequence[ChipRow], chip_map: Sequence[MapRow] = ()) -> t
 
 
 # What npu-smi prints when it cannot work, and what to do about it ------------------------------------------
-_DCMI_FAILED = re.compile(r"dcmi module initialize failed\.?\s*ret is\s*(-?\d+)", re.IGNORECASE)
-_DRIVER_NOT_VISIBLE = (
-    "driver",
-    "npu-smi cannot reach the chips (dcmi module initialize failed, ret -8005): "
-    "the driver is not visible here",
-    "mount the host's driver and its libraries (/usr/local/Ascend/driver with lib64, /usr/local/dcmi) "
-    "and /dev into the agent's container, and run it privileged",
-)
-_DEVICE_BUSY = (
-    "busy",
-    "the chips are busy (dcmi module initialize failed, ret -8020): another process holds the device",
-    "wait: the agent asks again every health interval; if it lasts, find the holder with npu-smi info "
-    "on the host",
-)
+# Builds word a dcmi failure differently ("dcmi module initialize failed. ret is -8005", "dcmi model
+# initialized failed, because the device is used. ret is -8020"): the code after `ret` is what counts.
+_DCMI_CODE = re.compile(r"\bret\s*(?:is|=|:)?\s*(-\d{1,6})\b", re.IGNORECASE)
+_NO_ROOT = "run the agent as root in a privileged container"
+_ASK_ON_HOST = "check the driver and firmware with npu-smi info on the host"
+_WAIT = "wait: the agent asks again every health interval; if it lasts, run npu-smi info on the host"
+# The dcmi library's return codes (dcmi_interface_api.h): reason, what it means, the next step.
+DCMI_CODES: dict[int, tuple[str, str, str]] = {
+    -8001: ("driver", "invalid parameter", _ASK_ON_HOST),
+    -8002: ("permission", "operation not permitted", _NO_ROOT),
+    -8003: ("resources", "memory operation failed", "the node is short of memory; it tries again"),
+    -8004: ("driver", "secure function failed", _ASK_ON_HOST),
+    -8005: (
+        "driver",
+        "the driver is not visible here",
+        "mount the host's driver and its libraries (/usr/local/Ascend/driver with lib64, /usr/local/dcmi) "
+        "and /dev into the agent's container, and run it privileged",
+    ),
+    -8006: ("busy", "the driver timed out", _WAIT),
+    -8007: ("driver", "invalid device id", _ASK_ON_HOST),
+    -8008: ("driver", "the device does not exist", "check dmesg and /dev/davinci*; reload the driver"),
+    -8009: ("driver", "an ioctl to the driver failed", _ASK_ON_HOST),
+    -8010: ("driver", "sending a message to the chip failed", _ASK_ON_HOST),
+    -8011: ("driver", "receiving a message from the chip failed", _ASK_ON_HOST),
+    -8012: ("busy", "the chips are not ready yet", _WAIT),
+    -8013: ("permission", "not supported inside a container", _NO_ROOT),
+    -8014: ("driver", "a file operation failed", _ASK_ON_HOST),
+    -8015: ("driver", "resetting the chip failed", _ASK_ON_HOST),
+    -8016: ("driver", "the operation was aborted", _WAIT),
+    -8017: ("busy", "the firmware is being upgraded", "wait for the upgrade to finish"),
+    -8020: ("busy", "another process holds the device (the chips are busy)", _WAIT),
+    -8023: ("driver", "configuration information does not exist", _ASK_ON_HOST),
+    -8255: (
+        "driver",
+        "not supported by this chip or driver",
+        "this chip or driver version does not offer the operation (vNPU needs a chip that supports it)",
+    ),
+}
 _DENIED = (
     "permission",
     "npu-smi was denied access to the chips (permission denied)",
-    "run the agent as root in a privileged container",
+    _NO_ROOT,
 )
 
 
+def dcmi_code(output: str) -> int | None:
+    """The dcmi return code in ``output``, wherever and however it is worded; None when there is none.
+
+    >>> dcmi_code("DrvMngGetConsoleLogLevel failed.\\ndcmi model initialized failed, ... ret is -8020")
+    -8020
+    """
+    match = _DCMI_CODE.search(output) if "dcmi" in output.lower() else None
+    return int(match.group(1)) if match is not None else None
+
+
 def diagnose(output: str) -> NpuSmiError | None:
-    """The known failure ``output`` shows (permission denied, dcmi -8005, -8020, other dcmi codes), as the
-    error to raise; None when it shows none of them.
+    """The known failure ``output`` shows (permission denied, a dcmi return code), as the error to raise;
+    None when it shows none. Every code in :data:`DCMI_CODES` is named; an unknown one by its number.
 
     >>> print(diagnose("dcmi module initialize failed. ret is -8020\\n"))  # doctest: +ELLIPSIS
-    the chips are busy (... ret -8020): another process holds the device; wait: ...
+    npu-smi cannot reach the chips (dcmi module initialize failed, ret -8020): another process holds ...
     """
     if "permission denied" in output.lower():
         return NpuSmiError(*_DENIED)
-    match = _DCMI_FAILED.search(output)
-    if match is not None:
-        code = match.group(1)
-        if code == "-8005":
-            return NpuSmiError(*_DRIVER_NOT_VISIBLE)
-        if code == "-8020":
-            return NpuSmiError(*_DEVICE_BUSY)
+    code = dcmi_code(output)
+    if code is None:
+        return None
+    known = DCMI_CODES.get(code)
+    if known is None:
         return NpuSmiError(
             "driver",
-            f"npu-smi cannot reach the chips (dcmi module initialize failed, ret {code})",
-            "check the driver and firmware with npu-smi info on the host",
+            f"npu-smi cannot reach the chips (dcmi module initialize failed, ret {code}: a code not known "
+            "here)",
+            _ASK_ON_HOST,
         )
-    return None
+    reason, meaning, next_step = known
+    return NpuSmiError(
+        reason,
+        f"npu-smi cannot reach the chips (dcmi module initialize failed, ret {code}): {meaning}",
+        next_step,
+    )
 
 
 # The largest real npu-smi output is tens of KiB; more than this is a runaway, read no further.

@@ -172,6 +172,8 @@ def _dra_prepare(calls: int) -> list[Row]:
         },
     )
     kubelet_dir = directory / "kubelet" / "device-plugins"
+    for kubelets_own in ("plugins", "plugins_registry"):  # a kubelet makes them; the agent waits for them
+        (directory / "kubelet" / kubelets_own).mkdir(parents=True)
     agent = start_agent(
         kubelet_dir,
         "--kubelet-api=dra",

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # A local walk-through: the kubelet simulator and the agent on the fake backend, in a scratch directory.
-# Watch registration, the device list and a sample allocation; Ctrl-C stops both.
+# Watch registration, the device list and a sample allocation; Ctrl-C stops both, removes the scratch
+# directory and exits 0 (Ctrl-C is how the walk-through ends).
 set -euo pipefail
 dir=$(mktemp -d /tmp/ascend-agent-run.XXXXXX)
-trap 'kill ${sim:-} ${agent:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"' EXIT INT TERM
+cleanup() {
+    kill ${sim:-} ${agent:-} 2>/dev/null || true
+    wait 2>/dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 0' INT TERM
 ascend-agent kubelet-sim --kubelet-dir "$dir" --allocate 2 &
 sim=$!
 # The simulator needs an explicit directory and refuses one where a kubelet.sock already exists.

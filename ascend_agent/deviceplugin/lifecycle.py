@@ -113,11 +113,16 @@ class ResourcePlugin:
 
     # what the agent may call -----------------------------------------------------------------------------
     def publish(
-        self, devices: Mapping[str, Chip], preference: Preference | None, container: ContainerBase
+        self,
+        devices: Mapping[str, Chip],
+        preference: Preference | None,
+        container: ContainerBase,
+        most_per_container: int | None = None,
     ) -> None:
         """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``container`` says
-        what a container that gets some of them gets besides them."""
-        self.service.publish(devices, preference, container)
+        what a container that gets some of them gets besides them; a container asking for more than
+        ``most_per_container`` devices is refused."""
+        self.service.publish(devices, preference, container, most_per_container)
 
     def set_serve_timeout(self, seconds: float) -> None:
         """How long serving may keep failing before the agent gives up (``serveTimeout``, live)."""

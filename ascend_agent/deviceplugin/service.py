@@ -110,6 +110,7 @@ class DevicePluginService:
         self._on_stream_change = on_stream_change
         self._devices: dict[str, Chip] = {}
         self._preference: Preference | None = None
+        self._most_per_container: int | None = None
         self._container = ContainerBase()
         self._device_list = wire.DeviceList()
         self._snapshot = b""
@@ -146,11 +147,18 @@ class DevicePluginService:
         return self._entries.size
 
     def publish(
-        self, devices: Mapping[str, Chip], preference: Preference | None, container: ContainerBase
+        self,
+        devices: Mapping[str, Chip],
+        preference: Preference | None,
+        container: ContainerBase,
+        most_per_container: int | None = None,
     ) -> None:
         """Advertise ``devices`` (advertised ID -> chip); every stream gets the new list if it changed. A
-        ``container`` unlike the last (what containers get changed) forgets every answer given."""
+        ``container`` unlike the last (what containers get changed) forgets every answer given. Allocate
+        refuses a container request for more than ``most_per_container`` devices (failRequestsGreaterThanOne).
+        """
         self._preference = preference
+        self._most_per_container = most_per_container
         self._options = wire.options(preferred_allocation=preference is not None)
         if container != self._container:
             self._container = container
@@ -256,6 +264,14 @@ class DevicePluginService:
         if not device_ids:
             raise GRPCError(
                 Status.INVALID_ARGUMENT, f"container request {index} for {self.resource} names no devices"
+            )
+        most = self._most_per_container
+        if most is not None and len(device_ids) > most:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT,
+                f"container request {index} asks for {len(device_ids)} of {self.resource}, whose chips are "
+                f"shared: failRequestsGreaterThanOne allows {most} per container (a replica is a slice of a "
+                "chip, not a chip)",
             )
         chips: dict[int, Chip] = {}
         seen: set[str] = set()

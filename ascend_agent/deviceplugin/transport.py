@@ -53,7 +53,6 @@ from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 
 from ascend_agent.deviceplugin import wire
-from ascend_agent.files import make_dirs
 
 log = logging.getLogger(__name__)
 
@@ -360,10 +359,9 @@ class BoundedServer(Server):
     async def serve(self, path: Path) -> SocketIdentity:
         """Listen on ``path`` (a stale file is removed first), mode 0600 before any client can connect; the
         socket file's identity."""
-        try:
-            make_dirs(path.parent, 0o750)
-        except FileExistsError:  # a plain file where the directory should be
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from None
+        # The directory is the kubelet's, or the agent's own made with the instance lock: never made here.
+        if path.parent.exists() and not path.parent.is_dir():  # a plain file where the directory should be
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent))
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

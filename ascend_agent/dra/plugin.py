@@ -110,6 +110,8 @@ class DraPlugin:
         )
         path = self.paths.socket
         try:
+            # The driver's own directory, in the kubelet's plugins directory (waited for, never made here).
+            path.parent.mkdir(exist_ok=True)
             served: list[tuple[list[object], Path]] = [
                 (self.service.handlers(), self.paths.socket),
                 ([registration], self.paths.registration),

@@ -71,6 +71,8 @@ def _newer(updates: HealthUpdates, shown: int, _: object) -> bool:
 def main() -> int:
     directory = Path(tempfile.mkdtemp(prefix="ascend-agent-dra.", dir="/tmp"))
     (directory / "state.json").write_text("{}")
+    for kubelets_own in ("plugins", "plugins_registry"):  # a kubelet makes them; the agent waits for them
+        (directory / "kubelet" / kubelets_own).mkdir(parents=True)
     apiserver = ApiServer(directory)
     apiserver.start()
     apiserver.put("nodes", {"metadata": {"name": NODE}})

@@ -108,12 +108,14 @@ def test_error_codes_reach_the_kubelet_the_log_and_the_metrics(
         assert _sample(metrics, "ascend_agent_chip_hbm_total_bytes", device="Ascend910-0") == 65536 * 2**20
         assert _sample(metrics, "ascend_agent_chip_hbm_used_bytes", device="Ascend910-15") == 3199 * 2**20
         assert _sample(metrics, "ascend_agent_chip_utilization_ratio", device="Ascend910-2") == 0
-        # The health query ran once for the change, not once per interval, and only for that chip.
+        # The health query ran for the change, then once every 3 queries while the Alarm stays (not once
+        # per interval), and only for that chip.
         npu_smi.wait_count("info", npu_smi.count("info") + 2)
-        assert npu_smi.count(HEALTH_ARGS) == 1
+        asked, queries = npu_smi.count(HEALTH_ARGS), npu_smi.count("info")
+        assert 1 <= asked <= 1 + queries // 3
         assert (
             sum("-t health" in line for line in (npu_smi.directory / "calls.log").read_text().splitlines())
-            == 1
+            == asked
         )
         assert len(process.matching("Ascend910-3 is Unhealthy: ")) == 1, "logged once per change"
 
@@ -125,6 +127,21 @@ def test_error_codes_reach_the_kubelet_the_log_and_the_metrics(
         assert (
             _sample(_metrics(port), "ascend_agent_chip_fault", device="Ascend910-3", code="80E3A203") is None
         )
+    finally:
+        process.close()
+
+
+def test_codes_that_change_under_an_unchanged_alarm_are_seen(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi
+) -> None:
+    host.add_chips(range(16))
+    npu_smi.set_output("info", A3_ALARM)
+    process = _agent(kubelet, host, npu_smi, _free_port())
+    try:
+        process.wait_log("Ascend910-3 is Unhealthy: Alarm, error code 80E3A203")
+        npu_smi.set_output(HEALTH_ARGS, A3_HEALTH.replace("80E3A203", "80E18005"))
+        npu_smi.wait_count(HEALTH_ARGS, 2, timeout=10)
+        process.wait_log("Ascend910-3 is Unhealthy: Alarm, error code 80E18005")
     finally:
         process.close()
 

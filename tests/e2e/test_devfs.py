@@ -32,12 +32,15 @@ def npu_smi(short_dir: Path) -> FakeNpuSmi:
     return fake
 
 
-def _list(host: HostTree, npu_smi: FakeNpuSmi | Path, *extra: str) -> tuple[list[dict[str, Any]], str]:
+def _list(host: HostTree, npu_smi: FakeNpuSmi | Path | None, *extra: str) -> tuple[list[dict[str, Any]], str]:
+    """``list`` on ``host``; ``npu_smi`` None: the default lookup (no npu-smi on PATH here)."""
     path = npu_smi.path if isinstance(npu_smi, FakeNpuSmi) else npu_smi
+    given = [] if path is None else ["--npu-smi", str(path)]
     result = subprocess.run(
         [sys.executable, "-m", "ascend_agent", "list", "--backend", "devfs", "--host-root", str(host.root),
-         "--npu-smi", str(path), "--npu-smi-timeout", "5", "--json", *extra],
+         *given, "--npu-smi-timeout", "5", "--json", *extra],
         capture_output=True, text=True, timeout=30,
+        env={**os.environ, "PATH": os.path.dirname(sys.executable)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
@@ -156,14 +159,16 @@ def test_no_device_files_points_at_the_driver(short_dir: Path, npu_smi: FakeNpuS
 
 
 def test_missing_npu_smi_is_explained(host: HostTree, short_dir: Path) -> None:
+    """The default lookup may find no npu-smi (an explicit --npu-smi that is not there is bad usage)."""
     host.add_chips(range(2))
-    rows, problems = _list(host, short_dir / "no-such-npu-smi")
+    (host.root / "usr/local/bin/npu-smi").unlink()
+    rows, problems = _list(host, None)
     assert rows == []
-    assert "no-such-npu-smi" in problems
+    assert "usr/local/bin/npu-smi" in problems
     assert "model: in the config file" in problems
     config = short_dir / "c.yaml"
     config.write_text("model: 910B4\n")
-    rows, _ = _list(host, short_dir / "no-such-npu-smi", "--config", str(config))
+    rows, _ = _list(host, None, "--config", str(config))
     assert [row["id"] for row in rows] == ["Ascend910-0", "Ascend910-1"]
 
 

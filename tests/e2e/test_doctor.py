@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.support import FIXTURES
@@ -47,13 +48,15 @@ def test_doctor_passes_on_a_healthy_node(kubelet: KubeletStandin, short_dir: Pat
         code, checks, _ = _doctor(*common, "--metrics-address", "")
         by_name = {check["check"]: check for check in checks}
         assert code == 0, checks
-        assert [c["check"] for c in checks][:5] == [
+        assert [c["check"] for c in checks][:6] == [
             "device files",
             "driver installed",
             "npu-smi reports chips",
             "chips match device files",
+            "chips advertised",
             "kubelet socket",
         ]
+        assert by_name["chips advertised"]["detail"] == "8 chips would be advertised, 8 of them Healthy"
         assert by_name["driver installed"]["ok"] is True
         assert "24.1.rc2" in by_name["driver installed"]["detail"]
         assert "8 chips" in by_name["npu-smi reports chips"]["detail"]
@@ -90,24 +93,26 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
 
     node = "npu-node-1"
     allocatable = "7"
+    daemonset = "ascend-device-plugin-daemonset"
+    namespace = "kube-system"
 
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
-        ds = "/apis/apps/v1/namespaces/kube-system/daemonsets/ascend-device-plugin-daemonset"
+        ds = f"/apis/apps/v1/namespaces/{self.namespace}/daemonsets/{self.daemonset}"
         if path == ds:
             body: dict[str, Any] = {
                 "kind": "DaemonSet", "apiVersion": "apps/v1",
-                "metadata": {"name": "ascend-device-plugin-daemonset", "namespace": "kube-system"},
+                "metadata": {"name": self.daemonset, "namespace": self.namespace},
                 "spec": {"selector": {"matchLabels": {"app": "a"}},
                          "template": {"metadata": {"labels": {"app": "a"}},
                                       "spec": {"containers": [{"name": "agent"}]}}},
                 "status": {"desiredNumberScheduled": 2, "numberReady": 2, "currentNumberScheduled": 2,
                            "numberMisscheduled": 0},
             }  # fmt: skip
-        elif path == "/api/v1/namespaces/kube-system/pods":
+        elif path == f"/api/v1/namespaces/{self.namespace}/pods":
             assert f"spec.nodeName%3D{self.node}" in self.path or f"spec.nodeName={self.node}" in self.path
             body = {"kind": "PodList", "apiVersion": "v1", "metadata": {},
-                    "items": [{"metadata": {"name": "ascend-device-plugin-daemonset-x7k2p"},
+                    "items": [{"metadata": {"name": f"{self.daemonset}-x7k2p"},
                                "status": {"phase": "Running"}}]}  # fmt: skip
         elif path == f"/api/v1/nodes/{self.node}":
             body = {"kind": "Node", "apiVersion": "v1", "metadata": {"name": self.node},
@@ -128,8 +133,14 @@ class _FakeApi(http.server.BaseHTTPRequestHandler):
         return
 
 
-def test_doctor_cluster_checks_through_the_api(short_dir: Path) -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeApi)
+@pytest.mark.parametrize(
+    "daemonset",
+    [(), ("--daemonset-name", "npu-agent", "--daemonset-namespace", "npu-system")],
+    ids=["defaults", "flags"],
+)
+def test_doctor_cluster_checks_through_the_api(short_dir: Path, daemonset: tuple[str, ...]) -> None:
+    api = type("_Api", (_FakeApi,), dict(zip(("daemonset", "namespace"), daemonset[1::2], strict=False)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), api)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     kubeconfig = short_dir / "kubeconfig"
@@ -148,7 +159,7 @@ def test_doctor_cluster_checks_through_the_api(short_dir: Path) -> None:
         result = subprocess.run(
             [sys.executable, "-m", "ascend_agent", "doctor", "--json", "--host-root", str(short_dir),
              "--kubelet-dir", str(short_dir / "k"), "--metrics-address", "",
-             "--npu-smi", str(short_dir / "x")],
+             "--npu-smi", str(short_dir / "x"), *daemonset],
             capture_output=True, text=True, timeout=60, env={**os.environ, **env},
         )  # fmt: skip
         assert "Traceback" not in result.stderr, result.stderr

@@ -30,6 +30,8 @@ class _Host:
         self.directory = directory
         self.kubelet_dir = directory / "kubelet" / "device-plugins"
         self.registry = directory / "kubelet" / "plugins_registry"
+        for kubelets_own in (self.registry, directory / "kubelet" / "plugins"):  # as a kubelet makes them
+            kubelets_own.mkdir(parents=True)
         self.cdi = directory / "cdi"
         self.state = directory / "state.json"
         self.state.write_text("{}")

@@ -207,6 +207,8 @@ def test_registers_after_the_kubelet_appears_late_and_refuses(
     kubelet_api: tuple[object, object], short_dir: Path
 ) -> None:
     directory = short_dir / "late"
+    directory.mkdir()  # the kubelet's directories are there, from an earlier kubelet run; it is not listening
+    (short_dir / "plugins").mkdir()
     process = fake_agent(directory)
     try:
         process.wait_log("Cannot register huawei.com/Ascend910: the kubelet is not listening")

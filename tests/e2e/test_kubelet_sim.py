@@ -118,7 +118,8 @@ def test_the_simulator_drives_the_agent(short_dir: Path) -> None:
     agent: AgentProcess | None = None
     try:
         sim.wait_log("listening on")
-        agent = fake_agent(directory)
+        # The simulator makes no plugins directory beside its own: the agent's own directory is named.
+        agent = fake_agent(directory, "--plugin-dir", str(short_dir / "agent"))
         sim.wait_log(r"Register huawei.com/Ascend910 at Ascend910.sock")
         sim.wait_log(r"Allocate Ascend910-\d, Ascend910-\d:")
         assert sim.terminate(signal.SIGTERM)[0] == 0

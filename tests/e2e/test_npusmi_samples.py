@@ -186,6 +186,36 @@ def test_doctor_shows_the_same_text(host: HostTree, npu_smi: FakeNpuSmi, short_d
     assert "mount the host's driver and its libraries" in check["hint"]
 
 
+@pytest.mark.parametrize(
+    ("sample", "unadvertised"),
+    [
+        ("910B1-23.0.rc2-info-elided.txt", "5 of 8 device files would not be advertised (davinci2, davinci3, "
+         "davinci4, davinci5, davinci6)"),
+        ("910A-24.1.RC2-info-warning.txt", "8 of 8 device files would not be advertised"),
+    ],
+)  # fmt: skip
+def test_doctor_fails_when_device_files_would_not_be_advertised(
+    host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path, sample: str, unadvertised: str
+) -> None:
+    """An elided table, or names redacted as ``xxx`` with no ``info -m`` to name them: npu-smi answers, the
+    device files are there, and still chips would not reach the kubelet."""
+    host.add_chips(range(8))
+    npu_smi.set_output("info", (FIXTURES / sample).read_text())
+    result = subprocess.run(
+        [sys.executable, "-m", "ascend_agent", "doctor", "--host-root", str(host.root), "--npu-smi",
+         str(npu_smi.path), "--kubelet-dir", str(short_dir / "kubelet"), "--metrics-address", "", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 1
+    checks = {c["check"]: c for c in json.loads(result.stdout)}
+    assert checks["npu-smi reports chips"]["ok"] is True
+    check = checks["chips advertised"]
+    assert check["ok"] is False
+    assert unadvertised in check["detail"]
+    assert "set model: in the config file" in check["hint"]
+
+
 # Registered agents ----------------------------------------------------------------------------------------
 
 

@@ -48,6 +48,8 @@ def _agent(directory: Path, port: int, *extra: str) -> AgentProcess:
 def test_probes_follow_registration(kubelet_api: tuple[object, object], short_dir: Path) -> None:
     port = _free_port()
     directory = short_dir / "k"
+    directory.mkdir()  # the kubelet's directory is there; the kubelet is not listening
+    (short_dir / "plugins").mkdir()
     process = _agent(directory, port)
     try:
         process.wait_log("Serving /metrics")

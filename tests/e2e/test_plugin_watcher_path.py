@@ -30,6 +30,8 @@ class _Node:
 @pytest.fixture
 def node(short_dir: Path) -> Iterator[_Node]:
     registry, endpoints, port = short_dir / "registry", short_dir / "plugin", free_port()
+    for kubelets_own in (registry, short_dir / "dp"):  # the kubelet makes them; the agent waits for them
+        kubelets_own.mkdir()
     agent = AgentProcess(
         ["run", "--backend", "fake", "--registration", "plugin-watcher",
          "--kubelet-dir", str(short_dir / "dp"),

@@ -63,3 +63,30 @@ def test_a_second_agent_waits_for_the_first_then_takes_over(kubelet: KubeletStan
             second.close()
     finally:
         first.close()
+
+
+def test_a_second_agent_on_the_same_metrics_port_waits_too(kubelet: KubeletStandin) -> None:
+    """The metrics endpoint does not decide who runs: the second agent waits for the lock, then serves it."""
+    port = free_port()
+    address = ("--metrics-address", f"127.0.0.1:{port}")
+    first = fake_agent(kubelet.directory, *address)
+    try:
+        kubelet.wait_registrations(1)
+        wait_answer(port, "/readyz", lambda status, _: status == 200, what="the first agent ready")
+        second = fake_agent(kubelet.directory, *address)
+        try:
+            second.wait_log(r"Cannot serve /metrics on 127\.0\.0\.1:\d+ yet")
+            second.wait_log(r"Another ascend-agent \(pid \S+\) holds")
+            assert second.proc.poll() is None, second.output
+            code, _ = first.terminate()
+            assert code == 0, first.output
+            second.wait_log(rf"pid {first.proc.pid} stopped; taking over")
+            kubelet.wait_registrations(2)
+            second.wait_log(f"Serving /metrics, /healthz and /readyz on 127.0.0.1:{port}")
+            wait_answer(port, "/readyz", lambda status, _: status == 200, what="the second agent ready")
+            code, _ = second.terminate()
+            assert code == 0, second.output
+        finally:
+            second.close()
+    finally:
+        first.close()

@@ -174,6 +174,8 @@ def test_registers_as_soon_as_kubelet_sock_appears(
     kubelet_api: tuple[object, object], short_dir: Path
 ) -> None:
     directory = short_dir / "slow"
+    directory.mkdir()  # the kubelet's directories are there, from an earlier kubelet run; it is not listening
+    (short_dir / "plugins").mkdir()
     process = fake_agent(directory, "--log-level", "debug")
     try:
         # Once the back-off has grown to 3.2 s, the kubelet appears: inotify, not the timer, must wake us.

@@ -50,7 +50,7 @@ ascend-agent kubelet-sim --kubelet-dir "$dir/kubelet" >"$sim_log" 2>&1 &
 sim=$!
 await "$sim_log" "listening on"
 
-ascend-agent run --backend fake --kubelet-dir "$dir/kubelet" --metrics-address "" >"$agent_log" 2>&1 &
+ascend-agent run --backend fake --kubelet-dir "$dir/kubelet" --plugin-dir "$dir/agent" --metrics-address "" >"$agent_log" 2>&1 &
 agent=$!
 await "$agent_log" "Registered resource huawei.com/Ascend910"
 await "$sim_log" "ListAndWatch huawei.com/Ascend910: 8 devices, 8 healthy"

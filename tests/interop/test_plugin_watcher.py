@@ -103,6 +103,8 @@ def test_a_kubelet_started_later_finds_the_socket_on_its_scan(
     standin_binary: Path, short_dir: Path, plugin_dir: Path
 ) -> None:
     kubelet_dir, registry_dir = short_dir / "kubelet", short_dir / "registry"
+    for kubelets_own in (kubelet_dir, registry_dir):  # made by an earlier kubelet run; the agent never does
+        kubelets_own.mkdir()
     agent = _started(_watcher_agent(kubelet_dir, registry_dir, plugin_dir))
     try:
         _wait_for_socket(registry_dir / REGISTRY_SOCKET, agent)

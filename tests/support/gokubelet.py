@@ -93,6 +93,8 @@ class GoKubelet:
 
     # lifecycle ------------------------------------------------------------------------------------------
     def start(self, timeout: float = 10.0) -> GoKubelet:
+        # A kubelet makes its plugins directory beside device-plugins; the agent's own one goes in it.
+        (self.directory.parent / "plugins").mkdir(parents=True, exist_ok=True)
         arguments = [str(self.binary), "--dir", str(self.directory)]
         if self.registry_dir is not None:
             arguments += ["--registry-dir", str(self.registry_dir)]

@@ -103,6 +103,8 @@ class KubeletStandin:
     # lifecycle ------------------------------------------------------------------------------------------
     def start(self, *, wipe: bool = True) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        # A kubelet makes its plugins directory beside device-plugins; the agent's own one goes in it.
+        (self.directory.parent / "plugins").mkdir(exist_ok=True)
         if wipe:
             for sock in self.directory.glob("*.sock"):
                 sock.unlink()

@@ -110,7 +110,8 @@ def _settings_from(command: Any, args: list[str]) -> Settings:
     """What a command builds from these arguments and the environment, parsed by the real command line."""
     overrides = dict(command.make_context(command.name, args).params)
     config = overrides.pop("config")
-    overrides.pop("json_output", None)
+    settings = {field.name for field in dataclasses.fields(Settings)}
+    overrides = {name: value for name, value in overrides.items() if name in settings}
     return SettingsSource(overrides, Path(config) if config else None).load()
 
 

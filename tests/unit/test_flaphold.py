@@ -56,15 +56,17 @@ def test_the_hold_ends_after_the_quiet_period_healthy() -> None:
     hold = _hold(clock, quiet=300)
     _flap(hold, clock, 2)
     hold.observe("a", healthy=False)
+    assert hold.seconds_to_release() is None, "held, but not Healthy: nothing to wait for"
     clock.now += 5
     hold.observe("a", healthy=True)
+    assert hold.seconds_to_release() == 300
     clock.now += 299
-    assert not hold.release_due()
+    assert hold.seconds_to_release() == 1
     assert hold.observe("a", healthy=True) == HoldStep(held=True)
     clock.now += 1
-    assert hold.release_due()
+    assert hold.seconds_to_release() == 0
     assert hold.observe("a", healthy=True) == HoldStep(held=False, event=HoldEvent.ENDED)
-    assert not hold.release_due()
+    assert hold.seconds_to_release() is None
     assert hold.observe("a", healthy=False) == HoldStep(held=False), "the count starts over after a hold"
 
 
@@ -97,7 +99,7 @@ def test_threshold_zero_never_holds() -> None:
     clock = Clock()
     hold = _hold(clock, threshold=0)
     assert not any(step.held for step in _flap(hold, clock, 10))
-    assert not hold.release_due()
+    assert hold.seconds_to_release() is None
 
 
 def test_the_reason_names_the_settings() -> None:

@@ -115,3 +115,12 @@ def test_helm_lint_takes_a_python_3_12(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert f"{python} -m venv --clear {venv}" in result.stdout.splitlines()
     assert f"{venv}/bin/python charts/check.py lint" in result.stdout.splitlines()
+
+
+def test_make_run_installs_only_what_running_needs(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    result = _make("-n", "run", f"VENV={venv}", f"PYTHON={sys.executable}")
+    assert result.returncode == 0, result.stderr
+    installs = [line for line in result.stdout.splitlines() if "pip install" in line]
+    assert installs == [f"{venv}/bin/pip install --quiet --disable-pip-version-check -e ."]
+    assert f"{venv}/.installed-stamp" not in result.stdout, "make run must not need the test tools"
