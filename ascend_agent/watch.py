@@ -120,6 +120,14 @@ class Watcher:
             return
         target.wd, target.armed_on = wd, place
         self._by_wd.setdefault(wd, []).append(target)
+        if place != target.directory and self._next_step(target).is_dir():
+            # Made between the look and the watch: its creation was in no event; go down now.
+            self._arm(target)
+
+    @staticmethod
+    def _next_step(target: _Target) -> Path:
+        assert target.armed_on is not None
+        return target.armed_on / target.directory.relative_to(target.armed_on).parts[0]
 
     def _forget(self, target: _Target) -> None:
         assert target.wd is not None

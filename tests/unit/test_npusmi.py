@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 from dataclasses import replace
 from pathlib import Path
 
@@ -449,12 +450,17 @@ async def test_an_endless_output_is_cut_short_and_counts_as_a_failed_query(fake:
     assert "printed more than 4 MiB" in caught.value.cause
 
 
-def _alive(pid: int) -> bool:
+def _exits_within(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` has exited, or does within ``timeout`` s (its pidfd becomes readable)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
+        descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([descriptor], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(descriptor)
 
 
 async def test_a_wrapper_whose_child_hangs_is_killed_with_its_child(fake: FakeNpuSmi) -> None:
@@ -464,7 +470,8 @@ async def test_a_wrapper_whose_child_hangs_is_killed_with_its_child(fake: FakeNp
         await run_npu_smi(str(fake.path), ["info"], timeout=1)
     assert caught.value.reason == "timeout"
     child = int((fake.directory / "orphan.pid").read_text())
-    assert not _alive(child), "the wrapper's child outlived the query"
+    # SIGKILL went to the whole group; the child's exit completes a moment after its pipes closed.
+    assert _exits_within(child, 5), "the wrapper's child outlived the query"
 
 
 async def test_an_executable_being_written_is_not_called_a_lack_of_descriptors(fake: FakeNpuSmi) -> None:
