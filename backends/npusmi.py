@@ -574,8 +574,7 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
         ) from None
     try:
         async with asyncio.timeout(timeout):
-            assert process.stdout is not None and process.stderr is not None
-            stdout, stderr = await asyncio.gather(_read_capped(process.stdout), _read_capped(process.stderr))
+            stdout, stderr = await _read_output(process)
             await process.wait()
     except TimeoutError:
         await _kill(process)
@@ -604,6 +603,22 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
     return stdout.decode("utf-8", errors="replace")
 
 
+async def _read_output(process: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """(stdout, stderr), each read to its end; when one fails, the other reader is stopped too."""
+    assert process.stdout is not None and process.stderr is not None
+    readers = [asyncio.ensure_future(_read_capped(pipe)) for pipe in (process.stdout, process.stderr)]
+    try:
+        stdout, stderr = await asyncio.gather(*readers)
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.wait(readers)
+        for reader in readers:  # both may have failed; one failure is enough to report
+            if not reader.cancelled():
+                reader.exception()
+    return stdout, stderr
+
+
 async def _read_capped(stream: asyncio.StreamReader) -> bytes:
     data = bytearray()
     while chunk := await stream.read(_CHUNK):
@@ -611,6 +626,11 @@ async def _read_capped(stream: asyncio.StreamReader) -> bytes:
         if len(data) > MAX_OUTPUT:
             raise _OutputTooLong
     return bytes(data)
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.read(_CHUNK):
+        pass
 
 
 async def _kill(process: asyncio.subprocess.Process) -> None:
@@ -622,7 +642,9 @@ async def _kill(process: asyncio.subprocess.Process) -> None:
         process.kill()
     try:
         async with asyncio.timeout(_REAP_TIMEOUT):
-            await process.wait()
+            # What it printed last is read and dropped: a full pipe buffer would hide the end of its output.
+            assert process.stdout is not None and process.stderr is not None
+            await asyncio.gather(process.wait(), _drain(process.stdout), _drain(process.stderr))
     except TimeoutError:
         # Our ends of its pipes go: the event loop stops waiting for them, and the child watcher reaps it.
         for pipe in (process.stdout, process.stderr):
