@@ -95,7 +95,12 @@ $(INTEROP)/kubelet-standin: $(INTEROP_GO_SOURCES) $(PROTO) | interop-packages
 		--go-grpc_out=$(INTEROP)/gopath/src --go-grpc_opt=$(INTEROP_PROTO_MAP) $(PROTO)
 	cd tests/interop/kubelet && $(INTEROP_GO_ENV) go build -o "$(CURDIR)/$@" .
 
-interop: $(STAMP) $(INTEROP)/kubelet-standin
+# The device-info ConfigMap decoded by Go's encoding/json into ascend-for-volcano's types (standard library only).
+$(INTEROP)/deviceinfo-decode: tests/interop/deviceinfo/main.go | interop-packages
+	mkdir -p $(INTEROP)
+	cd tests/interop/deviceinfo && $(INTEROP_GO_ENV) go build -o "$(CURDIR)/$@" .
+
+interop: $(STAMP) $(INTEROP)/kubelet-standin $(INTEROP)/deviceinfo-decode
 	INTEROP_REQUIRE_STANDIN=1 $(BIN)/pytest -q -s -m interop -o addopts='' tests/interop
 
 image:

@@ -17,6 +17,7 @@ import asyncio
 import errno
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
@@ -50,10 +51,12 @@ from ascend_agent.observability import (
     log_fields,
     serve_http,
 )
-from ascend_agent.podresources import PodHolders
+from ascend_agent.podresources import Holders, PodHolders
+from ascend_agent.separation import ManualSeparation
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
+    from ascend_agent.cluster import VolcanoRemapper
     from ascend_agent.cluster.side import ClusterSide
     from ascend_agent.dra import DraDriver
 
@@ -119,9 +122,17 @@ class Agent:
         backend: Backend,
         source: SettingsSource | None = None,
         cluster: ClusterSide | None = None,
+        separation: ManualSeparation | None = None,
     ) -> None:
         self.settings = settings
         self.cluster = cluster
+        # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
+        self.separation = separation or ManualSeparation()
+        self.separation.on_change = self.wake
+        # --volcano: (resource, the kubelet's IDs per container) -> the chips Volcano chose.
+        self.device_ids_for: VolcanoRemapper | None = None
+        # --volcano: the kubelet's view of which pod holds which chip, by the chips really mounted.
+        self.follow_mounted: Callable[[Holders], Holders] | None = None
         self._registered = anyio.Event()
         self.holders = PodHolders(
             settings.pod_resources_socket, backend.health_interval or settings.health_interval
@@ -431,6 +442,8 @@ class Agent:
         """Discover, then make the plugins and what they advertise match."""
         inventory = await self.backend.discover()
         inventory = replace(inventory, chips=self._hold.apply(inventory.chips))
+        # The admin's separation over the chips' own health, the flap hold included.
+        inventory = self.separation.apply(inventory)
         self.inventory = inventory
         self._report(inventory)
         if self._dra is not None:
@@ -477,6 +490,8 @@ class Agent:
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
         running.plugin.service.on_allocated = self.holders.poke
+        if self.device_ids_for is not None:
+            running.plugin.service.remap_ids = partial(self.device_ids_for, resource)
         running.plugin.on_registered = self._registered.set
         return running
 
@@ -557,7 +572,10 @@ class Agent:
         """The (namespace, pod, container) holding a chip, for its metrics; comma-joined when its replicas are
         held by several."""
         chip = next((c for c in self.inventory.chips if c.device_id == device), None)
-        holders = self.holders.holders.of(chip, self.settings.replicas) if chip is not None else ()
+        found = self.holders.holders
+        if self.follow_mounted is not None:
+            found = self.follow_mounted(found)
+        holders = found.of(chip, self.settings.replicas) if chip is not None else ()
         return (
             ",".join(h.namespace for h in holders),
             ",".join(h.pod for h in holders),

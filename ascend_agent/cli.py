@@ -220,6 +220,24 @@ PodResourcesSocket = Annotated[
         help="The kubelet's PodResources socket: which pod holds which chip.",
     ),
 ]
+DeviceInfo = Annotated[
+    bool | None,
+    _option(
+        "--device-info/--no-device-info",
+        env="DEVICE_INFO",
+        help="Publish the device-info ConfigMap and the baseDeviceInfos annotation Volcano reads.",
+        unset="on while the cluster side is",
+    ),
+]
+Volcano = Annotated[
+    bool | None,
+    _option(
+        "--volcano/--no-volcano",
+        env="VOLCANO",
+        help="Allocate mounts the chips Volcano chose for the pod (its annotations), not the kubelet's.",
+        unset="off",
+    ),
+]
 KubeletApi = Annotated[
     str | None,
     _option(
@@ -319,6 +337,8 @@ def run(
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
     pod_resources_socket: PodResourcesSocket = None,
+    device_info: DeviceInfo = None,
+    volcano: Volcano = None,
     kubelet_api: KubeletApi = None,
     dra_driver_name: DraDriverName = None,
     dra_taint_effect: DraTaintEffect = None,
@@ -336,6 +356,10 @@ def run(
     raise typer.Exit(code)
 
 
+# `list --volcano` reads the node's pods once; an API server that does not answer costs at most this.
+_LIST_API_TIMEOUT = 5.0
+
+
 @app.command("list")
 def list_chips(
     backend: Backend = None,
@@ -350,9 +374,13 @@ def list_chips(
     fake_model: FakeModel = None,
     fake_state: FakeState = None,
     pod_resources_socket: PodResourcesSocket = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
+    volcano: Volcano = None,
     json_output: Json = False,
 ) -> None:
-    """Print the chips the backend sees, and the pod holding each (the kubelet's PodResources socket)."""
+    """Print the chips the backend sees, and the pod holding each (the kubelet's PodResources socket; with
+    --volcano on the chips the pods' marks say were mounted)."""
     overrides = dict(locals())
     overrides.pop("json_output")
     _, settings = _settings(overrides)
@@ -365,9 +393,15 @@ def list_chips(
         if socket == DEFAULT_POD_RESOURCES_SOCKET and not socket.exists():
             return inventory, Holders(), None  # not on a node (or not mounted): say nothing unless asked
         try:
-            return inventory, await list_holders(settings.pod_resources_socket), None
+            holders = await list_holders(settings.pod_resources_socket)
         except PodResourcesError as exc:
             return inventory, Holders(), f"cannot tell which pod holds which chip: {exc}"
+        if not settings.volcano:
+            return inventory, holders, None
+        from ascend_agent.cluster import on_mounted_chips
+
+        holders, problem = await on_mounted_chips(settings, holders, _LIST_API_TIMEOUT)
+        return inventory, holders, f"holders by the kubelet's IDs: {problem}" if problem else None
 
     try:
         inventory, holders, holders_problem = asyncio.run(discover())
@@ -436,6 +470,7 @@ def doctor(
     pod_resources_socket: PodResourcesSocket = None,
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
+    volcano: Volcano = None,
     json_output: Json = False,
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""

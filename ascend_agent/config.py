@@ -109,6 +109,10 @@ class Settings:
     kubeconfig: Path | None = None
     node_name: str | None = None
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    # Volcano (ascend_agent.cluster.deviceinfo, .volcano): the device-info ConfigMap and node annotation, and
+    # Allocate answering with the chips Volcano chose.
+    device_info: bool = True
+    volcano: bool = False
     # The DRA driver (kubelet_api="dra"): its name, the effect of its health taints, slices removed at exit.
     kubelet_api: str = DEVICE_PLUGIN_API
     dra_driver_name: str = "npu.huawei.com"
@@ -325,6 +329,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "kubeconfig": _optional(_path),
     "node_name": _optional(_text),
     "pod_resources_socket": _path,
+    "device_info": _bool,
+    "volcano": _bool,
     "kubelet_api": _one_of(*KUBELET_APIS),
     "dra_driver_name": lambda value: _dns_subdomain(_text(value)),
     "dra_taint_effect": _one_of(*DRA_TAINT_EFFECTS),

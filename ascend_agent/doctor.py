@@ -72,7 +72,7 @@ async def run_checks(settings: Settings, daemonset: AgentDaemonSet | None = None
     unhealthy: list[tuple[str, str]] = []
     checks.extend(await _our_sockets(settings, inventory, unhealthy, daemonset))
     if unhealthy:
-        checks.append(await _holders(settings.pod_resources_socket, unhealthy))
+        checks.append(await _holders(settings, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
     checks.append(await _kubernetes_api(settings.metrics_address))
     checks.extend(await _cluster(settings, daemonset))
@@ -292,15 +292,21 @@ async def _ask(path: Path, unhealthy: list[tuple[str, str]]) -> Check:
     )
 
 
-async def _holders(socket: Path, unhealthy: list[tuple[str, str]]) -> Check:
+async def _holders(settings: Settings, unhealthy: list[tuple[str, str]]) -> Check:
     """The pods whose containers hold the Unhealthy devices: the ones to move off this node."""
     from ascend_agent.podresources import PodResourcesError, list_holders
 
     name = "pods on Unhealthy chips"
     try:
-        holders = await list_holders(socket)
+        holders = await list_holders(settings.pod_resources_socket)
     except PodResourcesError as exc:
         return Check(name, None, f"skipped: {exc}")
+    if settings.volcano:
+        from ascend_agent.cluster import on_mounted_chips
+
+        holders, problem = await on_mounted_chips(settings, holders, _API_TIMEOUT)
+        if problem:
+            return Check(name, None, f"skipped: {problem}")
     held = [
         f"{device} held by {', '.join(map(str, holders.by_device[(resource, device)]))}"
         for resource, device in unhealthy

@@ -110,7 +110,8 @@ def configure_logging(level: str, log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("grpclib", "hpack", "h2"):
+    # httpx logs every request of the cluster side at info.
+    for noisy in ("grpclib", "hpack", "h2", "httpx", "httpx2", "httpcore", "httpcore2"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 

@@ -25,6 +25,7 @@ from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
 from ascend_agent.deviceplugin.lifecycle import ServeFailed
 from ascend_agent.instance import exclusive
 from ascend_agent.observability import configure_logging, serve_http
+from ascend_agent.separation import ManualSeparation
 from ascend_agent.stopping import stop_requested
 
 log = logging.getLogger(__name__)
@@ -57,13 +58,21 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.kubelet_dir,
     )
     log_configuration(source.load_effective())
-    side = cluster.open_side(settings)
+    separation = ManualSeparation()
+    side = cluster.open_side(settings, separation)
     if side is None and settings.kubelet_api == DRA_API:
         raise ConfigError(
             "--kubelet-api dra needs the Kubernetes API (claims, ResourceSlices): give --kubeconfig or run "
             "in a pod with a service account, and do not set --no-cluster"
         )
-    agent = Agent(settings, backend, source, side)
+    agent = Agent(settings, backend, source, side, separation)
+    agent.device_ids_for = cluster.volcano_remapper(side, settings)
+    agent.follow_mounted = cluster.volcano_holders(side, settings)
+    if settings.volcano and agent.device_ids_for is None:
+        log.warning(
+            "--volcano needs the cluster side (--kubeconfig or a service account, and not --no-cluster): "
+            "Allocate hands over the kubelet's IDs"
+        )
     http = None
     if settings.metrics_address:
         try:

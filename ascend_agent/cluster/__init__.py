@@ -44,23 +44,46 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
+
+import anyio
 
 from ascend_agent.cluster.credentials import ClusterTarget, find_target, node_name
+from ascend_agent.separation import ManualSeparation
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
+    from ascend_agent.cluster.volcano import VolcanoPods
     from ascend_agent.config import Settings
+    from ascend_agent.podresources import Holders
 
-__all__ = ["ClusterTarget", "find_target", "node_name", "open_side"]
+__all__ = [
+    "ClusterTarget",
+    "find_target",
+    "node_name",
+    "on_mounted_chips",
+    "open_side",
+    "volcano_holders",
+    "volcano_remapper",
+]
+
+# (resource, the kubelet's device IDs per container) -> the chips to hand over.
+VolcanoRemapper = Callable[[str, Sequence[Sequence[str]]], Awaitable[list[list[str]]]]
 
 log = logging.getLogger("ascend_agent.cluster")
 
+# An Allocate that comes while the cluster side is still loading waits this long for it (as long as the tries
+# for a pod take), looking every _STARTING_POLL seconds.
+_STARTING_WAIT = 3.0
+_STARTING_POLL = 0.05
 
-def open_side(settings: Settings) -> ClusterSide | None:
+
+def open_side(settings: Settings, separation: ManualSeparation | None = None) -> ClusterSide | None:
     """The cluster side for ``settings``, or None when it is off. Imports no client library and makes no
-    request; raises :class:`~ascend_agent.config.ConfigError` for a kubeconfig that cannot be read."""
+    request; raises :class:`~ascend_agent.config.ConfigError` for a kubeconfig that cannot be read.
+    ``separation`` receives the chips an admin separates in the device-info ConfigMap."""
     if not settings.cluster:
         return None
     target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
@@ -78,15 +101,25 @@ def open_side(settings: Settings) -> ClusterSide | None:
         raise ConfigError(
             f"--kubeconfig: cannot use {target.describe()}: it does not exist or cannot be read"
         )
-    return ClusterSide(target, node_name(settings.node_name), partial(_features, settings))
+    features = partial(_features, settings, separation or ManualSeparation())
+    return ClusterSide(target, node_name(settings.node_name), features)
 
 
-def _features(settings: Settings) -> list[Feature]:
+def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]:
     """Every feature of the cluster side, in the order their tasks start."""
     from ascend_agent.cluster.events import NodeEvents
     from ascend_agent.cluster.labels import NodeLabels
 
     features: list[Feature] = [NodeLabels(settings.replicas), NodeEvents()]
+    if settings.device_info:
+        from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
+
+        features.append(DeviceInfoPublisher(separation, read_interval=settings.health_interval))
+    if settings.volcano:
+        from ascend_agent.cluster.volcano import VolcanoPods
+
+        features.append(VolcanoPods())
+
     if settings.kubelet_api == "dra":
         from ascend_agent.dra.slices import SlicePublisher
 
@@ -94,3 +127,70 @@ def _features(settings: Settings) -> list[Feature]:
             SlicePublisher(settings.dra_driver_name, settings.dra_taint_effect, cleanup=settings.dra_cleanup)
         )
     return features
+
+
+def volcano_remapper(side: ClusterSide | None, settings: Settings) -> VolcanoRemapper | None:
+    """``--volcano``: the call that gives Allocate the chips Volcano chose (see :mod:`.volcano`); None when
+    it is off. The features load after the agent starts: until then the call refuses, and the kubelet
+    retries."""
+    if side is None or not settings.volcano:
+        return None
+
+    async def remap(resource: str, containers: Sequence[Sequence[str]]) -> list[list[str]]:
+        pods = _volcano_pods(side)
+        with anyio.move_on_after(_STARTING_WAIT):
+            while pods is None:  # the client and the features load in a thread after the first registration
+                await anyio.sleep(_STARTING_POLL)
+                pods = _volcano_pods(side)
+        if pods is None:
+            raise LookupError(
+                f"the cluster side has not started within {_STARTING_WAIT:g} s: Volcano's choice of chips is "
+                "not known yet; the kubelet retries"
+            )
+        return await pods.remap(resource, containers)
+
+    return remap
+
+
+def volcano_holders(side: ClusterSide | None, settings: Settings) -> Callable[[Holders], Holders] | None:
+    """``--volcano``: the kubelet's PodResources view of which pod holds which chip, moved to the chips
+    really mounted (see :mod:`.volcano`); None when it is off."""
+    if side is None or not settings.volcano:
+        return None
+
+    def follow(holders: Holders) -> Holders:
+        pods = _volcano_pods(side)
+        return holders if pods is None else pods.follow_mounted(holders)
+
+    return follow
+
+
+async def on_mounted_chips(settings: Settings, holders: Holders, timeout: float) -> tuple[Holders, str]:
+    """``--volcano``: the kubelet's holders (by its IDs) moved to the chips really mounted, from the pods'
+    marks, for ``list`` and the doctor (the agent keeps its own pod cache); or why the pods cannot be read.
+    Reads the node's pods once, each request bounded by ``timeout``."""
+    target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
+    if target is None:
+        return (
+            holders,
+            "with --volcano the pods' marks say which chip each holds: no Kubernetes API to read them",
+        )
+    from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
+    from ascend_agent.cluster.volcano import follow_mounted, mounted_from, node_pods
+
+    try:
+        api = KubeApi.connect(target, node_name(settings.node_name), timeout=timeout)
+    except ClusterConnectError as exc:
+        return holders, str(exc)
+    try:
+        return follow_mounted(holders, mounted_from(await node_pods(api))), ""
+    except ApiUnavailable as exc:
+        return holders, f"the pods' marks could not be read: {exc.failure}"
+    finally:
+        await api.close()
+
+
+def _volcano_pods(side: ClusterSide) -> VolcanoPods | None:
+    """The ``--volcano`` feature once the cluster side has loaded it (this imports nothing)."""
+    found = [feature for feature in side.features if type(feature).__name__ == "VolcanoPods"]
+    return cast("VolcanoPods", found[0]) if found else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -36,6 +36,9 @@ from ascend_agent.observability import (
 
 log = logging.getLogger(__name__)
 
+# The kubelet's device IDs of each container of an Allocate -> the IDs to hand over instead (a scheduler's
+# choice). It may wait, asynchronously, inside that one call; LookupError refuses the Allocate with its words.
+DeviceIdRemapper = Callable[[Sequence[Sequence[str]]], Awaitable[list[list[str]]]]
 # (available, must_include, size) -> the preferred IDs
 Preference = Callable[[Sequence[str], Sequence[str], int], list[str]]
 
@@ -126,6 +129,8 @@ class DevicePluginService:
         self._refusals = RepeatLimiter("allocate_refused", _REFUSAL_LOG_INTERVAL)
         # Told after each Allocate answered (the agent then asks the kubelet which pod got the chips).
         self.on_allocated: Callable[[], None] = lambda: None
+        # None: the kubelet's IDs are the chips handed over (no I/O on Allocate's path).
+        self.remap_ids: DeviceIdRemapper | None = None
 
     @property
     def kubelet_stream_open(self) -> bool:
@@ -226,7 +231,10 @@ class DevicePluginService:
         request = await _request(stream)
         started = time.perf_counter()
         try:
-            answer, ids = self.allocate(request)
+            if self.remap_ids is None:
+                answer, ids = self.allocate(request)
+            else:
+                answer, ids = await self._allocate_remapped(request, self.remap_ids)
         except GRPCError as exc:
             ALLOCATIONS.labels(resource=self.resource, code=exc.status.name).inc()
             # Keyed by the status, not the words: a client cycling through bad IDs gets no line per ID.
@@ -250,11 +258,26 @@ class DevicePluginService:
     def allocate(self, request: bytes) -> tuple[bytes, str]:
         """The encoded AllocateResponse to an encoded AllocateRequest, and the IDs it hands over; GRPCError
         names a bad ID."""
+        return self._answer(self._containers(request))
+
+    async def _allocate_remapped(self, request: bytes, remap: DeviceIdRemapper) -> tuple[bytes, str]:
+        """As :meth:`allocate`, with the IDs ``remap`` gives for the kubelet's."""
+        containers = self._containers(request)
+        try:
+            chosen = await remap(containers)
+        except LookupError as exc:
+            raise GRPCError(Status.FAILED_PRECONDITION, str(exc.args[0] if exc.args else exc)) from None
+        return self._answer(chosen)
+
+    def _containers(self, request: bytes) -> list[list[str]]:
         try:
             containers = wire.allocate_request(request)
         except wire.WireError as exc:
             raise GRPCError(Status.INVALID_ARGUMENT, f"AllocateRequest does not decode: {exc}") from None
         _check_containers(len(containers))
+        return containers
+
+    def _answer(self, containers: Sequence[Sequence[str]]) -> tuple[bytes, str]:
         entries = [self._container_entry(index, ids) for index, ids in enumerate(containers, start=1)]
         answer = b"".join(entries)
         ids = ";".join(",".join(container) for container in containers)

@@ -1,0 +1,135 @@
+"""What Volcano's ``ascend-for-volcano`` plugin and ClusterD read from a node, built from an inventory: the
+device-info ConfigMap's ``DeviceInfoCfg`` and the Node annotation ``baseDeviceInfos``. Pure functions, no I/O.
+
+    >>> from ascend_agent.model import Health
+    >>> chips = (Chip.make(0, "910B3"), Chip.make(1, "910B3").with_health(Health.UNHEALTHY))
+    >>> lists = device_lists(Inventory(chips), since={}, now_ms=0)
+    >>> lists["huawei.com/Ascend910"], lists["huawei.com/Ascend910-Unhealthy"]
+    ('Ascend910-0', 'Ascend910-1')
+    >>> go_json({"b": "<1>", "a": 2})
+    '{"b":"\\\\u003c1\\\\u003e","a":2}'
+
+Per resource ``T``: ``T`` the healthy chips, ``T-Unhealthy`` the Unhealthy ones (the backend's faults and
+the chips an admin separates in the ConfigMap), ``T-Recovering`` the chips in the flap hold,
+``T-NetworkUnhealthy`` (never known here: empty) and, for 910/A3/950, ``T-Fault``: one object per
+Unhealthy chip with its codes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ascend_agent.model import Chip, Generation, Inventory
+
+NAMESPACE = "kube-system"
+NAME_PREFIX = "mindx-dl-deviceinfo-"
+# Volcano's and ClusterD's informers list ConfigMaps with this label only.
+CONSUMER_LABEL = "mx-consumer-cim"
+DEVICE_INFO_KEY = "DeviceInfoCfg"
+SEPARATED_KEY = "ManuallySeparateNPU"
+UPGRADE_FAULT_KEY = "UpgradeFaultReason"
+DESCRIPTION_KEY = "Description"
+BASE_DEVICE_INFOS = "baseDeviceInfos"
+# SuperPodID, ServerIndex: what the driver's DCMI interface tells; npu-smi does not.
+UNKNOWN_INDEX = -2
+
+_FAULT_LISTS = frozenset(
+    {Generation.ASCEND910A, Generation.ASCEND910B, Generation.ASCEND910A3, Generation.ASCEND950}
+)
+_SEPARATE = "SeparateNPU"
+_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def configmap_name(node: str) -> str:
+    return NAME_PREFIX + node
+
+
+def go_json(value: Any) -> str:
+    """``value`` as Go's ``json.Marshal`` writes it: no spaces, non-ASCII as UTF-8, ``<>&`` (and U+2028/9)
+    escaped. Keys keep their order: pass Go maps with sorted keys, Go structs in their fields' order."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return "".join(_GO_ESCAPES.get(char, char) for char in text)
+
+
+def check_code(device_info: Mapping[str, Any]) -> str:
+    """The lowercase hex SHA-256 of ``DeviceInfo`` as Go marshals it."""
+    return hashlib.sha256(go_json(device_info).encode()).hexdigest()
+
+
+def separated_ids(text: str) -> frozenset[str]:
+    """The device IDs of a ``ManuallySeparateNPU`` value: comma-joined, blanks ignored.
+
+    >>> sorted(separated_ids(" Ascend910-3, ,Ascend910-0 "))
+    ['Ascend910-0', 'Ascend910-3']
+    """
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def device_lists(
+    inventory: Inventory, since: Mapping[str, int], now_ms: int, separated: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """``DeviceList``, keys sorted as Go writes a map. ``since`` holds when each Unhealthy chip was first seen
+    so (Unix ms) for ``fault_time``; a chip not in it gets ``now_ms``. A ``separated`` chip is Unhealthy even
+    while the flap hold has it."""
+    lists: dict[str, str] = {}
+    for resource, chips in inventory.by_resource().items():
+        ordered = sorted(chips, key=lambda chip: chip.phys_id)
+        unhealthy = [chip for chip in ordered if _out(chip, separated)]
+        lists[resource] = _ids(chip for chip in ordered if chip.healthy)
+        lists[f"{resource}-Unhealthy"] = _ids(unhealthy)
+        lists[f"{resource}-NetworkUnhealthy"] = ""
+        held = (chip for chip in ordered if chip.held and chip not in unhealthy)
+        lists[f"{resource}-Recovering"] = _ids(held)
+        if ordered[0].generation in _FAULT_LISTS:
+            faults = [_fault(chip, since.get(chip.device_id, now_ms)) for chip in unhealthy]
+            lists[f"{resource}-Fault"] = go_json(faults)
+    return dict(sorted(lists.items()))
+
+
+def device_info_cfg(device_list: Mapping[str, str], update_time: int) -> str:
+    """The ``DeviceInfoCfg`` value (``NodeDeviceInfoCache``) of ``device_list`` written at ``update_time``
+    (Unix seconds)."""
+    info = {"DeviceList": dict(sorted(device_list.items())), "UpdateTime": update_time}
+    return go_json(
+        {
+            "DeviceInfo": info,
+            "SuperPodID": UNKNOWN_INDEX,
+            "ServerIndex": UNKNOWN_INDEX,
+            "CheckCode": check_code(info),
+        }
+    )
+
+
+def base_device_infos(inventory: Inventory) -> str:
+    """The ``baseDeviceInfos`` annotation: every chip's device ID (healthy or not) with its device IP and
+    super-pod device ID, which npu-smi does not give: empty and 0."""
+    ids = sorted({chip.device_id for chip in inventory.chips})
+    return go_json({device_id: {"IP": "", "SuperDeviceID": 0} for device_id in ids})
+
+
+def _out(chip: Chip, separated: frozenset[str]) -> bool:
+    return chip.device_id in separated or (not chip.healthy and not chip.held)
+
+
+def _ids(chips: Any) -> str:
+    return ",".join(chip.device_id for chip in chips)
+
+
+def _fault(chip: Chip, since_ms: int) -> dict[str, Any]:
+    """One ``T-Fault`` entry, fields in the order of Huawei's struct: every Unhealthy chip here is out of
+    service until it recovers, so its level and handling are ``SeparateNPU``."""
+    codes = sorted({fault.code.upper() for fault in chip.faults})
+    return {
+        "fault_type": "CardUnhealthy",
+        "npu_name": chip.device_id,
+        "large_model_fault_level": _SEPARATE,
+        "fault_level": _SEPARATE,
+        "fault_handling": _SEPARATE,
+        "fault_code": ",".join(codes),
+        "fault_time_and_level_map": {
+            code: {"fault_time": since_ms, "fault_level": _SEPARATE} for code in codes
+        },
+    }

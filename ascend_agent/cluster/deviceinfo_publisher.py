@@ -1,0 +1,194 @@
+"""The cluster feature that makes the node visible to Volcano's ``ascend-for-volcano``: the device-info
+ConfigMap ``kube-system/mindx-dl-deviceinfo-<node>`` and the Node annotation ``baseDeviceInfos``; it reads
+back the admin's ``ManuallySeparateNPU`` into :class:`~ascend_agent.separation.ManualSeparation`.
+
+    publisher = DeviceInfoPublisher(separation, read_interval=5.0)
+    publisher.observe(inventory)         # after each reconcile: the lists to write, if they changed
+    await publisher.run(api)             # writes at most once a second, rewrites every 5 min, reads back
+
+RBAC: configmaps in kube-system get, create, update; nodes patch. The ConfigMap is read, then updated with
+the keys the agent owns set and every other key kept (an admin's ``ManuallySeparateNPU`` is never
+overwritten; an edit between the read and the write is a 409 and the write starts again); a ConfigMap
+deleted by hand is created again at the next change, refresh or read-back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+from lightkube import ApiError
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Node
+from lightkube.types import PatchType
+
+from ascend_agent.cluster import deviceinfo
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.cluster.writer import LatestWriter
+from ascend_agent.model import Inventory
+from ascend_agent.separation import ManualSeparation
+
+log = logging.getLogger("ascend_agent.cluster")
+
+# Volcano restarts its informer on an UpdateTime older than 600 s: rewritten well within that.
+REFRESH_INTERVAL = 300.0
+MIN_WRITE_INTERVAL = 1.0
+DESCRIPTION = (
+    "Written by ascend-agent. With Volcano's self-maintain-available-card mode on, Volcano counts the free "
+    "chips of huawei.com/<type> itself from the node's baseDeviceInfos annotation."
+)
+_CONFLICT_RETRIES = 3
+
+
+class _Contended(Exception):
+    """Someone else kept changing the ConfigMap between the agent's read and its write."""
+
+
+class DeviceInfoPublisher:
+    """Keeps the device-info ConfigMap and ``baseDeviceInfos`` in step with the chips."""
+
+    def __init__(
+        self,
+        separation: ManualSeparation,
+        read_interval: float,
+        refresh_interval: float = REFRESH_INTERVAL,
+        min_write_interval: float = MIN_WRITE_INTERVAL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._separation = separation
+        self._read_interval = read_interval
+        self._refresh_interval = refresh_interval
+        self._min_write_interval = min_write_interval
+        self._clock = clock
+        self._since: dict[str, int] = {}  # device ID -> Unix ms it was first seen out of service
+        self._lists: dict[str, str] | None = None
+        self._annotation: str | None = None
+        self._map: LatestWriter[dict[str, str]] | None = None
+        self._node: LatestWriter[str] | None = None
+
+    def observe(self, inventory: Inventory) -> None:
+        now_ms = int(self._clock() * 1000)
+        out = {chip.device_id for chip in inventory.chips if not chip.healthy}
+        self._since = {device: self._since.get(device, now_ms) for device in out}
+        self._lists = deviceinfo.device_lists(inventory, self._since, now_ms, self._separation.ids)
+        self._annotation = deviceinfo.base_device_infos(inventory) if inventory.chips else None
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._map is not None and self._lists is not None:
+            self._map.set(self._lists)
+        if self._node is not None and self._annotation is not None:
+            self._node.set(self._annotation)
+
+    async def run(self, api: KubeApi) -> None:
+        name = deviceinfo.configmap_name(api.node)
+
+        async def write_map(lists: dict[str, str]) -> None:
+            await self._write_map(api, name, lists)
+            await anyio.sleep(self._min_write_interval)
+
+        async def write_annotation(value: str) -> None:
+            patch = {"metadata": {"annotations": {deviceinfo.BASE_DEVICE_INFOS: value}}}
+            await api.call(
+                "patch", "nodes", api.client.patch(Node, api.node, patch, patch_type=PatchType.MERGE)
+            )
+
+        self._map = LatestWriter(f"ConfigMap {deviceinfo.NAMESPACE}/{name}", write_map)
+        self._node = LatestWriter("the node annotation baseDeviceInfos", write_annotation)
+        self._hand_over()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._map.run)
+            tasks.start_soon(self._node.run)
+            tasks.start_soon(self._refresh, self._map)
+            tasks.start_soon(self._read_back, api, name, self._map)
+
+    async def _refresh(self, writer: LatestWriter[dict[str, str]]) -> None:
+        while True:
+            await anyio.sleep(self._refresh_interval)
+            writer.refresh()
+
+    async def _read_back(self, api: KubeApi, name: str, writer: LatestWriter[dict[str, str]]) -> None:
+        """The admin's ``ManuallySeparateNPU``, every read interval; a map gone is written again."""
+        while True:
+            await anyio.sleep(self._read_interval)
+            try:
+                found = await api.call(
+                    "get", "configmaps", api.client.get(ConfigMap, name, namespace=deviceinfo.NAMESPACE)
+                )
+            except ApiUnavailable:
+                continue
+            except ApiError as exc:
+                if exc.status.code == 404 and not writer.pending:
+                    log.info("ConfigMap %s/%s is gone; writing it again", deviceinfo.NAMESPACE, name)
+                    writer.refresh()
+                continue
+            self._take_separation(found)
+
+    def _take_separation(self, found: ConfigMap) -> None:
+        text = (found.data or {}).get(deviceinfo.SEPARATED_KEY, "")
+        ids = deviceinfo.separated_ids(text)
+        if ids != self._separation.ids:
+            log.info(
+                "%s in the device-info ConfigMap: %s",
+                deviceinfo.SEPARATED_KEY,
+                ", ".join(sorted(ids)) or "none",
+            )
+            self._separation.update(ids)
+
+    async def _write_map(self, api: KubeApi, name: str, lists: dict[str, str]) -> None:
+        """Read the map, then update the keys the agent owns and keep every other (an admin's
+        ``ManuallySeparateNPU`` above all); a map that is not there is created."""
+        for _ in range(_CONFLICT_RETRIES):
+            owned = {
+                deviceinfo.DEVICE_INFO_KEY: deviceinfo.device_info_cfg(lists, int(self._clock())),
+                deviceinfo.UPGRADE_FAULT_KEY: "{}",
+                deviceinfo.DESCRIPTION_KEY: DESCRIPTION,
+            }
+            try:
+                found = await api.call(
+                    "get", "configmaps", api.client.get(ConfigMap, name, namespace=deviceinfo.NAMESPACE)
+                )
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+                if await self._create(api, name, owned):
+                    return
+                continue
+            self._take_separation(found)
+            if await self._update(api, found, owned):
+                return
+        raise _Contended(f"it changed between the read and the write {_CONFLICT_RETRIES} times")
+
+    async def _update(self, api: KubeApi, found: ConfigMap, owned: dict[str, str]) -> bool:
+        """False when it changed since it was read (409: its resourceVersion) or is gone (404)."""
+        metadata = found.metadata or ObjectMeta()
+        metadata.labels = {**(metadata.labels or {}), deviceinfo.CONSUMER_LABEL: "true"}
+        data = {**(found.data or {}), **owned}
+        data.setdefault(deviceinfo.SEPARATED_KEY, "")
+        found.metadata, found.data = metadata, data
+        try:
+            await api.call("update", "configmaps", api.client.replace(found))
+        except ApiError as exc:
+            if exc.status.code in (404, 409):
+                return False
+            raise
+        return True
+
+    async def _create(self, api: KubeApi, name: str, owned: dict[str, str]) -> bool:
+        """False when someone created it meanwhile (409)."""
+        configmap = ConfigMap(
+            metadata=ObjectMeta(
+                name=name, namespace=deviceinfo.NAMESPACE, labels={deviceinfo.CONSUMER_LABEL: "true"}
+            ),
+            data={**owned, deviceinfo.SEPARATED_KEY: ""},
+        )
+        try:
+            await api.call("create", "configmaps", api.client.create(configmap))
+        except ApiError as exc:
+            if exc.status.code == 409:
+                return False
+            raise
+        log.info("Created ConfigMap %s/%s for Volcano", deviceinfo.NAMESPACE, name)
+        return True

@@ -1,0 +1,272 @@
+"""``--volcano`` from the agent as a process: Allocate hands over the chips Volcano wrote on the pod, not the
+kubelet's IDs, and marks the pod; pods placed together get their own chips in ``predicate-time`` order; no
+placed pod is a clear refusal; a request for every chip keeps the kubelet's IDs; without ``--volcano`` nothing
+of it is on."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tests.support.agent_process import AgentProcess
+from tests.support.apiserver import ApiServer
+from tests.support.cli import run_cli
+from tests.support.http_probe import free_port, wait_answer
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.podresources import PodResourcesStandin
+
+NODE = "node-1"
+T = "huawei.com/Ascend910"
+
+
+def _pod(name: str, chips: str, predicate_time: str, count: int = 2, node: str = NODE) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"uid-{name}",
+            "annotations": {T: chips, "predicate-time": predicate_time},
+        },
+        "spec": {
+            "nodeName": node,
+            "schedulerName": "volcano",
+            "containers": [{"name": "main", "image": "x", "resources": {"limits": {T: str(count)}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def _start(kubelet: KubeletStandin, apiserver: ApiServer, *extra: str) -> AgentProcess:
+    agent = AgentProcess(
+        [
+            "run",
+            "--backend",
+            "fake",
+            "--fake-model",
+            "910B3",
+            "--kubelet-dir",
+            str(kubelet.directory),
+            "--metrics-address",
+            "",
+            "--kubeconfig",
+            str(apiserver.kubeconfig),
+            "--node-name",
+            NODE,
+            *extra,
+        ]
+    )
+    kubelet.wait_update(lambda u: len(u.devices) == 8, what="the device list")
+    return agent
+
+
+@pytest.fixture
+def volcano(kubelet: KubeletStandin, apiserver: ApiServer) -> Iterator[AgentProcess]:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    agent = _start(kubelet, apiserver, "--volcano")
+    yield agent
+    agent.close()
+
+
+def _allocate(kubelet: KubeletStandin, ids: list[str], timeout: float = 10) -> Any:
+    channel, stub = kubelet.plugin_stub(T)
+    with channel:
+        request = kubelet.pb.AllocateRequest(
+            container_requests=[kubelet.pb.ContainerAllocateRequest(devices_ids=ids)]
+        )
+        return stub.Allocate(request, timeout=timeout).container_responses[0]
+
+
+def _create(apiserver: ApiServer, pod: dict[str, Any]) -> None:
+    """Create ``pod`` through the API, as Kubernetes would (``put`` stores it unseen by watches)."""
+    request = urllib.request.Request(
+        f"{apiserver.url}/api/v1/namespaces/{pod['metadata']['namespace']}/pods",
+        json.dumps(pod).encode(),
+        {"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert answer.status in (200, 201)
+
+
+def _annotations(apiserver: ApiServer, name: str) -> dict[str, str]:
+    pod = apiserver.get("pods", name, "team-a")
+    assert pod is not None
+    return dict(pod["metadata"].get("annotations") or {})
+
+
+def test_volcano_chips_mounted_and_the_pod_marked(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "1700000000000"))
+    container = _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+    assert container.envs["ASCEND_VISIBLE_DEVICES"] == "3,5"
+    chips = [
+        d.host_path
+        for d in container.devices
+        if d.host_path.startswith("/dev/davinci") and d.host_path[12:].isdigit()
+    ]
+    assert chips == ["/dev/davinci3", "/dev/davinci5"]
+
+    annotations = apiserver.wait_for(
+        lambda: _annotations(apiserver, "train-0"),
+        lambda a: a.get("predicate-time") == "18446744073709551615",
+    )
+    assert annotations["huawei.com/AscendReal"] == "Ascend910-3,Ascend910-5"
+    assert annotations["huawei.com/kltDev"] == "Ascend910-0,Ascend910-1"
+    assert json.loads(annotations["ascend.kubectl.kubernetes.io/ascend-910-configuration"]) == {
+        "pod_name": "train-0",
+        "server_id": "uid-train-0",
+        "devices": [{"device_id": "3", "device_ip": ""}, {"device_id": "5", "device_ip": ""}],
+    }
+    volcano.wait_log("Allocated Ascend910-3,Ascend910-5")
+
+
+def test_pods_placed_together_get_their_own_chips_in_predicate_time_order(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    apiserver.put("pods", _pod("later", "Ascend910-6,Ascend910-7", "300"))
+    apiserver.put("pods", _pod("earlier", "Ascend910-2,Ascend910-4", "200"))
+    apiserver.put("pods", _pod("other-node", "Ascend910-0,Ascend910-1", "100", node="node-2"))
+    apiserver.put("pods", _pod("one-chip", "Ascend910-0", "50", count=1))
+    first = _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+    second = _allocate(kubelet, ["Ascend910-2", "Ascend910-3"])
+    assert [first.envs["ASCEND_VISIBLE_DEVICES"], second.envs["ASCEND_VISIBLE_DEVICES"]] == ["2,4", "6,7"]
+    for name, kubelet_ids in (("earlier", "Ascend910-0,Ascend910-1"), ("later", "Ascend910-2,Ascend910-3")):
+        annotations = apiserver.wait_for(
+            lambda name=name: _annotations(apiserver, name), lambda a: "huawei.com/kltDev" in a
+        )
+        assert annotations["huawei.com/kltDev"] == kubelet_ids
+    assert "huawei.com/kltDev" not in _annotations(apiserver, "other-node")
+
+
+def test_no_placed_pod_refuses_after_three_tries(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    with pytest.raises(grpc.RpcError) as refused:
+        _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no pod on this node placed by Volcano asks for 2 huawei.com/Ascend910" in str(
+        refused.value.details()
+    )
+
+
+def test_a_pod_arriving_during_the_tries_is_taken_and_the_wait_blocks_nothing(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    answers: list[Any] = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(_allocate(kubelet, ["Ascend910-0", "Ascend910-1"]))
+    )
+    waiting.start()
+    try:
+        # The miss read the pods once; the call now waits between tries, and other calls are answered.
+        apiserver.wait_for(
+            lambda: [s for s in apiserver.seen() if s.resource == "pods"], lambda seen: len(seen) >= 2
+        )
+        every_chip = _allocate(kubelet, [f"Ascend910-{i}" for i in range(8)], timeout=0.5)
+        assert every_chip.envs["ASCEND_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+        assert waiting.is_alive()
+        _create(apiserver, _pod("late", "Ascend910-6,Ascend910-7", "100"))  # seen by the agent's watch
+    finally:
+        waiting.join(10)
+    assert [answer.envs["ASCEND_VISIBLE_DEVICES"] for answer in answers] == ["6,7"]
+
+
+def test_a_choice_of_an_unhealthy_chip_is_refused_and_the_pod_not_taken(
+    kubelet: KubeletStandin, apiserver: ApiServer, state: Path
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "100"))
+    state.write_text(json.dumps({"unhealthy": [5]}))
+    agent = _start(kubelet, apiserver, "--volcano", "--fake-state", str(state))
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "Volcano chose Ascend910-5 for pod team-a/train-0, which is Unhealthy" in str(
+            refused.value.details()
+        )
+        assert "predicate-time" in _annotations(apiserver, "train-0")
+        assert _annotations(apiserver, "train-0")["predicate-time"] == "100"
+    finally:
+        agent.close()
+
+
+def test_every_chip_keeps_the_kubelets_ids(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    ids = [f"Ascend910-{i}" for i in range(8)]
+    container = _allocate(kubelet, ids)
+    assert container.envs["ASCEND_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+
+
+def test_without_volcano_the_kubelets_ids_and_no_pod_read(
+    kubelet: KubeletStandin, apiserver: ApiServer
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "100"))
+    agent = _start(kubelet, apiserver)
+    try:
+        container = _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+        assert container.envs["ASCEND_VISIBLE_DEVICES"] == "0,1"
+        assert not [s for s in apiserver.seen() if s.resource == "pods"]
+    finally:
+        agent.close()
+
+
+def _held_by(device: str, pod: str) -> str:
+    container, namespace = ("main", "team-a") if pod else ("", "")
+    labels = f'container="{container}",device="{device}",namespace="{namespace}",pod="{pod}"'
+    return re.escape(f'ascend_agent_device_health{{{labels},resource="{T}"}} 1.0')
+
+
+def test_metrics_name_the_pod_on_the_chips_really_mounted(
+    kubelet: KubeletStandin, apiserver: ApiServer, podresources: PodResourcesStandin
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "100"))
+    port = free_port()
+    agent = _start(
+        kubelet,
+        apiserver,
+        "--volcano",
+        "--metrics-address",
+        f"127.0.0.1:{port}",
+        "--pod-resources-socket",
+        str(podresources.path),
+    )
+    try:
+        # The kubelet records its own IDs for the pod.
+        podresources.hold(T, ["Ascend910-0", "Ascend910-1"], "team-a", "train-0", "main")
+        assert _allocate(kubelet, ["Ascend910-0", "Ascend910-1"]).envs["ASCEND_VISIBLE_DEVICES"] == "3,5"
+        _, body = wait_answer(
+            port,
+            "/metrics",
+            lambda status, body: re.search(_held_by("Ascend910-5", "train-0"), body) is not None,
+        )
+        assert re.search(_held_by("Ascend910-3", "train-0"), body)
+        assert re.search(_held_by("Ascend910-0", ""), body) and re.search(_held_by("Ascend910-1", ""), body)
+    finally:
+        agent.close()
+
+    apiserver.wait_for(lambda: _annotations(apiserver, "train-0"), lambda got: "huawei.com/kltDev" in got)
+    common = ["--backend", "fake", "--pod-resources-socket", str(podresources.path), "--json"]
+    cluster = ["--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE]
+    rows = {
+        row["id"]: row["holders"]
+        for row in json.loads(run_cli("list", *common, *cluster, "--volcano").stdout)
+    }
+    holder = [{"namespace": "team-a", "pod": "train-0", "container": "main"}]
+    assert (rows["Ascend910-3"], rows["Ascend910-5"], rows["Ascend910-0"]) == (holder, holder, [])
+    rows = {row["id"]: row["holders"] for row in json.loads(run_cli("list", *common).stdout)}
+    assert (rows["Ascend910-0"], rows["Ascend910-3"]) == (holder, []), "without --volcano: the kubelet's IDs"
