@@ -19,6 +19,7 @@ from click.core import ParameterSource
 
 from ascend_agent import __version__, naming
 from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Settings, SettingsSource
+from ascend_agent.stopping import catch_early
 
 if TYPE_CHECKING:
     from ascend_agent.model import Inventory
@@ -344,6 +345,7 @@ def run(
     dra_cleanup: DraCleanup = None,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
+    catch_early()
     source, settings = _settings(dict(locals()))
     from ascend_agent.process import run_agent
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ascend_agent.files import check_not_shared, make_dirs
 from ascend_agent.model import Chip, ContainerSpec
 
 log = logging.getLogger(__name__)
@@ -199,8 +200,9 @@ class Prepared:
 def atomic_write(path: Path, text: str) -> None:
     """Replace ``path`` with ``text``: a temporary file in the same directory, flushed to disk, then renamed,
     and the directory flushed too, so that after a power loss the file is either the old or the new one and
-    the rename itself is not lost."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    the rename itself is not lost; only in a directory no other user can change."""
+    make_dirs(path.parent, 0o755)
+    check_not_shared(path.parent)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:

@@ -29,7 +29,7 @@ class FakeNpuSmi:
         temporary.replace(target)
 
     def set_mode(self, mode: str) -> None:
-        assert mode in ("ok", "fail", "hang", "garbage"), mode
+        assert mode in ("ok", "fail", "hang", "garbage", "flood", "orphan"), mode
         temporary = self.directory / "mode.tmp"
         temporary.write_text(mode)
         temporary.replace(self.directory / "mode")

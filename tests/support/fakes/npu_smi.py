@@ -1,5 +1,6 @@
 """A stand-in for the npu-smi executable, controlled through files next to it (read on every run, so a
-running agent sees changes at once): ``mode`` (ok, fail, hang, garbage) and ``out/<args>.txt``."""
+running agent sees changes at once): ``mode`` (ok, fail, hang, garbage, flood: prints zeros without end,
+orphan: a child that holds the output open outlives it) and ``out/<args>.txt``."""
 
 import os
 import sys
@@ -12,6 +13,17 @@ with open(os.path.join(here, "calls.log"), "a") as log:
 with open(os.path.join(here, "mode")) as handle:
     mode = handle.read().strip()
 if mode == "hang":
+    time.sleep(3600)
+elif mode == "flood":
+    zeros = bytes(1 << 16)
+    while True:
+        sys.stdout.buffer.write(zeros)
+elif mode == "orphan":
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "3600"])  # keeps our stdout and stderr open
+    with open(os.path.join(here, "orphan.pid"), "w") as pid_file:
+        pid_file.write(str(child.pid))
     time.sleep(3600)
 elif mode == "fail":
     sys.stderr.write("dcmi module initialize failed. ret is -8005\n")
