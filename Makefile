@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 # `make run` needs only what running needs: the package and its runtime dependencies, not the test tools.
 RUN_STAMP := $(VENV)/.run-stamp
-PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto protos/podresources/v1/api.proto
+# The device plugin and registration APIs: the grpc-go kubelet stand-in (make interop) is built from these too.
+KUBELET_PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
+PROTO := $(KUBELET_PROTO) protos/podresources/v1/api.proto
 # The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
 DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
 PYTEST_FLAGS ?= -q
@@ -89,10 +91,10 @@ interop-packages:
 			{ apt-get update -qq && apt-get install -y -qq $(INTEROP_DEBS) >/dev/null; }; \
 	fi
 
-$(INTEROP)/kubelet-standin: $(INTEROP_GO_SOURCES) $(PROTO) | interop-packages
+$(INTEROP)/kubelet-standin: $(INTEROP_GO_SOURCES) $(KUBELET_PROTO) | interop-packages
 	rm -rf $(INTEROP)/gopath && mkdir -p $(INTEROP)/gopath/src
 	protoc -I protos --go_out=$(INTEROP)/gopath/src --go_opt=$(INTEROP_PROTO_MAP) \
-		--go-grpc_out=$(INTEROP)/gopath/src --go-grpc_opt=$(INTEROP_PROTO_MAP) $(PROTO)
+		--go-grpc_out=$(INTEROP)/gopath/src --go-grpc_opt=$(INTEROP_PROTO_MAP) $(KUBELET_PROTO)
 	cd tests/interop/kubelet && $(INTEROP_GO_ENV) go build -o "$(CURDIR)/$@" .
 
 # The device-info ConfigMap decoded by Go's encoding/json into ascend-for-volcano's types (standard library only).

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
@@ -68,6 +69,11 @@ _KUBELET_TAG = "kubelet"
 _ENDPOINTS_TAG = "endpoints"
 _BACKEND_TAG = "backend"
 _CONFIG_TAG = "config"
+# At most one config reload per this many seconds: a burst of SIGHUPs makes two, not one per signal.
+_RELOAD_SPACING = 1.0
+# Writing the CDI spec is tried again after these many seconds, doubling up to the cap, until it works.
+_CDI_RETRY_START = 1.0
+_CDI_RETRY_CAP = 60.0
 # The cluster side starts this long after the agent at the latest, registered or not.
 _CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
@@ -147,6 +153,10 @@ class Agent:
         self._plugins: dict[str, _Running] = {}
         self._wakeup = anyio.Event()
         self._reload = False
+        self._last_reload = -math.inf
+        self._cdi_problem = ""
+        self._cdi_retry = _CDI_RETRY_START
+        self._cdi_retrying = False
         self._known_chips: set[str] = set()
         self._health: dict[str, tuple[Health, str]] = {}
         self._problems: tuple[str, ...] = ()
@@ -196,6 +206,8 @@ class Agent:
         reasons = [
             reason for ready, reason in (r.plugin.status() for r in self._plugins.values()) if not ready
         ]
+        if self._cdi_problem:  # Allocate would name CDI devices that no spec defines
+            reasons.append(self._cdi_problem)
         return (False, "; ".join(sorted(reasons))) if reasons else (True, "")
 
     def health_detail(self) -> str:
@@ -223,7 +235,12 @@ class Agent:
                 while True:
                     self._wakeup = anyio.Event()
                     if self._reload:
+                        # Reloads asked for in a burst (SIGHUPs in a loop) make one more, after the spacing.
+                        await anyio.sleep(
+                            max(0.0, self._last_reload + _RELOAD_SPACING - anyio.current_time())
+                        )
                         self._reload = False
+                        self._last_reload = anyio.current_time()
                         await self._apply_config()
                         await self.apply_vnpu_layout(fresh=True)
                     await self.reconcile()
@@ -391,6 +408,7 @@ class Agent:
             running.plugin.set_serve_timeout(settings.serve_timeout)
         if settings.cdi_spec_dir != self.settings.cdi_spec_dir and self.settings.cdi_spec_dir is not None:
             cdi.remove_spec(self.settings.cdi_spec_dir)
+            self._cdi_problem = ""
             self._cdi_document = None
         if set(changed) & set(_CLUSTER_SETTINGS):
             log.warning(
@@ -544,10 +562,29 @@ class Agent:
         try:
             path = await cdi.write_spec(directory, document)
         except OSError as exc:
-            log.error("Cannot write the CDI spec in %s: %s", directory, exc.strerror or exc)
+            problem = f"cannot write the CDI spec in {directory}: {exc.strerror or exc}"
+            if problem != self._cdi_problem:
+                log.error("%s; retrying with back-off", problem[0].upper() + problem[1:])
+            self._cdi_problem = problem
+            self._retry_cdi()
             return
+        self._cdi_problem, self._cdi_retry = "", _CDI_RETRY_START
         self._cdi_document = document
         log.info("Wrote CDI spec %s with %d devices", path, len(document["devices"]))
+
+    def _retry_cdi(self) -> None:
+        """Reconcile again after the back-off: a full or read-only spec directory may be fixed meanwhile."""
+        if self._cdi_retrying or self._tasks is None:
+            return
+        self._cdi_retrying = True
+        delay, self._cdi_retry = self._cdi_retry, min(self._cdi_retry * 2, _CDI_RETRY_CAP)
+
+        async def retry() -> None:
+            await anyio.sleep(delay)
+            self._cdi_retrying = False
+            self.wake()
+
+        self._tasks.start_soon(retry, name="cdi retry")
 
     def _report(self, inventory: Inventory) -> None:
         for chip in (*inventory.chips, *inventory.vnpus):

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from ascend_agent.container import container_spec
+from ascend_agent.files import check_not_shared, make_dirs
 from ascend_agent.model import Chip, ContainerBase, ContainerSpec
 from ascend_agent.naming import CDI_KIND
 
@@ -86,7 +87,8 @@ async def write_spec(directory: Path, document: dict[str, Any]) -> Path:
 
 
 def _write(directory: Path, text: str) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory, 0o755)  # container runtimes read it
+    check_not_shared(directory)
     target = directory / SPEC_FILE
     handle, temporary = tempfile.mkstemp(prefix=f".{SPEC_FILE}.", dir=directory)
     try:

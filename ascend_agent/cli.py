@@ -20,6 +20,7 @@ from click.core import ParameterSource
 
 from ascend_agent import __version__, naming
 from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Settings, SettingsSource
+from ascend_agent.stopping import catch_early
 
 if TYPE_CHECKING:
     from ascend_agent.model import Chip, Inventory
@@ -364,6 +365,7 @@ def run(
     dry_run_vnpu: DryRunVnpu = False,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
+    catch_early()
     overrides = dict(locals())
     overrides.pop("dry_run_vnpu")
     source, settings = _settings(overrides)

@@ -212,6 +212,8 @@ def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
         raise ValueError(
             'must be a mapping of error codes or prefixes to healthy or unhealthy, e.g. {"8C": unhealthy}'
         )
+    if len(value) > MAX_POLICY_ENTRIES:
+        raise ValueError(f"has {len(value)} entries; at most {MAX_POLICY_ENTRIES} are accepted")
     policy = []
     for code, verdict in value.items():
         text = str(code) if isinstance(code, int) and not isinstance(code, bool) else code
@@ -231,9 +233,22 @@ def _bool(value: Any) -> bool:
     return value
 
 
+# List settings hold a handful of entries (driver paths, Health values); a long one is a mistake or worse.
+MAX_LIST_ITEMS = 64
+MAX_POLICY_ENTRIES = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def _text(value: Any) -> str:
+    """A string without control characters: a newline or NUL in a setting would forge or break log lines."""
     if not isinstance(value, str):
         raise ValueError("must be a string")
+    found = _CONTROL.search(value)
+    if found is not None:
+        raise ValueError(
+            f"contains the control character U+{ord(found.group()):04X} at position {found.start()}; "
+            "remove it"
+        )
     return value
 
 
@@ -250,13 +265,17 @@ def _model(value: Any) -> str:
 
 
 def _path(value: Any) -> Path:
-    return value if isinstance(value, Path) else Path(_text(value))
+    return Path(_text(str(value) if isinstance(value, Path) else value))
 
 
 def _text_list(value: Any) -> tuple[str, ...]:
+    if isinstance(value, tuple):
+        value = list(value)
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise ValueError("must be a list of strings")
-    return tuple(value)
+    if len(value) > MAX_LIST_ITEMS:
+        raise ValueError(f"has {len(value)} entries; at most {MAX_LIST_ITEMS} are accepted")
+    return tuple(_text(item) for item in value)
 
 
 def _dns_subdomain(value: str) -> str:
@@ -361,6 +380,22 @@ def decode_utf8(data: bytes, what: str) -> str:
         ) from None
 
 
+class _AliasFound(Exception):
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases: one short string referenced many times under a list expands
+    into gigabytes (an "alias bomb"), and no setting needs one."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasFound(self.peek_event().start_mark.line + 1)  # type: ignore[no-untyped-call]
+        return super().compose_node(parent, index)
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
     """The settings a YAML file sets, by field name; :class:`ConfigError` names the file and the key."""
     try:
@@ -369,7 +404,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     text = decode_utf8(data, f"config file {path}")
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_NoAliasLoader)
+    except _AliasFound as found:
+        raise ConfigError(
+            f"config file {path} uses a YAML alias at line {found.line}; write the value out instead"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

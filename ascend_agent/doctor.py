@@ -25,7 +25,8 @@ from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
 from ascend_agent.config import ConfigError, Settings
-from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, LocalChannel
+from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
+from ascend_agent.deviceplugin.transport import LocalChannel
 from ascend_agent.model import Generation, Inventory
 
 if TYPE_CHECKING:

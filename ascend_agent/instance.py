@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from stat import S_ISREG
 
 from ascend_agent.config import ConfigError
+from ascend_agent.files import make_dirs, open_no_follow
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +37,8 @@ async def exclusive(
     parents with ``make_parents`` (never when the parent is the kubelet's own)."""
     path = directory / LOCK_FILE
     try:
-        directory.mkdir(parents=make_parents, exist_ok=True)
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        make_dirs(directory, 0o750, parents=make_parents)
+        descriptor = open_no_follow(path, os.O_RDWR | os.O_CREAT | os.O_NOCTTY | os.O_NONBLOCK, 0o644)
     except (FileExistsError, NotADirectoryError):
         raise ConfigError(
             f"cannot create the instance lock {path}: {directory} (or a directory above it) is a file, "
@@ -47,8 +50,13 @@ async def exclusive(
             "--plugin-dir a directory this user can write"
         ) from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(
+                f"the instance lock {path} is a symbolic link; remove it (the agent writes its pid there)"
+            ) from None
         raise ConfigError(f"cannot create the instance lock {path}: {exc.strerror or exc}") from None
     try:
+        _check_lock_file(path, descriptor)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -63,6 +71,19 @@ async def exclusive(
         yield
     finally:
         os.close(descriptor)
+
+
+def _check_lock_file(path: Path, descriptor: int) -> None:
+    """The lock must be a regular file of the agent's own user (root): anything else was put there by
+    someone else, and writing our pid into it would change what it is."""
+    stat = os.fstat(descriptor)
+    if not S_ISREG(stat.st_mode):
+        raise ConfigError(f"the instance lock {path} is not a regular file; remove it")
+    if stat.st_uid != os.geteuid():
+        raise ConfigError(
+            f"the instance lock {path} belongs to user {stat.st_uid}, not to the agent's user "
+            f"{os.geteuid()}; remove it"
+        )
 
 
 async def _wait_for(descriptor: int) -> None:

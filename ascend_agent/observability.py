@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -38,9 +39,21 @@ def _timestamp(record: logging.LogRecord) -> str:
     return f"{seconds}.{int(record.msecs):03d}Z"
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(text: str) -> str:
+    r"""``text`` with its control characters written as escapes: one record stays one line.
+
+    >>> _escaped("model 910\nERROR forged")
+    'model 910\\nERROR forged'
+    """
+    return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
+
+
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{_timestamp(record)} {record.levelname:<7} {record.getMessage()}"
+        line = f"{_timestamp(record)} {record.levelname:<7} {_escaped(record.getMessage())}"
         if record.exc_info and record.levelno <= logging.DEBUG:
             line += "\n" + self.formatException(record.exc_info)
         return line
@@ -112,6 +125,11 @@ REGISTRATIONS = Counter(
     "ascend_agent_registrations", "Successful registrations with the kubelet.", ["resource"]
 )
 KUBELET_RESTARTS = Counter("ascend_agent_kubelet_restarts", "Times kubelet.sock was created while we ran.")
+WATCH_RESCANS = Counter(
+    "ascend_agent_watch_rescans",
+    "Times every watched directory was looked at again because inotify events were lost.",
+    ["reason"],
+)
 ALLOCATIONS = Counter(
     "ascend_agent_allocations", "Allocate container requests answered.", ["resource", "code"]
 )

@@ -21,7 +21,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from ascend_agent import naming
 from ascend_agent._proto.v1 import ListPodResourcesRequest, PodResourcesListerStub
-from ascend_agent.deviceplugin.kubelet import LocalChannel
+from ascend_agent.deviceplugin.transport import LocalChannel
 from ascend_agent.model import Chip
 
 log = logging.getLogger(__name__)

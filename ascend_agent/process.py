@@ -26,6 +26,7 @@ from ascend_agent.deviceplugin.lifecycle import ServeFailed
 from ascend_agent.instance import exclusive
 from ascend_agent.observability import configure_logging, serve_http
 from ascend_agent.separation import ManualSeparation
+from ascend_agent.stopping import stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,9 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 async def _signals(agent: Agent, scope: anyio.CancelScope) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
+        if stop_requested():  # while the agent was starting
+            scope.cancel()
+            return
         async for signum in received:
             if signum == signal.SIGHUP:
                 agent.reload()

@@ -25,7 +25,7 @@ from pathlib import Path
 from inotify_simple import INotify
 from inotify_simple import flags as _flags
 
-from ascend_agent.observability import log_fields
+from ascend_agent.observability import WATCH_RESCANS, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ class Watcher:
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._inotify.fileno(), self._readable)
         self._closed = False
+        self._said: set[str] = set()  # the reasons for lost events already logged
 
     def watch(self, directory: Path, tag: str, accept: NameFilter | None = None) -> None:
         """Report changes to entries of ``directory`` whose names ``accept`` allows, tagged ``tag``."""
@@ -119,6 +120,14 @@ class Watcher:
             return
         target.wd, target.armed_on = wd, place
         self._by_wd.setdefault(wd, []).append(target)
+        if place != target.directory and self._next_step(target).is_dir():
+            # Made between the look and the watch: its creation was in no event; go down now.
+            self._arm(target)
+
+    @staticmethod
+    def _next_step(target: _Target) -> Path:
+        assert target.armed_on is not None
+        return target.armed_on / target.directory.relative_to(target.armed_on).parts[0]
 
     def _forget(self, target: _Target) -> None:
         assert target.wd is not None
@@ -134,7 +143,15 @@ class Watcher:
     def _readable(self) -> None:
         batch: list[WatchEvent] = []
         rearm: list[_Target] = []
-        for event in self._inotify.read(timeout=0):
+        events = self._inotify.read(timeout=0)
+        gone = {event.wd for event in events if event.mask & (_flags.DELETE_SELF | _flags.MOVE_SELF)}
+        lost = ""
+        for event in events:
+            if event.mask & _flags.Q_OVERFLOW:
+                lost = "overflow"
+                continue
+            if event.mask & _flags.IGNORED and event.wd in self._by_wd and event.wd not in gone:
+                lost = lost or "watch_lost"
             for target in list(self._by_wd.get(event.wd, ())):
                 if target.armed_on == target.directory:
                     batch.extend(self._translate(target, event.mask, event.name))
@@ -144,12 +161,28 @@ class Watcher:
                     target, event.name
                 ):
                     rearm.append(target)
+        if lost:
+            self._events_lost(lost)
+            rearm.extend(self._targets)
         for target in dict.fromkeys(rearm):
             self._arm(target)
             if target.armed_on == target.directory:  # a new directory: what is in it was never reported
                 batch.append(WatchEvent(target.tag, "", Change.APPEARED))
         if batch:
             self._queue.put_nowait(batch)
+
+    def _events_lost(self, reason: str) -> None:
+        """Events were dropped (the queue overflowed while we were paused or busy) or a watch ended: every
+        target is armed again and reported as APPEARED, so that everything the watches cover is looked at."""
+        WATCH_RESCANS.labels(reason=reason).inc()
+        if reason not in self._said:
+            self._said.add(reason)
+            why = "the inotify queue overflowed" if reason == "overflow" else "an inotify watch was lost"
+            log.warning(
+                "Events may have been missed (%s); looking at every watched directory again",
+                why,
+                extra=log_fields(reason=reason),
+            )
 
     @staticmethod
     def _leads_to(target: _Target, name: str) -> bool:

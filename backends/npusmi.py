@@ -15,11 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import errno
 import functools
+import os
 import re
+import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
+
+import anyio
 
 from ascend_agent.model import Fault, normalise_model
 
@@ -520,8 +525,21 @@ def diagnose(output: str) -> NpuSmiError | None:
     )
 
 
+# The largest real npu-smi output is tens of KiB; more than this is a runaway, read no further.
+MAX_OUTPUT = 4 * 1024 * 1024
+# After a kill, how long to wait for the process to be reaped and its pipes to close.
+_REAP_TIMEOUT = 2.0
+_CHUNK = 64 * 1024
+
+
+class _OutputTooLong(Exception):
+    pass
+
+
 async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> str:
-    """Run ``executable args`` (no shell) and return its output; kill and reap it after ``timeout`` s.
+    """Run ``executable args`` (no shell) in a process group of its own and return its output; after
+    ``timeout`` s, or once it has printed more than :data:`MAX_OUTPUT` bytes, the whole group is killed (a
+    wrapper's children too, which would otherwise keep the pipes open) and reaped, every wait bounded.
     Raises only :class:`NpuSmiError`."""
     command = " ".join([executable, *args])
     try:
@@ -531,6 +549,7 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
     except PermissionError as exc:
         raise NpuSmiError(
@@ -541,6 +560,12 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise NpuSmiError("missing", f"cannot run {executable}: {exc.strerror or exc}") from None
     except OSError as exc:
+        if exc.errno == errno.ETXTBSY:
+            raise NpuSmiError(
+                "missing",
+                f"cannot run {executable}: it is being written (Text file busy)",
+                "a driver install or upgrade is replacing it; the agent tries again next health interval",
+            ) from None
         # EMFILE, ENFILE, ENOMEM, EAGAIN: this process or the node is short of descriptors or memory now.
         raise NpuSmiError(
             "resources",
@@ -549,16 +574,21 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
         ) from None
     try:
         async with asyncio.timeout(timeout):
-            stdout, stderr = await process.communicate()
+            stdout, stderr = await _read_output(process)
+            await process.wait()
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
+        await _kill(process)
         raise NpuSmiError("timeout", f"{command} timed out after {timeout:g} s and was killed") from None
+    except _OutputTooLong:
+        await _kill(process)
+        raise NpuSmiError(
+            "output",
+            f"{command} printed more than {MAX_OUTPUT // (1024 * 1024)} MiB and was killed",
+            "check the npu-smi executable the agent runs",
+        ) from None
     except asyncio.CancelledError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
+        with anyio.CancelScope(shield=True):
+            await _kill(process)
         raise
     if process.returncode != 0:
         said = (stderr + stdout).decode("utf-8", errors="replace")
@@ -571,6 +601,56 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
             f"{command} exited with status {process.returncode}: {lines[-1] if lines else 'no output'}",
         )
     return stdout.decode("utf-8", errors="replace")
+
+
+async def _read_output(process: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """(stdout, stderr), each read to its end; when one fails, the other reader is stopped too."""
+    assert process.stdout is not None and process.stderr is not None
+    readers = [asyncio.ensure_future(_read_capped(pipe)) for pipe in (process.stdout, process.stderr)]
+    try:
+        stdout, stderr = await asyncio.gather(*readers)
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.wait(readers)
+        for reader in readers:  # both may have failed; one failure is enough to report
+            if not reader.cancelled():
+                reader.exception()
+    return stdout, stderr
+
+
+async def _read_capped(stream: asyncio.StreamReader) -> bytes:
+    data = bytearray()
+    while chunk := await stream.read(_CHUNK):
+        data += chunk
+        if len(data) > MAX_OUTPUT:
+            raise _OutputTooLong
+    return bytes(data)
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.read(_CHUNK):
+        pass
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    """Kill npu-smi's process group and reap it, waiting at most :data:`_REAP_TIMEOUT`: a child that left
+    the group and holds the pipes must not hold the agent too."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    try:
+        async with asyncio.timeout(_REAP_TIMEOUT):
+            # What it printed last is read and dropped: a full pipe buffer would hide the end of its output.
+            assert process.stdout is not None and process.stderr is not None
+            await asyncio.gather(process.wait(), _drain(process.stdout), _drain(process.stderr))
+    except TimeoutError:
+        # Our ends of its pipes go: the event loop stops waiting for them, and the child watcher reaps it.
+        for pipe in (process.stdout, process.stderr):
+            transport = getattr(pipe, "_transport", None)
+            if transport is not None:
+                transport.close()
 
 
 async def query_info(executable: str, timeout: float) -> InfoTable:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("preferred", "allocate", "react", "vnpu", "footprint", "scale", "cluster")
+SCRIPTS = ("preferred", "allocate", "react", "vnpu", "footprint", "scale", "cluster", "hostile")
 
 
 def main() -> int:

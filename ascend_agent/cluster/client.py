@@ -65,13 +65,18 @@ class KubeApi:
             else:
                 assert target.kubeconfig is not None
                 config = KubeConfig.from_file(target.kubeconfig)
-        except (ConfigError, OSError, ValueError, KeyError) as exc:
-            raise ClusterConnectError(f"cannot use {target.describe()}: {exc}") from None
-        single = config.get()
-        if single is None:
-            raise ClusterConnectError(f"cannot use {target.describe()}: it names no current context")
-        server = single.cluster.server
-        client = AsyncClient(config=config, timeout=httpx2.Timeout(timeout), field_manager="ascend-agent")
+            single = config.get()
+            if single is None:
+                raise ConfigError("it names no current context")
+            server = single.cluster.server
+            client = AsyncClient(config=config, timeout=httpx2.Timeout(timeout), field_manager="ascend-agent")
+        # Any kubeconfig a person wrote can fail here in its own way (YAML syntax, a list instead of a map, a
+        # context naming an absent cluster, a certificate file that is not there): all of them are bad input.
+        except Exception as exc:
+            what = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ClusterConnectError(
+                f"cannot use {target.describe()}: {type(exc).__name__}: {what}"
+            ) from None
         return cls(client, node, server, timeout)
 
     async def call(
@@ -113,8 +118,8 @@ class KubeApi:
     def _failed(
         self, channel: str, verb: str, resource: str, exc: Exception, answers: frozenset[int]
     ) -> Exception:
-        """What to raise for ``exc``: itself for an answer in ``answers`` (or not an API failure at all),
-        else a recorded :class:`ApiUnavailable`."""
+        """What to raise for ``exc``: itself for an answer in ``answers``, else a recorded
+        :class:`ApiUnavailable`."""
         if isinstance(exc, ApiError):
             code = exc.status.code or exc.response.status_code
             if code in answers:
@@ -131,8 +136,12 @@ class KubeApi:
             failure = Failure(0, f"unreachable: {exc or type(exc).__name__}")
         elif isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
             failure = Failure(0, f"an answer the client cannot read: {exc}")
+        elif isinstance(exc, OSError | ConfigError):  # the token file of the credentials gone or unreadable
+            failure = Failure(0, f"cannot make the request: {type(exc).__name__}: {exc}")
         else:
-            return exc
+            # What else the client raises for a request is about the answer: an error page without a
+            # Content-Type (lightkube's KeyError), one that says JSON but is not (ValueError), and the like.
+            failure = Failure(0, f"an answer the client cannot read ({type(exc).__name__}: {exc})")
         self.health.record_failure(channel, failure)
         return ApiUnavailable(channel, failure)
 

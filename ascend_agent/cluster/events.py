@@ -7,8 +7,9 @@ Event (``count``, ``lastTimestamp``), as the kubelet's event recorder does.
 
 Reasons: ``NPUUnhealthy`` (Warning), ``NPUHeld`` (Warning: the flap hold keeps the chip Unhealthy),
 ``NPUHealthy`` (Normal). One Event object per chip and reason while its message stays the same; an Event is
-written at once the first time, and its repeats at most once per ``min_interval`` (30 s), so a chip that flaps
-100 times a minute costs a handful of writes, not hundreds. RBAC: events create, patch.
+written at once the first time, and its repeats, or a new message for the same chip and reason, at most once
+per ``min_interval`` (30 s), so a chip that flaps 100 times a minute costs a handful of writes, not hundreds.
+RBAC: events create, patch.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class _Record:
     last: datetime
     name: str | None = None  # set once created
     written_count: int = 0
-    next_write: float = 0.0  # monotonic time before which repeats wait
+    next_write: float = 0.0  # monotonic time before which repeats (and a new message of the same reason) wait
 
 
 class NodeEvents:
@@ -83,7 +84,12 @@ class NodeEvents:
         key = (chip.device_id, reason)
         record = self._records.get(key)
         if record is None or record.message != message:
-            self._records[key] = _Record(kind, reason, chip.device_id, message, 1, now, now)
+            # A new message is a new Event, but no sooner than a repeat of the old one would be written: a
+            # chip flapping between two fault codes must not make an Event per turn.
+            next_write = 0.0 if record is None else record.next_write
+            self._records[key] = _Record(
+                kind, reason, chip.device_id, message, 1, now, now, next_write=next_write
+            )
         else:
             record.count += 1
             record.last = now
@@ -110,7 +116,7 @@ class NodeEvents:
             if record.count == record.written_count:
                 continue
             due = record.next_write - time.monotonic()
-            if record.name is not None and due > 0:
+            if due > 0:
                 wait = min(wait, due)
                 continue
             try:
@@ -142,7 +148,8 @@ class NodeEvents:
                     raise
                 # expired (the API server keeps Events for an hour) or deleted: a new one takes its count
         name = f"{api.node}.{time.time_ns():x}"
-        await api.call("create", "events", api.client.create(self._event(api.node, name, record), NAMESPACE))
+        # The namespace is the Event's own (metadata.namespace).
+        await api.call("create", "events", api.client.create(self._event(api.node, name, record)))
         record.name, record.written_count = name, count
 
     @staticmethod

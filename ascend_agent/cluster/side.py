@@ -65,9 +65,14 @@ class ClusterSide:
         self._failed: str | None = None
 
     def observe(self, inventory: Inventory) -> None:
+        """Hand ``inventory`` to every feature. Called in the agent's reconcile: a feature that fails here is
+        logged, never the end of the reconcile (the kubelet's side runs there too)."""
         self._latest = inventory
         for feature in self.features:
-            feature.observe(inventory)
+            try:
+                feature.observe(inventory)
+            except Exception:
+                log.exception("Cluster feature %s failed on the new inventory", type(feature).__name__)
 
     def state(self) -> ApiState:
         if self.api is not None:

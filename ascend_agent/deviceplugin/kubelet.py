@@ -2,16 +2,14 @@
 service that the kubelet's plugin manager calls instead::
 
     await register(Path("/var/lib/kubelet/device-plugins"), "Ascend910.sock", "huawei.com/Ascend910", options)
-    server = Server([WatcherRegistration("huawei.com/Ascend910", endpoint, on_status)])
+    server = BoundedServer([WatcherRegistration("huawei.com/Ascend910", endpoint, on_status)])
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from ascend_agent._proto.pluginregistration import (
@@ -22,6 +20,7 @@ from ascend_agent._proto.pluginregistration import (
     RegistrationStatusResponse,
 )
 from ascend_agent._proto.v1beta1 import DevicePluginOptions, RegisterRequest, RegistrationStub
+from ascend_agent.deviceplugin.transport import LocalChannel
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
@@ -31,29 +30,6 @@ REGISTER_TIMEOUT = 15.0
 
 class RegistrationError(Exception):
     """Registration failed; the message says why in one line."""
-
-
-class LocalChannel(Channel):
-    """A grpclib channel over a unix socket that sends ``:authority: localhost``, as the kubelet does."""
-
-    def __init__(self, path: Path | str) -> None:
-        super().__init__(path=str(path))
-
-    def _get_authority(self, host: str, port: int) -> str:
-        return "localhost"
-
-
-SocketIdentity = tuple[int, int, int]
-
-
-def socket_identity(path: Path) -> SocketIdentity | None:
-    """What tells one incarnation of a socket file from the next: its device, inode and change time (a file
-    made again right after the old one was removed can get the same inode number)."""
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return stat.st_dev, stat.st_ino, stat.st_ctime_ns
 
 
 async def register(

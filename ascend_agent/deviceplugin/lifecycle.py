@@ -21,34 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import math
-import os
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import cast
 
 import anyio
-from grpclib.config import Configuration
 from grpclib.exceptions import GRPCError, StreamTerminatedError
-from grpclib.protocol import H2Protocol
-from grpclib.server import Server
 
 from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginOptions, DevicePluginStub, PreStartContainerRequest
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, Settings
-from ascend_agent.deviceplugin.kubelet import (
-    KUBELET_SOCKET,
-    LocalChannel,
-    RegistrationError,
-    SocketIdentity,
-    WatcherRegistration,
-    register,
-    socket_identity,
-)
+from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, RegistrationError, WatcherRegistration, register
 from ascend_agent.deviceplugin.service import DevicePluginService, Preference
+from ascend_agent.deviceplugin.transport import BoundedServer, LocalChannel, SocketIdentity, socket_identity
 from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip, ContainerBase
 from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
@@ -64,78 +50,9 @@ STREAM_GRACE = 0.5
 STREAM_GRACE_CAP = 60.0
 _STREAK_WINDOW = 30.0
 _SELF_CHECK_TIMEOUT = 2.0
-_SHUTDOWN_GRACE = 0.3
 # The kubelet's plugin watcher looks at its directory about once a second; a restarted kubelet finds the
 # registry socket again within that, and the agent must not act first.
 _WATCHER_GRACE = 5.0
-# grpclib's defaults are 4 MiB per stream and per connection; a kubelet sends a few KiB.
-_SERVER_CONFIG = Configuration(http2_connection_window_size=1 << 20, http2_stream_window_size=1 << 18)
-
-
-class _TrackedProtocol(H2Protocol):
-    """grpclib's connection protocol, remembered while connected so that stopping can close it."""
-
-    def __init__(self, made: H2Protocol, transports: set[asyncio.Transport]) -> None:
-        super().__init__(made.handler, made.config, made.h2_config)
-        self._transports = transports
-        self._transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
-        self._transports.add(self._transport)
-        super().connection_made(transport)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self._transport is not None:
-            self._transports.discard(self._transport)
-        super().connection_lost(exc)
-
-
-class _Server(Server):
-    """A grpclib server whose :meth:`close` also drops every connection: a client that stopped reading would
-    otherwise keep its connection, and what is buffered for it, after the server is gone."""
-
-    def __init__(self, handlers: list[object], **kwargs: object) -> None:
-        super().__init__(handlers, **kwargs)  # type: ignore[arg-type]
-        self._transports: set[asyncio.Transport] = set()
-
-    def _protocol_factory(self) -> H2Protocol:
-        return _TrackedProtocol(super()._protocol_factory(), self._transports)
-
-    def close(self) -> None:
-        super().close()
-        for transport in list(self._transports):
-            transport.abort()
-
-    async def serve(self, path: Path) -> SocketIdentity:
-        """Listen on ``path`` (a stale file is removed first), mode 0600 before any client can connect; the
-        socket file's identity."""
-        # The directory is the kubelet's, or the agent's own made with the instance lock: never made here.
-        if path.parent.exists() and not path.parent.is_dir():  # a plain file where the directory should be
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent))
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(str(path))
-            os.chmod(path, 0o600)
-            await self.start(sock=listener)
-        except BaseException:  # cancelled too (SIGTERM): the file we bound goes with the listener
-            listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            raise
-        identity = socket_identity(path)
-        if identity is None:
-            await self.shut()
-            raise FileNotFoundError(f"{path} vanished while it was being served")
-        return identity
-
-    async def shut(self) -> None:
-        self.close()
-        # On Python 3.12+ wait_closed() also waits for the connections to finish closing: bound it.
-        with anyio.move_on_after(_SHUTDOWN_GRACE):
-            await self.wait_closed()
 
 
 def _retrieve(task: asyncio.Future[None]) -> None:
@@ -181,7 +98,7 @@ class ResourcePlugin:
         # Told after each registration (the agent starts its cluster side after the first).
         self.on_registered: Callable[[], None] = lambda: None
         self._registering: anyio.Event | None = None
-        self._servers: list[tuple[_Server, Path, SocketIdentity]] = []
+        self._servers: list[tuple[BoundedServer, Path, SocketIdentity]] = []
         self._stale = False  # serve again although the sockets are still ours
         self._incarnation = 0
         # kubelet.sock's identity when we registered (kubelet mode), or True once the kubelet said so
@@ -270,14 +187,14 @@ class ResourcePlugin:
         self._stale = False
         path = self.socket_path
         try:
-            await self._listen(_Server([self.service], codec=BytesCodec(), config=_SERVER_CONFIG), path)
+            await self._listen(BoundedServer([self.service], codec=BytesCodec()), path)
             await self._self_check()
             if self.registry_path is not None:
                 path = self.registry_path
                 registration = WatcherRegistration(
                     self.resource, self.socket_path, self._expect_kubelet, self._on_watcher_status
                 )
-                await self._listen(_Server([registration], config=_SERVER_CONFIG), path)
+                await self._listen(BoundedServer([registration]), path)
         except (OSError, TimeoutError, GRPCError, StreamTerminatedError) as exc:
             reason = (
                 exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
@@ -310,7 +227,7 @@ class ResourcePlugin:
                 "is the kubelet's, mounted read-write into the agent"
             )
 
-    async def _listen(self, server: _Server, path: Path) -> None:
+    async def _listen(self, server: BoundedServer, path: Path) -> None:
         self._servers.append((server, path, await server.serve(path)))
 
     async def _self_check(self) -> None:

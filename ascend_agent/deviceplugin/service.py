@@ -5,13 +5,12 @@ and the answer entry of each chip set is kept until the devices or what containe
 
     service = DevicePluginService("huawei.com/Ascend910", on_stream_change=wake)
     service.publish({chip.device_id: chip for chip in chips}, preference, inventory.container)
-    server = grpclib.server.Server([service], codec=BytesCodec())
+    server = BoundedServer([service], codec=BytesCodec())
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -23,6 +22,7 @@ from grpclib.server import Stream
 
 from ascend_agent.container import container_spec
 from ascend_agent.deviceplugin import wire
+from ascend_agent.deviceplugin.transport import DEFAULT_LIMITS, connection_of
 from ascend_agent.model import Chip, ContainerBase
 from ascend_agent.naming import MAX_DEVICE_ID_LENGTH
 from ascend_agent.observability import (
@@ -44,7 +44,7 @@ Preference = Callable[[Sequence[str], Sequence[str], int], list[str]]
 
 _SERVICE = "/v1beta1.DevicePlugin"
 # A kubelet's Allocate request is a few hundred bytes per container.
-MAX_REQUEST = 64 * 1024
+MAX_REQUEST = DEFAULT_LIMITS.max_request
 _CACHE_BYTES = 4 * 1024 * 1024
 # The kubelet asks for one container per call; a pod's containers, init containers included, stay far below
 # this. It bounds the work one request can ask for.
@@ -54,24 +54,11 @@ _REFUSAL_LOG_INTERVAL = 10.0
 
 
 async def _request(stream: Stream[bytes, bytes]) -> bytes:
-    """The request's bytes. Its length prefix is checked before the body is read: grpclib's own
-    ``recv_message`` takes in a whole message, up to the 4 GiB a prefix can claim, before a codec sees it."""
-    h2_stream = stream._stream  # grpclib exposes no hook between the prefix and the body
-    try:
-        prefix = await h2_stream.recv_data(5)
-        if len(prefix) < 5:
-            raise GRPCError(Status.INVALID_ARGUMENT, "the request has no message")
-        compressed, length = struct.unpack(">?I", prefix)
-        if compressed:
-            raise GRPCError(Status.UNIMPLEMENTED, "compressed requests are not supported")
-        if length > MAX_REQUEST:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"a request of {length} bytes is over the {MAX_REQUEST} bytes this plugin accepts",
-            )
-        return await h2_stream.recv_data(length)
-    except AssertionError:  # grpclib's buffer, when the stream ends before what the prefix announced
-        raise GRPCError(Status.INVALID_ARGUMENT, "the request ends before its message does") from None
+    """The request's bytes, read and bounded by the transport before the handler ran."""
+    request = await stream.recv_message()
+    if request is None:
+        raise GRPCError(Status.INVALID_ARGUMENT, "the request has no message")
+    return request
 
 
 def _check_containers(count: int) -> None:
@@ -81,11 +68,6 @@ def _check_containers(count: int) -> None:
             f"a request for {count} containers; the kubelet asks for one at a time, and at most "
             f"{MAX_CONTAINERS} are answered in one call",
         )
-
-
-def _connection(stream: Stream[bytes, bytes]) -> object:
-    """The HTTP/2 connection a call came on (grpclib keeps it private; the peer object is new per call)."""
-    return stream._stream.connection
 
 
 class _BoundedCache:
@@ -207,7 +189,7 @@ class DevicePluginService:
     async def _get_options(self, stream: Stream[bytes, bytes]) -> None:
         await _request(stream)
         if self._expect_kubelet_stream and self._options_connection is None:
-            self._options_connection = _connection(stream)
+            self._options_connection = connection_of(stream)
         await stream.send_message(self._options)
 
     async def _pre_start(self, stream: Stream[bytes, bytes]) -> None:
@@ -218,7 +200,7 @@ class DevicePluginService:
         await _request(stream)
         token = object()
         self._streams.add(token)
-        kubelets = self._expect_kubelet_stream and self._options_connection in (None, _connection(stream))
+        kubelets = self._expect_kubelet_stream and self._options_connection in (None, connection_of(stream))
         if kubelets:
             self._expect_kubelet_stream = False
             self._kubelet_stream = token

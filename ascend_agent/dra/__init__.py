@@ -55,7 +55,7 @@ class DraDriver:
         pool = side.node if side is not None else ""
         reader = None
         if side is not None:
-            reader = ClaimReader(lambda: side.api, settings.dra_driver_name, pool)
+            reader = ClaimReader(lambda: side.api, settings.dra_driver_name, pool, lambda: _no_client(side))
         service = DraService(
             settings.dra_driver_name,
             pool,
@@ -84,3 +84,9 @@ class DraDriver:
 
     async def run(self) -> None:
         await self.plugin.run()
+
+
+def _no_client(side: ClusterSide) -> str:
+    """Why claims cannot be read yet: the client still loading, or the cluster side off for good."""
+    state = side.state().detail
+    return "the Kubernetes client is still loading" if state == "starting" else f"the cluster side is {state}"

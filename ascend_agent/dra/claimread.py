@@ -13,15 +13,23 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_namespaced_resource
+if TYPE_CHECKING:
+    from ascend_agent.cluster.client import KubeApi
 
-from ascend_agent.cluster.client import ApiUnavailable, KubeApi
-
-ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
 _CACHED = 1024
+
+
+@cache
+def _resource_claim() -> Any:
+    """lightkube's class for ResourceClaims. Made on first use: the client library is loaded in a worker
+    thread by the cluster side, and importing it here would make the agent's start (the kubelet's
+    registration) wait for it."""
+    from lightkube.generic_resource import create_namespaced_resource
+
+    return create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
 
 
 class ClaimError(Exception):
@@ -47,11 +55,18 @@ class ClaimRef:
 
 
 class ClaimReader:
-    """Reads ResourceClaims through the cluster side's client (``api_of()``: None until it has loaded) and
-    keeps the allocations it found."""
+    """Reads ResourceClaims through the cluster side's client (``api_of()``: None until it has loaded, and
+    ``no_client()`` says why) and keeps the allocations it found."""
 
-    def __init__(self, api_of: Callable[[], KubeApi | None], driver: str, pool: str) -> None:
+    def __init__(
+        self,
+        api_of: Callable[[], KubeApi | None],
+        driver: str,
+        pool: str,
+        no_client: Callable[[], str] = lambda: "the Kubernetes client is still loading",
+    ) -> None:
         self._api_of = api_of
+        self._no_client = no_client
         self.driver = driver
         self.pool = pool
         self._known: OrderedDict[str, tuple[Allocated, ...]] = OrderedDict()
@@ -65,13 +80,17 @@ class ClaimReader:
             return known
         api = self._api_of()
         if api is None:
-            raise ClaimError(f"cannot read ResourceClaim {claim}: the Kubernetes client is still loading")
+            raise ClaimError(f"cannot read ResourceClaim {claim}: {self._no_client()}")
+        from lightkube.core.exceptions import ApiError
+
+        from ascend_agent.cluster.client import ApiUnavailable
+
         self.reads += 1
         try:
             found = await api.call(
                 "get",
                 "resourceclaims",
-                api.client.get(ResourceClaim, claim.name, namespace=claim.namespace),
+                api.client.get(_resource_claim(), claim.name, namespace=claim.namespace),
             )
         except ApiUnavailable as exc:
             raise ClaimError(f"cannot read ResourceClaim {claim}: {exc.failure}") from None

@@ -53,7 +53,7 @@ class DeviceTaints:
     def for_chip(self, chip: Chip) -> list[dict[str, str]]:
         if chip.healthy and not chip.held:
             return []
-        reason = "held" if chip.held and chip.healthy else (chip.reason or "unhealthy")
+        reason = "held" if chip.held else (chip.reason or "unhealthy")
         return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": self.effect}]
 
 

@@ -20,9 +20,11 @@ from pathlib import Path
 import anyio
 
 from ascend_agent.config import Settings
-from ascend_agent.deviceplugin.kubelet import SocketIdentity, WatcherRegistration, socket_identity
+from ascend_agent.deviceplugin.kubelet import WatcherRegistration
+from ascend_agent.deviceplugin.transport import SocketIdentity, socket_identity
 from ascend_agent.dra.service import DraService
 from ascend_agent.dra.serving import GrpcServer
+from ascend_agent.files import make_dirs
 from ascend_agent.observability import REGISTRATIONS, log_fields
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,7 @@ class DraPlugin:
         path = self.paths.socket
         try:
             # The driver's own directory, in the kubelet's plugins directory (waited for, never made here).
-            path.parent.mkdir(exist_ok=True)
+            make_dirs(path.parent, 0o750, parents=False)
             served: list[tuple[list[object], Path]] = [
                 (self.service.handlers(), self.paths.socket),
                 ([registration], self.paths.registration),

@@ -83,9 +83,11 @@ class DraService:
 
     # preparing ------------------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
-        """Each claim's prepared devices, or the one line saying why not, by UID."""
+        """Each claim's prepared devices, or the one line saying why not, by UID. The claims are prepared
+        side by side: with the API server hanging, a call waits one request timeout, not one per claim."""
         answers: dict[str, PreparedClaim | str] = {}
-        for claim in claims:
+
+        async def prepare_one(claim: ClaimRef) -> None:
             try:
                 answers[claim.uid] = await self._prepare(claim)
             except ClaimError as exc:
@@ -96,7 +98,11 @@ class DraService:
                     extra=log_fields(claim=str(claim), uid=claim.uid, reason=str(exc)),
                 )
                 answers[claim.uid] = str(exc)
-        return answers
+
+        async with anyio.create_task_group() as tasks:
+            for claim in claims:
+                tasks.start_soon(prepare_one, claim)
+        return {claim.uid: answers[claim.uid] for claim in claims}
 
     async def _prepare(self, claim: ClaimRef) -> PreparedClaim:
         done = self.prepared.get(claim.uid)
@@ -200,8 +206,7 @@ class DraService:
 
 
 def _health_message(chip: Chip) -> str:
-    if chip.healthy and chip.held:
-        return "held after flapping: healthy again but kept out of use until it stays so"
+    """The chip's reason while Unhealthy; a held chip's reason says it is held and until when."""
     if chip.healthy:
         return ""
     return (chip.reason or "unhealthy")[:_MAX_MESSAGE]

@@ -18,6 +18,7 @@ Requests go through :meth:`KubeApi.call <ascend_agent.cluster.client.KubeApi.cal
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -63,6 +64,7 @@ class SlicePublisher:
         self._writer: LatestWriter[Specs] | None = None
         self._pending: Specs | None = None
         self._generation = 0
+        self._taint_times: dict[tuple[Any, ...], str] = {}
 
     def observe(self, inventory: Inventory) -> None:
         specs = pool_slices(inventory, self._taints)
@@ -108,6 +110,7 @@ class SlicePublisher:
 
     async def _apply(self, api: KubeApi, specs: Specs) -> None:
         existing = await self._existing(api)
+        specs = self._with_taint_times(specs, existing)
         names = [slice_name(api.node, self.driver, i) for i in range(len(specs))]
         generation = max([self._generation] + [_generation(s) for s in existing.values()])
         unchanged = set(existing) == set(names) and all(
@@ -149,6 +152,37 @@ class SlicePublisher:
                 generation,
             )
         self._generation = generation
+
+    def _with_taint_times(self, specs: Specs, existing: dict[str, dict[str, Any]]) -> Specs:
+        """``specs`` (not changed) with each taint's ``timeAdded``: the one the published slices give it, else
+        the one this process gave it, else now. The API server sets it on every write of a taint without one;
+        keeping it makes an unchanged pool compare equal and says since when a chip is tainted."""
+        published = {
+            (device.get("name"), taint.get("key"), taint.get("value"), taint.get("effect")): taint[
+                "timeAdded"
+            ]
+            for found in existing.values()
+            for device in (found.get("spec") or {}).get("devices") or ()
+            for taint in device.get("taints") or ()
+            if taint.get("timeAdded")
+        }
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        times: dict[tuple[Any, ...], str] = {}
+        stamped: Specs = []
+        for spec in specs:
+            devices = []
+            for device in spec["devices"]:
+                if device.get("taints"):
+                    taints = []
+                    for taint in device["taints"]:
+                        key = (device["name"], taint["key"], taint["value"], taint["effect"])
+                        times[key] = published.get(key) or self._taint_times.get(key) or now
+                        taints.append({**taint, "timeAdded": times[key]})
+                    device = {**device, "taints": taints}
+                devices.append(device)
+            stamped.append({**spec, "devices": devices})
+        self._taint_times = times
+        return stamped
 
     async def _delete(self, api: KubeApi, name: str) -> None:
         try:

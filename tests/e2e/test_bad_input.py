@@ -17,6 +17,7 @@ GBK_COMMENT = "# 节点配置\n".encode("gbk")
 
 
 _cli = run_cli
+ALIAS_BOMB = b"driverMounts:\n  - &long " + b"A" * 10_000 + b"\n" + b"  - *long\n" * 10_000
 
 
 @pytest.mark.parametrize(
@@ -60,6 +61,36 @@ _cli = run_cli
             ["--health-interval", "0.5"],
             {"ASCEND_AGENT_HEALTH_INTERVAL": "nan"},
             "ascend-agent: --health-interval must be a finite number of seconds, at least 1",
+        ),
+        (  # an alias bomb: 100 KB that expanded into a 400 MB log line
+            {"c.yaml": ALIAS_BOMB},
+            ["--config", "{dir}/c.yaml"],
+            {},
+            "config file {dir}/c.yaml uses a YAML alias at line 3; write the value out instead",
+        ),
+        (
+            {"c.yaml": b"driverMounts: [" + b", ".join(b"/d%d" % n for n in range(65)) + b"]\n"},
+            ["--config", "{dir}/c.yaml"],
+            {},
+            "config file {dir}/c.yaml: driverMounts has 65 entries; at most 64 are accepted",
+        ),
+        (
+            {"c.yaml": b'backend: fake\nfakeModel: "910\\nERROR forged line"\n'},
+            ["--config", "{dir}/c.yaml"],
+            {},
+            "config file {dir}/c.yaml: fakeModel contains the control character U+000A at position 3",
+        ),
+        (
+            {"c.yaml": b'model: "910\\0"\n'},
+            ["--config", "{dir}/c.yaml"],
+            {},
+            "config file {dir}/c.yaml: model contains the control character U+0000 at position 3",
+        ),
+        (
+            {},
+            ["--npu-smi", "/usr/bin/npu-smi\x1b[2J"],
+            {},
+            "--npu-smi contains the control character U+001B at position 16; remove it",
         ),
     ],
 )

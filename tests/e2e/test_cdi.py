@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from tests.support.agent_process import fake_agent
+from tests.support.http_probe import free_port, wait_answer
 from tests.support.kubelet_standin import KubeletStandin
 
 
@@ -51,5 +52,28 @@ def test_cdi_spec_and_allocate_agree(kubelet: KubeletStandin, short_dir: Path) -
         # Containers that restart while the agent is down (an upgrade, a reboot) still resolve their devices.
         assert spec_path.exists(), "the spec stays when the agent stops"
         assert len(yaml.safe_load(spec_path.read_text())["devices"]) == 6
+    finally:
+        process.close()
+
+
+def test_a_spec_directory_that_cannot_be_written_is_not_ready_and_retried(
+    kubelet: KubeletStandin, short_dir: Path
+) -> None:
+    """Allocate names CDI devices: while their spec cannot be written, /readyz says so, and the write is tried
+    again without waiting for the next device change."""
+    cdi_dir = short_dir / "cdi"
+    cdi_dir.mkdir()
+    cdi_dir.chmod(0o777)  # anyone could replace the spec: the agent writes none there
+    port = free_port()
+    process = fake_agent(
+        kubelet.directory, "--cdi-spec-dir", str(cdi_dir), "--metrics-address", f"127.0.0.1:{port}"
+    )
+    try:
+        kubelet.wait_registrations(1)
+        _, body = wait_answer(port, "/readyz", lambda status, body: status == 503 and "CDI" in body)
+        assert f"cannot write the CDI spec in {cdi_dir}" in body
+        cdi_dir.chmod(0o755)
+        assert wait_answer(port, "/readyz", lambda status, _: status == 200) == (200, "ready\n")
+        assert (cdi_dir / "huawei.com-npu.yaml").exists()
     finally:
         process.close()

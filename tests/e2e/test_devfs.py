@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -282,15 +283,39 @@ def test_hot_unplug_and_return_by_event(
     kubelet.wait_update(lambda u: set(u.health().values()) == {"Healthy"}, after=before + 3, timeout=5)
 
 
+@pytest.mark.parametrize("devfs_agent", [("--health-interval", "60")], indirect=True)
+def test_a_removal_after_an_inotify_overflow_is_seen(
+    kubelet: KubeletStandin, devfs_agent: AgentProcess, host: HostTree
+) -> None:
+    """The agent paused (a throttled or stopped container) while the kubelet directory churns: the queue
+    overflows, and the removal of a device node after it is in no event."""
+    before = len(kubelet.updates)
+    devfs_agent.proc.send_signal(signal.SIGSTOP)
+    try:
+        limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+        for n in range(limit // 2 + 100):
+            name = kubelet.directory / f"churn{n}"
+            os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o600))
+            os.unlink(name)
+        (host.dev / "davinci3").unlink()
+    finally:
+        devfs_agent.proc.send_signal(signal.SIGCONT)
+    kubelet.wait_update(lambda u: u.health()["Ascend910-3"] == "Unhealthy", after=before, timeout=2)
+    devfs_agent.wait_log("Events may have been missed \\(the inotify queue overflowed\\)")
+
+
 @pytest.mark.parametrize(
     "devfs_agent",
     [("--health-interval", "1", "--npu-smi-timeout", "1", "--health-failure-threshold", "2")],
     indirect=True,
 )
+@pytest.mark.parametrize("mode", ["hang", "flood", "orphan"])
 def test_hanging_npu_smi_fails_after_the_threshold_and_recovers(
-    kubelet: KubeletStandin, devfs_agent: AgentProcess, npu_smi: FakeNpuSmi
+    kubelet: KubeletStandin, devfs_agent: AgentProcess, npu_smi: FakeNpuSmi, mode: str
 ) -> None:
-    npu_smi.set_mode("hang")
+    """A hanging npu-smi, one that prints without end, and a wrapper whose child hangs holding the pipes:
+    each a failed query, never a stopped health loop."""
+    npu_smi.set_mode(mode)
     devfs_agent.wait_log("Health query failed, keeping the last known health: ")
     # The kubelet's calls never wait for npu-smi.
     assert _allocate(kubelet, ["Ascend910-0"], timeout=0.5).envs["ASCEND_VISIBLE_DEVICES"] == "0"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -135,3 +136,17 @@ def test_replicas_changes_the_device_list(
     assert sorted(update.health()) == sorted(f"Ascend910-{chip}-{n}" for chip in range(8) for n in range(2))
     agent.process.wait_log("Config applied: replicas changed")
     assert len(kubelet.registrations) == 1, "a device list change does not re-register"
+
+
+def test_a_burst_of_sighups_makes_at_most_two_reloads(
+    kubelet: KubeletStandin, short_dir: Path, configured: list[_Configured]
+) -> None:
+    agent = _start(configured, short_dir / "config.yaml", kubeletDir=str(kubelet.directory))
+    kubelet.wait_registrations(1)
+    for _ in range(50):  # 100 a second, as a loop in a shell sends them; pending signals would merge
+        agent.process.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.01)
+    agent.change(replicas=2)
+    agent.process.wait_log("Config applied: replicas changed")
+    repeated = agent.process.matching("Config re-read: nothing changed")
+    assert len(repeated) <= 2, f"{len(repeated)} reloads for one burst of SIGHUPs"

@@ -66,7 +66,7 @@ class FakeNpuSmi:
         return [line for line in lines if line.startswith(prefix)]
 
     def set_mode(self, mode: str) -> None:
-        assert mode in ("ok", "fail", "hang", "garbage"), mode
+        assert mode in ("ok", "fail", "hang", "garbage", "flood", "orphan"), mode
         temporary = self.directory / "mode.tmp"
         temporary.write_text(mode)
         temporary.replace(self.directory / "mode")

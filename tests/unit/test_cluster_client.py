@@ -3,6 +3,7 @@ the failure kinds logged once, ``ascend_agent_kube_api_up``, and the writer wher
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import subprocess
@@ -17,7 +18,7 @@ from lightkube.types import PatchType
 from prometheus_client import REGISTRY
 
 from ascend_agent.cluster import find_target, node_name, open_side
-from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.labels import NodeLabels, node_labels, sanitise
 from ascend_agent.cluster.side import ClusterSide
@@ -62,6 +63,31 @@ def test_cluster_side_off_by_flag_and_without_credentials(monkeypatch: pytest.Mo
 def test_unusable_kubeconfig_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^--kubeconfig: cannot use kubeconfig .*absent"):
         open_side(Settings(kubeconfig=tmp_path / "absent"))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "a: [b\n",  # not YAML
+        "- 1\n- 2\n",  # a list, not a map
+        "",  # empty
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "contexts: [{name: x, context: {cluster: absent, user: u}}]\nclusters: []\nusers: []\n",
+    ],
+)
+async def test_a_kubeconfig_that_does_not_parse_turns_the_cluster_side_off_in_one_line(
+    tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(content)
+    target = ClusterTarget("kubeconfig", kubeconfig)
+    with pytest.raises(ClusterConnectError, match=f"^cannot use kubeconfig {kubeconfig}: [A-Za-z]+: [^\n]+$"):
+        KubeApi.connect(target, "node-1")
+    side = ClusterSide(target, "node-1", lambda: [])
+    with anyio.fail_after(5):
+        await side.run()  # returns: the agent goes on without its cluster side
+    assert side.state().detail.startswith(f"off: cannot use kubeconfig {kubeconfig}")
+    assert "Traceback" not in caplog.text
 
 
 def test_agent_without_cluster_side_never_imports_the_client() -> None:
@@ -269,3 +295,95 @@ async def test_a_failing_feature_is_started_again_not_the_end_of_the_agent(
             tasks.cancel_scope.cancel()
     assert feature.runs == 2
     assert "Cluster feature _FailsOnce failed; starting it again" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 3\r\n",  # no Content-Type
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 3\r\n",
+    ],
+    ids=["no-content-type", "not-json"],
+)
+async def test_an_error_page_that_is_no_status_object_is_an_outage(
+    tmp_path: Path, answer: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A proxy in front of the API server answers with its own page: the request failed, in one line."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer + b"Connection: close\r\n\r\nbad")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    api = KubeApi.connect(ClusterTarget("kubeconfig", kubeconfig), "node-1", timeout=5.0)
+    try:
+        for _ in range(2):
+            with pytest.raises(ApiUnavailable, match=r"^get nodes: an answer the client cannot read"):
+                await api.call("get", "nodes", api.client.get(Node, "node-1"))
+    finally:
+        await api.close()
+        server.close()
+    assert api.health.state().up is False
+    assert caplog.text.count("get nodes failed") == 1
+
+
+class _BrokenObserve:
+    def observe(self, inventory: Inventory) -> None:
+        raise RuntimeError("a bug")
+
+    async def run(self, api: KubeApi) -> None:
+        await anyio.sleep_forever()
+
+
+async def test_a_feature_failing_on_an_inventory_does_not_fail_the_reconcile(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    labels = NodeLabels(1)
+    side = ClusterSide(
+        ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [_BrokenObserve(), labels]
+    )
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(side.run)
+        with anyio.fail_after(10):
+            while not side.features:
+                await anyio.sleep(0.01)
+        side.observe(Inventory((Chip.make(0, "910B4"),)))
+        tasks.cancel_scope.cancel()
+    got_it = labels._pending if labels._writer is None else labels._writer._desired
+    assert got_it == node_labels(Inventory((Chip.make(0, "910B4"),)), 1), (
+        "the next feature still got the inventory"
+    )
+    assert "Cluster feature _BrokenObserve failed on the new inventory" in caplog.text
+
+
+async def test_a_token_file_that_is_gone_is_an_outage_in_one_line(
+    apiserver: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The service account's token is read at the first request and again after a 401 (the kubelet rotates
+    it): a token file that is gone then is a failed request, not an exception out of the feature."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: '{apiserver.url}'}}}}]\n"
+        f"users: [{{name: u, user: {{tokenFile: '{tmp_path / 'token'}'}}}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    api = KubeApi.connect(ClusterTarget("kubeconfig", kubeconfig), "node-1", timeout=5.0)
+    try:
+        with pytest.raises(
+            ApiUnavailable, match=r"^get nodes: cannot make the request: ConfigError: Token file"
+        ):
+            await api.call("get", "nodes", api.client.get(Node, "node-1"))
+    finally:
+        await api.close()
+    assert "Traceback" not in caplog.text

@@ -3,6 +3,7 @@ on the same object, and a flapping chip bounded to a handful of writes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -121,3 +122,30 @@ async def test_events_wait_out_an_outage_and_keep_their_count(apiserver: ApiServ
             lambda f: [e["count"] for e in f.get("NPUUnhealthy", [])] == [2] and "NPUHealthy" in f,
         )
         assert len(found["NPUUnhealthy"]) == 1
+
+
+async def test_a_chip_flapping_between_two_faults_makes_few_writes(apiserver: ApiServer) -> None:
+    """Each turn is written (or held back) before the next, as when turns are a health interval apart."""
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1")
+    events = NodeEvents(min_interval=30)
+    codes = ("80E3A203", "80CB8009")
+    faults = [FAULTY.with_health(Health.UNHEALTHY, f"Health Alarm {code}") for code in codes]
+
+    def idle() -> bool:
+        now = time.monotonic()
+        return all(r.written_count == r.count or r.next_write > now for r in events._records.values())
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(events.run, api)
+        events.observe(_inventory(HEALTHY))
+        for turn in range(10):
+            events.observe(_inventory(faults[turn % 2]))
+            events.observe(_inventory(HEALTHY))
+            with anyio.fail_after(5):
+                while not idle():
+                    await anyio.sleep(0.01)
+        tasks.cancel_scope.cancel()
+    await api.close()
+    writes = [s for s in apiserver.seen() if s.resource == "events"]
+    assert len(writes) <= 2, [(s.verb, s.data) for s in writes]

@@ -4,6 +4,11 @@ Kubernetes 1.36, the checkpoint of prepared claims, the gRPC method paths the ku
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +16,26 @@ import anyio
 import kubernetes_validate
 import pytest
 
+from ascend_agent.backends._container import container_base
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.cluster.side import ClusterSide
 from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.container import container_spec
 from ascend_agent.dra import DraDriver
 from ascend_agent.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
-from ascend_agent.dra.claims import CheckpointError, Prepared, PreparedClaim, PreparedDevice
+from ascend_agent.dra.claims import (
+    CheckpointError,
+    Prepared,
+    PreparedClaim,
+    PreparedDevice,
+    atomic_write,
+    claim_spec,
+)
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
 from ascend_agent.dra.service import DraService
 from ascend_agent.dra.slices import ResourceSlice, SlicePublisher
-from ascend_agent.model import Chip, ContainerSpec, Health, Inventory
+from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory
 from tests.support.apiserver import ApiServer
 
 KUBERNETES = "1.36"
@@ -60,7 +75,14 @@ def test_unhealthy_and_held_chips_are_tainted_with_a_valid_value() -> None:
     chips = (
         Chip.make(0, "910B4"),
         Chip.make(1, "910B4", health=Health.UNHEALTHY, reason="npu-smi: Critical (80E3A203) on chip 1"),
-        Chip.make(2, "910B4", held=True),
+        # as the flap hold reports a chip it keeps out of use: Unhealthy, held, the hold in the reason
+        Chip.make(
+            2,
+            "910B4",
+            held=True,
+            health=Health.UNHEALTHY,
+            reason="Healthy now; held Unhealthy: it turned Unhealthy 3 times within 600 s",
+        ),
     )
     (spec,) = pool_slices(Inventory(chips), DeviceTaints("npu.huawei.com", "NoExecute"))
     taints = [d.get("taints") for d in spec["devices"]]
@@ -116,6 +138,25 @@ def test_the_checkpoint_survives_a_new_process_and_refuses_garbage(short_dir: Pa
     (short_dir / "plugins" / "plugin" / "checkpoint.json").write_text("[]")
     with pytest.raises(ConfigError, match="move it away"):
         DraDriver.open(settings, None)
+
+
+def test_the_checkpoint_is_on_disk_before_it_replaces_the_old_one(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = short_dir / "checkpoint.json"
+    checkpoint.write_text("old")
+    flushed: list[tuple[str, str]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        kind = "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        flushed.append((kind, checkpoint.read_text()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    atomic_write(checkpoint, "new")
+    # the new text is flushed while the old file is still in place, then the rename is flushed
+    assert flushed == [("file", "old"), ("directory", "new")]
 
 
 def test_the_method_paths_are_the_kubelets(short_dir: Path) -> None:
@@ -195,3 +236,103 @@ async def test_a_slice_deleted_by_hand_is_published_again_at_the_refresh(apiserv
     writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
     assert len(writes) == 2, "refreshes of an unchanged pool write nothing"
     await api.close()
+
+
+async def test_a_taint_says_since_when_and_keeps_that_time_across_a_restart(apiserver: ApiServer) -> None:
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    sick = Chip.make(1, "910B4", health=Health.UNHEALTHY, reason="npu-smi: Critical")
+    inventory = Inventory((Chip.make(0, "910B4"), sick))
+
+    async def published(publisher: SlicePublisher) -> dict[str, Any]:
+        publisher.observe(inventory)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(publisher.run, api)
+            with anyio.fail_after(10):
+                while publisher._writer is None or publisher._writer.pending:
+                    await anyio.sleep(0.01)
+            tasks.cancel_scope.cancel()
+        (found,) = apiserver.list("resourceslices")
+        return found
+
+    first = await published(SlicePublisher("npu.huawei.com", "NoSchedule"))
+    (taint,) = first["spec"]["devices"][1]["taints"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", taint["timeAdded"])
+    assert (
+        kubernetes_validate.validate({**_slice({}), "spec": first["spec"]}, KUBERNETES, strict=True)
+        == KUBERNETES
+    )
+
+    again = await published(SlicePublisher("npu.huawei.com", "NoSchedule"))  # the agent restarted
+    assert again["spec"] == first["spec"], "same taint time, same generation"
+    writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
+    assert len(writes) == 1
+    await api.close()
+
+
+async def test_claims_of_one_call_are_read_side_by_side(apiserver: ApiServer, short_dir: Path) -> None:
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=30.0)
+    reader = ClaimReader(lambda: api, "npu.huawei.com", "node-1")
+    service = DraService("npu.huawei.com", "node-1", Prepared(short_dir / "c.json"), short_dir, reader)
+    service.publish([Chip.make(0, "910B4")], lambda chips: ContainerSpec())
+    claims = [ClaimRef("default", "a", "u1"), ClaimRef("default", "b", "u2")]
+    apiserver.fail("hang", verb="get", resource="resourceclaims")
+    answers: dict[str, Any] = {}
+
+    async def prepare() -> None:
+        answers.update(await service.prepare(claims))
+
+    def reads() -> int:
+        return sum(1 for s in apiserver.seen() if s.verb == "get" and s.resource == "resourceclaims")
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(prepare)
+            # both reads reach the server while the first still hangs: one timeout for the call, not two
+            await anyio.to_thread.run_sync(lambda: apiserver.wait_for(reads, lambda n: n == 2, timeout=5.0))
+            apiserver.behave()
+    finally:
+        apiserver.behave()
+        await api.close()
+    assert list(answers) == ["u1", "u2"]
+    assert all("cannot read ResourceClaim" in answer for answer in answers.values())
+
+
+def test_the_dra_driver_starts_without_loading_the_client(short_dir: Path) -> None:
+    """The client library is loaded in a worker thread by the cluster side; the DRA driver's registration
+    must not wait for that import on the event loop."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from ascend_agent.config import Settings\n"
+        "from ascend_agent.dra import DraDriver\n"
+        f"settings = Settings(kubelet_dir=Path({str(short_dir / 'device-plugins')!r}), kubelet_api='dra')\n"
+        "DraDriver.open(settings, None)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+async def test_a_claim_says_why_when_the_cluster_side_could_not_start(short_dir: Path) -> None:
+    kubeconfig = short_dir / "kubeconfig"
+    kubeconfig.write_text("a: [b\n")
+    side = ClusterSide(ClusterTarget("kubeconfig", kubeconfig), "node-1", lambda: [])
+    await side.run()  # fails to load the kubeconfig and returns
+    settings = Settings(kubelet_dir=short_dir / "device-plugins", kubelet_api="dra", cdi_spec_dir=short_dir)
+    driver = DraDriver.open(settings, side)
+    driver.publish(Inventory((Chip.make(0, "910B4"),)))
+    answers = await driver.service.prepare([ClaimRef("default", "train", "u1")])
+    assert answers["u1"] == (
+        "cannot read ResourceClaim default/train: the cluster side is off: "
+        f"cannot use kubeconfig {kubeconfig}: ParserError: while parsing a flow sequence"
+    )
+
+
+@pytest.mark.parametrize("mode", ["plain", "ascend-runtime"])
+def test_every_cdi_device_of_a_claim_has_edits(mode: str) -> None:
+    """CDI refuses a spec with a device without edits ("invalid device, empty device edits")."""
+    chips = {f"npu-{i}": Chip.make(i, "910B4") for i in (0, 1)}
+    base = container_base(mode, [DeviceNode("/dev/davinci_manager", "/dev/davinci_manager")])
+    spec = claim_spec("npu.huawei.com", "u1", chips, container_spec(list(chips.values()), base))
+    assert all(any(device["containerEdits"].values()) for device in spec["devices"])
+    assert "ASCEND_VISIBLE_DEVICES=0,1" in spec["containerEdits"]["env"]

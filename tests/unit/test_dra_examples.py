@@ -51,6 +51,9 @@ def test_the_daemonset_runs_the_dra_driver(tmp_path: Path) -> None:
     verbs = {r["resources"][0]: set(r["verbs"]) for r in role["rules"]}
     assert verbs["resourceslices"] == {"list", "create", "patch", "delete"}
     assert verbs["resourceclaims"] == {"get"}
+    # no feature runs whose RBAC the manifest does not grant (configmaps for device-info, pods for Volcano)
+    assert "configmaps" not in verbs and "pods" not in verbs
+    assert not loaded.device_info and not loaded.volcano
 
 
 def test_selectors_name_published_attributes() -> None:

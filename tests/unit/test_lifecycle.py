@@ -17,8 +17,8 @@ from anyio.abc import TaskGroup
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.config import Settings
 from ascend_agent.deviceplugin import lifecycle
-from ascend_agent.deviceplugin.kubelet import LocalChannel
 from ascend_agent.deviceplugin.lifecycle import BACKOFF_START, STREAM_GRACE, ResourcePlugin
+from ascend_agent.deviceplugin.transport import LocalChannel
 from ascend_agent.model import Chip, ContainerBase
 from tests.support.grpclib_kubelet import AsyncKubelet
 

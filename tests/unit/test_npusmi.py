@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import select
 from dataclasses import replace
 from pathlib import Path
 
+import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -436,3 +438,44 @@ async def test_a_hang_is_killed_and_reaped(fake: FakeNpuSmi) -> None:
         status = Path(f"/proc/{pid}/status")
         if status.exists() and f"PPid:\t{os.getpid()}\n" in status.read_text():
             pytest.fail(f"child {pid} of the runner is still there (a zombie or alive)")
+
+
+async def test_an_endless_output_is_cut_short_and_counts_as_a_failed_query(fake: FakeNpuSmi) -> None:
+    """``head -c 8G /dev/zero`` as npu-smi: read without a cap until the timeout, then a wait that never
+    returned."""
+    fake.set_mode("flood")
+    with anyio.fail_after(20), pytest.raises(NpuSmiError) as caught:
+        await run_npu_smi(str(fake.path), ["info"], timeout=15)
+    assert caught.value.reason == "output"
+    assert "printed more than 4 MiB" in caught.value.cause
+
+
+def _exits_within(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` has exited, or does within ``timeout`` s (its pidfd becomes readable)."""
+    try:
+        descriptor = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([descriptor], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(descriptor)
+
+
+async def test_a_wrapper_whose_child_hangs_is_killed_with_its_child(fake: FakeNpuSmi) -> None:
+    """The child of a killed wrapper held the pipes: the wait for them never returned."""
+    fake.set_mode("orphan")
+    with anyio.fail_after(5), pytest.raises(NpuSmiError) as caught:
+        await run_npu_smi(str(fake.path), ["info"], timeout=1)
+    assert caught.value.reason == "timeout"
+    child = int((fake.directory / "orphan.pid").read_text())
+    # SIGKILL went to the whole group; the child's exit completes a moment after its pipes closed.
+    assert _exits_within(child, 5), "the wrapper's child outlived the query"
+
+
+async def test_an_executable_being_written_is_not_called_a_lack_of_descriptors(fake: FakeNpuSmi) -> None:
+    with open(fake.path, "ab"), pytest.raises(NpuSmiError) as caught:
+        await run_npu_smi(str(fake.path), ["info"], timeout=5)
+    assert caught.value.reason == "missing"
+    assert "Text file busy" in caught.value.cause

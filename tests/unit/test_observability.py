@@ -144,3 +144,21 @@ def test_keys_are_bounded() -> None:
 
 def test_build_info_names_the_version() -> None:
     assert REGISTRY.get_sample_value("ascend_agent_build_info", {"version": __version__}) == 1.0
+
+
+def test_a_text_line_cannot_be_forged_by_a_value() -> None:
+    """A model name with a newline wrote a second, forged log line; a NUL went to the log as it was."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    configure_logging("info", "text")
+    (handler,) = root.handlers
+    assert isinstance(handler, logging.StreamHandler)
+    stream = io.StringIO()
+    handler.setStream(stream)
+    try:
+        logging.getLogger("test").info("Model %s", "910\n2026-01-01T00:00:00.000Z ERROR forged\x00")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    (line,) = stream.getvalue().splitlines()
+    assert line.endswith("Model 910\\n2026-01-01T00:00:00.000Z ERROR forged\\x00")

@@ -22,8 +22,9 @@ from grpclib.exceptions import GRPCError
 
 from ascend_agent._proto.v1beta1 import AllocateResponse
 from ascend_agent.deviceplugin import wire
-from ascend_agent.deviceplugin.lifecycle import _SERVER_CONFIG, _Server
 from ascend_agent.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService
+from ascend_agent.deviceplugin.transport import SERVER_CONFIG as _SERVER_CONFIG
+from ascend_agent.deviceplugin.transport import BoundedServer
 from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip, ContainerBase, DeviceNode, HostMount
 from tests.support.h2_client import RawGrpcClient, grpc_message, request_headers
@@ -97,7 +98,7 @@ def _service(container: ContainerBase = _SMALL) -> tuple[DevicePluginService, _S
 async def socket_path(short_dir: Path) -> AsyncIterator[Path]:
     """A plugin server as the lifecycle builds it, serving ``Ascend910.sock``."""
     service, _ = _service()
-    server = _Server([service], codec=BytesCodec(), config=_SERVER_CONFIG)
+    server = BoundedServer([service], codec=BytesCodec())
     path = short_dir / "Ascend910.sock"
     await server.serve(path)
     yield path
@@ -165,7 +166,7 @@ async def test_a_client_that_stops_reading_is_disconnected_when_the_server_shuts
     service, changes = _service()
     service.publish(devices, None, _SMALL)
     service.expect_kubelet()  # this client's stream is followed as the kubelet's
-    server = _Server([service], codec=BytesCodec(), config=_SERVER_CONFIG)
+    server = BoundedServer([service], codec=BytesCodec())
     path = short_dir / "Ascend910.sock"
     await server.serve(path)
     # The client opens big windows, asks for ListAndWatch, then never reads again.

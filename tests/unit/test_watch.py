@@ -7,6 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 
@@ -149,3 +151,33 @@ async def test_the_dev_watch_sees_vnpu_nodes(short_dir: Path) -> None:
         await _until(watcher, WatchEvent("dev", "vdavinci116", Change.DELETED))
     finally:
         watcher.close()
+
+
+def _overflow(directory: Path) -> None:
+    """More events than the kernel queues (``max_queued_events``) in ``directory``, while no one reads."""
+    limit = int(Path("/proc/sys/fs/inotify/max_queued_events").read_text())
+    for n in range(limit // 2 + 100):
+        name = directory / f"churn{n}"
+        os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o600))
+        os.unlink(name)
+
+
+async def test_an_overflowed_queue_makes_every_directory_looked_at_again(short_dir: Path) -> None:
+    """A removal after the queue overflowed is never reported: every watched directory must be rescanned."""
+    dev, kubelet = short_dir / "dev", short_dir / "kubelet"
+    dev.mkdir()
+    kubelet.mkdir()
+    (dev / "davinci3").write_text("")
+    before = REGISTRY.get_sample_value("ascend_agent_watch_rescans_total", {"reason": "overflow"}) or 0
+    watcher = Watcher()
+    try:
+        watcher.watch(dev, "dev", lambda name: name.startswith("davinci"))
+        watcher.watch(kubelet, "kubelet", lambda name: name.endswith(".sock"))
+        _overflow(kubelet)  # the event loop does not run meanwhile: nothing is read
+        (dev / "davinci3").unlink()
+        seen = await _until(watcher, WatchEvent("dev", "", Change.APPEARED))
+        assert WatchEvent("kubelet", "", Change.APPEARED) in seen
+    finally:
+        watcher.close()
+    after = REGISTRY.get_sample_value("ascend_agent_watch_rescans_total", {"reason": "overflow"})
+    assert after == before + 1

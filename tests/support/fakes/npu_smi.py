@@ -1,7 +1,8 @@
 """A stand-in for the npu-smi executable, controlled through files next to it (read on every run, so a
-running agent sees changes at once): ``mode`` (ok, fail, hang, garbage), ``out/<args>.txt`` (printed),
-``err/<args>.txt`` (printed on stderr, exit status 1) and ``vnpu.json``, the chips' vNPUs, which makes it
-answer ``info -t info-vnpu``, ``set -t create-vnpu`` and ``set -t destroy-vnpu`` as a node would, device nodes
+running agent sees changes at once): ``mode`` (ok, fail, hang, garbage, flood: prints zeros without end,
+orphan: a child that holds the output open outlives it), ``out/<args>.txt`` (printed), ``err/<args>.txt``
+(printed on stderr, exit status 1) and ``vnpu.json``, the chips' vNPUs, which makes it answer
+``info -t info-vnpu``, ``set -t create-vnpu`` and ``set -t destroy-vnpu`` as a node would, device nodes
 ``vdavinci<id>`` included."""
 
 import json
@@ -16,6 +17,17 @@ with open(os.path.join(here, "calls.log"), "a") as log:
 with open(os.path.join(here, "mode")) as handle:
     mode = handle.read().strip()
 if mode == "hang":
+    time.sleep(3600)
+elif mode == "flood":
+    zeros = bytes(1 << 16)
+    while True:
+        sys.stdout.buffer.write(zeros)
+elif mode == "orphan":
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "3600"])  # keeps our stdout and stderr open
+    with open(os.path.join(here, "orphan.pid"), "w") as pid_file:
+        pid_file.write(str(child.pid))
     time.sleep(3600)
 elif mode == "fail":
     sys.stderr.write("dcmi module initialize failed. ret is -8005\n")

@@ -1,0 +1,50 @@
+"""Files and directories the agent makes in places others may write to: made with the modes it means,
+whatever the umask, and never through a link someone planted::
+
+    make_dirs(Path("/var/lib/kubelet/plugins/ascend-agent"), 0o750)
+    descriptor = open_no_follow(Path("/var/lib/kubelet/plugins/ascend-agent/agent.lock"), os.O_RDWR)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+
+def make_dirs(directory: Path, mode: int, parents: bool = True) -> None:
+    """Make ``directory``, and its missing parents with ``parents``, with ``mode`` exactly (mkdir's mode is
+    narrowed by the umask, and a umask of 000 would leave them writable by all); existing ones are left as
+    they are. FileNotFoundError when a parent is missing and ``parents`` is False."""
+    missing = []
+    place = directory
+    while not place.exists() and place != place.parent:
+        missing.append(place)
+        place = place.parent
+    if not parents:
+        missing = missing[:1]
+    for step in reversed(missing):
+        try:
+            os.mkdir(step, mode)
+        except FileExistsError:
+            if not step.is_dir():
+                raise
+            continue
+        os.chmod(step, mode)
+    if not missing and not directory.is_dir():
+        raise FileExistsError(f"{directory} exists and is not a directory")
+
+
+def open_no_follow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that refuses a symbolic link at ``path`` (ELOOP) and is closed on exec."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def check_not_shared(directory: Path) -> None:
+    """PermissionError unless only the agent's user can change ``directory``: what is written there (a CDI
+    spec becomes a container's devices and mounts) must not be replaceable by others."""
+    stat = os.stat(directory)
+    if stat.st_uid != os.geteuid() or stat.st_mode & 0o022:
+        raise PermissionError(
+            errno.EPERM, f"{directory} can be changed by users other than {os.geteuid()}; make it 0755"
+        )
