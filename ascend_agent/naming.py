@@ -12,6 +12,8 @@ kubelet, the CDI spec, the doctor and the backends always agree.
 
 from __future__ import annotations
 
+import hashlib
+
 RESOURCE_DOMAIN = "huawei.com"
 # The kubelet refuses longer device IDs.
 MAX_DEVICE_ID_LENGTH = 63
@@ -82,6 +84,28 @@ def registry_socket_name(resource: str) -> str:
 def cdi_device_name(chip_device_id: str) -> str:
     """The fully qualified CDI name of a chip."""
     return f"{CDI_KIND}={chip_device_id}"
+
+
+# The longest name of a Kubernetes object named as a DNS subdomain (ResourceSlices, Events).
+MAX_OBJECT_NAME_LENGTH = 253
+_NAME_HASH_LENGTH = 10
+
+
+def object_name(name: str) -> str:
+    """``name`` when it fits an object name; else its head and a hash of the whole, so that two long names
+    that differ only at the end stay two names, and the result is still a DNS subdomain:
+
+    >>> object_name("node-1-npu.huawei.com-0")
+    'node-1-npu.huawei.com-0'
+    >>> long = object_name("n" * 250 + ".example-npu.huawei.com-0")
+    >>> len(long), long[:3], long[-11]
+    (253, 'nnn', '-')
+    """
+    if len(name) <= MAX_OBJECT_NAME_LENGTH:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_NAME_HASH_LENGTH]
+    head = name[: MAX_OBJECT_NAME_LENGTH - _NAME_HASH_LENGTH - 1].rstrip(".-")
+    return f"{head}-{digest}"
 
 
 # The DaemonSet of examples/daemonset.yaml, which the doctor looks for unless told another.

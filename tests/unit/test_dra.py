@@ -34,7 +34,7 @@ from ascend_agent.dra.claims import (
 )
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
 from ascend_agent.dra.service import DraService
-from ascend_agent.dra.slices import ResourceSlice, SlicePublisher
+from ascend_agent.dra.slices import ResourceSlice, SlicePublisher, slice_name
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory
 from tests.support.apiserver import ApiServer
 
@@ -336,3 +336,14 @@ def test_every_cdi_device_of_a_claim_has_edits(mode: str) -> None:
     spec = claim_spec("npu.huawei.com", "u1", chips, container_spec(list(chips.values()), base))
     assert all(any(device["containerEdits"].values()) for device in spec["devices"])
     assert "ASCEND_VISIBLE_DEVICES=0,1" in spec["containerEdits"]["env"]
+
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def test_slice_names_of_a_long_node_name_stay_valid_and_distinct() -> None:
+    node = ".".join(["n" * 62] * 4) + "-x"  # 252 characters: a valid node name
+    names = [slice_name(node, "npu.huawei.com", index) for index in range(12)]
+    assert all(len(name) <= 253 and _DNS_SUBDOMAIN.match(name) for name in names), names
+    assert len(set(names)) == len(names)
+    assert slice_name("node-1", "npu.huawei.com", 0) == "node-1-npu.huawei.com-0"
