@@ -1,9 +1,10 @@
 """A CDI (Container Device Interface) spec for the node's chips, kept in step with them.
 
 With ``--cdi-spec-dir /var/run/cdi`` the agent writes ``huawei.com-npu.yaml`` there: one CDI device per chip,
-named by its device ID, with its device node; the management devices and driver mounts are spec-wide edits.
-Allocate then names the chips as ``huawei.com/npu=Ascend910-2`` in ``cdi_devices``, and a CDI-aware runtime
-applies the edits itself::
+named by its device ID, with its device node (in ``ascend-runtime`` mode, which hands over no device nodes,
+``ASCEND_CLAIMED_NPU_<n>=<n>`` instead: CDI refuses a device without edits); the management devices and
+driver mounts are spec-wide edits. Allocate then names the chips as ``huawei.com/npu=Ascend910-2`` in
+``cdi_devices``, and a CDI-aware runtime applies the edits itself::
 
     spec = build_spec(inventory.chips, inventory.container)
     await write_spec(Path("/var/run/cdi"), spec)
@@ -36,15 +37,7 @@ def build_spec(chips: Sequence[Chip], container: ContainerBase) -> dict[str, Any
     shared: ContainerSpec | None = None
     for chip in sorted(chips, key=lambda c: c.phys_id):
         spec = container_spec([chip], container)
-        own = [node for node in spec.devices if node.host_path == chip.device_path]
-        devices.append(
-            {
-                "name": chip.device_id,
-                "containerEdits": {
-                    "deviceNodes": [_node(n.host_path, n.container_path, n.permissions) for n in own]
-                },
-            }
-        )
+        devices.append({"name": chip.device_id, "containerEdits": chip_edits(chip, spec)})
         shared = shared or spec
     edits: dict[str, Any] = {}
     if shared is not None:
@@ -72,6 +65,23 @@ def build_spec(chips: Sequence[Chip], container: ContainerBase) -> dict[str, Any
     if edits:
         document["containerEdits"] = edits
     return document
+
+
+def chip_edits(chip: Chip, spec: ContainerSpec) -> dict[str, Any]:
+    """One chip's CDI edits: its device node from ``spec``; in ``ascend-runtime`` mode, where the runtime
+    adds the device nodes itself, an environment variable naming the chip, because CDI refuses a device
+    without edits ("invalid device, empty device edits")::
+
+        chip_edits(chip, container_spec([chip], base))  # {"deviceNodes": [{"path": "/dev/davinci3", ...}]}
+    """
+    nodes = [
+        _node(n.host_path, n.container_path, n.permissions)
+        for n in spec.devices
+        if n.host_path == chip.device_path
+    ]
+    if nodes:
+        return {"deviceNodes": nodes}
+    return {"env": [f"ASCEND_CLAIMED_NPU_{chip.phys_id}={chip.phys_id}"]}
 
 
 def _node(host_path: str, container_path: str, permissions: str) -> dict[str, str]:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ascend_agent.cdi import chip_edits
 from ascend_agent.files import check_not_shared, make_dirs
 from ascend_agent.model import Chip, ContainerSpec
 
@@ -83,7 +84,7 @@ def claim_spec(driver: str, uid: str, chips: Mapping[str, Chip], spec: Container
     ``spec`` is what Allocate gives for the same chips."""
     own = {chip.device_path for chip in chips.values()}
     devices = [
-        {"name": f"{uid}-{name}", "containerEdits": _device_edits(chip, spec)}
+        {"name": f"{uid}-{name}", "containerEdits": chip_edits(chip, spec)}
         for name, chip in sorted(chips.items(), key=lambda item: item[1].phys_id)
     ]
     edits: dict[str, Any] = {"env": [f"{key}={value}" for key, value in sorted(spec.envs.items())]}
@@ -102,19 +103,6 @@ def claim_spec(driver: str, uid: str, chips: Mapping[str, Chip], spec: Container
             for m in spec.mounts
         ]
     return {"cdiVersion": CDI_VERSION, "kind": cdi_kind(driver), "devices": devices, "containerEdits": edits}
-
-
-def _device_edits(chip: Chip, spec: ContainerSpec) -> dict[str, Any]:
-    """One chip's edits: its device node; in ``ascend-runtime`` mode, where the runtime adds the device nodes
-    itself, an environment variable naming the chip, because CDI refuses a device without edits."""
-    nodes = [
-        _node(n.host_path, n.container_path, n.permissions)
-        for n in spec.devices
-        if n.host_path == chip.device_path
-    ]
-    if nodes:
-        return {"deviceNodes": nodes}
-    return {"env": [f"ASCEND_CLAIMED_NPU_{chip.phys_id}={chip.phys_id}"]}
 
 
 def _node(host_path: str, container_path: str, permissions: str) -> dict[str, str]:
