@@ -416,6 +416,8 @@ class Agent:
                 self.settings.effective_plugin_dir,
             )
         self.settings = settings
+        if self.cluster is not None:
+            self.cluster.settings = settings
         self._start_watching()
         log.info("Config applied: %s changed", ", ".join(changed))
         log_configuration(replace(effective, settings=settings))

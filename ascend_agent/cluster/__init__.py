@@ -101,16 +101,22 @@ def open_side(settings: Settings, separation: ManualSeparation | None = None) ->
         raise ConfigError(
             f"--kubeconfig: cannot use {target.describe()}: it does not exist or cannot be read"
         )
-    features = partial(_features, settings, separation or ManualSeparation())
-    return ClusterSide(target, node_name(settings.node_name), features)
+
+    def replicas() -> int:  # the agent replaces side.settings on a config reload
+        return (side.settings or settings).replicas
+
+    features = partial(_features, settings, separation or ManualSeparation(), replicas)
+    side = ClusterSide(target, node_name(settings.node_name), features, settings)
+    return side
 
 
-def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]:
-    """Every feature of the cluster side, in the order their tasks start."""
+def _features(settings: Settings, separation: ManualSeparation, replicas: Callable[[], int]) -> list[Feature]:
+    """Every feature of the cluster side, in the order their tasks start. ``settings`` are those of the
+    start; ``replicas`` gives the running setting (a config reload changes it)."""
     from ascend_agent.cluster.events import NodeEvents
     from ascend_agent.cluster.labels import NodeLabels
 
-    features: list[Feature] = [NodeLabels(settings.replicas), NodeEvents()]
+    features: list[Feature] = [NodeLabels(replicas), NodeEvents()]
     if settings.device_info:
         from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
 

@@ -232,7 +232,7 @@ def test_label_values_are_made_valid_or_skipped_with_one_warning(caplog: pytest.
     assert sanitise("x" * 70) == "x" * 63
     assert sanitise("24.1.RC2 (beta)") == "24.1.RC2--beta"
     assert sanitise("(!)") == ""
-    labels = NodeLabels(replicas=1)
+    labels = NodeLabels(replicas=lambda: 1)
     inventory = Inventory((Chip.make(0, "310P3"),), driver_version="((?))")
     for _ in range(2):
         labels.observe(inventory)
@@ -349,7 +349,7 @@ class _BrokenObserve:
 async def test_a_feature_failing_on_an_inventory_does_not_fail_the_reconcile(
     apiserver: ApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    labels = NodeLabels(1)
+    labels = NodeLabels(lambda: 1)
     side = ClusterSide(
         ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [_BrokenObserve(), labels]
     )
