@@ -471,6 +471,8 @@ def doctor(
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
     volcano: Volcano = None,
+    kubelet_api: KubeletApi = None,
+    dra_driver_name: DraDriverName = None,
     json_output: Json = False,
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""

@@ -111,3 +111,5 @@ def object_name(name: str) -> str:
 # The DaemonSet of examples/daemonset.yaml, which the doctor looks for unless told another.
 DAEMONSET_NAME = "ascend-device-plugin-daemonset"
 DAEMONSET_NAMESPACE = "kube-system"
+# The DaemonSet of examples/dra/daemonset.yaml: the doctor's default in DRA mode.
+DRA_DAEMONSET_NAME = "ascend-dra-driver"

@@ -33,6 +33,7 @@ from ascend_agent.dra.claims import (
     claim_spec,
 )
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
+from ascend_agent.dra.doctor import kubelet_checks
 from ascend_agent.dra.service import DraService
 from ascend_agent.dra.slices import ResourceSlice, SlicePublisher, slice_name
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory
@@ -347,3 +348,21 @@ def test_slice_names_of_a_long_node_name_stay_valid_and_distinct() -> None:
     assert all(len(name) <= 253 and _DNS_SUBDOMAIN.match(name) for name in names), names
     assert len(set(names)) == len(names)
     assert slice_name("node-1", "npu.huawei.com", 0) == "node-1-npu.huawei.com-0"
+
+
+async def test_the_doctor_says_what_is_missing_of_a_dra_driver(short_dir: Path) -> None:
+    settings = Settings(kubelet_dir=short_dir / "kubelet" / "device-plugins", kubelet_api="dra")
+    checkpoint = short_dir / "kubelet" / "plugins" / "npu.huawei.com" / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text("not json")
+    checks = {check.check: check for check in await kubelet_checks(settings, None)}
+    for name, path in (
+        ("DRA registration socket", short_dir / "kubelet" / "plugins_registry" / "npu.huawei.com-reg.sock"),
+        ("DRA plugin socket", checkpoint.parent / "dra.sock"),
+    ):
+        assert (checks[name].ok, checks[name].detail) == (False, f"{path} does not exist")
+    assert checks["prepared claims"].ok is False
+    assert checks["prepared claims"].detail.startswith(f"{checkpoint} is not a checkpoint of prepared claims")
+    checkpoint.unlink()
+    (claims,) = [c for c in await kubelet_checks(settings, None) if c.check == "prepared claims"]
+    assert (claims.ok, claims.detail) == (True, f"none: no checkpoint {checkpoint} yet")
