@@ -41,9 +41,10 @@ _CHIP_NODE = re.compile(r"^davinci(\d+)$")
 
 @dataclass(frozen=True, slots=True)
 class AgentDaemonSet:
-    """Which DaemonSet runs the agent (``doctor --daemonset-name/--daemonset-namespace``)."""
+    """Which DaemonSet runs the agent (``doctor --daemonset-name/--daemonset-namespace``); an empty name: the
+    one of the example manifest for the mode (``ascend-dra-driver`` for a DRA driver)."""
 
-    name: str = DAEMONSET
+    name: str = ""
     namespace: str = NAMESPACE
 
 
@@ -59,8 +60,8 @@ async def run_checks(settings: Settings, daemonset: AgentDaemonSet | None = None
     """Every check, in the order a person should read them."""
     daemonset = daemonset or AgentDaemonSet()
     dra = settings.kubelet_api == DRA_API
-    if dra and daemonset.name == DAEMONSET:  # the device plugin's default: the DRA manifest's instead
-        daemonset = replace(daemonset, name=naming.DRA_DAEMONSET_NAME)
+    if not daemonset.name:
+        daemonset = replace(daemonset, name=naming.DRA_DAEMONSET_NAME if dra else DAEMONSET)
     dev_root = settings.effective_dev_root
     nodes = _chip_nodes(dev_root)
     checks = [_device_files(dev_root, nodes), _driver(settings)]
