@@ -272,8 +272,8 @@ DaemonSetName = Annotated[
     typer.Option(
         "--daemonset-name",
         envvar="ASCEND_AGENT_DAEMONSET_NAME",
-        help=f"The agent's DaemonSet [default: {naming.DAEMONSET_NAME}; {naming.DRA_DAEMONSET_NAME} with "
-        "--kubelet-api dra]",
+        help="The agent's DaemonSet.",
+        show_default=f"{naming.DAEMONSET_NAME}; {naming.DRA_DAEMONSET_NAME} with --kubelet-api dra",
     ),
 ]
 DaemonSetNamespace = Annotated[

@@ -119,6 +119,8 @@ def _checkpoint(path: Path, inventory: Inventory | None) -> Check:
     name = "prepared claims"
     try:
         exists = path.exists()
+        if exists:
+            path.open("rb").close()  # unreadable to this user: say so, not that the file is bad
         prepared = Prepared.load(path)
     except OSError as exc:
         return Check(name, False, f"cannot look at {path}: {exc.strerror or exc}", _AS_ROOT)
