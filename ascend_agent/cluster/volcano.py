@@ -2,7 +2,7 @@
 places (``huawei.com/Ascend910: Ascend910-3,Ascend910-5`` and a ``predicate-time``); on Allocate the agent
 answers with those chips instead of the kubelet's IDs and marks the pod as Huawei's device plugin does.
 
-    pods = VolcanoPods()
+    pods = VolcanoPods(mounted=MountedChips(on_change=agent.wake))   # told what each pod got
     pods.observe(inventory)                          # the chips, to check Volcano's choice against
     tasks.start_soon(pods.run, api)                  # the node's pods, watched; the pods' patches
     await pods.remap("huawei.com/Ascend910", [["Ascend910-0", "Ascend910-1"]])   # [["Ascend910-3", ...]]
