@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from typing import Any
 import yaml
 
 from ascend_agent.container import container_spec
-from ascend_agent.files import check_not_shared, make_dirs
+from ascend_agent.files import replace_file
 from ascend_agent.model import Chip, ContainerBase, ContainerSpec
 from ascend_agent.naming import CDI_KIND
 
@@ -97,19 +95,8 @@ async def write_spec(directory: Path, document: dict[str, Any]) -> Path:
 
 
 def _write(directory: Path, text: str) -> Path:
-    make_dirs(directory, 0o755)  # container runtimes read it
-    check_not_shared(directory)
     target = directory / SPEC_FILE
-    handle, temporary = tempfile.mkstemp(prefix=f".{SPEC_FILE}.", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    replace_file(target, text)  # container runtimes read it: 0755 directory, 0644 file
     return target
 
 

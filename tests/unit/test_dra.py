@@ -29,13 +29,13 @@ from ascend_agent.dra.claims import (
     Prepared,
     PreparedClaim,
     PreparedDevice,
-    atomic_write,
     claim_spec,
 )
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
 from ascend_agent.dra.doctor import kubelet_checks
 from ascend_agent.dra.service import DraService
 from ascend_agent.dra.slices import ResourceSlice, SlicePublisher, slice_name
+from ascend_agent.files import replace_file
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory
 from tests.support.apiserver import ApiServer
 
@@ -155,7 +155,7 @@ def test_the_checkpoint_is_on_disk_before_it_replaces_the_old_one(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    atomic_write(checkpoint, "new")
+    replace_file(checkpoint, "new")
     # the new text is flushed while the old file is still in place, then the rename is flushed
     assert flushed == [("file", "old"), ("directory", "new")]
 
