@@ -57,7 +57,7 @@ def _missing_socket(name: str, path: Path) -> Check | None:
     try:
         if path.is_socket():
             return None
-        seen = f"{path} does not exist"
+        seen = f"{path} is not a socket" if path.exists() else f"{path} does not exist"
     except OSError as exc:
         return Check(name, False, f"cannot look at {path}: {exc.strerror or exc}", _AS_ROOT)
     return Check(
