@@ -41,6 +41,7 @@ from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
 from ascend_agent.flaphold import ChipHold
 from ascend_agent.kubelet_dirs import waiting_reason
+from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     DEVICE_HEALTH,
@@ -127,6 +128,7 @@ class Agent:
         source: SettingsSource | None = None,
         cluster: ClusterSide | None = None,
         separation: ManualSeparation | None = None,
+        mounted: MountedChips | None = None,
         held_devices: HeldDevices | None = None,
     ) -> None:
         """``held_devices`` says which device IDs containers hold now, None while that is unknown: by
@@ -145,6 +147,11 @@ class Agent:
         self.holders = PodHolders(
             settings.pod_resources_socket, backend.health_interval or settings.health_interval
         )
+        # --volcano: the chips each pod got under the kubelet's IDs; the kubelet sees their health there.
+        self.mounted = mounted
+        if mounted is not None:
+            mounted.on_change = self.wake
+            self.holders.on_change = self.wake
         self.held_devices: HeldDevices = held_devices or self._held_by_pods
         self._vnpu_pending = False
         self._vnpu_refused: tuple[str, ...] = ()
@@ -430,6 +437,8 @@ class Agent:
                 self.settings.effective_plugin_dir,
             )
         self.settings = settings
+        if self.cluster is not None:
+            self.cluster.settings = settings
         self._start_watching()
         log.info("Config applied: %s changed", ", ".join(changed))
         log_configuration(replace(effective, settings=settings))
@@ -523,11 +532,22 @@ class Agent:
                 for device_id in naming.replica_ids(chip.device_id, replicas)
             }
             running.plugin.publish(
-                devices, partial(preferred, topology_for(chips, replicas)), container, most_per_container=most
+                devices,
+                partial(preferred, topology_for(chips, replicas)),
+                container,
+                most_per_container=most,
+                listed=self._listed(resource, devices),
             )
         if self.cluster is not None:
             self.cluster.observe(inventory)
         await self._write_cdi(inventory)
+
+    def _listed(self, resource: str, devices: dict[str, Chip]) -> dict[str, Chip] | None:
+        """--volcano: each of the kubelet's IDs with the health of the chip really mounted under it (a chip's
+        replicas are not told apart: only whole chips)."""
+        if self.mounted is None or self.settings.replicas != 1:
+            return None
+        return self.mounted.listed(resource, devices, self.holders.holders, self.holders.error is None)
 
     def _start_plugin(self, resource: str) -> _Running:
         assert self._tasks is not None

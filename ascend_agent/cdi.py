@@ -1,9 +1,10 @@
 """A CDI (Container Device Interface) spec for the node's chips, kept in step with them.
 
 With ``--cdi-spec-dir /var/run/cdi`` the agent writes ``huawei.com-npu.yaml`` there: one CDI device per chip,
-named by its device ID, with its device node; the management devices and driver mounts are spec-wide edits.
-Allocate then names the chips as ``huawei.com/npu=Ascend910-2`` in ``cdi_devices``, and a CDI-aware runtime
-applies the edits itself::
+named by its device ID, with its device node (in ``ascend-runtime`` mode, which hands over no device nodes,
+``ASCEND_CLAIMED_NPU_<n>=<n>`` instead: CDI refuses a device without edits); the management devices and
+driver mounts are spec-wide edits. Allocate then names the chips as ``huawei.com/npu=Ascend910-2`` in
+``cdi_devices``, and a CDI-aware runtime applies the edits itself::
 
     spec = build_spec(inventory.chips, inventory.container)
     await write_spec(Path("/var/run/cdi"), spec)
@@ -13,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import yaml
 
 from ascend_agent.container import container_spec
-from ascend_agent.files import check_not_shared, make_dirs
+from ascend_agent.files import replace_file
 from ascend_agent.model import Chip, ContainerBase, ContainerSpec
 from ascend_agent.naming import CDI_KIND
 
@@ -36,15 +35,7 @@ def build_spec(chips: Sequence[Chip], container: ContainerBase) -> dict[str, Any
     shared: ContainerSpec | None = None
     for chip in sorted(chips, key=lambda c: c.phys_id):
         spec = container_spec([chip], container)
-        own = [node for node in spec.devices if node.host_path == chip.device_path]
-        devices.append(
-            {
-                "name": chip.device_id,
-                "containerEdits": {
-                    "deviceNodes": [_node(n.host_path, n.container_path, n.permissions) for n in own]
-                },
-            }
-        )
+        devices.append({"name": chip.device_id, "containerEdits": chip_edits(chip, spec)})
         shared = shared or spec
     edits: dict[str, Any] = {}
     if shared is not None:
@@ -74,6 +65,23 @@ def build_spec(chips: Sequence[Chip], container: ContainerBase) -> dict[str, Any
     return document
 
 
+def chip_edits(chip: Chip, spec: ContainerSpec) -> dict[str, Any]:
+    """One chip's CDI edits: its device node from ``spec``; in ``ascend-runtime`` mode, where the runtime
+    adds the device nodes itself, an environment variable naming the chip, because CDI refuses a device
+    without edits ("invalid device, empty device edits")::
+
+        chip_edits(chip, container_spec([chip], base))  # {"deviceNodes": [{"path": "/dev/davinci3", ...}]}
+    """
+    nodes = [
+        _node(n.host_path, n.container_path, n.permissions)
+        for n in spec.devices
+        if n.host_path == chip.device_path
+    ]
+    if nodes:
+        return {"deviceNodes": nodes}
+    return {"env": [f"ASCEND_CLAIMED_NPU_{chip.phys_id}={chip.phys_id}"]}
+
+
 def _node(host_path: str, container_path: str, permissions: str) -> dict[str, str]:
     node = {"path": container_path, "permissions": permissions}
     if host_path != container_path:
@@ -87,19 +95,8 @@ async def write_spec(directory: Path, document: dict[str, Any]) -> Path:
 
 
 def _write(directory: Path, text: str) -> Path:
-    make_dirs(directory, 0o755)  # container runtimes read it
-    check_not_shared(directory)
     target = directory / SPEC_FILE
-    handle, temporary = tempfile.mkstemp(prefix=f".{SPEC_FILE}.", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    replace_file(target, text)  # container runtimes read it: 0755 directory, 0644 file
     return target
 
 

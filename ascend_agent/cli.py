@@ -286,12 +286,12 @@ DraCleanup = Annotated[
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
 DaemonSetName = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--daemonset-name",
         envvar="ASCEND_AGENT_DAEMONSET_NAME",
         help="The agent's DaemonSet.",
-        show_default=True,
+        show_default=f"{naming.DAEMONSET_NAME}; {naming.DRA_DAEMONSET_NAME} with --kubelet-api dra",
     ),
 ]
 DaemonSetNamespace = Annotated[
@@ -530,12 +530,14 @@ def doctor(
     registration: Registration = None,
     plugin_dir: PluginDir = None,
     metrics_address: MetricsAddress = None,
-    daemonset_name: DaemonSetName = naming.DAEMONSET_NAME,
+    daemonset_name: DaemonSetName = None,
     daemonset_namespace: DaemonSetNamespace = naming.DAEMONSET_NAMESPACE,
     pod_resources_socket: PodResourcesSocket = None,
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
     volcano: Volcano = None,
+    kubelet_api: KubeletApi = None,
+    dra_driver_name: DraDriverName = None,
     json_output: Json = False,
 ) -> None:
     """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""
@@ -545,7 +547,7 @@ def doctor(
     _, settings = _settings(overrides)
     from ascend_agent.doctor import AgentDaemonSet, as_json, render, run_checks
 
-    checks = asyncio.run(run_checks(settings, AgentDaemonSet(daemonset_name, daemonset_namespace)))
+    checks = asyncio.run(run_checks(settings, AgentDaemonSet(daemonset_name or "", daemonset_namespace)))
     print(as_json(checks) if json_output else render(checks))
     raise typer.Exit(EXIT_FAILURE if any(check.ok is False for check in checks) else 0)
 

@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -24,7 +24,7 @@ from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
-from ascend_agent.config import ConfigError, Settings
+from ascend_agent.config import DRA_API, ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.transport import LocalChannel
 from ascend_agent.model import Generation, Inventory
@@ -41,9 +41,10 @@ _CHIP_NODE = re.compile(r"^davinci(\d+)$")
 
 @dataclass(frozen=True, slots=True)
 class AgentDaemonSet:
-    """Which DaemonSet runs the agent (``doctor --daemonset-name/--daemonset-namespace``)."""
+    """Which DaemonSet runs the agent (``doctor --daemonset-name/--daemonset-namespace``); an empty name: the
+    one of the example manifest for the mode (``ascend-dra-driver`` for a DRA driver)."""
 
-    name: str = DAEMONSET
+    name: str = ""
     namespace: str = NAMESPACE
 
 
@@ -58,6 +59,9 @@ class Check:
 async def run_checks(settings: Settings, daemonset: AgentDaemonSet | None = None) -> list[Check]:
     """Every check, in the order a person should read them."""
     daemonset = daemonset or AgentDaemonSet()
+    dra = settings.kubelet_api == DRA_API
+    if not daemonset.name:
+        daemonset = replace(daemonset, name=naming.DRA_DAEMONSET_NAME if dra else DAEMONSET)
     dev_root = settings.effective_dev_root
     nodes = _chip_nodes(dev_root)
     checks = [_device_files(dev_root, nodes), _driver(settings)]
@@ -68,16 +72,22 @@ async def run_checks(settings: Settings, daemonset: AgentDaemonSet | None = None
     inventory = await _discover(settings) if settings.backend != "devfs" or npu_smi.ok is True else None
     if settings.backend == "devfs":
         checks.append(_advertised(nodes, inventory))
-    checks.append(_kubelet(settings.kubelet_dir))
     unhealthy: list[tuple[str, str]] = []
-    checks.extend(await _our_sockets(settings, inventory, unhealthy, daemonset))
+    if dra:
+        from ascend_agent.dra.doctor import kubelet_checks, skipped_device_plugin_checks
+
+        checks.extend(skipped_device_plugin_checks())
+        checks.extend(await kubelet_checks(settings, inventory))
+    else:
+        checks.append(_kubelet(settings.kubelet_dir))
+        checks.extend(await _our_sockets(settings, inventory, unhealthy, daemonset))
     if inventory is not None and inventory.vnpus:
         checks.append(_vnpus(inventory))
     if unhealthy:
         checks.append(await _holders(settings, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
     checks.append(await _kubernetes_api(settings.metrics_address))
-    checks.extend(await _cluster(settings, daemonset))
+    checks.extend(await _cluster(settings, daemonset, inventory if dra else None))
     return checks
 
 
@@ -403,21 +413,27 @@ async def _readiness(address: str) -> Check:
     return Check("agent readiness", False, f"{address}/readyz: {body.strip()}", "see the agent's log for why")
 
 
-async def _cluster(settings: Settings, ours: AgentDaemonSet) -> list[Check]:
-    """The DaemonSet, its pod on this node, and the node's NPU capacity, when a Kubernetes API answers (the
-    agent's own credentials and client: ``--kubeconfig``, the service account, ``KUBECONFIG``)."""
+async def _cluster(settings: Settings, ours: AgentDaemonSet, dra_inventory: Inventory | None) -> list[Check]:
+    """The DaemonSet, its pod on this node, and the node's NPU capacity (in DRA mode its ResourceSlices
+    instead), when a Kubernetes API answers (the agent's own credentials and client: ``--kubeconfig``, the
+    service account, ``KUBECONFIG``)."""
     from ascend_agent.cluster import find_target, node_name
 
+    dra = settings.kubelet_api == DRA_API
     node = node_name(settings.node_name)
     target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
     if target is None:
+        look = (
+            f"kubectl get resourceslices --field-selector spec.nodeName={node}"
+            if dra
+            else f"kubectl describe node {node} | grep huawei.com"
+        )
         return [
             Check(
                 "cluster",
                 None,
                 "skipped: no Kubernetes API configured (no service account, --kubeconfig or KUBECONFIG)",
-                f"kubectl -n {ours.namespace} get ds {ours.name}; "
-                f"kubectl describe node {node} | grep huawei.com",
+                f"kubectl -n {ours.namespace} get ds {ours.name}; {look}",
             )
         ]
     from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
@@ -427,7 +443,15 @@ async def _cluster(settings: Settings, ours: AgentDaemonSet) -> list[Check]:
     except ClusterConnectError as exc:
         return [Check("cluster", None, f"skipped: {exc}")]
     try:
-        return [await _daemonset(api, ours), await _node_pod(api, node, ours), await _capacity(api, node)]
+        checks = [await _daemonset(api, ours, dra), await _node_pod(api, node, ours)]
+        if dra:
+            from ascend_agent.dra.doctor import slices_check
+
+            checks.append(Check("node capacity", None, "skipped: a DRA driver's chips are ResourceSlices"))
+            checks.append(await slices_check(api, settings.dra_driver_name, dra_inventory))
+        else:
+            checks.append(await _capacity(api, node))
+        return checks
     except ApiUnavailable as exc:
         return [
             Check(
@@ -441,7 +465,7 @@ async def _cluster(settings: Settings, ours: AgentDaemonSet) -> list[Check]:
         await api.close()
 
 
-async def _daemonset(api: KubeApi, ours: AgentDaemonSet) -> Check:
+async def _daemonset(api: KubeApi, ours: AgentDaemonSet, dra: bool) -> Check:
     from lightkube import ApiError
     from lightkube.resources.apps_v1 import DaemonSet
 
@@ -455,7 +479,7 @@ async def _daemonset(api: KubeApi, ours: AgentDaemonSet) -> Check:
                 "daemonset",
                 False,
                 f"no DaemonSet {ours.name} in {ours.namespace}",
-                "kubectl apply -f examples/daemonset.yaml",
+                f"kubectl apply -f examples/{'dra/' if dra else ''}daemonset.yaml",
             )
         raise
     status = daemonset.status

@@ -7,8 +7,10 @@ whatever the umask, and never through a link someone planted::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -48,3 +50,31 @@ def check_not_shared(directory: Path) -> None:
         raise PermissionError(
             errno.EPERM, f"{directory} can be changed by users other than {os.geteuid()}; make it 0755"
         )
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (mode 0644), only in a directory no other user can change (made 0755 if
+    missing): a temporary file in the same directory, flushed to disk, then renamed, and the directory flushed
+    too, so that after a power loss the file is either the old or the new one and the rename is not lost::
+
+        replace_file(Path("/var/run/cdi/huawei.com-npu.yaml"), text)
+    """
+    make_dirs(path.parent, 0o755)
+    check_not_shared(path.parent)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

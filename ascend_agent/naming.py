@@ -15,6 +15,7 @@ kubelet, the CDI spec, the doctor and the backends always agree.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 RESOURCE_DOMAIN = "huawei.com"
@@ -89,9 +90,33 @@ def cdi_device_name(chip_device_id: str) -> str:
     return f"{CDI_KIND}={chip_device_id}"
 
 
+# The longest name of a Kubernetes object named as a DNS subdomain (ResourceSlices, Events).
+MAX_OBJECT_NAME_LENGTH = 253
+_NAME_HASH_LENGTH = 10
+
+
+def object_name(name: str) -> str:
+    """``name`` when it fits an object name; else its head and a hash of the whole, so that two long names
+    that differ only at the end stay two names, and the result is still a DNS subdomain:
+
+    >>> object_name("node-1-npu.huawei.com-0")
+    'node-1-npu.huawei.com-0'
+    >>> long = object_name("n" * 250 + ".example-npu.huawei.com-0")
+    >>> len(long), long[:3], long[-11]
+    (253, 'nnn', '-')
+    """
+    if len(name) <= MAX_OBJECT_NAME_LENGTH:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:_NAME_HASH_LENGTH]
+    head = name[: MAX_OBJECT_NAME_LENGTH - _NAME_HASH_LENGTH - 1].rstrip(".-")
+    return f"{head}-{digest}"
+
+
 # The DaemonSet of examples/daemonset.yaml, which the doctor looks for unless told another.
 DAEMONSET_NAME = "ascend-device-plugin-daemonset"
 DAEMONSET_NAMESPACE = "kube-system"
+# The DaemonSet of examples/dra/daemonset.yaml: the doctor's default in DRA mode.
+DRA_DAEMONSET_NAME = "ascend-dra-driver"
 
 
 # Huawei's vNPU templates and the suffix of the device type each gives (``vir02`` -> ``Ascend310P-2c``).

@@ -12,7 +12,7 @@ never the health loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +95,8 @@ class PodHolders:
         self.interval = interval
         self.holders = Holders()
         self.error: str | None = None
+        # Told when the holders changed (the agent then reconciles, under --volcano).
+        self.on_change: Callable[[], None] = lambda: None
         self._poked = anyio.Event()
 
     def poke(self) -> None:
@@ -121,7 +123,8 @@ class PodHolders:
     async def run(self) -> None:
         """Refresh each ``interval``, and ``AFTER_ALLOCATE`` after a :meth:`poke`, until cancelled."""
         while True:
-            await self.refresh()
+            if await self.refresh():
+                self.on_change()
             self._poked = anyio.Event()
             with anyio.move_on_after(self.interval):
                 await self._poked.wait()

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
     from ascend_agent.cluster.volcano import VolcanoPods
     from ascend_agent.config import Settings
+    from ascend_agent.kubelet_view import MountedChips
     from ascend_agent.podresources import Holders
 
 __all__ = [
@@ -80,10 +81,13 @@ _STARTING_WAIT = 3.0
 _STARTING_POLL = 0.05
 
 
-def open_side(settings: Settings, separation: ManualSeparation | None = None) -> ClusterSide | None:
+def open_side(
+    settings: Settings, separation: ManualSeparation | None = None, mounted: MountedChips | None = None
+) -> ClusterSide | None:
     """The cluster side for ``settings``, or None when it is off. Imports no client library and makes no
     request; raises :class:`~ascend_agent.config.ConfigError` for a kubeconfig that cannot be read.
-    ``separation`` receives the chips an admin separates in the device-info ConfigMap."""
+    ``separation`` receives the chips an admin separates in the device-info ConfigMap; ``mounted``, with
+    ``--volcano``, the chips each pod got under the kubelet's IDs."""
     if not settings.cluster:
         return None
     target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
@@ -101,16 +105,27 @@ def open_side(settings: Settings, separation: ManualSeparation | None = None) ->
         raise ConfigError(
             f"--kubeconfig: cannot use {target.describe()}: it does not exist or cannot be read"
         )
-    features = partial(_features, settings, separation or ManualSeparation())
-    return ClusterSide(target, node_name(settings.node_name), features)
+
+    def replicas() -> int:  # the agent replaces side.settings on a config reload
+        return (side.settings or settings).replicas
+
+    features = partial(_features, settings, separation or ManualSeparation(), replicas, mounted)
+    side = ClusterSide(target, node_name(settings.node_name), features, settings)
+    return side
 
 
-def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]:
-    """Every feature of the cluster side, in the order their tasks start."""
+def _features(
+    settings: Settings,
+    separation: ManualSeparation,
+    replicas: Callable[[], int],
+    mounted: MountedChips | None = None,
+) -> list[Feature]:
+    """Every feature of the cluster side, in the order their tasks start. ``settings`` are those of the
+    start; ``replicas`` gives the running setting (a config reload changes it)."""
     from ascend_agent.cluster.events import NodeEvents
     from ascend_agent.cluster.labels import NodeLabels
 
-    features: list[Feature] = [NodeLabels(settings.replicas), NodeEvents()]
+    features: list[Feature] = [NodeLabels(replicas), NodeEvents()]
     if settings.device_info:
         from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
 
@@ -118,7 +133,7 @@ def _features(settings: Settings, separation: ManualSeparation) -> list[Feature]
     if settings.volcano:
         from ascend_agent.cluster.volcano import VolcanoPods
 
-        features.append(VolcanoPods())
+        features.append(VolcanoPods(mounted=mounted))
 
     if settings.kubelet_api == "dra":
         from ascend_agent.dra.slices import SlicePublisher

@@ -146,7 +146,9 @@ class KubeApi:
         return ApiUnavailable(channel, failure)
 
     async def close(self) -> None:
-        with anyio.CancelScope(shield=True):
+        """Close the client's connections; shielded from the caller's cancellation (the agent stopping) but
+        given up after ``timeout``, so a connection that does not close cannot hold the agent's exit."""
+        with anyio.move_on_after(self.timeout, shield=True):
             await self.client.close()
 
 

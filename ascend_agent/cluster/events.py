@@ -29,6 +29,7 @@ from lightkube.types import PatchType
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.writer import Backoff
 from ascend_agent.model import Chip, Inventory
+from ascend_agent.naming import object_name
 
 log = logging.getLogger("ascend_agent.cluster")
 
@@ -147,7 +148,7 @@ class NodeEvents:
                 if exc.status.code != 404:
                     raise
                 # expired (the API server keeps Events for an hour) or deleted: a new one takes its count
-        name = f"{api.node}.{time.time_ns():x}"
+        name = object_name(f"{api.node}.{time.time_ns():x}")
         # The namespace is the Event's own (metadata.namespace).
         await api.call("create", "events", api.client.create(self._event(api.node, name, record)))
         record.name, record.written_count = name, count

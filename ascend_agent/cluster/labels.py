@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from lightkube.resources.core_v1 import Node
@@ -101,14 +102,14 @@ def _most_common_model(chips: tuple[Chip, ...]) -> Chip:
 class NodeLabels:
     """The cluster feature that keeps the agent's labels on its Node (RBAC: nodes get, patch)."""
 
-    def __init__(self, replicas: int) -> None:
-        self._replicas = replicas
+    def __init__(self, replicas: Callable[[], int]) -> None:
+        self._replicas = replicas  # the running setting, read at each observe: a config reload changes it
         self._writer: LatestWriter[dict[str, str]] | None = None
         self._pending: dict[str, str] | None = None
         self._skipped: set[tuple[str, str]] = set()
 
     def observe(self, inventory: Inventory) -> None:
-        labels = self._valid(node_labels(inventory, self._replicas))
+        labels = self._valid(node_labels(inventory, self._replicas()))
         if self._writer is None:
             self._pending = labels
         else:

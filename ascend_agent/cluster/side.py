@@ -1,6 +1,6 @@
 """The cluster side as the agent holds it: the shared client and the features that use it.
 
-    side = ClusterSide(target, node, features=lambda: [NodeLabels(1), NodeEvents()])
+    side = ClusterSide(target, node, features=lambda: [NodeLabels(lambda: 1), NodeEvents()])
     tasks.start_soon(side.run)          # loads the client in a thread, then one task per feature
     side.observe(inventory)             # after each reconcile; never blocks, never awaits
 
@@ -22,6 +22,7 @@ from ascend_agent.model import Inventory
 if TYPE_CHECKING:
     from ascend_agent.cluster.client import KubeApi
     from ascend_agent.cluster.health import ApiState
+    from ascend_agent.config import Settings
 
 log = logging.getLogger("ascend_agent.cluster")
 
@@ -55,9 +56,18 @@ async def _guarded(feature: Feature, api: KubeApi) -> None:
 class ClusterSide:
     """Runs each feature's task and hands each inventory to every feature."""
 
-    def __init__(self, target: ClusterTarget, node: str, features: Callable[[], Sequence[Feature]]) -> None:
+    def __init__(
+        self,
+        target: ClusterTarget,
+        node: str,
+        features: Callable[[], Sequence[Feature]],
+        settings: Settings | None = None,
+    ) -> None:
         self.target = target
         self.node = node
+        # The agent's running settings, replaced by it on a config reload: a feature that follows a setting
+        # live (the replicas label) reads it here.
+        self.settings = settings
         self._make_features = features
         self.api: KubeApi | None = None
         self.features: tuple[Feature, ...] = ()

@@ -2,7 +2,7 @@
 places (``huawei.com/Ascend910: Ascend910-3,Ascend910-5`` and a ``predicate-time``); on Allocate the agent
 answers with those chips instead of the kubelet's IDs and marks the pod as Huawei's device plugin does.
 
-    pods = VolcanoPods()
+    pods = VolcanoPods(mounted=MountedChips(on_change=agent.wake))   # told what each pod got
     pods.observe(inventory)                          # the chips, to check Volcano's choice against
     tasks.start_soon(pods.run, api)                  # the node's pods, watched; the pods' patches
     await pods.remap("huawei.com/Ascend910", [["Ascend910-0", "Ascend910-1"]])   # [["Ascend910-3", ...]]
@@ -38,6 +38,7 @@ from lightkube.types import PatchType
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.deviceinfo import go_json
 from ascend_agent.cluster.writer import Backoff
+from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Generation, Inventory
 from ascend_agent.podresources import Holder, Holders
 
@@ -212,7 +213,14 @@ class VolcanoPods:
     """The cluster feature of ``--volcano``: the node's pods, Volcano's choice on Allocate, the pods'
     marks."""
 
-    def __init__(self, tries: int = TRIES, try_interval: float = TRY_INTERVAL) -> None:
+    def __init__(
+        self,
+        tries: int = TRIES,
+        try_interval: float = TRY_INTERVAL,
+        mounted: MountedChips | None = None,
+    ) -> None:
+        # Told what the pods got whenever it may have changed: the health the kubelet sees follows it.
+        self._mounted = mounted
         self._tries = tries
         self._try_interval = try_interval
         self._chips: dict[str, Chip] = {}
@@ -240,6 +248,10 @@ class VolcanoPods:
         marks (an earlier agent's, too)."""
         marked = [pod for pod in self._pods.values() if pod.uid not in self._taken]
         return [*self._taken.values(), *mounted_from(marked)]
+
+    def _tell_mounted(self) -> None:
+        if self._mounted is not None:
+            self._mounted.update(self.mounted())
 
     def follow_mounted(self, holders: Holders) -> Holders:
         """``holders`` (the kubelet's PodResources view, by its IDs) by the chips really mounted; computed
@@ -315,6 +327,7 @@ class VolcanoPods:
         self._version += 1
         self._pods.pop(uid, None)
         self._taken.pop(uid, None)
+        self._tell_mounted()
 
     def _checked(self, pod: PodView, resource: str) -> list[str]:
         chosen = pod.chosen(resource)
@@ -355,6 +368,7 @@ class VolcanoPods:
             key: configuration(pod, chips),
         }
         self._patches.add(pod, {"metadata": {"annotations": annotations}})
+        self._tell_mounted()
 
     async def _read_pods(self) -> None:
         """The cache missed: read the node's pods once, briefly."""
@@ -380,6 +394,7 @@ class VolcanoPods:
             if _on(api.node, pod):
                 self._store(PodView.of(pod))
         self._taken = {uid: chips for uid, chips in self._taken.items() if uid in self._pods}
+        self._tell_mounted()
         return version
 
     async def _watch(self, api: KubeApi) -> None:
@@ -400,6 +415,7 @@ class VolcanoPods:
                         self._forget(view.uid)
                     else:
                         self._store(view)
+                        self._tell_mounted()
                     backoff.reset()
             except ApiUnavailable:
                 await anyio.sleep(backoff.next())

@@ -118,11 +118,12 @@ class ResourcePlugin:
         preference: Preference | None,
         container: ContainerBase,
         most_per_container: int | None = None,
+        listed: Mapping[str, Chip] | None = None,
     ) -> None:
         """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``container`` says
         what a container that gets some of them gets besides them; a container asking for more than
-        ``most_per_container`` devices is refused."""
-        self.service.publish(devices, preference, container, most_per_container)
+        ``most_per_container`` devices is refused. ``listed``: what the device list shows per ID instead."""
+        self.service.publish(devices, preference, container, most_per_container, listed)
 
     def set_serve_timeout(self, seconds: float) -> None:
         """How long serving may keep failing before the agent gives up (``serveTimeout``, live)."""

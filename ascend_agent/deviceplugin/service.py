@@ -112,6 +112,7 @@ class DevicePluginService:
         self.resource = resource
         self._on_stream_change = on_stream_change
         self._devices: dict[str, Chip] = {}
+        self._listed: dict[str, Chip] | None = None
         self._preference: Preference | None = None
         self._most_per_container: int | None = None
         self._container = ContainerBase()
@@ -157,10 +158,13 @@ class DevicePluginService:
         preference: Preference | None,
         container: ContainerBase,
         most_per_container: int | None = None,
+        listed: Mapping[str, Chip] | None = None,
     ) -> None:
         """Advertise ``devices`` (advertised ID -> chip); every stream gets the new list if it changed. A
         ``container`` unlike the last (what containers get changed) forgets every answer given. Allocate
         refuses a container request for more than ``most_per_container`` devices (failRequestsGreaterThanOne).
+        ``listed`` (the same IDs) is what ListAndWatch advertises instead, when it differs from the chips
+        Allocate hands over.
         """
         self._preference = preference
         self._most_per_container = most_per_container
@@ -168,10 +172,11 @@ class DevicePluginService:
         if container != self._container:
             self._container = container
             self._entries.clear()
-        if devices == self._devices and self._snapshot:
+        if devices == self._devices and listed == self._listed and self._snapshot:
             return
         self._devices = dict(devices)
-        self._snapshot = self._device_list.encode(devices)
+        self._listed = None if listed is None else dict(listed)
+        self._snapshot = self._device_list.encode(devices if listed is None else listed)
         self._entries.clear()
         changed, self._changed = self._changed, anyio.Event()
         changed.set()

@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ascend_agent.files import check_not_shared, make_dirs
+from ascend_agent.cdi import chip_edits
+from ascend_agent.files import replace_file
 from ascend_agent.model import Chip, ContainerSpec
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ def claim_spec(driver: str, uid: str, chips: Mapping[str, Chip], spec: Container
     ``spec`` is what Allocate gives for the same chips."""
     own = {chip.device_path for chip in chips.values()}
     devices = [
-        {"name": f"{uid}-{name}", "containerEdits": _device_edits(chip, spec)}
+        {"name": f"{uid}-{name}", "containerEdits": chip_edits(chip, spec)}
         for name, chip in sorted(chips.items(), key=lambda item: item[1].phys_id)
     ]
     edits: dict[str, Any] = {"env": [f"{key}={value}" for key, value in sorted(spec.envs.items())]}
@@ -102,19 +101,6 @@ def claim_spec(driver: str, uid: str, chips: Mapping[str, Chip], spec: Container
             for m in spec.mounts
         ]
     return {"cdiVersion": CDI_VERSION, "kind": cdi_kind(driver), "devices": devices, "containerEdits": edits}
-
-
-def _device_edits(chip: Chip, spec: ContainerSpec) -> dict[str, Any]:
-    """One chip's edits: its device node; in ``ascend-runtime`` mode, where the runtime adds the device nodes
-    itself, an environment variable naming the chip, because CDI refuses a device without edits."""
-    nodes = [
-        _node(n.host_path, n.container_path, n.permissions)
-        for n in spec.devices
-        if n.host_path == chip.device_path
-    ]
-    if nodes:
-        return {"deviceNodes": nodes}
-    return {"env": [f"ASCEND_CLAIMED_NPU_{chip.phys_id}={chip.phys_id}"]}
 
 
 def _node(host_path: str, container_path: str, permissions: str) -> dict[str, str]:
@@ -168,7 +154,7 @@ class Prepared:
         """Write the claim's CDI spec, then record it in the checkpoint (OSError when either fails; the spec
         is removed again when the checkpoint cannot be written)."""
         path = Path(claim.spec_path)
-        atomic_write(path, json.dumps(spec, indent=1))
+        replace_file(path, json.dumps(spec, indent=1))
         self._claims[claim.uid] = claim
         try:
             self._save()
@@ -194,29 +180,4 @@ class Prepared:
 
     def _save(self) -> None:
         document = {"version": CHECKPOINT_VERSION, "claims": [c.as_json() for c in self._claims.values()]}
-        atomic_write(self.checkpoint, json.dumps(document))
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text``: a temporary file in the same directory, flushed to disk, then renamed,
-    and the directory flushed too, so that after a power loss the file is either the old or the new one and
-    the rename itself is not lost; only in a directory no other user can change."""
-    make_dirs(path.parent, 0o755)
-    check_not_shared(path.parent)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+        replace_file(self.checkpoint, json.dumps(document))

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import anyio
 
@@ -216,6 +218,32 @@ def _refs(claims: Iterable[dra_v1.Claim | dra_v1beta1.Claim]) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
 
 
+def _prepare_answer(api: ModuleType, answers: Mapping[str, PreparedClaim | str]) -> Any:
+    """``answers`` as the NodePrepareResourcesResponse of ``api`` (v1 and v1beta1 share the messages)."""
+
+    def one(answer: PreparedClaim | str) -> Any:
+        if isinstance(answer, str):
+            return api.NodePrepareResourceResponse(error=answer)
+        devices = [
+            api.Device(
+                request_names=list(d.request_names),
+                pool_name=d.pool_name,
+                device_name=d.device_name,
+                cdi_device_ids=list(d.cdi_device_ids),
+            )
+            for d in answer.devices
+        ]
+        return api.NodePrepareResourceResponse(devices=devices)
+
+    return api.NodePrepareResourcesResponse(claims={uid: one(a) for uid, a in answers.items()})
+
+
+def _unprepare_answer(api: ModuleType, answers: Mapping[str, str]) -> Any:
+    return api.NodeUnprepareResourcesResponse(
+        claims={uid: api.NodeUnprepareResourceResponse(error=e) for uid, e in answers.items()}
+    )
+
+
 class _PluginV1(dra_v1.DraPluginBase):
     def __init__(self, service: DraService) -> None:
         self._service = service
@@ -223,33 +251,18 @@ class _PluginV1(dra_v1.DraPluginBase):
     async def node_prepare_resources(
         self, message: dra_v1.NodePrepareResourcesRequest
     ) -> dra_v1.NodePrepareResourcesResponse:
-        answers = await self._service.prepare(_refs(message.claims))
-        return dra_v1.NodePrepareResourcesResponse(
-            claims={
-                uid: dra_v1.NodePrepareResourceResponse(error=answer)
-                if isinstance(answer, str)
-                else dra_v1.NodePrepareResourceResponse(
-                    devices=[
-                        dra_v1.Device(
-                            request_names=list(d.request_names),
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=list(d.cdi_device_ids),
-                        )
-                        for d in answer.devices
-                    ]
-                )
-                for uid, answer in answers.items()
-            }
+        answer: dra_v1.NodePrepareResourcesResponse = _prepare_answer(
+            dra_v1, await self._service.prepare(_refs(message.claims))
         )
+        return answer
 
     async def node_unprepare_resources(
         self, message: dra_v1.NodeUnprepareResourcesRequest
     ) -> dra_v1.NodeUnprepareResourcesResponse:
-        answers = await self._service.unprepare(_refs(message.claims))
-        return dra_v1.NodeUnprepareResourcesResponse(
-            claims={uid: dra_v1.NodeUnprepareResourceResponse(error=e) for uid, e in answers.items()}
+        answer: dra_v1.NodeUnprepareResourcesResponse = _unprepare_answer(
+            dra_v1, await self._service.unprepare(_refs(message.claims))
         )
+        return answer
 
 
 class _PluginV1beta1(dra_v1beta1.DraPluginBase):
@@ -259,33 +272,18 @@ class _PluginV1beta1(dra_v1beta1.DraPluginBase):
     async def node_prepare_resources(
         self, message: dra_v1beta1.NodePrepareResourcesRequest
     ) -> dra_v1beta1.NodePrepareResourcesResponse:
-        answers = await self._service.prepare(_refs(message.claims))
-        return dra_v1beta1.NodePrepareResourcesResponse(
-            claims={
-                uid: dra_v1beta1.NodePrepareResourceResponse(error=answer)
-                if isinstance(answer, str)
-                else dra_v1beta1.NodePrepareResourceResponse(
-                    devices=[
-                        dra_v1beta1.Device(
-                            request_names=list(d.request_names),
-                            pool_name=d.pool_name,
-                            device_name=d.device_name,
-                            cdi_device_ids=list(d.cdi_device_ids),
-                        )
-                        for d in answer.devices
-                    ]
-                )
-                for uid, answer in answers.items()
-            }
+        answer: dra_v1beta1.NodePrepareResourcesResponse = _prepare_answer(
+            dra_v1beta1, await self._service.prepare(_refs(message.claims))
         )
+        return answer
 
     async def node_unprepare_resources(
         self, message: dra_v1beta1.NodeUnprepareResourcesRequest
     ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
-        answers = await self._service.unprepare(_refs(message.claims))
-        return dra_v1beta1.NodeUnprepareResourcesResponse(
-            claims={uid: dra_v1beta1.NodeUnprepareResourceResponse(error=e) for uid, e in answers.items()}
+        answer: dra_v1beta1.NodeUnprepareResourcesResponse = _unprepare_answer(
+            dra_v1beta1, await self._service.unprepare(_refs(message.claims))
         )
+        return answer
 
 
 class _Health(health_api.DraResourceHealthBase):

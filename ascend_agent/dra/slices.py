@@ -30,6 +30,7 @@ from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.writer import LatestWriter
 from ascend_agent.dra.devices import DeviceTaints, pool_slices
 from ascend_agent.model import Inventory
+from ascend_agent.naming import object_name
 
 log = logging.getLogger("ascend_agent.cluster")
 
@@ -47,8 +48,9 @@ def _generation(found: dict[str, Any]) -> int:
 
 
 def slice_name(node: str, driver: str, index: int) -> str:
-    """``<node>-<driver>-<index>``: a DNS subdomain as long as the node's name is one."""
-    return f"{node}-{driver}-{index}"
+    """``<node>-<driver>-<index>``: a DNS subdomain as long as the node's name is one; shortened with a hash
+    where a long node name would make it longer than an object name may be."""
+    return object_name(f"{node}-{driver}-{index}")
 
 
 class SlicePublisher:

@@ -119,6 +119,11 @@ def test_labels_set_on_start_and_follow_the_chip_set(
     assert len(patches) == 2, "one patch per chip set"
     assert all(set(p.data["metadata"]) == {"labels"} for p in patches)
 
+    agent.change(replicas=4)  # a config reload: the label follows the running setting
+    apiserver.wait_for(
+        lambda: _labels(apiserver), lambda got: got.get("huawei.com/npu.replicas") == "4", timeout=5
+    )
+
 
 def _series(device: str, namespace: str, pod: str, container: str) -> str:
     """The device_health series of ``device`` with its holder's labels (exposed in sorted order)."""

@@ -11,13 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import kubernetes_validate
 import pytest
+import yaml
 
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer
+from tests.support.cli import run_cli
 from tests.support.dra_kubelet import DraKubelet
 
 NODE = "node-1"
@@ -257,3 +260,59 @@ async def test_a_claim_read_once_is_prepared_while_the_api_server_hangs(
         assert (host.cdi / f"{DRIVER}-claim-{uid}.json").exists()
     finally:
         apiserver.behave()
+
+
+async def test_the_doctor_checks_the_dra_driver_not_the_device_plugin(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    host.start()
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    uid = _claim(apiserver, "train", ["npu-2", "npu-3"])
+    await kubelet.prepare([dra_v1.Claim(namespace="default", uid=uid, name="train")])
+    host.faults([3])
+    apiserver.wait_for(lambda: _devices(apiserver), lambda found: bool(found["npu-3"].get("taints")))
+    config = host.directory / "doctor.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "backend": "fake", "fakeChips": 4, "fakeModel": "910B3", "fakeState": str(host.state),
+                "kubeletDir": str(host.kubelet_dir), "cdiSpecDir": str(host.cdi), "metricsAddress": "",
+            }
+        )
+    )  # fmt: skip
+    result = await anyio.to_thread.run_sync(
+        lambda: run_cli(
+            "doctor",
+            "--json",
+            "--config",
+            str(config),
+            "--kubelet-api=dra",
+            f"--kubeconfig={apiserver.kubeconfig}",
+            f"--node-name={NODE}",
+            timeout=60,
+        )
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    checks = {check["check"]: check for check in json.loads(result.stdout)}
+    for skipped in ("kubelet socket", "plugin socket", "node capacity"):
+        assert checks[skipped]["ok"] is None and "DRA" in checks[skipped]["detail"], checks[skipped]
+    registration = checks["DRA registration socket"]
+    assert registration["ok"] is True, registration
+    assert (
+        f"DRAPlugin {DRIVER}, endpoint {host.directory}/kubelet/plugins/{DRIVER}/dra.sock"
+        in registration["detail"]
+    )
+    assert checks["DRA plugin socket"]["ok"] is True, checks["DRA plugin socket"]
+    claims = checks["prepared claims"]
+    assert claims["ok"] is False
+    assert claims["detail"].startswith(
+        "1 prepared: default/train (npu-2, npu-3); on Unhealthy chips: default/train on npu-3"
+    )
+    slices = checks["resource slices"]
+    assert slices["ok"] is True, slices
+    assert slices["detail"].startswith("1 slice, 4 chip devices; tainted: npu-3 (")
+    assert slices["detail"].endswith(", for 4 chips")
+    assert checks["daemonset"]["detail"] == "no DaemonSet ascend-dra-driver in kube-system"
+    assert checks["daemonset"]["hint"] == "kubectl apply -f examples/dra/daemonset.yaml"

@@ -247,6 +247,24 @@ def test_dra_mode() -> None:
     # The agent's lock directory is inside the plugins mount.
     assert "/var/lib/kubelet/plugins/ascend-agent" not in mounts
     assert "/var/lib/kubelet/pod-resources" in mounts
+    # The doctor in the pod reads this DaemonSet (its DRA-mode default is the example's name), as granted.
+    daemonset = _one(docs, "DaemonSet")["metadata"]
+    env = {e["name"]: e.get("value") for e in _container(docs)["env"]}
+    assert (env["ASCEND_AGENT_DAEMONSET_NAME"], env["ASCEND_AGENT_DAEMONSET_NAMESPACE"]) == (
+        daemonset["name"],
+        daemonset["namespace"],
+    )
+    rules = [
+        rule
+        for key, doc in docs.items()
+        if key[:2] == ("Role", daemonset["namespace"])
+        for rule in doc["rules"]
+    ]
+    assert {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [daemonset["name"]],
+            "verbs": ["get"]} in rules  # fmt: skip
+    assert _verbs(docs, "", "pods") == {"list"} and "list" in _verbs(
+        docs, "resource.k8s.io", "resourceslices"
+    )
 
 
 def test_no_cluster_mode() -> None:

@@ -9,10 +9,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import anyio
 import pytest
-from lightkube import ApiError
+from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 from prometheus_client import REGISTRY
@@ -231,7 +232,7 @@ def test_label_values_are_made_valid_or_skipped_with_one_warning(caplog: pytest.
     assert sanitise("x" * 70) == "x" * 63
     assert sanitise("24.1.RC2 (beta)") == "24.1.RC2--beta"
     assert sanitise("(!)") == ""
-    labels = NodeLabels(replicas=1)
+    labels = NodeLabels(replicas=lambda: 1)
     inventory = Inventory((Chip.make(0, "310P3"),), driver_version="((?))")
     for _ in range(2):
         labels.observe(inventory)
@@ -348,7 +349,7 @@ class _BrokenObserve:
 async def test_a_feature_failing_on_an_inventory_does_not_fail_the_reconcile(
     apiserver: ApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    labels = NodeLabels(1)
+    labels = NodeLabels(lambda: 1)
     side = ClusterSide(
         ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [_BrokenObserve(), labels]
     )
@@ -387,3 +388,23 @@ async def test_a_token_file_that_is_gone_is_an_outage_in_one_line(
     finally:
         await api.close()
     assert "Traceback" not in caplog.text
+
+
+async def test_close_gives_up_on_a_client_that_does_not_close() -> None:
+    """Shielded from the agent's stop, but not without end: a close that hangs is abandoned after the
+    request timeout (without the bound this test waits the whole 20 s and then fails)."""
+    abandoned = anyio.Event()
+
+    class HangingClose:
+        async def close(self) -> None:
+            try:
+                await anyio.sleep(20)
+            except anyio.get_cancelled_exc_class():
+                abandoned.set()
+                raise
+
+    api = KubeApi(cast(AsyncClient, HangingClose()), "node-1", "https://127.0.0.1:1", timeout=0.2)
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # the agent stopping: close still runs
+        await api.close()
+    assert abandoned.is_set()

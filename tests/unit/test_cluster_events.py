@@ -3,6 +3,7 @@ on the same object, and a flapping chip bounded to a handful of writes."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -149,3 +150,19 @@ async def test_a_chip_flapping_between_two_faults_makes_few_writes(apiserver: Ap
     await api.close()
     writes = [s for s in apiserver.seen() if s.resource == "events"]
     assert len(writes) <= 2, [(s.verb, s.data) for s in writes]
+
+
+async def test_an_event_of_a_long_node_name_has_a_valid_name(apiserver: ApiServer) -> None:
+    node = ".".join(["n" * 62] * 4) + "-x"  # 252 characters: a valid node name
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), node)
+    feature = NodeEvents(min_interval=0.5)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(feature.run, api)
+        feature.observe(_inventory(HEALTHY))
+        feature.observe(_inventory(FAULTY))
+        found = await _wait(apiserver, lambda: _by_reason(apiserver), lambda f: "NPUUnhealthy" in f)
+        tasks.cancel_scope.cancel()
+    await api.close()
+    name = found["NPUUnhealthy"][0]["metadata"]["name"]
+    assert len(name) <= 253 and re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name), name
+    assert found["NPUUnhealthy"][0]["involvedObject"]["name"] == node

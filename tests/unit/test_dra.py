@@ -29,12 +29,13 @@ from ascend_agent.dra.claims import (
     Prepared,
     PreparedClaim,
     PreparedDevice,
-    atomic_write,
     claim_spec,
 )
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
+from ascend_agent.dra.doctor import kubelet_checks
 from ascend_agent.dra.service import DraService
-from ascend_agent.dra.slices import ResourceSlice, SlicePublisher
+from ascend_agent.dra.slices import ResourceSlice, SlicePublisher, slice_name
+from ascend_agent.files import replace_file
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory
 from tests.support.apiserver import ApiServer
 
@@ -154,7 +155,7 @@ def test_the_checkpoint_is_on_disk_before_it_replaces_the_old_one(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    atomic_write(checkpoint, "new")
+    replace_file(checkpoint, "new")
     # the new text is flushed while the old file is still in place, then the rename is flushed
     assert flushed == [("file", "old"), ("directory", "new")]
 
@@ -336,3 +337,32 @@ def test_every_cdi_device_of_a_claim_has_edits(mode: str) -> None:
     spec = claim_spec("npu.huawei.com", "u1", chips, container_spec(list(chips.values()), base))
     assert all(any(device["containerEdits"].values()) for device in spec["devices"])
     assert "ASCEND_VISIBLE_DEVICES=0,1" in spec["containerEdits"]["env"]
+
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def test_slice_names_of_a_long_node_name_stay_valid_and_distinct() -> None:
+    node = ".".join(["n" * 62] * 4) + "-x"  # 252 characters: a valid node name
+    names = [slice_name(node, "npu.huawei.com", index) for index in range(12)]
+    assert all(len(name) <= 253 and _DNS_SUBDOMAIN.match(name) for name in names), names
+    assert len(set(names)) == len(names)
+    assert slice_name("node-1", "npu.huawei.com", 0) == "node-1-npu.huawei.com-0"
+
+
+async def test_the_doctor_says_what_is_missing_of_a_dra_driver(short_dir: Path) -> None:
+    settings = Settings(kubelet_dir=short_dir / "kubelet" / "device-plugins", kubelet_api="dra")
+    checkpoint = short_dir / "kubelet" / "plugins" / "npu.huawei.com" / "checkpoint.json"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text("not json")
+    checks = {check.check: check for check in await kubelet_checks(settings, None)}
+    for name, path in (
+        ("DRA registration socket", short_dir / "kubelet" / "plugins_registry" / "npu.huawei.com-reg.sock"),
+        ("DRA plugin socket", checkpoint.parent / "dra.sock"),
+    ):
+        assert (checks[name].ok, checks[name].detail) == (False, f"{path} does not exist")
+    assert checks["prepared claims"].ok is False
+    assert checks["prepared claims"].detail.startswith(f"{checkpoint} is not a checkpoint of prepared claims")
+    checkpoint.unlink()
+    (claims,) = [c for c in await kubelet_checks(settings, None) if c.check == "prepared claims"]
+    assert (claims.ok, claims.detail) == (True, f"none: no checkpoint {checkpoint} yet")

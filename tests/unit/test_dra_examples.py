@@ -72,3 +72,43 @@ def test_selectors_name_published_attributes() -> None:
         re.findall(r"matchAttribute: npu\.huawei\.com/(\w+)", text)
     )
     assert named and named <= published, named - published
+
+
+def _grants(namespace: str | None, group: str, resource: str, verb: str, name: str) -> bool:
+    """Whether the DaemonSet's ServiceAccount may make this request (the union of its roles' rules)."""
+    (daemonset,) = [d for _, d in DOCUMENTS if d["kind"] == "DaemonSet"]
+    account = {
+        "kind": "ServiceAccount",
+        "name": daemonset["spec"]["template"]["spec"]["serviceAccountName"],
+        "namespace": daemonset["metadata"]["namespace"],
+    }
+    roles = {(d["kind"], d["metadata"]["name"]): d for _, d in DOCUMENTS if d["kind"].endswith("Role")}
+    for _, binding in DOCUMENTS:
+        if not binding["kind"].endswith("RoleBinding") or account not in binding["subjects"]:
+            continue
+        if binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] != namespace:
+            continue
+        for rule in roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]["rules"]:
+            if (
+                group in rule["apiGroups"]
+                and resource in rule["resources"]
+                and verb in rule["verbs"]
+                and name in rule.get("resourceNames", [name])
+            ):
+                return True
+    return False
+
+
+def test_rbac_covers_the_doctors_reads_in_dra_mode() -> None:
+    from ascend_agent import naming
+
+    (daemonset,) = [d for _, d in DOCUMENTS if d["kind"] == "DaemonSet"]
+    assert daemonset["metadata"]["name"] == naming.DRA_DAEMONSET_NAME, "the doctor's default in DRA mode"
+    namespace = daemonset["metadata"]["namespace"]
+    assert namespace == naming.DAEMONSET_NAMESPACE
+    assert _grants(namespace, "apps", "daemonsets", "get", naming.DRA_DAEMONSET_NAME)
+    assert _grants(namespace, "", "pods", "list", "")
+    assert _grants(None, "resource.k8s.io", "resourceslices", "list", "")
+    assert _grants(None, "", "nodes", "get", "npu-node-1")
+    assert not _grants(namespace, "apps", "daemonsets", "get", "someone-else")
+    assert not _grants("default", "", "pods", "list", "")

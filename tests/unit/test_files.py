@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from ascend_agent import cdi
+from ascend_agent.backends._container import container_base
 from ascend_agent.config import ConfigError
 from ascend_agent.deviceplugin.service import DevicePluginService
 from ascend_agent.deviceplugin.transport import BoundedServer
 from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.instance import LOCK_FILE, exclusive
-from ascend_agent.model import Chip, ContainerBase
+from ascend_agent.model import Chip, ContainerBase, DeviceNode
 
 
 @pytest.fixture
@@ -78,3 +79,17 @@ async def test_the_cdi_spec_is_not_written_where_others_can_replace_it(short_dir
     with pytest.raises(PermissionError, match="make it 0755"):
         await cdi.write_spec(shared, cdi.build_spec(chips, ContainerBase()))
     assert not (shared / cdi.SPEC_FILE).exists()
+
+
+@pytest.mark.parametrize("mode", ["plain", "ascend-runtime"])
+def test_every_cdi_device_of_the_node_spec_has_edits(mode: str) -> None:
+    """CDI refuses a spec with a device without edits ("invalid device, empty device edits")."""
+    chips = [Chip.make(i, "910B4") for i in (0, 1)]
+    base = container_base(mode, [DeviceNode("/dev/davinci_manager", "/dev/davinci_manager")])
+    spec = cdi.build_spec(chips, base)
+    edits = [device["containerEdits"] for device in spec["devices"]]
+    assert all(any(edit.values()) for edit in edits), edits
+    if mode == "plain":
+        assert edits[1] == {"deviceNodes": [{"path": "/dev/davinci1", "permissions": "rw"}]}
+    else:
+        assert edits[1] == {"env": ["ASCEND_CLAIMED_NPU_1=1"]}
