@@ -72,9 +72,10 @@ class DraDriver:
         return (self.plugin.paths.socket.parent, self.plugin.paths.registration.parent)
 
     def publish(self, inventory: Inventory) -> None:
-        """The chips now; a claim's CDI spec holds what Allocate gives for its chips (no CDI names)."""
+        """The devices now (every vNPU, every chip not split into vNPUs); a claim's CDI spec holds what
+        Allocate gives for its devices (no CDI names)."""
         base = replace(inventory.container, cdi=False)
-        self.service.publish(inventory.chips, lambda chips: container_spec(chips, base))
+        self.service.publish(inventory.advertised, lambda chips: container_spec(chips, base))
 
     def poke(self) -> None:
         self.plugin.poke()

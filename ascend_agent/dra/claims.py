@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_agent.cdi import chip_edits
+from ascend_agent.dra.devices import device_order
 from ascend_agent.files import replace_file
 from ascend_agent.model import Chip, ContainerSpec
 
@@ -83,7 +84,7 @@ def claim_spec(driver: str, uid: str, chips: Mapping[str, Chip], spec: Container
     own = {chip.device_path for chip in chips.values()}
     devices = [
         {"name": f"{uid}-{name}", "containerEdits": chip_edits(chip, spec)}
-        for name, chip in sorted(chips.items(), key=lambda item: item[1].phys_id)
+        for name, chip in sorted(chips.items(), key=lambda item: device_order(item[1]))
     ]
     edits: dict[str, Any] = {"env": [f"{key}={value}" for key, value in sorted(spec.envs.items())]}
     shared = [

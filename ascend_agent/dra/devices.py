@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ascend_agent.allocation import Layout, topology_for
@@ -34,8 +34,21 @@ _AI_CORES = {"910B4": 20, "310P3": 8}
 
 
 def device_name(chip: Chip) -> str:
-    """The chip's device name in the pool (a DNS label): ``npu-<phys id>``."""
+    """The device name in the pool (a DNS label): ``npu-<phys id>`` for a chip, ``npu-<phys id>-vnpu-<vnpu
+    id>`` for a vNPU of it.
+
+    >>> from ascend_agent.model import VNpu
+    >>> device_name(Chip.make(3, "310P3")), device_name(Chip.make(3, "310P3").slice(VNpu(130, "vir02")))
+    ('npu-3', 'npu-3-vnpu-130')
+    """
+    if chip.vnpu is not None:
+        return f"npu-{chip.phys_id}-vnpu-{chip.vnpu.vnpu_id}"
     return f"npu-{chip.phys_id}"
+
+
+def device_order(chip: Chip) -> tuple[int, int]:
+    """Chips by physical id, each vNPU after the chip it is part of, by vNPU id."""
+    return (chip.phys_id, chip.vnpu.vnpu_id if chip.vnpu is not None else -1)
 
 
 def taint_key(driver: str) -> str:
@@ -100,6 +113,8 @@ def slice_device(
 ) -> dict[str, Any]:
     """One device of the slice: attributes Huawei's DeviceClasses select on (``deviceType``, ``physicId``),
     the topology (``numaNode``, ``hccsRing`` on 910A, ``moduleId`` on A3), ``memory`` and ``aiCores``."""
+    if chip.vnpu is not None:
+        return _vnpu_device(chip, taints)
     attributes: dict[str, dict[str, Any]] = {
         "deviceType": {"string": f"Ascend{chip.model}"[:_MAX_STRING]},
         "physicId": {"int": chip.phys_id},
@@ -137,6 +152,36 @@ def slice_device(
     return device
 
 
+def _vnpu_device(part: Chip, taints: DeviceTaints) -> dict[str, Any]:
+    """A vNPU as a device of its own: Huawei's vNPU type as ``deviceType``, its ``template``, ``vnpuId`` and
+    ``parent`` (the chip's device name), capacity from the template; tainted as its chip and its own status
+    make it (the backend folds both into its health)."""
+    assert part.vnpu is not None
+    attributes: dict[str, dict[str, Any]] = {
+        "deviceType": {"string": part.vnpu_type[:_MAX_STRING]},
+        "template": {"string": part.vnpu.template[:_MAX_STRING]},
+        "parent": {"string": device_name(replace(part, vnpu=None))},
+        "physicId": {"int": part.phys_id},
+        "vnpuId": {"int": part.vnpu.vnpu_id},
+        "model": {"string": part.model[:_MAX_STRING]},
+        "generation": {"string": part.generation.value},
+    }
+    if part.numa_node is not None:
+        attributes["numaNode"] = {"int": part.numa_node}
+    device: dict[str, Any] = {"name": device_name(part), "attributes": attributes}
+    capacity: dict[str, dict[str, str]] = {}
+    if part.vnpu.aicore is not None:
+        capacity["aiCores"] = {"value": str(part.vnpu.aicore)}
+    if part.vnpu.memory_gb is not None:
+        capacity["memory"] = {"value": f"{part.vnpu.memory_gb}Gi"}
+    if capacity:
+        device["capacity"] = capacity
+    part_taints = taints.for_chip(part)
+    if part_taints:
+        device["taints"] = part_taints
+    return device
+
+
 def _quantity(mib: int) -> str:
     """MiB as a Kubernetes quantity: ``64Gi`` when whole GiB, else ``<n>Mi``."""
     return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
@@ -144,8 +189,12 @@ def _quantity(mib: int) -> str:
 
 def pool_slices(inventory: Inventory, taints: DeviceTaints) -> list[dict[str, Any]]:
     """The ``spec.devices`` of each slice of the node's pool, in order; one slice unless there are more
-    devices than one may hold. Generation, names and counts are the publisher's."""
+    devices than one may hold. A chip split into vNPUs is published only as its vNPUs (never whole as
+    well). Generation, names and counts are the publisher's."""
     chips = tuple(sorted(inventory.chips, key=lambda c: c.phys_id))
-    devices = [slice_device(chip, chips, inventory.driver_version, taints) for chip in chips]
+    devices = [
+        slice_device(chip, chips, inventory.driver_version, taints)
+        for chip in sorted(inventory.advertised, key=device_order)
+    ]
     limit = MAX_DEVICES_WITH_TAINTS if any("taints" in d for d in devices) else MAX_DEVICES
     return [{"devices": devices[i : i + limit]} for i in range(0, len(devices), limit)] or [{"devices": []}]

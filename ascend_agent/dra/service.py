@@ -32,7 +32,7 @@ from ascend_agent.dra.claims import (
     claim_spec,
     spec_file_name,
 )
-from ascend_agent.dra.devices import device_name
+from ascend_agent.dra.devices import device_name, device_order
 from ascend_agent.model import Chip, ContainerSpec
 from ascend_agent.observability import log_fields
 
@@ -68,12 +68,13 @@ class DraService:
         self.health_streams = 0
 
     def publish(self, chips: Iterable[Chip], spec_for: SpecFor) -> None:
-        """The node's chips now and what a container that gets some of them needs. Never blocks."""
+        """The node's devices now (whole chips and vNPUs) and what a container that gets some of them needs.
+        Never blocks."""
         self._chips = {device_name(chip): chip for chip in chips}
         self._spec_for = spec_for
         health = tuple(
             (name, chip.healthy and not chip.held, _health_message(chip))
-            for name, chip in sorted(self._chips.items(), key=lambda item: item[1].phys_id)
+            for name, chip in sorted(self._chips.items(), key=lambda item: device_order(item[1]))
         )
         if health != self._health:
             self._health = health
@@ -138,7 +139,7 @@ class DraService:
                     device,
                     (cdi_device_id(self.driver, claim.uid, device),),
                 )
-                for device in sorted(chips, key=lambda name: chips[name].phys_id)
+                for device in sorted(chips, key=lambda name: device_order(chips[name]))
             ),
             spec_path=str(self.cdi_dir / spec_file_name(self.driver, claim.uid)),
         )

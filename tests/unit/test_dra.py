@@ -36,7 +36,7 @@ from ascend_agent.dra.doctor import kubelet_checks
 from ascend_agent.dra.service import DraService
 from ascend_agent.dra.slices import ResourceSlice, SlicePublisher, slice_name
 from ascend_agent.files import replace_file
-from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory
+from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory, VNpu
 from tests.support.apiserver import ApiServer
 
 KUBERNETES = "1.36"
@@ -99,6 +99,60 @@ def test_unhealthy_and_held_chips_are_tainted_with_a_valid_value() -> None:
         [{"key": "npu.huawei.com/unhealthy", "value": "held", "effect": "NoExecute"}],
     ]
     assert kubernetes_validate.validate(_slice(spec), KUBERNETES, strict=True) == KUBERNETES
+
+
+def test_a_chip_split_into_vnpus_is_published_only_as_its_vnpus() -> None:
+    chips = tuple(Chip.make(i, "310P3", numa_node=0, hbm_mb=24576) for i in range(2))
+    sick = chips[1].with_health(Health.UNHEALTHY, "npu-smi shows vNPU status fault")
+    vnpus = (
+        chips[0].slice(VNpu(101, "vir02", aicore=2, memory_gb=6)),
+        chips[0].slice(VNpu(100, "vir04_3c", aicore=4)),
+        sick.slice(VNpu(110, "vir02", aicore=2, memory_gb=6)),
+        chips[1].slice(VNpu(111, "vir02", aicore=2, memory_gb=6)),
+    )
+    (spec,) = pool_slices(Inventory(chips, vnpus=vnpus), TAINTS)
+    devices = {d["name"]: d for d in spec["devices"]}
+    assert list(devices) == ["npu-0-vnpu-100", "npu-0-vnpu-101", "npu-1-vnpu-110", "npu-1-vnpu-111"]
+    attributes = devices["npu-0-vnpu-101"]["attributes"]
+    assert {name: next(iter(value.values())) for name, value in attributes.items()} == {
+        "deviceType": "Ascend310P-2c",
+        "template": "vir02",
+        "parent": "npu-0",
+        "physicId": 0,
+        "vnpuId": 101,
+        "model": "310P3",
+        "generation": "310P",
+        "numaNode": 0,
+    }
+    assert devices["npu-0-vnpu-101"]["capacity"] == {"aiCores": {"value": "2"}, "memory": {"value": "6Gi"}}
+    assert devices["npu-0-vnpu-100"]["attributes"]["deviceType"] == {"string": "Ascend310P-4c.3cpu"}
+    assert devices["npu-0-vnpu-100"]["capacity"] == {"aiCores": {"value": "4"}}
+    assert devices["npu-1-vnpu-110"]["taints"] == [
+        {
+            "key": "npu.huawei.com/unhealthy",
+            "value": "npu-smi-shows-vNPU-status-fault",
+            "effect": "NoSchedule",
+        }
+    ]
+    assert "taints" not in devices["npu-1-vnpu-111"]
+    assert kubernetes_validate.validate(_slice(spec), KUBERNETES, strict=True) == KUBERNETES
+
+    (spec,) = pool_slices(Inventory(chips, vnpus=vnpus[2:]), TAINTS)
+    assert [d["name"] for d in spec["devices"]] == ["npu-0", "npu-1-vnpu-110", "npu-1-vnpu-111"]
+
+
+def test_a_vnpu_claim_gets_what_allocate_gives_for_the_vnpu() -> None:
+    part = Chip.make(1, "310P3").slice(VNpu(116, "vir04", aicore=4))
+    base = container_base("plain", ())
+    spec = claim_spec("npu.huawei.com", "uid-1", {"npu-1-vnpu-116": part}, container_spec([part], base))
+    (device,) = spec["devices"]
+    assert device == {
+        "name": "uid-1-npu-1-vnpu-116",
+        "containerEdits": {
+            "deviceNodes": [{"path": "/dev/davinci116", "permissions": "rw", "hostPath": "/dev/vdavinci116"}]
+        },
+    }
+    assert spec["containerEdits"]["env"] == ["ASCEND_RUNTIME_OPTIONS=VIRTUAL", "ASCEND_VISIBLE_DEVICES=116"]
 
 
 def test_a_pool_with_taints_is_split_at_64_devices_per_slice() -> None:
