@@ -197,6 +197,51 @@ async def test_registers_publishes_prepares_and_reports_health(host: _Host, apis
     assert not spec_file.exists()
 
 
+async def test_vnpus_are_devices_of_their_own_and_their_chip_is_not(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    host.start("--fake-model=310P3", "--fake-vnpus=0:vir02,0:vir04")
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER)
+    slices = apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    kubernetes_validate.validate(slices[0], KUBERNETES, strict=True)
+    devices = {d["name"]: d for d in slices[0]["spec"]["devices"]}
+    assert list(devices) == ["npu-0-vnpu-100", "npu-0-vnpu-101", "npu-1", "npu-2", "npu-3"]
+    vnpu = devices["npu-0-vnpu-101"]
+    assert vnpu["attributes"]["deviceType"] == {"string": "Ascend310P-4c"}
+    assert vnpu["attributes"]["template"] == {"string": "vir04"}
+    assert vnpu["attributes"]["parent"] == {"string": "npu-0"}
+    assert (vnpu["attributes"]["physicId"], vnpu["attributes"]["vnpuId"]) == ({"int": 0}, {"int": 101})
+    assert vnpu["capacity"]["aiCores"] == {"value": "4"}
+
+    uid = _claim(apiserver, "infer", ["npu-0-vnpu-101"])
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="infer")
+    prepared = (await kubelet.prepare([claim])).claims[uid]
+    assert prepared.error == ""
+    assert [list(d.cdi_device_ids) for d in prepared.devices] == [[f"{DRIVER}/claim={uid}-npu-0-vnpu-101"]]
+    cdi = json.loads((host.cdi / f"{DRIVER}-claim-{uid}.json").read_text())
+    (device,) = cdi["devices"]
+    assert device["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/davinci101", "permissions": "rw", "hostPath": "/dev/vdavinci101"}
+    ]
+    env = cdi["containerEdits"]["env"]
+    assert "ASCEND_VISIBLE_DEVICES=101" in env and "ASCEND_RUNTIME_OPTIONS=VIRTUAL" in env
+
+    # The vNPUs follow their chip's health, on the stream and as taints.
+    async with kubelet.watching() as updates:
+        await updates.wait_for(
+            lambda seen: seen.get("npu-0-vnpu-101", ("",))[0] == "HEALTHY", "npu-0-vnpu-101 HEALTHY"
+        )
+        assert "npu-0" not in updates.seen[-1]
+        host.faults([0])
+        await updates.wait_for(
+            lambda seen: seen["npu-0-vnpu-101"][0] == "UNHEALTHY", "npu-0-vnpu-101 UNHEALTHY", timeout=2.0
+        )
+        apiserver.wait_for(
+            lambda: _devices(apiserver)["npu-0-vnpu-100"], lambda d: "taints" in d, timeout=2.0
+        )
+
+
 async def test_a_restart_keeps_the_slices_and_unprepares_what_was_written(
     host: _Host, apiserver: ApiServer
 ) -> None:
