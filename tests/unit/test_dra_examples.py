@@ -14,7 +14,7 @@ import yaml
 
 from ascend_agent.config import DRA_API, SettingsSource
 from ascend_agent.dra.devices import DeviceTaints, pool_slices
-from ascend_agent.model import Chip, Inventory
+from ascend_agent.model import Chip, Inventory, VNpu
 from tests.support import ROOT
 
 KUBERNETES = "1.36"
@@ -59,19 +59,40 @@ def test_the_daemonset_runs_the_dra_driver(tmp_path: Path) -> None:
 def test_selectors_name_published_attributes() -> None:
     a3 = tuple(Chip.make(i, "910_9392", npu_id=i // 2, hbm_mb=65536) for i in range(4))
     rings = tuple(Chip.make(i, "910ProB") for i in range(8))
+    cards = tuple(Chip.make(i, "310P3") for i in range(2))
+    split = Inventory(cards, vnpus=(cards[0].slice(VNpu(100, "vir02", aicore=2, memory_gb=6)),))
     taints = DeviceTaints("npu.huawei.com", "NoSchedule")
     published = {
         name
-        for inventory in (Inventory(a3, driver_version="25.0.rc1.1"), Inventory(rings))
+        for inventory in (Inventory(a3, driver_version="25.0.rc1.1"), Inventory(rings), split)
         for spec in pool_slices(inventory, taints)
         for device in spec["devices"]
         for name in (*device["attributes"], *device.get("capacity", {}))
     }
     text = "\n".join(p.read_text(encoding="utf-8") for p in DRA.glob("*.yaml"))
-    named = set(re.findall(r'\["npu\.huawei\.com"\]\.(\w+)', text)) | set(
-        re.findall(r"matchAttribute: npu\.huawei\.com/(\w+)", text)
+    named = (
+        set(re.findall(r'\["npu\.huawei\.com"\]\.(\w+)', text))
+        | set(re.findall(r"matchAttribute: npu\.huawei\.com/(\w+)", text))
+        | set(re.findall(r'"(\w+)" in device\.attributes\["npu\.huawei\.com"\]', text))
     )
     assert named and named <= published, named - published
+
+
+def test_every_device_class_says_whether_it_takes_vnpus() -> None:
+    """A chip split into vNPUs is published as its vNPUs, which carry ``vnpuId``: a class standing for a
+    whole-chip resource (``huawei.com/Ascend910``) must not hand out a vNPU, one for a vNPU type
+    (``huawei.com/Ascend310P-2c``) nothing else."""
+    presence = '"vnpuId" in device.attributes["npu.huawei.com"]'
+    classes = [doc for _, doc in DOCUMENTS if doc["kind"] == "DeviceClass"]
+    for doc in classes:
+        (selector,) = doc["spec"]["selectors"]
+        expression = selector["cel"]["expression"]
+        assert presence in expression, doc["metadata"]["name"]
+        resource = doc["spec"].get("extendedResourceName")
+        if resource is not None:
+            whole = re.fullmatch(r"huawei\.com/Ascend\w+", resource) is not None
+            assert (f"!({presence})" in expression) == whole, doc["metadata"]["name"]
+    assert any("-" in d["spec"].get("extendedResourceName", "") for d in classes)
 
 
 def _grants(namespace: str | None, group: str, resource: str, verb: str, name: str) -> bool:
