@@ -8,6 +8,7 @@ Kubernetes API the node's ResourceSlices for the driver::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,7 +134,7 @@ def _checkpoint(path: Path, inventory: Inventory | None) -> Check:
         return Check(name, True, f"none ({path})")
     failing = {
         device_name(chip): chip.reason or "Unhealthy"
-        for chip in (inventory.chips if inventory is not None else ())
+        for chip in (inventory.advertised if inventory is not None else ())
         if not chip.healthy or chip.held
     }
     listed = "; ".join(
@@ -184,9 +185,7 @@ async def slices_check(api: KubeApi, driver: str, inventory: Inventory | None) -
             "the agent has not published its chips: see its log and /healthz (kubernetes api)",
         )
     devices: list[dict[str, Any]] = [d for s in slices for d in (s.get("spec") or {}).get("devices") or ()]
-    chip_devices = {
-        str(d.get("name")) for d in devices if str(d.get("name", "")).removeprefix("npu-").isdigit()
-    }
+    chip_devices = {str(d.get("name")) for d in devices if _OUR_DEVICE.fullmatch(str(d.get("name", "")))}
     tainted = [
         f"{d.get('name')} ({', '.join(str(t.get('value') or t.get('key')) for t in d['taints'])})"
         for d in devices
@@ -197,7 +196,8 @@ async def slices_check(api: KubeApi, driver: str, inventory: Inventory | None) -
         detail += f" and {len(devices) - len(chip_devices)} others"
     detail += f"; tainted: {', '.join(tainted)}" if tainted else ", none tainted"
     if inventory is not None:
-        chips = {device_name(chip) for chip in inventory.chips}
+        # A chip split into vNPUs is published as its vNPUs, not whole.
+        chips = {device_name(chip) for chip in inventory.advertised}
         missing, gone = sorted(chips - chip_devices), sorted(chip_devices - chips)
         if missing or gone:
             differ = [f"chips without a device: {', '.join(missing)}"] if missing else []
@@ -208,12 +208,16 @@ async def slices_check(api: KubeApi, driver: str, inventory: Inventory | None) -
                 f"{detail}; {'; '.join(differ)}",
                 "the slices are behind the chips: see the agent's log for ResourceSlice write failures",
             )
-        detail += f", for {_plural(chips, 'chip')}"
+        detail += f", for {_plural(inventory.chips, 'chip')}"
     if devices and len(tainted) == len(devices):
         return Check(
             name, False, detail, "every device is tainted: no claim can get one; see the checks above"
         )
     return Check(name, True, detail)
+
+
+# A chip's device (npu-3) or a vNPU's (npu-3-vnpu-130).
+_OUR_DEVICE = re.compile(r"npu-\d+(-vnpu-\d+)?")
 
 
 def _plural(items: Collection[object], word: str) -> str:

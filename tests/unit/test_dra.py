@@ -32,7 +32,7 @@ from ascend_agent.dra.claims import (
     claim_spec,
 )
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
-from ascend_agent.dra.doctor import kubelet_checks
+from ascend_agent.dra.doctor import kubelet_checks, slices_check
 from ascend_agent.dra.service import DraService
 from ascend_agent.dra.slices import ResourceSlice, SlicePublisher, slice_name
 from ascend_agent.files import replace_file
@@ -291,6 +291,23 @@ async def test_a_slice_deleted_by_hand_is_published_again_at_the_refresh(apiserv
     writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
     assert len(writes) == 2, "refreshes of an unchanged pool write nothing"
     await api.close()
+
+
+async def test_the_doctor_takes_a_chip_split_into_vnpus_for_its_vnpu_devices(apiserver: ApiServer) -> None:
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    chips = (Chip.make(0, "310P3"), Chip.make(1, "310P3"))
+    inventory = Inventory(chips, vnpus=(chips[0].slice(VNpu(100, "vir02", aicore=2)),))
+    (spec,) = pool_slices(inventory, TAINTS)
+    apiserver.put("resourceslices", _slice(spec))
+    check = await slices_check(api, "npu.huawei.com", inventory)
+    assert check.ok, check.detail
+    assert check.detail == "1 slice, 2 chip devices, none tainted, for 2 chips"
+    (spec,) = pool_slices(Inventory(chips), TAINTS)  # as published before the split
+    apiserver.put("resourceslices", _slice(spec))
+    check = await slices_check(api, "npu.huawei.com", inventory)
+    assert not check.ok
+    assert "chips without a device: npu-0-vnpu-100" in check.detail
+    assert "devices of no chip here: npu-0" in check.detail
 
 
 async def test_a_taint_says_since_when_and_keeps_that_time_across_a_restart(apiserver: ApiServer) -> None:
