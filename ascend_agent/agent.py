@@ -150,8 +150,8 @@ class Agent:
         # --volcano: the chips each pod got under the kubelet's IDs; the kubelet sees their health there.
         self.mounted = mounted
         if mounted is not None:
-            mounted.on_change = self.wake
-            self.holders.on_change = self.wake
+            mounted.on_change = self._wake_if_any_unhealthy
+            self.holders.on_change = self._wake_if_any_unhealthy
         self.held_devices: HeldDevices = held_devices or self._held_by_pods
         self._vnpu_pending = False
         self._vnpu_refused: tuple[str, ...] = ()
@@ -185,6 +185,13 @@ class Agent:
     def wake(self) -> None:
         """Ask for a reconcile soon; any number of calls before it runs make one reconcile."""
         self._wakeup.set()
+
+    def _wake_if_any_unhealthy(self) -> None:
+        """--volcano: which chip each ID shows changed. While every chip is Healthy every ID shows Healthy
+        whatever the mapping, so nothing the kubelet sees changes and a reconcile per Allocate is saved; the
+        next health change reconciles with the mapping of then."""
+        if any(not chip.healthy for chip in self.inventory.chips):
+            self.wake()
 
     def reload(self) -> None:
         """Re-read the config file and apply it (SIGHUP, or the file changed)."""

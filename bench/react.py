@@ -39,7 +39,8 @@ def main() -> None:
     with kubelet(api) as standin:
         state = standin.directory.parent / "state.json"
         state.write_text("{}")
-        agent = start_agent(standin.directory, "--fake-state", str(state))
+        # A fault and its recovery 60 times over is what the flap hold exists for: off, to time the events.
+        agent = start_agent(standin.directory, "--fake-state", str(state), "--flap-threshold", "0")
         try:
             standin.wait_registrations(1)
             restart, listed, deleted, fault, recovery = [], [], [], [], []

@@ -221,6 +221,7 @@ class VolcanoPods:
     ) -> None:
         # Told what the pods got whenever it may have changed: the health the kubelet sees follows it.
         self._mounted = mounted
+        self._mounted_told = True  # False while what the pods got changed since MountedChips was told
         self._tries = tries
         self._try_interval = try_interval
         self._chips: dict[str, Chip] = {}
@@ -237,6 +238,8 @@ class VolcanoPods:
     # what the agent calls -------------------------------------------------------------------------------
     def observe(self, inventory: Inventory) -> None:
         self._chips = {chip.device_id: chip for chip in inventory.chips}
+        if not self._mounted_told:
+            self._tell_mounted()
 
     async def remap(self, resource: str, containers: Sequence[Sequence[str]]) -> list[list[str]]:
         """The chips each container gets: Volcano's choice for the kubelet's IDs. Raises LookupError, with
@@ -250,7 +253,13 @@ class VolcanoPods:
         return [*self._taken.values(), *mounted_from(marked)]
 
     def _tell_mounted(self) -> None:
-        if self._mounted is not None:
+        """Tell the agent what the pods got. While every chip is Healthy every ID shows Healthy whatever
+        the mapping, so the telling waits for the next chip that is not (a pass over every pod per Allocate
+        saved); :meth:`observe` tells it then."""
+        if self._mounted is None:
+            return
+        self._mounted_told = any(not chip.healthy for chip in self._chips.values())
+        if self._mounted_told:
             self._mounted.update(self.mounted())
 
     def follow_mounted(self, holders: Holders) -> Holders:
