@@ -33,6 +33,8 @@ def _feed(fifo: Path, text: bytes, agent: AgentProcess) -> None:
             continue
         try:
             os.write(descriptor, text)
+        except BrokenPipeError:  # the reader closed between the open and the write: give it the next one
+            pass
         finally:
             os.close(descriptor)
 
