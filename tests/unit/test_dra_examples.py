@@ -16,6 +16,7 @@ from ascend_agent.config import DRA_API, SettingsSource
 from ascend_agent.dra.devices import DeviceTaints, pool_slices
 from ascend_agent.model import Chip, Inventory, VNpu
 from tests.support import ROOT
+from tests.support.rbac import grants
 
 KUBERNETES = "1.36"
 DRA = ROOT / "examples" / "dra"
@@ -96,28 +97,7 @@ def test_every_device_class_says_whether_it_takes_vnpus() -> None:
 
 
 def _grants(namespace: str | None, group: str, resource: str, verb: str, name: str) -> bool:
-    """Whether the DaemonSet's ServiceAccount may make this request (the union of its roles' rules)."""
-    (daemonset,) = [d for _, d in DOCUMENTS if d["kind"] == "DaemonSet"]
-    account = {
-        "kind": "ServiceAccount",
-        "name": daemonset["spec"]["template"]["spec"]["serviceAccountName"],
-        "namespace": daemonset["metadata"]["namespace"],
-    }
-    roles = {(d["kind"], d["metadata"]["name"]): d for _, d in DOCUMENTS if d["kind"].endswith("Role")}
-    for _, binding in DOCUMENTS:
-        if not binding["kind"].endswith("RoleBinding") or account not in binding["subjects"]:
-            continue
-        if binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] != namespace:
-            continue
-        for rule in roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]["rules"]:
-            if (
-                group in rule["apiGroups"]
-                and resource in rule["resources"]
-                and verb in rule["verbs"]
-                and name in rule.get("resourceNames", [name])
-            ):
-                return True
-    return False
+    return grants((doc for _, doc in DOCUMENTS), namespace, group, resource, verb, name)
 
 
 def test_rbac_covers_the_doctors_reads_in_dra_mode() -> None:

@@ -22,6 +22,7 @@ from typer.main import get_command
 from ascend_agent.cli import app
 from ascend_agent.config import Settings, SettingsSource, camel_case, read_config_file
 from tests.support import ROOT
+from tests.support.rbac import grants
 
 EXAMPLES = ROOT / "examples"
 CONFIG = EXAMPLES / "config.yaml"
@@ -420,26 +421,7 @@ def test_rbac_is_wired_to_the_service_account() -> None:
 
 
 def _grants(namespace: str | None, group: str, resource: str, verb: str, name: str) -> bool:
-    """Whether the ServiceAccount's bindings allow this request (RBAC's union of rules; no wildcards)."""
-    roles = {
-        (doc["kind"], doc["metadata"]["name"]): doc for _, doc in MANIFESTS if doc["kind"].endswith("Role")
-    }
-    for _, binding in MANIFESTS:
-        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
-            continue
-        scope = binding["metadata"].get("namespace")
-        if binding["kind"] == "RoleBinding" and scope != namespace:
-            continue
-        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
-        for rule in role["rules"]:
-            if (
-                group in rule["apiGroups"]
-                and resource in rule["resources"]
-                and verb in rule["verbs"]
-                and name in rule.get("resourceNames", [name])
-            ):
-                return True
-    return False
+    return grants((doc for _, doc in MANIFESTS), namespace, group, resource, verb, name)
 
 
 def test_rbac_covers_the_doctors_reads() -> None:
