@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup
 from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, VnpuLayoutBackend, backend_for
+from ascend_agent.backoff import Backoff
 from ascend_agent.config import (
     DRA_API,
     PLUGIN_WATCHER_REGISTRATION,
@@ -162,7 +163,7 @@ class Agent:
         self._reload = False
         self._last_reload = -math.inf
         self._cdi_problem = ""
-        self._cdi_retry = _CDI_RETRY_START
+        self._cdi_backoff = Backoff(_CDI_RETRY_START, _CDI_RETRY_CAP, jitter=False)
         self._cdi_retrying = False
         self._known_chips: set[str] = set()
         self._health: dict[str, tuple[Health, str]] = {}
@@ -595,7 +596,8 @@ class Agent:
             self._cdi_problem = problem
             self._retry_cdi()
             return
-        self._cdi_problem, self._cdi_retry = "", _CDI_RETRY_START
+        self._cdi_problem = ""
+        self._cdi_backoff.reset()
         self._cdi_document = document
         log.info("Wrote CDI spec %s with %d devices", path, len(document["devices"]))
 
@@ -604,7 +606,7 @@ class Agent:
         if self._cdi_retrying or self._tasks is None:
             return
         self._cdi_retrying = True
-        delay, self._cdi_retry = self._cdi_retry, min(self._cdi_retry * 2, _CDI_RETRY_CAP)
+        delay = self._cdi_backoff.next()
 
         async def retry() -> None:
             await anyio.sleep(delay)

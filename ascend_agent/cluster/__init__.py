@@ -31,7 +31,7 @@ How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSl
    ``writer.set(state)`` from ``observe``; ``writer.refresh()`` rewrites unchanged state (a periodic refresh,
    an object deleted by hand). For a watch, ``async for kind, obj in api.stream("pods",
    api.client.watch(Pod, ...))`` inside ``run`` (failures recorded as for ``call``), catching
-   ``ApiUnavailable`` and watching again after :class:`~ascend_agent.cluster.writer.Backoff`.
+   ``ApiUnavailable`` and watching again after :func:`~ascend_agent.cluster.writer.api_backoff`.
 4. Add the feature to :func:`_features` (and its RBAC to the README's cluster section). Patches are JSON merge
    patches (``PatchType.MERGE``): ``null`` removes a key, and the test API server understands them.
 

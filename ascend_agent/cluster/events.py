@@ -27,7 +27,7 @@ from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
-from ascend_agent.cluster.writer import Backoff
+from ascend_agent.cluster.writer import api_backoff
 from ascend_agent.model import Chip, Inventory
 from ascend_agent.naming import object_name
 
@@ -98,7 +98,7 @@ class NodeEvents:
 
     # writing it -----------------------------------------------------------------------------------------
     async def run(self, api: KubeApi) -> None:
-        backoff = Backoff()
+        backoff = api_backoff()
         while True:
             self._wake = anyio.Event()
             try:

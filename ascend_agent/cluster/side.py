@@ -41,9 +41,9 @@ class Feature(Protocol):
 async def _guarded(feature: Feature, api: KubeApi) -> None:
     """``feature.run``, started again after back-off if it ever fails: a bug in one cluster feature must not
     end the agent (the kubelet's side shares its task group)."""
-    from ascend_agent.cluster.writer import Backoff
+    from ascend_agent.cluster.writer import api_backoff
 
-    backoff = Backoff()
+    backoff = api_backoff()
     while True:
         try:
             await feature.run(api)

@@ -37,7 +37,7 @@ from lightkube.types import PatchType
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.deviceinfo import go_json
-from ascend_agent.cluster.writer import Backoff
+from ascend_agent.cluster.writer import api_backoff
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Generation, Inventory
 from ascend_agent.podresources import Holder, Holders
@@ -407,7 +407,7 @@ class VolcanoPods:
         return version
 
     async def _watch(self, api: KubeApi) -> None:
-        backoff = Backoff()
+        backoff = api_backoff()
         while True:
             try:
                 version = await self._list(api)
@@ -434,7 +434,7 @@ class VolcanoPods:
 
     # the pods' marks ---------------------------------------------------------------------------------------
     async def _write_patches(self, api: KubeApi) -> None:
-        backoff = Backoff()
+        backoff = api_backoff()
         while True:
             await self._patches.wake.wait()
             self._patches.wake = anyio.Event()

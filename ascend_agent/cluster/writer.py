@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 
 import anyio
 
+from ascend_agent.backoff import Backoff
 from ascend_agent.cluster.client import ApiUnavailable
 
 log = logging.getLogger("ascend_agent.cluster")
@@ -31,27 +32,16 @@ MAX_DELAY = 30.0
 _UNSET = object()
 
 
-class Backoff:
-    """Exponential back-off with jitter.
+def api_backoff(
+    first: float = FIRST_DELAY, cap: float = MAX_DELAY, rng: Callable[[], float] = random.random
+) -> Backoff:
+    """The cluster side's back-off: 0.5 s doubling to 30 s, with jitter.
 
-    >>> b = Backoff(first=1, cap=4, rng=lambda: 1.0)
+    >>> b = api_backoff(first=1, cap=4, rng=lambda: 1.0)
     >>> [b.next() for _ in range(4)]
     [1.0, 2.0, 4.0, 4.0]
     """
-
-    def __init__(
-        self, first: float = FIRST_DELAY, cap: float = MAX_DELAY, rng: Callable[[], float] = random.random
-    ) -> None:
-        self.first, self.cap, self._rng = first, cap, rng
-        self._step = first
-
-    def next(self) -> float:
-        step = self._step
-        self._step = min(self.cap, step * 2)
-        return step / 2 + self._rng() * step / 2
-
-    def reset(self) -> None:
-        self._step = self.first
+    return Backoff(first, cap, jitter=True, rng=rng)
 
 
 class LatestWriter(Generic[T]):
@@ -62,7 +52,7 @@ class LatestWriter(Generic[T]):
     ) -> None:
         self.name = name
         self._apply = apply
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff or api_backoff()
         self._desired: object = _UNSET
         self._written: object = _UNSET
         self._changed = anyio.Event()

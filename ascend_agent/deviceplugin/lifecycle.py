@@ -31,6 +31,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginOptions, DevicePluginStub, PreStartContainerRequest
+from ascend_agent.backoff import Backoff
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, RegistrationError, WatcherRegistration, register
 from ascend_agent.deviceplugin.service import DevicePluginService, Preference
@@ -63,18 +64,6 @@ def _retrieve(task: asyncio.Future[None]) -> None:
 
 class ServeFailed(Exception):
     """Serving kept failing for the whole ``serve_timeout``: the message says why, in one line."""
-
-
-class _Backoff:
-    def __init__(self) -> None:
-        self._next = BACKOFF_START
-
-    def next(self) -> float:
-        delay, self._next = self._next, min(self._next * 2, BACKOFF_CAP)
-        return delay
-
-    def reset(self) -> None:
-        self._next = BACKOFF_START
 
 
 class ResourcePlugin:
@@ -145,7 +134,7 @@ class ResourcePlugin:
 
     async def run(self) -> None:
         """Serve, register and keep it so until cancelled; then stop serving and remove our sockets."""
-        backoff = _Backoff()
+        backoff = Backoff(BACKOFF_START, BACKOFF_CAP, jitter=False)
         try:
             while True:
                 poked = self._poked = anyio.Event()
@@ -251,7 +240,7 @@ class ResourcePlugin:
             await server.shut()
 
     # registering ------------------------------------------------------------------------------------------
-    async def _keep_registered(self, backoff: _Backoff) -> float | None:
+    async def _keep_registered(self, backoff: Backoff) -> float | None:
         """Register when this kubelet has not got us, or its stream is gone past the grace; the seconds until
         the next look (None: only when poked)."""
         kubelet = socket_identity(self._kubelet_socket)

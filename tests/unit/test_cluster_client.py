@@ -23,7 +23,7 @@ from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, Kub
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.labels import NodeLabels, node_labels, sanitise
 from ascend_agent.cluster.side import ClusterSide
-from ascend_agent.cluster.writer import Backoff, LatestWriter
+from ascend_agent.cluster.writer import LatestWriter, api_backoff
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.model import Chip, Inventory
 from tests.support.apiserver import ApiServer
@@ -183,7 +183,7 @@ async def test_not_found_is_an_answer_not_an_outage(apiserver: ApiServer) -> Non
 
 
 def test_backoff_doubles_to_the_cap_with_jitter_and_resets() -> None:
-    low, high = Backoff(rng=lambda: 0.0), Backoff(rng=lambda: 0.999999)
+    low, high = api_backoff(rng=lambda: 0.0), api_backoff(rng=lambda: 0.999999)
     lows = [low.next() for _ in range(10)]
     highs = [high.next() for _ in range(10)]
     assert lows[:3] == [0.25, 0.5, 1.0] and lows[-1] == 15.0
@@ -204,7 +204,7 @@ async def test_writer_writes_the_newest_state_and_retries_until_it_lands(apiserv
         if count == 99:
             written.set()
 
-    writer: LatestWriter[int] = LatestWriter("labels", apply, Backoff(first=0.05, cap=0.1))
+    writer: LatestWriter[int] = LatestWriter("labels", apply, api_backoff(first=0.05, cap=0.1))
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(writer.run)
