@@ -264,9 +264,8 @@ class VolcanoPods:
     def follow_mounted(self, holders: Holders) -> Holders:
         """``holders`` (the kubelet's PodResources view, by its IDs) by the chips really mounted; computed
         again only when the holders or the pods changed."""
-        key = (holders, self._version)
         if self._followed is None or self._followed[0] is not holders or self._followed[1] != self._version:
-            self._followed = (*key, follow_mounted(holders, self.mounted()))
+            self._followed = (holders, self._version, follow_mounted(holders, self.mounted()))
         return self._followed[2]
 
     async def run(self, api: KubeApi) -> None:
