@@ -76,9 +76,8 @@ VolcanoRemapper = Callable[[str, Sequence[Sequence[str]]], Awaitable[list[list[s
 log = logging.getLogger("ascend_agent.cluster")
 
 # An Allocate that comes while the cluster side is still loading waits this long for it (as long as the tries
-# for a pod take), looking every _STARTING_POLL seconds.
+# for a pod take).
 _STARTING_WAIT = 3.0
-_STARTING_POLL = 0.05
 
 
 def open_side(
@@ -152,11 +151,10 @@ def volcano_remapper(side: ClusterSide | None, settings: Settings) -> VolcanoRem
         return None
 
     async def remap(resource: str, containers: Sequence[Sequence[str]]) -> list[list[str]]:
-        pods = _volcano_pods(side)
         with anyio.move_on_after(_STARTING_WAIT):
-            while pods is None:  # the client and the features load in a thread after the first registration
-                await anyio.sleep(_STARTING_POLL)
-                pods = _volcano_pods(side)
+            # the client and the features load in a thread after the first registration
+            await side.wait_loaded()
+        pods = _volcano_pods(side)
         if pods is None:
             raise LookupError(
                 f"the cluster side has not started within {_STARTING_WAIT:g} s: Volcano's choice of chips is "

@@ -10,7 +10,6 @@ line saying it works again.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from prometheus_client import Gauge
@@ -47,11 +46,9 @@ class ApiHealth:
         self.server = server
         self._failing: dict[str, Failure] = {}
         self._asked = False
-        self.last_success: float | None = None
 
     def record_success(self, channel: str) -> None:
         self._asked = True
-        self.last_success = time.monotonic()
         failure = self._failing.pop(channel, None)
         if failure is not None:
             log.info("Kubernetes API: %s works again", channel)

@@ -73,6 +73,7 @@ class ClusterSide:
         self.features: tuple[Feature, ...] = ()
         self._latest: Inventory | None = None
         self._failed: str | None = None
+        self._loaded: anyio.Event | None = None  # made by the first wait_loaded, set by run
 
     def observe(self, inventory: Inventory) -> None:
         """Hand ``inventory`` to every feature. Called in the agent's reconcile: a feature that fails here is
@@ -91,6 +92,15 @@ class ClusterSide:
 
         return ApiState(None, f"off: {self._failed}" if self._failed else "starting")
 
+    async def wait_loaded(self) -> None:
+        """Return once :meth:`run` has loaded the features; the caller bounds the wait (a client that cannot
+        connect loads none)."""
+        if self.api is not None:
+            return
+        if self._loaded is None:
+            self._loaded = anyio.Event()
+        await self._loaded.wait()
+
     def _load(self) -> tuple[KubeApi, tuple[Feature, ...]]:
         from ascend_agent.cluster.client import KubeApi
 
@@ -106,6 +116,8 @@ class ClusterSide:
             log.error("Cluster side off: %s", exc)
             return
         self.api, self.features = api, features
+        if self._loaded is not None:
+            self._loaded.set()
         log.info(
             "Cluster side on: %s, node %s, API server %s",
             self.target.describe(),

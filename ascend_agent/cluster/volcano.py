@@ -128,9 +128,8 @@ def mounted_from(pods: Iterable[PodView]) -> list[Mounted]:
 
 async def node_pods(api: KubeApi) -> list[PodView]:
     """The pods bound to the agent's node, read once."""
-    listing = api.client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": api.node})
-    pods, _ = await api.call("list", "pods", _collect(listing))
-    return [PodView.of(pod) for pod in pods if _on(api.node, pod)]
+    pods, _ = await _listed(api)
+    return pods
 
 
 def follow_mounted(holders: Holders, mounted: Iterable[Mounted]) -> Holders:
@@ -265,9 +264,8 @@ class VolcanoPods:
     def follow_mounted(self, holders: Holders) -> Holders:
         """``holders`` (the kubelet's PodResources view, by its IDs) by the chips really mounted; computed
         again only when the holders or the pods changed."""
-        key = (holders, self._version)
         if self._followed is None or self._followed[0] is not holders or self._followed[1] != self._version:
-            self._followed = (*key, follow_mounted(holders, self.mounted()))
+            self._followed = (holders, self._version, follow_mounted(holders, self.mounted()))
         return self._followed[2]
 
     async def run(self, api: KubeApi) -> None:
@@ -392,16 +390,10 @@ class VolcanoPods:
     # the cache -------------------------------------------------------------------------------------------
     async def _list(self, api: KubeApi) -> str | None:
         """Replace the cache with the node's pods; the list's resourceVersion."""
-        found = await api.call(
-            "list",
-            "pods",
-            _collect(api.client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": api.node})),
-        )
-        pods, version = found
+        pods, version = await _listed(api)
         self._pods, self._queues = {}, {}
         for pod in pods:
-            if _on(api.node, pod):
-                self._store(PodView.of(pod))
+            self._store(pod)
         self._taken = {uid: chips for uid, chips in self._taken.items() if uid in self._pods}
         self._tell_mounted()
         return version
@@ -465,6 +457,13 @@ def _queue(pods: Iterable[PodView], resource: str, count: int) -> list[tuple[int
     ]
     heapq.heapify(queue)
     return queue
+
+
+async def _listed(api: KubeApi) -> tuple[list[PodView], str | None]:
+    """The pods bound to the agent's node, and the list's resourceVersion."""
+    listing = api.client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": api.node})
+    pods, version = await api.call("list", "pods", _collect(listing))
+    return [PodView.of(pod) for pod in pods if _on(api.node, pod)], version
 
 
 async def _collect(pods: Any) -> tuple[list[Pod], str | None]:

@@ -346,6 +346,18 @@ class _BrokenObserve:
         await anyio.sleep_forever()
 
 
+async def test_wait_loaded_returns_once_the_features_are_loaded(apiserver: ApiServer) -> None:
+    feature = _BrokenObserve()
+    side = ClusterSide(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [feature])
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(side.run)
+        with anyio.fail_after(10):
+            await side.wait_loaded()
+            assert side.features == (feature,)
+            await side.wait_loaded()  # loaded already: returns at once
+        tasks.cancel_scope.cancel()
+
+
 async def test_a_feature_failing_on_an_inventory_does_not_fail_the_reconcile(
     apiserver: ApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -356,8 +368,7 @@ async def test_a_feature_failing_on_an_inventory_does_not_fail_the_reconcile(
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(side.run)
         with anyio.fail_after(10):
-            while not side.features:
-                await anyio.sleep(0.01)
+            await side.wait_loaded()
         side.observe(Inventory((Chip.make(0, "910B4"),)))
         tasks.cancel_scope.cancel()
     got_it = labels._pending if labels._writer is None else labels._writer._desired
