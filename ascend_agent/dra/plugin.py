@@ -21,9 +21,8 @@ import anyio
 
 from ascend_agent.config import Settings
 from ascend_agent.deviceplugin.kubelet import WatcherRegistration
-from ascend_agent.deviceplugin.transport import SocketIdentity, socket_identity
+from ascend_agent.deviceplugin.transport import BoundedServer, SocketIdentity, socket_identity
 from ascend_agent.dra.service import DraService
-from ascend_agent.dra.serving import GrpcServer
 from ascend_agent.files import make_dirs
 from ascend_agent.observability import REGISTRATIONS, log_fields
 
@@ -61,7 +60,7 @@ class DraPlugin:
     def __init__(self, paths: DraPaths, service: DraService) -> None:
         self.paths = paths
         self.service = service
-        self._servers: list[tuple[GrpcServer, Path, SocketIdentity]] = []
+        self._servers: list[tuple[BoundedServer, Path, SocketIdentity]] = []
         self._poked = anyio.Event()
         self._registered = False
         self._problem = "not served yet"
@@ -118,7 +117,7 @@ class DraPlugin:
                 ([registration], self.paths.registration),
             ]
             for handlers, path in served:
-                server = GrpcServer(handlers)
+                server = BoundedServer(handlers)
                 self._servers.append((server, path, await server.serve(path)))
         except OSError as exc:
             self._problem = f"cannot serve on {path}: {exc.strerror or exc}"
