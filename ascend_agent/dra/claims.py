@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,8 +23,6 @@ from ascend_agent.cdi import CDI_VERSION, chip_edits, shared_edits
 from ascend_agent.dra.devices import device_order
 from ascend_agent.files import replace_file
 from ascend_agent.model import Chip, ContainerSpec
-
-log = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 1
 
