@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_agent.cdi import CDI_VERSION, chip_edits, shared_edits
-from ascend_agent.dra.devices import device_order
+from ascend_agent.container import device_order
 from ascend_agent.files import replace_file
 from ascend_agent.model import Chip, ContainerSpec
 
