@@ -118,6 +118,7 @@ class DraService:
             raise ClaimError("the chips are not discovered yet; the kubelet retries")
         allocated = await self._reader.allocated(claim)
         chips: dict[str, Chip] = {}
+        requests: dict[str, list[str]] = {}
         for result in allocated:
             chip = self._chips.get(result.device)
             if chip is None:
@@ -126,8 +127,6 @@ class DraService:
                     f"(devices here: {', '.join(self._chips) or 'none'})"
                 )
             chips[result.device] = chip
-        requests: dict[str, list[str]] = {}
-        for result in allocated:
             requests.setdefault(result.device, []).append(result.request)
         prepared = PreparedClaim(
             uid=claim.uid,
