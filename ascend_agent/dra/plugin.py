@@ -24,7 +24,7 @@ from ascend_agent.deviceplugin.kubelet import WatcherRegistration
 from ascend_agent.deviceplugin.transport import BoundedServer, SocketIdentity, socket_identity
 from ascend_agent.dra.service import DraService
 from ascend_agent.files import make_dirs
-from ascend_agent.observability import REGISTRATIONS, log_fields
+from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class DraPlugin:
         self._poked = anyio.Event()
         self._registered = False
         self._problem = "not served yet"
-        self._logged = ""
+        self._serving_problem = ProblemLog()
         self.on_registered: Callable[[], None] = lambda: None
 
     def poke(self) -> None:
@@ -121,8 +121,7 @@ class DraPlugin:
                 self._servers.append((server, path, await server.serve(path)))
         except OSError as exc:
             self._problem = f"cannot serve on {path}: {exc.strerror or exc}"
-            if self._problem != self._logged:
-                self._logged = self._problem
+            if self._serving_problem.changed(self._problem):
                 log.error("DRA driver %s: %s", self.service.driver, self._problem)
             await self._stop()
             return False
@@ -147,7 +146,8 @@ class DraPlugin:
         driver = self.service.driver
         if registered:
             self._registered = True
-            self._problem = self._logged = ""
+            self._problem = ""
+            self._serving_problem.clear()
             REGISTRATIONS.labels(resource=driver).inc()
             self.on_registered()
             log.info("Registered DRA driver %s", driver, extra=log_fields(resource=driver))
