@@ -37,15 +37,29 @@ def build_spec(chips: Sequence[Chip], container: ContainerBase) -> dict[str, Any
         spec = container_spec([chip], container)
         devices.append({"name": chip.device_id, "containerEdits": chip_edits(chip, spec)})
         shared = shared or spec
+    edits = shared_edits(shared, {chip.device_path for chip in chips}) if shared is not None else {}
+    document: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices}
+    if edits:
+        document["containerEdits"] = edits
+    return document
+
+
+def shared_edits(spec: ContainerSpec, chip_paths: set[str]) -> dict[str, Any]:
+    """The CDI edits of ``spec`` that are not one chip's: its other device nodes and its mounts (either left
+    out when there are none)::
+
+        shared_edits(spec, {"/dev/davinci0"})  # {"deviceNodes": [{"path": "/dev/davinci_manager", ...}]}
+    """
     edits: dict[str, Any] = {}
-    if shared is not None:
-        chip_paths = {chip.device_path for chip in chips}
-        nodes = [
-            _node(n.host_path, n.container_path, n.permissions)
-            for n in shared.devices
-            if n.host_path not in chip_paths
-        ]
-        mounts = [
+    nodes = [
+        _node(n.host_path, n.container_path, n.permissions)
+        for n in spec.devices
+        if n.host_path not in chip_paths
+    ]
+    if nodes:
+        edits["deviceNodes"] = nodes
+    if spec.mounts:
+        edits["mounts"] = [
             {
                 "hostPath": mount.host_path,
                 "containerPath": mount.container_path,
@@ -53,16 +67,9 @@ def build_spec(chips: Sequence[Chip], container: ContainerBase) -> dict[str, Any
                 if mount.read_only
                 else ["nosuid", "nodev", "bind"],
             }
-            for mount in shared.mounts
+            for mount in spec.mounts
         ]
-        if nodes:
-            edits["deviceNodes"] = nodes
-        if mounts:
-            edits["mounts"] = mounts
-    document: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": devices}
-    if edits:
-        document["containerEdits"] = edits
-    return document
+    return edits
 
 
 def chip_edits(chip: Chip, spec: ContainerSpec) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def container_spec(chips: Sequence[Chip], base: ContainerBase) -> ContainerSpec:
     >>> [(d.host_path, d.container_path) for d in spec.devices]
     [('/dev/vdavinci116', '/dev/davinci116')]
     """
-    ordered = sorted(chips, key=lambda chip: (chip.phys_id, chip.vnpu.vnpu_id if chip.vnpu else -1))
+    ordered = sorted(chips, key=device_order)
     envs = {
         VISIBLE_DEVICES_ENV: ",".join(
             str(chip.vnpu.vnpu_id if chip.vnpu else chip.phys_id) for chip in ordered
@@ -49,6 +49,11 @@ def container_spec(chips: Sequence[Chip], base: ContainerBase) -> ContainerSpec:
     return ContainerSpec(
         envs=envs, devices=(*chip_nodes, *base.devices), mounts=base.mounts, cdi_devices=cdi_devices
     )
+
+
+def device_order(chip: Chip) -> tuple[int, int]:
+    """Chips by physical id, each vNPU after the chip it is part of, by vNPU id."""
+    return (chip.phys_id, chip.vnpu.vnpu_id if chip.vnpu is not None else -1)
 
 
 def _container_path(chip: Chip) -> str:

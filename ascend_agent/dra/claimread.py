@@ -70,7 +70,6 @@ class ClaimReader:
         self.driver = driver
         self.pool = pool
         self._known: OrderedDict[str, tuple[Allocated, ...]] = OrderedDict()
-        self.reads = 0
 
     async def allocated(self, claim: ClaimRef) -> tuple[Allocated, ...]:
         """This driver's devices in ``claim``'s allocation on this node; ClaimError when there is none."""
@@ -85,7 +84,6 @@ class ClaimReader:
 
         from ascend_agent.cluster.client import ApiUnavailable
 
-        self.reads += 1
         try:
             found = await api.call(
                 "get",
@@ -121,6 +119,3 @@ class ClaimReader:
                 f"ResourceClaim {claim} has no device of driver {self.driver} in pool {self.pool}"
             )
         return results
-
-    def forget(self, uid: str) -> None:
-        self._known.pop(uid, None)

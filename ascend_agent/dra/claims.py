@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ascend_agent.cdi import chip_edits
-from ascend_agent.dra.devices import device_order
+from ascend_agent.cdi import CDI_VERSION, chip_edits, shared_edits
+from ascend_agent.container import device_order
 from ascend_agent.files import replace_file
 from ascend_agent.model import Chip, ContainerSpec
 
-log = logging.getLogger(__name__)
-
-CDI_VERSION = "0.6.0"
 CHECKPOINT_VERSION = 1
 
 
@@ -86,29 +82,11 @@ def claim_spec(driver: str, uid: str, chips: Mapping[str, Chip], spec: Container
         {"name": f"{uid}-{name}", "containerEdits": chip_edits(chip, spec)}
         for name, chip in sorted(chips.items(), key=lambda item: device_order(item[1]))
     ]
-    edits: dict[str, Any] = {"env": [f"{key}={value}" for key, value in sorted(spec.envs.items())]}
-    shared = [
-        _node(n.host_path, n.container_path, n.permissions) for n in spec.devices if n.host_path not in own
-    ]
-    if shared:
-        edits["deviceNodes"] = shared
-    if spec.mounts:
-        edits["mounts"] = [
-            {
-                "hostPath": m.host_path,
-                "containerPath": m.container_path,
-                "options": ["ro", "nosuid", "nodev", "bind"] if m.read_only else ["nosuid", "nodev", "bind"],
-            }
-            for m in spec.mounts
-        ]
+    edits = {
+        "env": [f"{key}={value}" for key, value in sorted(spec.envs.items())],
+        **shared_edits(spec, own),
+    }
     return {"cdiVersion": CDI_VERSION, "kind": cdi_kind(driver), "devices": devices, "containerEdits": edits}
-
-
-def _node(host_path: str, container_path: str, permissions: str) -> dict[str, str]:
-    node = {"path": container_path, "permissions": permissions}
-    if host_path != container_path:
-        node["hostPath"] = host_path
-    return node
 
 
 class CheckpointError(Exception):

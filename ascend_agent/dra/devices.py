@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ascend_agent.allocation import Layout, topology_for
+from ascend_agent.container import device_order
 from ascend_agent.model import Chip, Inventory
 
 # resource.k8s.io/v1: at most 128 devices per slice, 64 when any device has taints.
@@ -44,11 +45,6 @@ def device_name(chip: Chip) -> str:
     if chip.vnpu is not None:
         return f"npu-{chip.phys_id}-vnpu-{chip.vnpu.vnpu_id}"
     return f"npu-{chip.phys_id}"
-
-
-def device_order(chip: Chip) -> tuple[int, int]:
-    """Chips by physical id, each vNPU after the chip it is part of, by vNPU id."""
-    return (chip.phys_id, chip.vnpu.vnpu_id if chip.vnpu is not None else -1)
 
 
 def taint_key(driver: str) -> str:

@@ -21,11 +21,10 @@ import anyio
 
 from ascend_agent.config import Settings
 from ascend_agent.deviceplugin.kubelet import WatcherRegistration
-from ascend_agent.deviceplugin.transport import SocketIdentity, socket_identity
+from ascend_agent.deviceplugin.transport import BoundedServer, SocketIdentity, socket_identity
 from ascend_agent.dra.service import DraService
-from ascend_agent.dra.serving import GrpcServer
 from ascend_agent.files import make_dirs
-from ascend_agent.observability import REGISTRATIONS, log_fields
+from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +60,11 @@ class DraPlugin:
     def __init__(self, paths: DraPaths, service: DraService) -> None:
         self.paths = paths
         self.service = service
-        self._servers: list[tuple[GrpcServer, Path, SocketIdentity]] = []
+        self._servers: list[tuple[BoundedServer, Path, SocketIdentity]] = []
         self._poked = anyio.Event()
         self._registered = False
         self._problem = "not served yet"
-        self._logged = ""
+        self._serving_problem = ProblemLog()
         self.on_registered: Callable[[], None] = lambda: None
 
     def poke(self) -> None:
@@ -118,12 +117,11 @@ class DraPlugin:
                 ([registration], self.paths.registration),
             ]
             for handlers, path in served:
-                server = GrpcServer(handlers)
+                server = BoundedServer(handlers)
                 self._servers.append((server, path, await server.serve(path)))
         except OSError as exc:
             self._problem = f"cannot serve on {path}: {exc.strerror or exc}"
-            if self._problem != self._logged:
-                self._logged = self._problem
+            if self._serving_problem.changed(self._problem):
                 log.error("DRA driver %s: %s", self.service.driver, self._problem)
             await self._stop()
             return False
@@ -148,7 +146,8 @@ class DraPlugin:
         driver = self.service.driver
         if registered:
             self._registered = True
-            self._problem = self._logged = ""
+            self._problem = ""
+            self._serving_problem.clear()
             REGISTRATIONS.labels(resource=driver).inc()
             self.on_registered()
             log.info("Registered DRA driver %s", driver, extra=log_fields(resource=driver))

@@ -23,6 +23,7 @@ import anyio
 from ascend_agent._proto import v1 as health_api
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from ascend_agent.container import device_order
 from ascend_agent.dra.claimread import ClaimError, ClaimReader, ClaimRef
 from ascend_agent.dra.claims import (
     Prepared,
@@ -32,7 +33,7 @@ from ascend_agent.dra.claims import (
     claim_spec,
     spec_file_name,
 )
-from ascend_agent.dra.devices import device_name, device_order
+from ascend_agent.dra.devices import device_name
 from ascend_agent.model import Chip, ContainerSpec
 from ascend_agent.observability import log_fields
 
@@ -117,6 +118,7 @@ class DraService:
             raise ClaimError("the chips are not discovered yet; the kubelet retries")
         allocated = await self._reader.allocated(claim)
         chips: dict[str, Chip] = {}
+        requests: dict[str, list[str]] = {}
         for result in allocated:
             chip = self._chips.get(result.device)
             if chip is None:
@@ -125,8 +127,6 @@ class DraService:
                     f"(devices here: {', '.join(self._chips) or 'none'})"
                 )
             chips[result.device] = chip
-        requests: dict[str, list[str]] = {}
-        for result in allocated:
             requests.setdefault(result.device, []).append(result.request)
         prepared = PreparedClaim(
             uid=claim.uid,
