@@ -73,7 +73,8 @@ async def wait_for(directories: Sequence[Path], on_wait: Callable[[Path | None],
             if missing is None:
                 break
             if missing != waited:
-                log.warning("%s", waiting_reason(missing)[0].upper() + waiting_reason(missing)[1:])
+                reason = waiting_reason(missing)
+                log.warning("%s", reason[0].upper() + reason[1:])
                 on_wait(missing)
                 waited = missing
             await watcher.next_batch()

@@ -110,8 +110,8 @@ def configure_logging(level: str, log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # httpx logs every request of the cluster side at info.
-    for noisy in ("grpclib", "hpack", "h2", "httpx", "httpx2", "httpcore", "httpcore2"):
+    # httpx2 logs every request of the cluster side at info.
+    for noisy in ("grpclib", "hpack", "h2", "httpx2", "httpcore2"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
