@@ -119,28 +119,8 @@ DAEMONSET_NAMESPACE = "kube-system"
 DRA_DAEMONSET_NAME = "ascend-dra-driver"
 
 
-# Huawei's vNPU templates and the suffix of the device type each gives (``vir02`` -> ``Ascend310P-2c``).
-VNPU_SUFFIXES = {
-    "vir01": "1c",
-    "vir02": "2c",
-    "vir04": "4c",
-    "vir08": "8c",
-    "vir16": "16c",
-    "vir02_1c": "2c.1cpu",
-    "vir04_3c": "4c.3cpu",
-    "vir04_3c_ndvpp": "4c.3cpu.ndvpp",
-    "vir04_4c_dvpp": "4c.4cpu.dvpp",
-    "vir03_1c_8g": "3c.1cpu.8g",
-    "vir05_1c_8g": "5c.1cpu.8g",
-    "vir05_1c_16g": "5c.1cpu.16g",
-    "vir06_1c_16g": "6c.1cpu.16g",
-    "vir10_3c_16g": "10c.3cpu.16g",
-    "vir10_3c_16g_nm": "10c.3cpu.16g.ndvpp",
-    "vir10_3c_32g": "10c.3cpu.32g",
-    "vir10_4c_16g_m": "10c.4cpu.16g.dvpp",
-    "vir12_3c_32g": "12c.3cpu.32g",
-}
-# A template the table does not list yet, named by the same rule: AI cores, AI CPUs, memory, media units.
+# Huawei's vNPU template names (vir02, vir04_3c, vir10_3c_16g_nm) give the suffix of the device type
+# (Ascend310P-2c, -4c.3cpu, -10c.3cpu.16g.ndvpp): AI cores, AI CPUs, memory, media units.
 _TEMPLATE = re.compile(r"^vir(\d+)(?:_(\d+)c)?(?:_(\d+)g)?(?:_(ndvpp|dvpp|nm|m))?$")
 _MEDIA = {"ndvpp": "ndvpp", "nm": "ndvpp", "dvpp": "dvpp", "m": "dvpp"}
 
@@ -151,9 +131,6 @@ def vnpu_suffix(template: str) -> str:
     >>> vnpu_suffix("vir10_3c_16g_nm"), vnpu_suffix("vir20_6c_64g")
     ('10c.3cpu.16g.ndvpp', '20c.6cpu.64g')
     """
-    known = VNPU_SUFFIXES.get(template)
-    if known is not None:
-        return known
     match = _TEMPLATE.match(template)
     if match is None:
         raise ValueError(f"{template!r} is not a vNPU template name (vir02, vir04_3c, vir10_3c_32g, ...)")

@@ -44,7 +44,7 @@ from ascend_agent.backends.npusmi import (
     run_npu_smi,
 )
 from ascend_agent.backends.telemetry import ChipTelemetry
-from ascend_agent.backends.vnpu import VnpuProbe
+from ascend_agent.backends.vnpu import VNPU_NODE, VnpuProbe
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.faults import FaultPolicy, describe
 from ascend_agent.model import (
@@ -69,7 +69,6 @@ from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout
 log = logging.getLogger(__name__)
 
 _CHIP_NODE = re.compile(r"^davinci(\d+)$")
-_VNPU_NODE = re.compile(r"^vdavinci(\d+)$")
 MANAGER = "davinci_manager"
 # Shared management devices, handed to every container that gets a chip, each only if present.
 _MANAGEMENT = (MANAGER, "devmm_svm", "hisi_hdc", "dvpp_cmdlist")
@@ -91,7 +90,7 @@ _TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.E
 def is_device_name(name: str) -> bool:
     """The ``/dev`` entries whose appearance or loss changes what the node can offer."""
     return (
-        bool(_CHIP_NODE.match(name) or _VNPU_NODE.match(name)) or name in _MANAGEMENT or name == _MANAGER_310B
+        bool(_CHIP_NODE.match(name) or VNPU_NODE.match(name)) or name in _MANAGEMENT or name == _MANAGER_310B
     )
 
 

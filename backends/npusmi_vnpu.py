@@ -172,8 +172,9 @@ def check_done(text: str, what: str) -> None:
     except NpuSmiParseError:
         values = {}
     if values.get("Status", "").upper() != "OK":
-        said = values.get("Message") or text.strip().splitlines()[-1:] or ["no output"]
-        raise NpuSmiError("exit", f"{what} failed: {said if isinstance(said, str) else said[0]}")
+        lines = text.strip().splitlines()
+        said = values.get("Message") or (lines[-1] if lines else "no output")
+        raise NpuSmiError("exit", f"{what} failed: {said}")
 
 
 async def query_templates(executable: str, npu_id: int, timeout: float) -> tuple[Template, ...]:

@@ -10,7 +10,7 @@ removed, so ``/metrics`` never shows a stale value::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 
 from prometheus_client import Gauge
 
@@ -27,14 +27,21 @@ from ascend_agent.observability import (
 )
 
 _MIB = 1024 * 1024
-_TELEMETRY = (
-    CHIP_TEMPERATURE,
-    CHIP_POWER,
-    CHIP_UTILIZATION,
-    CHIP_HBM_USED,
-    CHIP_HBM_TOTAL,
-    CHIP_MEMORY_USED,
-    CHIP_MEMORY_TOTAL,
+
+
+def _bytes(mebibytes: int | None) -> int | None:
+    return None if mebibytes is None else mebibytes * _MIB
+
+
+# Each gauge and what it shows of a chip's row of the table.
+_TELEMETRY: tuple[tuple[Gauge, Callable[[ChipRow], float | None]], ...] = (
+    (CHIP_TEMPERATURE, lambda row: row.temp_c),
+    (CHIP_POWER, lambda row: row.power_w),
+    (CHIP_UTILIZATION, lambda row: None if row.utilization_pct is None else row.utilization_pct / 100),
+    (CHIP_HBM_USED, lambda row: _bytes(row.hbm_used_mb)),
+    (CHIP_HBM_TOTAL, lambda row: _bytes(row.hbm_total_mb)),
+    (CHIP_MEMORY_USED, lambda row: _bytes(row.memory_used_mb)),
+    (CHIP_MEMORY_TOTAL, lambda row: _bytes(row.memory_total_mb)),
 )
 
 
@@ -48,19 +55,10 @@ class ChipTelemetry:
     def record(self, rows: Mapping[str, ChipRow]) -> None:
         """Temperature, power, utilisation, HBM and memory of every chip, as the table printed them."""
         for device, row in rows.items():
-            utilization = None if row.utilization_pct is None else row.utilization_pct / 100
-            for gauge, value in (
-                (CHIP_TEMPERATURE, row.temp_c),
-                (CHIP_POWER, row.power_w),
-                (CHIP_UTILIZATION, utilization),
-                (CHIP_HBM_USED, _bytes(row.hbm_used_mb)),
-                (CHIP_HBM_TOTAL, _bytes(row.hbm_total_mb)),
-                (CHIP_MEMORY_USED, _bytes(row.memory_used_mb)),
-                (CHIP_MEMORY_TOTAL, _bytes(row.memory_total_mb)),
-            ):
-                _set_or_remove(gauge, device, value)
+            for gauge, value in _TELEMETRY:
+                _set_or_remove(gauge, device, value(row))
         for device in self._devices - set(rows):
-            for gauge in _TELEMETRY:
+            for gauge, _ in _TELEMETRY:
                 _set_or_remove(gauge, device, None)
         self._devices = set(rows)
 
@@ -72,10 +70,6 @@ class ChipTelemetry:
         for device, code in labels:
             CHIP_FAULT.labels(device=device, code=code).set(1)
         self._fault_labels = set(labels)
-
-
-def _bytes(mebibytes: int | None) -> int | None:
-    return None if mebibytes is None else mebibytes * _MIB
 
 
 def _set_or_remove(gauge: Gauge, device: str, value: float | None) -> None:

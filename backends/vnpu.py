@@ -15,6 +15,7 @@ table once per chip model. A chip that cannot hold vNPUs (310, 310B, 950, or npu
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 # npu-smi numbers the vNPUs of chip N from N*16+100 (inference chips use the first 8, training chips all 16).
 VNPU_ID_BASE = 100
 VNPU_IDS_PER_CHIP = 16
+# A vNPU's device node under /dev, its npu-smi vNPU id in the group.
+VNPU_NODE = re.compile(r"^vdavinci(\d+)$")
 # npu-smi's Status column: numbers (0 idle, 1 in use) say nothing of health; so does OK.
 _HEALTHY_STATUS = frozenset({"", "ok", "normal"})
 
@@ -325,7 +328,7 @@ class VnpuProbe:
 
 
 def _asked_key(chips: Sequence[Chip], nodes: Collection[str]) -> tuple[frozenset[int], frozenset[str]]:
-    vnpu_nodes = frozenset(n for n in nodes if n.startswith("vdavinci") and n[len("vdavinci") :].isdigit())
+    vnpu_nodes = frozenset(n for n in nodes if VNPU_NODE.match(n))
     return frozenset(chip.phys_id for chip in chips), vnpu_nodes
 
 
