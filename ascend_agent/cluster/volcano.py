@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx2
 from lightkube import ALL_NS, ApiError
 from lightkube.resources.core_v1 import Pod
@@ -418,6 +419,9 @@ class VolcanoPods:
                         self._store(view)
                         self._tell_mounted()
                     backoff.reset()
+                    # Events that arrived together are read from one buffer without a pause: an Allocate
+                    # waiting meanwhile must not wait for all of them.
+                    await anyio.lowlevel.checkpoint()
             except ApiUnavailable:
                 await anyio.sleep(backoff.next())
             except (ApiError, httpx2.HTTPError) as exc:

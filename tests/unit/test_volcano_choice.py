@@ -3,8 +3,14 @@ any sequence of pods arriving, changing, being taken and going."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import anyio
+import anyio.lowlevel
 from hypothesis import given
 from hypothesis import strategies as st
+from lightkube.resources.core_v1 import Pod
 
 from ascend_agent.cluster.volcano import TAKEN, Mounted, PodView, VolcanoPods, choose
 
@@ -63,3 +69,67 @@ def test_smallest_predicate_time_first_and_taken_pods_skipped() -> None:
         order.append(pod.name)
         pods._taken[pod.uid] = Mounted(pod.namespace, pod.name, T, (), ())
     assert order == ["a", "b", "c"]
+
+
+class _BurstApi:
+    """The client side of a pod watch that delivers ``burst`` events at once (one read of the socket's
+    buffer: the stream hands them over without suspending), then nothing more."""
+
+    node = "node-1"
+
+    def __init__(self, burst: int) -> None:
+        self.client = self
+        self.delivered = 0
+        self._burst = burst
+
+    def list(self, *args: Any, **kwargs: Any) -> _Listing:
+        return _Listing()
+
+    def watch(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def call(self, verb: str, resource: str, request: Awaitable[Any]) -> Any:
+        return await request
+
+    async def stream(self, resource: str, watch: None) -> AsyncIterator[tuple[str, Pod]]:
+        for n in range(self._burst):
+            self.delivered += 1
+            yield (
+                "ADDED",
+                Pod.from_dict(
+                    {
+                        "metadata": {"name": f"p{n}", "namespace": "ns", "uid": f"u{n}"},
+                        "spec": {"nodeName": self.node, "containers": []},
+                    }
+                ),
+            )
+        await anyio.sleep_forever()
+
+
+class _Listing:
+    resourceVersion = "1"
+
+    def __aiter__(self) -> _Listing:
+        return self
+
+    async def __anext__(self) -> Pod:
+        raise StopAsyncIteration
+
+
+async def test_a_burst_of_watch_events_lets_other_work_run_between_them() -> None:
+    """An Allocate arriving during a burst of pod events waits for one event, not for the whole burst."""
+    api = _BurstApi(burst=50)
+    pods = VolcanoPods()
+    seen_by_other_task: list[int] = []
+
+    async def other_task() -> None:
+        while api.delivered == 0:
+            await anyio.lowlevel.checkpoint()
+        seen_by_other_task.append(api.delivered)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(pods._watch, api)
+            await other_task()
+            tasks.cancel_scope.cancel()
+    assert seen_by_other_task[0] < 50
