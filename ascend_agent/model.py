@@ -108,8 +108,8 @@ class Template:
     aicpu: int | None = None
 
 
-# What npu-smi shows in the Container ID column of a vNPU no container runs on.
-NO_CONTAINER_IDS = frozenset({"", "ffffffffffff", "000000000000", "-", "NA"})
+# What npu-smi shows in the Container ID column of a vNPU no container runs on, lower-cased.
+NO_CONTAINER_IDS = frozenset({"", "ffffffffffff", "000000000000", "-", "na"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,11 @@ def test_info_vnpu_with_two() -> None:
     assert [v.in_container for v in state.vnpus] == [True, False]
 
 
+@pytest.mark.parametrize("shown", ["", "-", "NA", "na", "ffffffffffff", "FFFFFFFFFFFF", "000000000000"])
+def test_a_container_column_that_names_no_container(shown: str) -> None:
+    assert not VNpu(100, "vir02", container_id=shown).in_container
+
+
 def test_info_vnpu_without_any() -> None:
     state = parse_info_vnpu(NONE)
     assert state.vnpus == ()
