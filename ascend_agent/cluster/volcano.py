@@ -233,6 +233,7 @@ class VolcanoPods:
         self._version = 0  # counts changes of the pods and the taken ones
         self._followed: tuple[Holders, int, Holders] | None = None
         self._api: KubeApi | None = None
+        self._listed = anyio.Event()  # set once the pods were read
         self._patches = _Patches()
 
     # what the agent calls -------------------------------------------------------------------------------
@@ -379,10 +380,12 @@ class VolcanoPods:
         self._tell_mounted()
 
     async def _read_pods(self) -> None:
-        """The cache missed: read the node's pods once, briefly."""
-        if self._api is None:
-            return
+        """The cache missed: read the node's pods once, briefly; or, before the watch's first read of them
+        is done (an Allocate right after the agent started), wait for that read."""
         with anyio.move_on_after(MISS_READ_TIMEOUT):
+            if not self._listed.is_set() or self._api is None:
+                await self._listed.wait()
+                return
             try:
                 await self._list(self._api)
             except (ApiUnavailable, ApiError):
@@ -397,6 +400,7 @@ class VolcanoPods:
             self._store(pod)
         self._taken = {uid: chips for uid, chips in self._taken.items() if uid in self._pods}
         self._tell_mounted()
+        self._listed.set()
         return version
 
     async def _watch(self, api: KubeApi) -> None:

@@ -6,6 +6,7 @@ of it is on."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import urllib.request
@@ -270,3 +271,44 @@ def test_metrics_name_the_pod_on_the_chips_really_mounted(
     assert (rows["Ascend910-3"], rows["Ascend910-5"], rows["Ascend910-0"]) == (holder, holder, [])
     rows = {row["id"]: row["holders"] for row in json.loads(run_cli("list", *common).stdout)}
     assert (rows["Ascend910-0"], rows["Ascend910-3"]) == (holder, []), "without --volcano: the kubelet's IDs"
+
+
+def _delete(apiserver: ApiServer, name: str) -> None:
+    request = urllib.request.Request(f"{apiserver.url}/api/v1/namespaces/team-a/pods/{name}", method="DELETE")
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert answer.status in (200, 202)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.soak
+def test_soak_2000_volcano_pods_come_get_chips_and_go(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    """Every pod the agent cached, took and marked is forgotten when it goes: memory and descriptors level
+    off while pods keep coming."""
+    pid = volcano.proc.pid
+
+    def rounds(first: int, count: int) -> None:
+        for n in range(first, first + count):
+            chips = f"Ascend910-{2 * n % 8},Ascend910-{(2 * n + 1) % 8}"
+            _create(apiserver, _pod(f"job-{n}", chips, str(1000 + n)))
+            container = _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+            assert container.envs["ASCEND_VISIBLE_DEVICES"] == chips.replace("Ascend910-", "")
+            apiserver.wait_for(
+                lambda n=n: _annotations(apiserver, f"job-{n}"), lambda a: "huawei.com/kltDev" in a
+            )
+            _delete(apiserver, f"job-{n}")
+
+    rounds(0, 200)
+    fds, rss = len(os.listdir(f"/proc/{pid}/fd")), _rss_kib(pid)
+    rounds(200, 1800)
+    grown = _rss_kib(pid) - rss
+    print(f"soak: 2000 Volcano pods, fds {fds} -> {len(os.listdir(f'/proc/{pid}/fd'))}, RSS grew {grown} KiB")
+    assert len(os.listdir(f"/proc/{pid}/fd")) <= fds + 2
+    assert grown < 2 * 1024, f"RSS grew by {grown} KiB over 1,800 Volcano pods"

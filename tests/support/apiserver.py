@@ -135,6 +135,10 @@ class _Emulator(kmock.KubernetesEmulator):
                 return await self._replace(request)
             return await super()._handle(request)
         finally:
+            # kmock keeps every request it served and looks through all of them on each new one: an
+            # answered request is dropped (ApiServer.seen keeps what the tests ask about).
+            with contextlib.suppress(ValueError):
+                self._requests.remove(request)
             self.on_answered()
 
     async def _replace(self, request: Request) -> aiohttp.web.StreamResponse:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from lightkube.resources.core_v1 import Pod
 
 from ascend_agent.cluster.volcano import TAKEN, Mounted, PodView, VolcanoPods, choose
+from ascend_agent.model import Chip, Inventory
 
 T = "huawei.com/Ascend910"
 P = "huawei.com/Ascend310P"
@@ -88,6 +89,9 @@ class _BurstApi:
     def watch(self, *args: Any, **kwargs: Any) -> None:
         return None
 
+    async def patch(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
     async def call(self, verb: str, resource: str, request: Awaitable[Any]) -> Any:
         return await request
 
@@ -107,13 +111,23 @@ class _BurstApi:
 
 
 class _Listing:
+    """lightkube's list iterator: ``pods``, once ``answer`` is set."""
+
     resourceVersion = "1"
+
+    def __init__(self, pods: list[Pod] | None = None, answer: anyio.Event | None = None) -> None:
+        self._pods = list(pods or [])
+        self._answer = answer
 
     def __aiter__(self) -> _Listing:
         return self
 
     async def __anext__(self) -> Pod:
-        raise StopAsyncIteration
+        if self._answer is not None:
+            await self._answer.wait()
+        if not self._pods:
+            raise StopAsyncIteration
+        return self._pods.pop(0)
 
 
 async def test_a_burst_of_watch_events_lets_other_work_run_between_them() -> None:
@@ -133,3 +147,51 @@ async def test_a_burst_of_watch_events_lets_other_work_run_between_them() -> Non
             await other_task()
             tasks.cancel_scope.cancel()
     assert seen_by_other_task[0] < 50
+
+
+class _SlowListApi(_BurstApi):
+    """An API server whose pod list answers only once ``answer`` is set, with one pod Volcano placed."""
+
+    def __init__(self) -> None:
+        super().__init__(burst=0)
+        self.answer = anyio.Event()
+
+    def list(self, *args: Any, **kwargs: Any) -> _Listing:
+        pod = Pod.from_dict(
+            {
+                "metadata": {
+                    "name": "train",
+                    "namespace": "ns",
+                    "uid": "u1",
+                    "annotations": {T: "Ascend910-3,Ascend910-5", "predicate-time": "100"},
+                },
+                "spec": {
+                    "nodeName": self.node,
+                    "containers": [{"name": "main", "resources": {"limits": {T: "2"}}}],
+                },
+            }
+        )
+        return _Listing([pod], self.answer)
+
+
+async def test_an_allocate_before_the_first_read_of_the_pods_waits_for_it() -> None:
+    """Right after the agent starts, the cache is empty because the pods were not read yet: the Allocate
+    takes the pod from that first read, and does not wait out a try interval (here 1,000 s)."""
+    api = _SlowListApi()
+    pods = VolcanoPods(try_interval=1000)
+    pods.observe(Inventory(tuple(Chip.make(n, "910B3") for n in range(8))))
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            chosen: list[list[str]] = []
+
+            async def allocate() -> None:
+                chosen.extend(await pods.remap(T, [["Ascend910-0", "Ascend910-1"]]))
+
+            tasks.start_soon(allocate)
+            await anyio.lowlevel.checkpoint()  # the Allocate came first: the watch has not started
+            tasks.start_soon(pods.run, api)
+            api.answer.set()
+            while not chosen:
+                await anyio.lowlevel.checkpoint()
+            tasks.cancel_scope.cancel()
+    assert chosen == [["Ascend910-3", "Ascend910-5"]]
