@@ -17,11 +17,13 @@ A request for every chip of the resource keeps the kubelet's IDs, as Huawei's pl
 The pod is then patched (RBAC: pods list, watch, patch) with ``predicate-time: "18446744073709551615"``,
 ``huawei.com/AscendReal`` (the chips mounted), ``huawei.com/kltDev`` (the kubelet's IDs) and
 ``ascend.kubectl.kubernetes.io/ascend-910-configuration`` (``ascend-npu-configuration`` for 950). The patch is
-written beside Allocate, retried until it lands; the pod counts as taken from the moment Allocate chose it.
+written beside Allocate from a worker thread (:meth:`~ascend_agent.cluster.client.KubeApi.call_blocking`),
+retried until it lands; the pod counts as taken from the moment Allocate chose it.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,7 +34,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import httpx2
-from lightkube import ALL_NS, ApiError
+from lightkube import ALL_NS, ApiError, Client
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
@@ -442,10 +444,8 @@ class VolcanoPods:
                 uid = next(iter(self._patches.pending))
                 namespace, name, patch = self._patches.pending.pop(uid)
                 try:
-                    await api.call(
-                        "patch",
-                        "pods",
-                        api.client.patch(Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE),
+                    await api.call_blocking(
+                        "patch", "pods", functools.partial(_patch, name, namespace, patch)
                     )
                 except ApiUnavailable:
                     self._patches.pending.setdefault(uid, (namespace, name, patch))
@@ -455,6 +455,10 @@ class VolcanoPods:
                     log.warning("Cannot mark pod %s/%s with its chips: %s", namespace, name, exc)
                     continue
                 backoff.reset()
+
+
+def _patch(name: str, namespace: str, patch: dict[str, Any], client: Client) -> Pod:
+    return client.patch(Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
 
 
 def _queue(pods: Iterable[PodView], resource: str, count: int) -> list[tuple[int, str, str, str]]:

@@ -182,6 +182,39 @@ async def test_not_found_is_an_answer_not_an_outage(apiserver: ApiServer) -> Non
     assert api.health.state().up is True
 
 
+async def test_a_blocking_request_answers_refuses_and_hangs_as_an_async_one_does(
+    apiserver: ApiServer,
+) -> None:
+    """call_blocking (a worker thread, lightkube's blocking client): the answer, a 404 for the caller, a 500
+    as an outage, and a hanging server as a failure after the timeout, each recorded as call records them."""
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    api = _api(apiserver, timeout=0.5)
+    patch = {"metadata": {"labels": {"mine": "1"}}}
+    try:
+        node = await api.call_blocking(
+            "patch", "nodes", lambda client: client.patch(Node, "node-1", patch, patch_type=PatchType.MERGE)
+        )
+        assert node.metadata is not None and node.metadata.labels == {"mine": "1"}
+        assert api.health.state().up is True
+        with pytest.raises(ApiError):
+            await api.call_blocking("get", "nodes", lambda client: client.get(Node, "absent"))
+        apiserver.fail(500, verb="patch", resource="nodes")
+        with pytest.raises(ApiUnavailable, match="patch nodes: 500"):
+            await api.call_blocking(
+                "patch",
+                "nodes",
+                lambda client: client.patch(Node, "node-1", patch, patch_type=PatchType.MERGE),
+            )
+        assert api.health.state().up is False
+        apiserver.behave()
+        apiserver.fail("hang")
+        with pytest.raises(ApiUnavailable, match=r"get nodes: no answer within 0.5 s"):
+            await api.call_blocking("get", "nodes", lambda client: client.get(Node, "node-1"))
+    finally:
+        apiserver.behave()
+        await api.close()
+
+
 def test_backoff_doubles_to_the_cap_with_jitter_and_resets() -> None:
     low, high = api_backoff(rng=lambda: 0.0), api_backoff(rng=lambda: 0.999999)
     lows = [low.next() for _ in range(10)]

@@ -89,7 +89,7 @@ class _BurstApi:
     def watch(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    async def patch(self, *args: Any, **kwargs: Any) -> None:
+    async def call_blocking(self, verb: str, resource: str, request: Any) -> None:
         return None
 
     async def call(self, verb: str, resource: str, request: Awaitable[Any]) -> Any:
