@@ -233,7 +233,9 @@ def test_dra_mode() -> None:
         "draDriverName": "npu.huawei.com",
         "draTaintEffect": "NoExecute",
         "draCleanup": False,
+        "deviceInfo": False,  # as examples/dra: the scheduler reads ResourceSlices
     }
+    assert not _verbs(docs, "", "configmaps") - {"get", "list", "watch"}, "no ConfigMap writes for Volcano"
     dra_example = _by_key(_docs((ROOT / "examples" / "dra" / "daemonset.yaml").read_text(encoding="utf-8")))
     for resource in ("resourceslices", "resourceclaims"):
         assert _verbs(docs, "resource.k8s.io", resource) == _verbs(dra_example, "resource.k8s.io", resource)
