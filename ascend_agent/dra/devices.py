@@ -2,7 +2,8 @@
 the node's pool. Pure functions of the inventory; no I/O.
 
     >>> chips = tuple(Chip.make(i, "910B3", numa_node=i // 4, hbm_mb=65536) for i in range(2))
-    >>> device = slice_device(chips[1], chips, "25.0.rc1.1", DeviceTaints("npu.huawei.com", "NoSchedule"))
+    >>> node = NodeChips.of(chips, "25.0.rc1.1")
+    >>> device = slice_device(chips[1], node, DeviceTaints("npu.huawei.com", "NoSchedule"))
     >>> device["name"], device["attributes"]["deviceType"], device["attributes"]["physicId"]
     ('npu-1', {'string': 'Ascend910B3'}, {'int': 1})
     >>> device["capacity"]["memory"], device["attributes"]["driverVersion"]
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ascend_agent.allocation import Layout, topology_for
+from ascend_agent.allocation import Layout, Topology, topology_for
 from ascend_agent.container import device_order
 from ascend_agent.model import Chip, Inventory
 
@@ -104,9 +105,20 @@ def _chip_ids(chips: Sequence[Chip]) -> dict[int, int]:
     return ids
 
 
-def slice_device(
-    chip: Chip, chips: Sequence[Chip], driver_version: str | None, taints: DeviceTaints
-) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class NodeChips:
+    """What a device's attributes need from the node's chips as a whole, worked out once per pool."""
+
+    chip_ids: dict[int, int]  # phys id -> the chip's index within its NPU
+    topology: Topology
+    driver_version: str | None  # as a semantic version
+
+    @classmethod
+    def of(cls, chips: Sequence[Chip], driver_version: str | None) -> NodeChips:
+        return cls(_chip_ids(chips), topology_for(chips), semver(driver_version) if driver_version else None)
+
+
+def slice_device(chip: Chip, node: NodeChips, taints: DeviceTaints) -> dict[str, Any]:
     """One device of the slice: attributes Huawei's DeviceClasses select on (``deviceType``, ``physicId``),
     the topology (``numaNode``, ``hccsRing`` on 910A, ``moduleId`` on A3), ``memory`` and ``aiCores``."""
     if chip.vnpu is not None:
@@ -119,20 +131,18 @@ def slice_device(
     }
     if chip.npu_id is not None:
         attributes["npuId"] = {"int": chip.npu_id}
-        chip_id = _chip_ids(chips).get(chip.phys_id)
+        chip_id = node.chip_ids.get(chip.phys_id)
         if chip_id is not None:
             attributes["chipId"] = {"int": chip_id}
     if chip.numa_node is not None:
         attributes["numaNode"] = {"int": chip.numa_node}
-    topology = topology_for(chips)
-    group = topology.group_of.get(chip.device_id)
-    if group is not None and topology.layout is Layout.RINGS:
+    group = node.topology.group_of.get(chip.device_id)
+    if group is not None and node.topology.layout is Layout.RINGS:
         attributes["hccsRing"] = {"int": group}
-    elif group is not None and topology.layout is Layout.MODULES:
+    elif group is not None and node.topology.layout is Layout.MODULES:
         attributes["moduleId"] = {"int": group}
-    version = semver(driver_version) if driver_version else None
-    if version is not None:
-        attributes["driverVersion"] = {"version": version}
+    if node.driver_version is not None:
+        attributes["driverVersion"] = {"version": node.driver_version}
     device: dict[str, Any] = {"name": device_name(chip), "attributes": attributes}
     capacity: dict[str, dict[str, str]] = {}
     if chip.hbm_mb:
@@ -187,10 +197,7 @@ def pool_slices(inventory: Inventory, taints: DeviceTaints) -> list[dict[str, An
     """The ``spec.devices`` of each slice of the node's pool, in order; one slice unless there are more
     devices than one may hold. A chip split into vNPUs is published only as its vNPUs (never whole as
     well). Generation, names and counts are the publisher's."""
-    chips = tuple(sorted(inventory.chips, key=lambda c: c.phys_id))
-    devices = [
-        slice_device(chip, chips, inventory.driver_version, taints)
-        for chip in sorted(inventory.advertised, key=device_order)
-    ]
+    node = NodeChips.of(tuple(sorted(inventory.chips, key=lambda c: c.phys_id)), inventory.driver_version)
+    devices = [slice_device(chip, node, taints) for chip in sorted(inventory.advertised, key=device_order)]
     limit = MAX_DEVICES_WITH_TAINTS if any("taints" in d for d in devices) else MAX_DEVICES
     return [{"devices": devices[i : i + limit]} for i in range(0, len(devices), limit)] or [{"devices": []}]
