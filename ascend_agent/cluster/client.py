@@ -15,6 +15,7 @@ and count as the API server working.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -65,6 +66,8 @@ class KubeApi:
         self.health = ApiHealth(server)
         self._config = config  # for the blocking client, made on the first call_blocking
         self._blocking: Client | None = None
+        self._blocking_closed = False
+        self._blocking_lock = threading.Lock()
 
     @classmethod
     def connect(cls, target: ClusterTarget, node: str, timeout: float = DEFAULT_TIMEOUT) -> KubeApi:
@@ -114,21 +117,34 @@ class KubeApi:
         thread. For requests made while Allocates are being answered (the pods' marks of ``--volcano``): the
         HTTP client spends about 0.6 ms of Python on each request, which on the event loop would hold up an
         Allocate arriving meanwhile for all of it; in a thread, the Allocate gets the interpreter at the
-        request's next system call::
+        request's next blocking call (or after the interpreter's 5 ms switch interval). The wait is bounded by
+        ``timeout`` and ends on cancellation as :meth:`call`'s does; the thread is then left to finish on its
+        own (within the client's own timeout)::
 
             await api.call_blocking("patch", "pods", lambda client: client.patch(Pod, name, patch))
         """
-        in_thread = anyio.to_thread.run_sync(self._blocking_call, request)
+        in_thread = anyio.to_thread.run_sync(self._blocking_call, request, abandon_on_cancel=True)
         return await self.call(verb, resource, in_thread, answers)
 
     def _blocking_call(self, request: Callable[[Client], T]) -> T:
-        if self._blocking is None:
-            if self._config is None:
-                raise ConfigError("this client was made without a configuration for blocking requests")
-            self._blocking = Client(
-                config=self._config, timeout=httpx2.Timeout(self.timeout), field_manager="ascend-agent"
-            )
-        return request(self._blocking)
+        with self._blocking_lock:  # made once, never after close()
+            if self._blocking_closed:
+                raise ConfigError("the client is closed")
+            if self._blocking is None:
+                if self._config is None:
+                    raise ConfigError("this client was made without a configuration for blocking requests")
+                self._blocking = Client(
+                    config=self._config, timeout=httpx2.Timeout(self.timeout), field_manager="ascend-agent"
+                )
+            client = self._blocking
+        return request(client)
+
+    def _close_blocking(self) -> None:
+        with self._blocking_lock:
+            self._blocking_closed = True
+            client, self._blocking = self._blocking, None
+        if client is not None:
+            client.close()
 
     async def stream(self, resource: str, watch: AsyncIterable[T]) -> AsyncIterator[T]:
         """The items of a watch (``api.client.watch(...)``) on ``resource``, its failures recorded and raised
@@ -183,8 +199,7 @@ class KubeApi:
         given up after ``timeout``, so a connection that does not close cannot hold the agent's exit."""
         with anyio.move_on_after(self.timeout, shield=True):
             await self.client.close()
-            if self._blocking is not None:
-                await anyio.to_thread.run_sync(self._blocking.close)
+            await anyio.to_thread.run_sync(self._close_blocking, abandon_on_cancel=True)
 
 
 def _refusal(code: int, reason: str | None, verb: str, resource: str, node: str) -> Failure:

@@ -235,7 +235,7 @@ class VolcanoPods:
         self._version = 0  # counts changes of the pods and the taken ones
         self._followed: tuple[Holders, int, Holders] | None = None
         self._api: KubeApi | None = None
-        self._listed = anyio.Event()  # set once the pods were read
+        self._first_read = anyio.Event()  # set once the watch's first read of the pods ended, answered or not
         self._patches = _Patches()
 
     # what the agent calls -------------------------------------------------------------------------------
@@ -382,11 +382,11 @@ class VolcanoPods:
         self._tell_mounted()
 
     async def _read_pods(self) -> None:
-        """The cache missed: read the node's pods once, briefly; or, before the watch's first read of them
-        is done (an Allocate right after the agent started), wait for that read."""
+        """The cache missed: read the node's pods once, briefly; or, while the watch's first read of them is
+        under way (an Allocate right after the agent started), wait for that read instead."""
         with anyio.move_on_after(MISS_READ_TIMEOUT):
-            if not self._listed.is_set() or self._api is None:
-                await self._listed.wait()
+            if not self._first_read.is_set() or self._api is None:
+                await self._first_read.wait()
                 return
             try:
                 await self._list(self._api)
@@ -396,13 +396,15 @@ class VolcanoPods:
     # the cache -------------------------------------------------------------------------------------------
     async def _list(self, api: KubeApi) -> str | None:
         """Replace the cache with the node's pods; the list's resourceVersion."""
-        pods, version = await _listed(api)
+        try:
+            pods, version = await _listed(api)
+        finally:
+            self._first_read.set()
         self._pods, self._queues = {}, {}
         for pod in pods:
             self._store(pod)
         self._taken = {uid: chips for uid, chips in self._taken.items() if uid in self._pods}
         self._tell_mounted()
-        self._listed.set()
         return version
 
     async def _watch(self, api: KubeApi) -> None:

@@ -215,6 +215,29 @@ async def test_a_blocking_request_answers_refuses_and_hangs_as_an_async_one_does
         await api.close()
 
 
+async def test_a_blocking_request_to_a_hanging_server_does_not_hold_the_agent_stopping(
+    apiserver: ApiServer,
+) -> None:
+    """Cancelled (the agent stopping) while the server hangs: the wait ends at once, not after the request's
+    30 s timeout; the closed client takes no more requests."""
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    apiserver.fail("hang")
+    api = _api(apiserver, timeout=30)
+    try:
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(api.call_blocking, "get", "nodes", lambda client: client.get(Node, "node-1"))
+                await anyio.to_thread.run_sync(
+                    apiserver.wait_for, lambda: [s for s in apiserver.seen() if s.resource == "nodes"], bool
+                )
+                tasks.cancel_scope.cancel()
+            await api.close()
+    finally:
+        apiserver.behave()
+    with pytest.raises(ApiUnavailable, match="the client is closed"):
+        await api.call_blocking("get", "nodes", lambda client: client.get(Node, "node-1"))
+
+
 def test_backoff_doubles_to_the_cap_with_jitter_and_resets() -> None:
     low, high = api_backoff(rng=lambda: 0.0), api_backoff(rng=lambda: 0.999999)
     lows = [low.next() for _ in range(10)]

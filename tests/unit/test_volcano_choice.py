@@ -8,10 +8,13 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from lightkube.resources.core_v1 import Pod
 
+from ascend_agent.cluster.client import ApiUnavailable
+from ascend_agent.cluster.health import Failure
 from ascend_agent.cluster.volcano import TAKEN, Mounted, PodView, VolcanoPods, choose
 from ascend_agent.model import Chip, Inventory
 
@@ -81,6 +84,7 @@ class _BurstApi:
     def __init__(self, burst: int) -> None:
         self.client = self
         self.delivered = 0
+        self.first_delivered = anyio.Event()
         self._burst = burst
 
     def list(self, *args: Any, **kwargs: Any) -> _Listing:
@@ -89,15 +93,16 @@ class _BurstApi:
     def watch(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    async def call_blocking(self, verb: str, resource: str, request: Any) -> None:
-        return None
-
     async def call(self, verb: str, resource: str, request: Awaitable[Any]) -> Any:
         return await request
+
+    async def call_blocking(self, verb: str, resource: str, request: Any) -> None:
+        return None
 
     async def stream(self, resource: str, watch: None) -> AsyncIterator[tuple[str, Pod]]:
         for n in range(self._burst):
             self.delivered += 1
+            self.first_delivered.set()
             yield (
                 "ADDED",
                 Pod.from_dict(
@@ -111,13 +116,17 @@ class _BurstApi:
 
 
 class _Listing:
-    """lightkube's list iterator: ``pods``, once ``answer`` is set."""
+    """lightkube's list iterator: ``pods``, once ``answer`` is set; ``refused`` raises the API server's
+    refusal instead."""
 
     resourceVersion = "1"
 
-    def __init__(self, pods: list[Pod] | None = None, answer: anyio.Event | None = None) -> None:
+    def __init__(
+        self, pods: list[Pod] | None = None, answer: anyio.Event | None = None, refused: bool = False
+    ) -> None:
         self._pods = list(pods or [])
         self._answer = answer
+        self._refused = refused
 
     def __aiter__(self) -> _Listing:
         return self
@@ -125,6 +134,8 @@ class _Listing:
     async def __anext__(self) -> Pod:
         if self._answer is not None:
             await self._answer.wait()
+        if self._refused:
+            raise ApiUnavailable("list pods", Failure(503, "503 ServiceUnavailable"))
         if not self._pods:
             raise StopAsyncIteration
         return self._pods.pop(0)
@@ -134,29 +145,29 @@ async def test_a_burst_of_watch_events_lets_other_work_run_between_them() -> Non
     """An Allocate arriving during a burst of pod events waits for one event, not for the whole burst."""
     api = _BurstApi(burst=50)
     pods = VolcanoPods()
-    seen_by_other_task: list[int] = []
-
-    async def other_task() -> None:
-        while api.delivered == 0:
-            await anyio.lowlevel.checkpoint()
-        seen_by_other_task.append(api.delivered)
-
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(pods._watch, api)
-            await other_task()
+            await api.first_delivered.wait()
+            seen_by_other_task = api.delivered
             tasks.cancel_scope.cancel()
-    assert seen_by_other_task[0] < 50
+    assert seen_by_other_task < 50
 
 
 class _SlowListApi(_BurstApi):
-    """An API server whose pod list answers only once ``answer`` is set, with one pod Volcano placed."""
+    """An API server whose pod list answers only once ``answer`` is set, with one pod Volcano placed; or,
+    with ``refused``, refuses every list at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: bool = False) -> None:
         super().__init__(burst=0)
         self.answer = anyio.Event()
+        self.lists = 0
+        self._refused = refused
 
     def list(self, *args: Any, **kwargs: Any) -> _Listing:
+        self.lists += 1
+        if self._refused:
+            return _Listing(refused=True)
         pod = Pod.from_dict(
             {
                 "metadata": {
@@ -174,24 +185,53 @@ class _SlowListApi(_BurstApi):
         return _Listing([pod], self.answer)
 
 
-async def test_an_allocate_before_the_first_read_of_the_pods_waits_for_it() -> None:
+def _eight_chips() -> Inventory:
+    return Inventory(tuple(Chip.make(n, "910B3") for n in range(8)))
+
+
+@pytest.mark.parametrize("watch_started", [False, True], ids=["before the watch", "during its first list"])
+async def test_an_allocate_before_the_first_read_of_the_pods_waits_for_it(watch_started: bool) -> None:
     """Right after the agent starts, the cache is empty because the pods were not read yet: the Allocate
     takes the pod from that first read, and does not wait out a try interval (here 1,000 s)."""
     api = _SlowListApi()
     pods = VolcanoPods(try_interval=1000)
-    pods.observe(Inventory(tuple(Chip.make(n, "910B3") for n in range(8))))
+    pods.observe(_eight_chips())
+    done = anyio.Event()
+    chosen: list[list[str]] = []
+
+    async def allocate() -> None:
+        chosen.extend(await pods.remap(T, [["Ascend910-0", "Ascend910-1"]]))
+        done.set()
+
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tasks:
-            chosen: list[list[str]] = []
-
-            async def allocate() -> None:
-                chosen.extend(await pods.remap(T, [["Ascend910-0", "Ascend910-1"]]))
-
+            if watch_started:
+                tasks.start_soon(pods.run, api)
+                await anyio.lowlevel.checkpoint()  # the watch's list is under way
             tasks.start_soon(allocate)
-            await anyio.lowlevel.checkpoint()  # the Allocate came first: the watch has not started
-            tasks.start_soon(pods.run, api)
+            await anyio.lowlevel.checkpoint()  # the Allocate missed the cache and waits
+            if not watch_started:
+                tasks.start_soon(pods.run, api)
             api.answer.set()
-            while not chosen:
-                await anyio.lowlevel.checkpoint()
+            await done.wait()
             tasks.cancel_scope.cancel()
     assert chosen == [["Ascend910-3", "Ascend910-5"]]
+    assert api.lists == 1, "the Allocate waited for the watch's list instead of reading the pods again"
+
+
+async def test_an_api_server_down_since_start_refuses_the_allocate_after_the_tries_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch's first read was refused: a miss does not wait for a read that is not coming (here up to
+    60 s) before its tries."""
+    monkeypatch.setattr("ascend_agent.cluster.volcano.MISS_READ_TIMEOUT", 60.0)
+    api = _SlowListApi(refused=True)
+    pods = VolcanoPods(tries=1)
+    pods.observe(_eight_chips())
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(pods.run, api)
+            await anyio.lowlevel.checkpoint()  # the watch's first list, refused
+            with pytest.raises(LookupError, match="no pod on this node placed by Volcano"):
+                await pods.remap(T, [["Ascend910-0", "Ascend910-1"]])
+            tasks.cancel_scope.cancel()
