@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import KubeletStandin, Row, grpc_api, kubelet, quick, report, start_agent, stats
-from bench.footprint import _rss_mb
 from tests.support.apiserver import ApiServer
 
 NODE = "bench-node"
@@ -75,7 +74,7 @@ def main() -> None:
                         agent.wait_log("Node bench-node labels: ")  # the client is loaded and has written
                     elif server is not None:
                         agent.wait_log("Cluster side on: ")  # loaded; its first requests hang
-                    rss.append(_rss_mb(agent.proc.pid))
+                    rss.append(agent.rss_kib() / 1024)
                     allocates.extend(_allocate(standin, calls // runs))
                 finally:
                     agent.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import tempfile
@@ -15,12 +14,6 @@ from tests.support.npusmi_fake import FakeNpuSmi
 
 B4_INFO = (ROOT / "tests/fixtures/npu-smi/910B4x8-25.0.rc1.1-info.txt").read_text()
 CLOCK = 100  # USER_HZ: /proc/<pid>/stat counts CPU time in these ticks
-
-
-def _rss_mb(pid: int) -> float:
-    match = re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
-    assert match
-    return int(match.group(1)) / 1024
 
 
 def _cpu_seconds(pid: int) -> tuple[float, float]:
@@ -73,7 +66,7 @@ def main() -> None:
             try:
                 standin.wait_registrations(1)
                 standin.wait_update(lambda u, n=chips: len(u.devices) == n)
-                rss = _rss_mb(agent.proc.pid)
+                rss = agent.rss_kib() / 1024
             finally:
                 agent.close()
         rows.append(Row(f"RSS after registration, {chips} devices", rss, None, "MB", "< 40 (128)", rss < 40))

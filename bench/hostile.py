@@ -27,13 +27,6 @@ GET_INFO = "/pluginregistration.Registration/GetInfo"
 _BATCH = 100
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -159,10 +152,10 @@ async def _main() -> list[Row]:
         await _wait_socket(plugin)
         await _wait_socket(registry / "huawei.com_Ascend910.sock")
         await _allocate(plugin)
-        before = _rss_mb(agent.proc.pid)
+        before = agent.rss_kib() / 1024
         connections, seconds = await _resets(plugin, total)
         await _allocate(plugin)
-        after = _rss_mb(agent.proc.pid)
+        after = agent.rss_kib() / 1024
         rows.append(Row(f"RSS before {total} rapid resets", before, None, "MB"))
         rows.append(
             Row(

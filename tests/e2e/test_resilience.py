@@ -24,10 +24,6 @@ def agent(kubelet: KubeletStandin, state: Path) -> Iterator[AgentProcess]:
     process.close()
 
 
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
 def test_exactly_one_registration_per_kubelet_restart(kubelet: KubeletStandin, agent: AgentProcess) -> None:
     fds_after_first = None
     for restart in range(1, 31):
@@ -35,11 +31,11 @@ def test_exactly_one_registration_per_kubelet_restart(kubelet: KubeletStandin, a
         kubelet.wait_registrations(1 + restart)
         kubelet.wait_update(lambda u: len(u.devices) == 8, after=len(kubelet.updates) - 1)
         if restart == 1:
-            fds_after_first = _fds(agent.proc.pid)
+            fds_after_first = agent.open_fds()
     kubelet.no_registration_beyond(31, within=1.5)
     assert fds_after_first is not None
     # Connections of the old kubelet close asynchronously: the count may only be lower than after the first.
-    assert _fds(agent.proc.pid) <= fds_after_first
+    assert agent.open_fds() <= fds_after_first
     assert agent.proc.poll() is None
 
 
@@ -192,22 +188,16 @@ def test_registers_as_soon_as_kubelet_sock_appears(
 
 @pytest.mark.soak
 def test_soak_500_kubelet_restarts_hold_fds_and_memory(kubelet: KubeletStandin, agent: AgentProcess) -> None:
-    def rss_kib() -> int:
-        for line in Path(f"/proc/{agent.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS")
-
     kubelet.restart()
     kubelet.wait_registrations(2)
-    fds, rss = _fds(agent.proc.pid), rss_kib()
+    fds, rss = agent.open_fds(), agent.rss_kib()
     for restart in range(2, 502):
         kubelet.restart()
         kubelet.wait_registrations(1 + restart)
     kubelet.wait_update(lambda u: len(u.devices) == 8, after=len(kubelet.updates) - 1)
     assert len(kubelet.registrations) == 502, "one registration per restart"
     # The last restart's old connection may still be closing: allow it, and nothing that grows per restart.
-    assert _fds(agent.proc.pid) <= fds + 2
-    grown = rss_kib() - rss
-    print(f"soak: 500 restarts, fds {fds} -> {_fds(agent.proc.pid)}, RSS {rss} KiB -> {rss + grown} KiB")
+    assert agent.open_fds() <= fds + 2
+    grown = agent.rss_kib() - rss
+    print(f"soak: 500 restarts, fds {fds} -> {agent.open_fds()}, RSS {rss} KiB -> {rss + grown} KiB")
     assert grown < 4 * 1024, f"RSS grew by {grown} KiB over 500 kubelet restarts"

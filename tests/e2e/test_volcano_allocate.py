@@ -6,7 +6,6 @@ of it is on."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import urllib.request
@@ -279,20 +278,12 @@ def _delete(apiserver: ApiServer, name: str) -> None:
         assert answer.status in (200, 202)
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 @pytest.mark.soak
 def test_soak_2000_volcano_pods_come_get_chips_and_go(
     kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
 ) -> None:
     """Every pod the agent cached, took and marked is forgotten when it goes: memory and descriptors level
     off while pods keep coming."""
-    pid = volcano.proc.pid
 
     def rounds(first: int, count: int) -> None:
         for n in range(first, first + count):
@@ -306,9 +297,9 @@ def test_soak_2000_volcano_pods_come_get_chips_and_go(
             _delete(apiserver, f"job-{n}")
 
     rounds(0, 200)
-    fds, rss = len(os.listdir(f"/proc/{pid}/fd")), _rss_kib(pid)
+    fds, rss = volcano.open_fds(), volcano.rss_kib()
     rounds(200, 1800)
-    grown = _rss_kib(pid) - rss
-    print(f"soak: 2000 Volcano pods, fds {fds} -> {len(os.listdir(f'/proc/{pid}/fd'))}, RSS grew {grown} KiB")
-    assert len(os.listdir(f"/proc/{pid}/fd")) <= fds + 2
+    grown = volcano.rss_kib() - rss
+    print(f"soak: 2000 Volcano pods, fds {fds} -> {volcano.open_fds()}, RSS grew {grown} KiB")
+    assert volcano.open_fds() <= fds + 2
     assert grown < 2 * 1024, f"RSS grew by {grown} KiB over 1,800 Volcano pods"

@@ -74,6 +74,17 @@ class AgentProcess:
             self.proc.wait(5)
         self._reader.join(5)
 
+    def rss_kib(self) -> int:
+        """The process's resident memory now, in KiB."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError(f"no VmRSS for process {self.proc.pid}")
+
+    def open_fds(self) -> int:
+        """How many file descriptors the process has open now."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
     @property
     def output(self) -> str:
         with self._cond:
