@@ -93,6 +93,7 @@ class ResourcePlugin:
         # kubelet.sock's identity when we registered (kubelet mode), or True once the kubelet said so
         # (plugin-watcher mode); None while not registered.
         self._registered_with: SocketIdentity | bool | None = None
+        self._failed_with: SocketIdentity | None = None  # kubelet.sock at the last failed registration
         self._lost_at: float | None = None
         self._streams_at_registration = 0
         self._lost_streak = 0
@@ -274,6 +275,11 @@ class ResourcePlugin:
                     exc,
                     extra=log_fields(resource=self.resource, reason=str(exc)),
                 )
+            if kubelet is not None and kubelet != self._failed_with:
+                # A kubelet.sock not tried before: its file appears at bind(), before the kubelet listens, so
+                # its first refusal is tried again soon, not after the back-off grown while it was absent.
+                backoff.reset()
+            self._failed_with = kubelet
             delay = backoff.next()
             log.debug(
                 "Next registration attempt for %s in %.1f s, or when kubelet.sock appears",

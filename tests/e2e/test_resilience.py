@@ -179,7 +179,10 @@ def test_registers_as_soon_as_kubelet_sock_appears(
         standin = KubeletStandin(directory, *kubelet_api)  # type: ignore[arg-type]
         standin.start(wipe=False)
         try:
-            standin.wait_registrations(1, timeout=2.0)
+            try:
+                standin.wait_registrations(1, timeout=2.0)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\nagent log:\n{process.output}") from None
         finally:
             standin.stop()
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,13 +68,17 @@ class AsyncKubelet(RegistrationBase):
         return self.directory / KUBELET_SOCKET
 
     # lifecycle ------------------------------------------------------------------------------------------
-    async def start(self, *, wipe: bool = True) -> None:
+    async def start(self, *, wipe: bool = True, sock: socket.socket | None = None) -> None:
+        """Serve on kubelet.sock; or on ``sock``, a socket already bound there (it listens from now)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         if wipe:
             for path in self.directory.glob("*.sock"):
                 path.unlink()
         server = Server([self])
-        await server.start(path=str(self.socket))
+        if sock is None:
+            await server.start(path=str(self.socket))
+        else:
+            await server.start(sock=sock)
         self._server = server
 
     async def stop(self) -> None:

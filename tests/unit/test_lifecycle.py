@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import cast
@@ -97,6 +98,36 @@ async def test_registration_retries_with_growing_back_off_after_refusals(
     refusals = [r for r in caplog.records if "Cannot register" in r.getMessage()]
     assert len(refusals) == 1, "one refusal is logged once, not once per attempt"
     assert "refused" in refusals[0].getMessage()
+
+
+async def test_a_new_kubelet_sock_not_listening_yet_is_tried_again_soon(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kubelet.sock appears at the kubelet's bind(), before it listens: a plugin woken by the file meets a
+    refusal. Its next try comes at the start of the back-off (0.1 s), not after the 3.2 s grown while there
+    was no kubelet at all."""
+    caplog.set_level(logging.DEBUG, logger="ascend_agent")
+    kubelet = AsyncKubelet(short_dir / "device-plugins")
+    kubelet.directory.mkdir(parents=True)
+
+    def next_attempts() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Next registration")]
+
+    plugin = _plugin(kubelet.directory)
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        async with _running(plugin):
+            await _until(lambda: any(" in 1.6 s" in m for m in next_attempts()), "a back-off grown to 1.6 s")
+            bound.bind(str(kubelet.socket))  # the kubelet's bind(); it does not listen yet
+            tried = len(next_attempts())
+            plugin.poke()  # what the agent's inotify watch does when kubelet.sock appears
+            await _until(lambda: len(next_attempts()) > tried, "the refused attempt")
+            assert "refused" in plugin.status()[1]
+            await kubelet.start(wipe=False, sock=bound)  # listens now
+            await kubelet.wait_registrations(1, timeout=2.0)
+    finally:
+        await kubelet.stop()
+        bound.close()
 
 
 async def test_kubelet_restart_gives_exactly_one_registration_served_first(kubelet: AsyncKubelet) -> None:
