@@ -55,8 +55,12 @@ def test_a_hundred_restarts_each_registered_exactly_once(go_kubelet: GoKubelet, 
         new_attempts = go_kubelet.of_kind("register", attempts)
         attempts_per_restart.append(len(new_attempts))
         failed_attempts += [f"restart {restart}: {a['error']}" for a in new_attempts if not a["ok"]]
+        # A dial the kubelet itself cancelled (it closed that connection: grpc-go was redialling the socket of
+        # the kubelet before the restart) made nothing wait.
         failed_dials += [
-            f"restart {restart}: {d['error']}" for d in go_kubelet.of_kind("dial", dials) if not d["ok"]
+            f"restart {restart}: {d['error']}"
+            for d in go_kubelet.of_kind("dial", dials)
+            if not d["ok"] and not d["error"].endswith("operation was canceled")
         ]
 
     ordered = sorted(latencies)
