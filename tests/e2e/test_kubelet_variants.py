@@ -60,14 +60,18 @@ def test_kubelet_restarts_do_not_stretch_the_grace_for_a_lost_stream(kubelet: Ku
     try:
         kubelet.wait_registrations(1)
         for restart in range(8):
+            updates = len(kubelet.updates)
             kubelet.restart()
             kubelet.wait_registrations(2 + restart)
-            kubelet.wait_update(lambda u: len(u.devices) == 8, after=len(kubelet.updates) - 1)
+            # The new kubelet's own stream is open (an update before the restart would not say so).
+            kubelet.wait_update(lambda u: len(u.devices) == 8, after=updates)
         # A stream lost while the kubelet stays: registered again after the first grace (0.5 s), not after
         # one doubled by every restart before it (up to 60 s).
         kubelet.end_stream()
         kubelet.wait_registrations(10, timeout=5)
         agent.wait_log("ListAndWatch stream for huawei.com/Ascend910 ended; registering again")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nagent log:\n{agent.output}") from None
     finally:
         agent.close()
 
