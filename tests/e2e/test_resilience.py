@@ -27,9 +27,10 @@ def agent(kubelet: KubeletStandin, state: Path) -> Iterator[AgentProcess]:
 def test_exactly_one_registration_per_kubelet_restart(kubelet: KubeletStandin, agent: AgentProcess) -> None:
     fds_after_first = None
     for restart in range(1, 31):
+        updates = len(kubelet.updates)
         kubelet.restart()
         kubelet.wait_registrations(1 + restart)
-        kubelet.wait_update(lambda u: len(u.devices) == 8, after=len(kubelet.updates) - 1)
+        kubelet.wait_update(lambda u: len(u.devices) == 8, after=updates)  # the new kubelet's own stream
         if restart == 1:
             fds_after_first = agent.open_fds()
     kubelet.no_registration_beyond(31, within=1.5)
