@@ -42,22 +42,9 @@ class _Agent:
         self.config = directory / "config.yaml"
         self.settings = {"fakeChips": 8, "fakeModel": "910B3", **settings}
         self._write()
-        self.process = AgentProcess(
-            [
-                "run",
-                "--backend",
-                "fake",
-                "--kubelet-dir",
-                str(kubelet.directory),
-                "--metrics-address",
-                "",
-                "--config",
-                str(self.config),
-                "--kubeconfig",
-                str(apiserver.kubeconfig),
-                "--node-name",
-                NODE,
-            ]
+        self.process = fake_agent(
+            kubelet.directory,
+            *("--config", str(self.config), "--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE),
         )
 
     def _write(self) -> None:

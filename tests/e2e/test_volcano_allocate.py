@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.support.agent_process import AgentProcess
+from tests.support.agent_process import AgentProcess, fake_agent
 from tests.support.apiserver import ApiServer
 from tests.support.cli import run_cli
 from tests.support.http_probe import free_port, wait_answer
@@ -47,23 +47,10 @@ def _pod(name: str, chips: str, predicate_time: str, count: int = 2, node: str =
 
 
 def _start(kubelet: KubeletStandin, apiserver: ApiServer, *extra: str) -> AgentProcess:
-    agent = AgentProcess(
-        [
-            "run",
-            "--backend",
-            "fake",
-            "--fake-model",
-            "910B3",
-            "--kubelet-dir",
-            str(kubelet.directory),
-            "--metrics-address",
-            "",
-            "--kubeconfig",
-            str(apiserver.kubeconfig),
-            "--node-name",
-            NODE,
-            *extra,
-        ]
+    agent = fake_agent(
+        kubelet.directory,
+        *("--fake-model", "910B3", "--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE),
+        *extra,
     )
     kubelet.wait_update(lambda u: len(u.devices) == 8, what="the device list")
     return agent

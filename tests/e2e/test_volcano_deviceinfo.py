@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.support import volcano_types
-from tests.support.agent_process import AgentProcess
+from tests.support.agent_process import AgentProcess, fake_agent
 from tests.support.apiserver import ApiServer
 from tests.support.kubelet_standin import KubeletStandin
 
@@ -22,25 +22,11 @@ T = "huawei.com/Ascend910"
 
 
 def _agent(kubelet: KubeletStandin, apiserver: ApiServer, *extra: str) -> AgentProcess:
-    return AgentProcess(
-        [
-            "run",
-            "--backend",
-            "fake",
-            "--fake-model",
-            "910B3",
-            "--kubelet-dir",
-            str(kubelet.directory),
-            "--metrics-address",
-            "",
-            "--health-interval",
-            "1",
-            "--kubeconfig",
-            str(apiserver.kubeconfig),
-            "--node-name",
-            NODE,
-            *extra,
-        ]
+    return fake_agent(
+        kubelet.directory,
+        *("--fake-model", "910B3", "--health-interval", "1"),
+        *("--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE),
+        *extra,
     )
 
 
