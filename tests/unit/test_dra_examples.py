@@ -10,28 +10,19 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 
 from ascend_agent.config import DRA_API, SettingsSource
 from ascend_agent.dra.devices import DeviceTaints, pool_slices
 from ascend_agent.model import Chip, Inventory, VNpu
 from tests.support import ROOT
+from tests.support.manifests import documents
 from tests.support.rbac import grants
 
 KUBERNETES = "1.36"
 DRA = ROOT / "examples" / "dra"
 
 
-def _documents() -> list[tuple[str, dict[str, Any]]]:
-    found = []
-    for path in sorted(DRA.glob("*.yaml")):
-        for index, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
-            if doc is not None:
-                found.append((f"{path.name}[{index}]{doc['kind']}", doc))
-    return found
-
-
-DOCUMENTS = _documents()
+DOCUMENTS = documents(sorted(DRA.glob("*.yaml")))
 
 
 @pytest.mark.parametrize("doc", [d for _, d in DOCUMENTS], ids=[n for n, _ in DOCUMENTS])

@@ -22,6 +22,7 @@ from typer.main import get_command
 from ascend_agent.cli import app
 from ascend_agent.config import Settings, SettingsSource, camel_case, read_config_file
 from tests.support import ROOT
+from tests.support.manifests import documents
 from tests.support.rbac import grants
 
 EXAMPLES = ROOT / "examples"
@@ -34,18 +35,7 @@ VERSION = PYPROJECT["project"]["version"]
 Doc = dict[str, Any]
 
 
-def _manifests() -> list[tuple[str, Doc]]:
-    found = []
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        if path == CONFIG:
-            continue
-        for index, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
-            if doc is not None:
-                found.append((f"{path.name}[{index}]{doc.get('kind')}", doc))
-    return found
-
-
-MANIFESTS = _manifests()
+MANIFESTS = documents(path for path in sorted(EXAMPLES.glob("*.yaml")) if path != CONFIG)
 
 
 def _one(kind: str, file: str | None = None) -> Doc:

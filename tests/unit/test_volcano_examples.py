@@ -9,26 +9,17 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 
 from ascend_agent.config import Settings, SettingsSource
 from tests.support import ROOT
+from tests.support.manifests import documents
 
 VOLCANO = ROOT / "examples" / "volcano"
 KUBERNETES = "1.31"
 Doc = dict[str, Any]
 
 
-def _docs() -> list[tuple[str, Doc]]:
-    found = []
-    for path in sorted(VOLCANO.glob("*.yaml")):
-        for index, doc in enumerate(yaml.safe_load_all(path.read_text(encoding="utf-8"))):
-            if doc is not None:
-                found.append((f"{path.name}[{index}]{doc['kind']}", doc))
-    return found
-
-
-DOCS = _docs()
+DOCS = documents(sorted(VOLCANO.glob("*.yaml")))
 KUBE = [(name, doc) for name, doc in DOCS if not doc["apiVersion"].startswith("batch.volcano.sh/")]
 JOBS = {doc["metadata"]["name"]: doc for _, doc in DOCS if doc["apiVersion"].startswith("batch.volcano.sh/")}
 
