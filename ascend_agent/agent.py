@@ -41,6 +41,7 @@ from ascend_agent.config import (
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
 from ascend_agent.flaphold import ChipHold
+from ascend_agent.handed_out import HandedOut
 from ascend_agent.kubelet_dirs import waiting_reason
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Health, Inventory
@@ -57,7 +58,7 @@ from ascend_agent.observability import (
 )
 from ascend_agent.podresources import Holders, PodHolders
 from ascend_agent.separation import ManualSeparation
-from ascend_agent.vnpu_layout import ChipPlan, HeldDevices
+from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout, LayoutRefused
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
@@ -153,9 +154,13 @@ class Agent:
         if mounted is not None:
             mounted.on_change = self._wake_if_any_unhealthy
             self.holders.on_change = self._wake_if_any_unhealthy
+        # What Allocate handed over, held until PodResources shows it freed (the vNPU layout reads it).
+        self.handed_out = HandedOut()
+        self.holders.on_answer = self._observe_holders
         self.held_devices: HeldDevices = held_devices or self._held_by_pods
         self._vnpu_pending = False
         self._vnpu_refused: tuple[str, ...] = ()
+        self._vnpu_ignored: Layout | None = None
         self.backend = backend
         self._source = source
         self._plugins: dict[str, _Running] = {}
@@ -469,11 +474,20 @@ class Agent:
         return True
 
     # vNPUs ------------------------------------------------------------------------------------------------
+    def _allocated(self, resource: str, device_ids: Sequence[str]) -> None:
+        self.handed_out.record(resource, device_ids)
+        self.holders.poke()
+
+    def _observe_holders(self, holders: Holders, asked_at: float) -> None:
+        self.handed_out.observe(holders.by_device.keys(), asked_at)
+
     def _held_by_pods(self) -> frozenset[str] | None:
-        """The device IDs pods hold, as PodResources last said; None while it does not answer."""
+        """The device IDs pods hold, as PodResources last said, and what Allocate handed over that it has
+        not shown freed yet; None while PodResources does not answer."""
         if self.holders.error is not None:
             return None
-        return frozenset(device_id for _, device_id in self.holders.holders.by_device)
+        listed = frozenset(device_id for _, device_id in self.holders.holders.by_device)
+        return listed | self.handed_out.device_ids()
 
     async def apply_vnpu_layout(self, *, fresh: bool = False, quiet: bool = False) -> tuple[ChipPlan, ...]:
         """Make the chips hold the ``vnpu:`` layout (at start, on reload, and each health interval while a
@@ -482,16 +496,28 @@ class Agent:
         ``process.run_agent`` refuses it before: exit status 2); ``quiet`` leaves out the line that says
         nothing needed to run."""
         backend = self.backend
+        layout = self.settings.vnpu
         if not isinstance(backend, VnpuLayoutBackend):
+            if layout is not None and layout != self._vnpu_ignored:
+                log.warning(
+                    "vnpu: the %s backend does not create vNPUs, so the vnpu: layout is ignored (the fake "
+                    "backend splits chips with --fake-vnpus 0:vir02,0:vir02)",
+                    self.settings.backend,
+                )
+            self._vnpu_ignored = layout
             return ()
         if fresh:
             backend.forget_vnpus()
-        layout = self.settings.vnpu
         if layout is None:
             self._vnpu_pending = False
             return ()
-        plans = await backend.apply_vnpu_layout(layout, self.held_devices, run=True)
-        refused = tuple(plan.refused for plan in plans if plan.refused)
+        try:
+            plans = await backend.apply_vnpu_layout(layout, self.held_devices, run=True)
+        except LayoutRefused as exc:
+            plans = ()
+            refused: tuple[str, ...] = (str(exc),)
+        else:
+            refused = tuple(plan.refused for plan in plans if plan.refused)
         if refused != self._vnpu_refused:
             for line in refused:
                 log.error("%s", line)
@@ -568,7 +594,7 @@ class Agent:
                 await running.plugin.run()
 
         self._tasks.start_soon(run, name=f"plugin {resource}")
-        running.plugin.service.on_allocated = self.holders.poke
+        running.plugin.service.on_allocated = partial(self._allocated, resource)
         if self.device_ids_for is not None:
             running.plugin.service.remap_ids = partial(self.device_ids_for, resource)
         running.plugin.on_registered = self._registered.set

@@ -27,7 +27,7 @@ import yaml
 from ascend_agent.faults import VERDICTS
 from ascend_agent.model import UnknownModelError, classify
 from ascend_agent.naming import NAMING_SCHEMES
-from ascend_agent.vnpu_layout import Layout, parse_layout
+from ascend_agent.vnpu_layout import Layout, is_chip_id, parse_layout
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -291,13 +291,13 @@ def fake_vnpus(value: Any) -> Layout:
         entries: dict[str, list[str]] = {}
         for item in filter(None, (part.strip() for part in value.split(","))):
             phys_id, sep, template = item.partition(":")
-            if not sep or not phys_id.strip().isdigit():
+            if not sep or not is_chip_id(phys_id.strip()):
                 raise ValueError(f"{item!r} must be PHYS_ID:TEMPLATE, e.g. 0:vir02,0:vir02,1:vir04")
             entries.setdefault(phys_id.strip(), []).append(template.strip())
         value = entries
     layout = parse_layout(value)
     for key, _ in layout:
-        if not key.isdigit():
+        if not is_chip_id(key):
             raise ValueError(f"{key}: the fake backend's vNPUs are given by physical chip id (0, 1, ...)")
     return layout
 

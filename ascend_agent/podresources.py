@@ -12,6 +12,7 @@ never the health loop.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,8 @@ class PodHolders:
         self.error: str | None = None
         # Told when the holders changed (the agent then reconciles, under --volcano).
         self.on_change: Callable[[], None] = lambda: None
+        # Told every answer, with when it was asked (time.monotonic()).
+        self.on_answer: Callable[[Holders, float], None] = lambda holders, asked_at: None
         self._poked = anyio.Event()
 
     def poke(self) -> None:
@@ -104,6 +107,7 @@ class PodHolders:
 
     async def refresh(self) -> bool:
         """Ask the kubelet once; True when the holders changed."""
+        asked_at = time.monotonic()
         try:
             holders = await list_holders(self.socket)
         except Exception as exc:  # PodResourcesError, or an answer that does not decode
@@ -116,6 +120,7 @@ class PodHolders:
             if self.error is not None:
                 log.info("PodResources answers again on %s", self.socket)
             self.error = None
+            self.on_answer(holders, asked_at)
         changed = holders != self.holders
         self.holders = holders
         return changed

@@ -28,6 +28,7 @@ from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.observability import configure_logging, serve_http
 from ascend_agent.separation import ManualSeparation
 from ascend_agent.stopping import stop_requested
+from ascend_agent.vnpu_layout import ChipPlan, Layout, LayoutRefused
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,15 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
     if settings.vnpu is not None and isinstance(backend, VnpuLayoutBackend):
         await backend.query()
         # A layout the chips cannot hold stops the start before anything else is asked or run.
-        refused = [p.refused for p in await backend.apply_vnpu_layout(settings.vnpu, nothing_held, run=False)]
-        if any(refused):
+        try:
+            await _vnpu_plans(backend, settings.vnpu)
+        except ConfigError:
             await backend.close()
-            raise ConfigError(next(line for line in refused if line))
+            raise
         await agent.holders.refresh()  # which vNPUs and chips pods hold, before anything is destroyed
         await agent.apply_vnpu_layout()
+    elif settings.vnpu is not None:
+        await agent.apply_vnpu_layout()  # says that this backend ignores it
     http = None
     if settings.metrics_address:
         try:
@@ -136,12 +140,9 @@ async def print_vnpu_plan(settings: Settings) -> int:
     try:
         await backend.start()
         await backend.query()
-        plans = await backend.apply_vnpu_layout(settings.vnpu, nothing_held, run=False)
+        plans = await _vnpu_plans(backend, settings.vnpu)
     finally:
         await backend.close()
-    refused = [plan.refused for plan in plans if plan.refused]
-    if refused:
-        raise ConfigError(refused[0])
     for plan in plans:
         for command in plan.commands():
             print(command)
@@ -152,6 +153,18 @@ async def print_vnpu_plan(settings: Settings) -> int:
     if all(plan.empty and not plan.in_use for plan in plans):
         print("# nothing to do: every chip the layout names holds it")
     return 0
+
+
+async def _vnpu_plans(backend: VnpuLayoutBackend, layout: Layout) -> tuple[ChipPlan, ...]:
+    """The layout's plans against the chips now, nothing run; :class:`ConfigError` with the first refusal."""
+    try:
+        plans = await backend.apply_vnpu_layout(layout, nothing_held, run=False)
+    except LayoutRefused as exc:
+        raise ConfigError(str(exc)) from None
+    refused = next((plan.refused for plan in plans if plan.refused), "")
+    if refused:
+        raise ConfigError(refused)
+    return plans
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

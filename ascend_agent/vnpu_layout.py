@@ -1,7 +1,7 @@
 """The vNPU layout of the config (``vnpu:``) and the plan that makes a chip hold it; pure, no I/O.
 
-A key is a physical chip id (``"3"``) or a chip name (``"310P3"``: every chip of that name without an entry
-of its own); a value lists the templates the chip should hold, ``[]`` for none::
+A key is a physical chip id in ASCII digits (``"3"``) or a chip name (``"310P3"``: every chip of that name
+without an entry of its own); a value lists the templates the chip should hold, ``[]`` for none::
 
     layout = parse_layout({"3": ["vir04", "vir02"], "310P3": ["vir02", "vir02"]})   # ValueError: one line
     wanted = templates_for(layout, chip)                                             # None: not managed
@@ -9,8 +9,10 @@ of its own); a value lists the templates the chip should hold, ``[]`` for none::
     step.commands()   # ["npu-smi set -t destroy-vnpu -i 1 -c 0 -v 117", "npu-smi set -t create-vnpu ..."]
 
 The layout is checked twice: at load against the published templates of each product (a name key must fit
-one product of its generation; a physical id key, some product), and before anything runs against what the
-chip itself reports (its ``template-info`` and its AI cores and memory).
+one product of its generation; a physical id key, some product), and before anything runs against the node:
+an id key must name one of its chips, and each chip must offer the templates (its ``template-info``) and have
+the AI cores they need. Memory is not checked: what ``info-vnpu`` calls the chip's memory is what is usable
+(21 GB on a 310P3), less than the templates' own figures add up to on a full chip (4 x vir02: 24 GB).
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ PRODUCTS = (
 )
 SPLITTABLE_GENERATIONS = frozenset(product.generation for product in PRODUCTS)
 _CORES = re.compile(r"^vir(\d+)")
+# A physical chip id key: ASCII digits only (str.isdigit() takes other scripts' digits too), at most 6.
+_CHIP_ID = re.compile(r"[0-9]{1,6}")
+
+
+class LayoutRefused(ValueError):
+    """The layout names what the node does not have (a chip id it lacks); the message is the one line."""
+
+
+def is_chip_id(key: str) -> bool:
+    """True for a layout key that names a physical chip id (``"3"``), False for a chip name."""
+    return _CHIP_ID.fullmatch(key) is not None
 
 
 def template_cores(template: str) -> int:
@@ -94,16 +107,25 @@ def parse_layout(value: object) -> Layout:
         value = dict(value)
     if not isinstance(value, dict):
         raise ValueError('must map chips to template lists, e.g. {"3": [vir04, vir02], "310P3": [vir02]}')
-    layout = []
+    layout: list[tuple[str, tuple[str, ...]]] = []
     for raw_key, raw_templates in value.items():
         key = str(raw_key) if isinstance(raw_key, int) and not isinstance(raw_key, bool) else raw_key
-        if not isinstance(key, str) or not key.strip():
-            raise ValueError(f"key {raw_key!r} is neither a physical chip id (3) nor a chip name (310P3)")
+        if not isinstance(key, str) or not key.strip() or not key.isascii():
+            raise ValueError(
+                f"key {str(raw_key)[:40]!r} is neither a physical chip id (ASCII digits, 3) nor a chip "
+                "name (310P3)"
+            )
+        if is_chip_id(key):
+            key = str(int(key))  # "03" is chip 3
+        elif key.isdigit():
+            raise ValueError(f"key {key[:20]}...: a physical chip id has at most 6 digits")
         if isinstance(raw_templates, tuple):
             raw_templates = list(raw_templates)
         if not isinstance(raw_templates, list) or not all(isinstance(t, str) for t in raw_templates):
             raise ValueError(f"{key}: must be a list of template names, e.g. [vir02, vir02]; [] for none")
         templates = tuple(raw_templates)
+        if key in dict(layout):
+            raise ValueError(f"{key}: chip {key} has two entries")
         _check_entry(key, templates)
         layout.append((key, templates))
     return tuple(layout)
@@ -115,7 +137,7 @@ def _check_entry(key: str, templates: tuple[str, ...]) -> None:
             vnpu_suffix(template)
         except ValueError as exc:
             raise ValueError(f"{key}: {exc}") from None
-    if key.isdigit():
+    if is_chip_id(key):
         products: tuple[Product, ...] = PRODUCTS
         what = f"chip {key}"
     else:
@@ -141,7 +163,7 @@ def _check_entry(key: str, templates: tuple[str, ...]) -> None:
     cores = sum(template_cores(t) for t in templates)
     most = max(product.aicores for product in offering)
     if cores > most:
-        has = f"{what} has {most}" if not key.isdigit() else f"no chip that offers them has more than {most}"
+        has = f"no chip that offers them has more than {most}" if is_chip_id(key) else f"{what} has {most}"
         raise ValueError(f"{key}: {', '.join(templates)} need {cores} AI cores; {has}")
 
 
@@ -153,18 +175,32 @@ def templates_for(layout: Layout, chip: Chip) -> tuple[str, ...] | None:
     if own is not None:
         return own
     for key, templates in layout:
-        if not key.isdigit() and normalise_model(key).lower() == chip.model.lower():
+        if not is_chip_id(key) and normalise_model(key).lower() == chip.model.lower():
             return templates
     return None
 
 
+def absent_chips(layout: Layout, chips: Sequence[Chip]) -> str:
+    """The refusal line when ``layout`` names a physical chip id the node does not have; "" otherwise.
+
+    >>> absent_chips((("9", ("vir02",)),), [Chip.make(0, "310P3"), Chip.make(1, "310P3")])
+    'vnpu: chip 9 is not on this node (its chips: 0, 1); nothing created'
+    """
+    present = {str(chip.phys_id) for chip in chips}
+    absent = [key for key, _ in layout if is_chip_id(key) and key not in present]
+    if not absent:
+        return ""
+    have = ", ".join(str(phys) for phys in sorted(chip.phys_id for chip in chips)) or "none found"
+    which = f"chip {absent[0]} is" if len(absent) == 1 else f"chips {', '.join(absent)} are"
+    return f"vnpu: {which} not on this node (its chips: {have}); nothing created"
+
+
 @dataclass(frozen=True, slots=True)
 class ChipState:
-    """What npu-smi says a chip holds now: its vNPUs and its totals (None where unknown)."""
+    """What npu-smi says a chip holds now: its vNPUs and its AI cores (None where unknown)."""
 
     vnpus: tuple[VNpu, ...]
     aicore: int | None = None
-    memory_gb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,16 +253,13 @@ def plan_chip(
             refused=f"vnpu: {name} offers no template {', '.join(unknown)} (npu-smi info -t template-info "
             f"lists {', '.join(sorted(templates)) or 'none'}); nothing created",
         )
-    for label, total, need in (
-        ("AI cores", state.aicore, sum(templates[t].aicore for t in wanted)),
-        ("GB of memory", state.memory_gb, sum(templates[t].memory_gb or 0 for t in wanted)),
-    ):
-        if total is not None and need > total:
-            return ChipPlan(
-                chip,
-                refused=f"vnpu: {name}: {', '.join(wanted)} need {need} {label}; the chip has {total}; "
-                "nothing created",
-            )
+    need = sum(templates[t].aicore for t in wanted)
+    if state.aicore is not None and need > state.aicore:
+        return ChipPlan(
+            chip,
+            refused=f"vnpu: {name}: {', '.join(wanted)} need {need} AI cores; the chip has {state.aicore}; "
+            "nothing created",
+        )
     missing = Counter(wanted)
     ordered = sorted(state.vnpus, key=lambda v: (not held(v), v.vnpu_id))
     kept: list[VNpu] = []

@@ -64,7 +64,8 @@ class VnpuLayoutBackend(Protocol):
         self, layout: Layout, held: HeldDevices, *, run: bool
     ) -> tuple[ChipPlan, ...]:
         """The plan of each chip the layout names, against the chips now; carried out with ``run`` unless
-        a chip refuses its entry. Never destroys a vNPU that ``held`` names or npu-smi shows in use."""
+        a chip refuses its entry. Never destroys a vNPU that ``held`` names or npu-smi shows in use.
+        ``vnpu_layout.LayoutRefused`` when the layout names a chip id the node does not have."""
 
 
 class BackendFactory(Protocol):

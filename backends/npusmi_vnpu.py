@@ -12,17 +12,20 @@ from a failure, so that it stays a plain chip without a warning::
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ascend_agent.backends.npusmi import NpuSmiError, NpuSmiParseError, parse_key_values, run_npu_smi
 from ascend_agent.model import Template, VNpu
+from ascend_agent.naming import vnpu_suffix
 
 # What npu-smi or its driver library says for a chip without vNPU support: dcmi's -8255 is "not supported".
 _UNSUPPORTED = re.compile(r"-8255\b|\bnot\s+support", re.IGNORECASE)
-_TOTAL = re.compile(r"Total\s+number\s+of\s+vnpu\s*:\s*(\d+)", re.IGNORECASE)
+# Numbers npu-smi prints: ASCII digits, at most 9 (int() reads other scripts' digits, refuses 5000 digits).
+_TOTAL = re.compile(r"Total\s+number\s+of\s+vnpu\s*:\s*([0-9]{1,9})(?![0-9])", re.IGNORECASE)
 _TEMPLATE_NAME = re.compile(r"^vir\w+$")
-_NUMBER = re.compile(r"^\d+$")
+_NUMBER = re.compile(r"^[0-9]{1,9}$")
 _FREE_TOTAL = re.compile(r"^(\w+)/(\w+)$")
 _VNPU_COLUMNS = {
     "vnpu id": "vnpu_id",
@@ -107,8 +110,8 @@ def parse_template_info(text: str) -> tuple[Template, ...]:
 def parse_info_vnpu(text: str) -> ChipVnpus:
     """A chip's resources and vNPUs from ``npu-smi info -t info-vnpu -i N -c C``.
 
-    :class:`NpuSmiParseError` when the text is not that table, or lists another number of vNPUs than its
-    ``Total number of vnpu`` line says.
+    :class:`NpuSmiParseError` when the text is not that table, lists another number of vNPUs than its
+    ``Total number of vnpu`` line says, or lists a vNPU id twice.
     """
     total_match = _TOTAL.search(text)
     if total_match is None:
@@ -145,6 +148,9 @@ def parse_info_vnpu(text: str) -> ChipVnpus:
                 }
     if len(vnpus) != expected:
         raise NpuSmiParseError(f"info-vnpu: 'Total number of vnpu: {expected}' but {len(vnpus)} rows read")
+    twice = sorted(vnpu_id for vnpu_id, n in Counter(v.vnpu_id for v in vnpus).items() if n > 1)
+    if twice:
+        raise NpuSmiParseError(f"info-vnpu lists vNPU id {twice[0]} twice (vNPU ids are unique per node)")
     return ChipVnpus(resources, tuple(vnpus))
 
 
@@ -152,10 +158,17 @@ def _vnpu_row(columns: list[str | None], cells: list[str]) -> VNpu | None:
     if len(cells) != len(columns):
         return None
     values = {column: cell for column, cell in zip(columns, cells, strict=True) if column}
-    vnpu_id = _count(values.get("vnpu_id", ""))
+    cell = values.get("vnpu_id", "")
+    vnpu_id = _count(cell)
     template = values.get("template", "")
-    if vnpu_id is None or not _TEMPLATE_NAME.match(template):
+    if not _TEMPLATE_NAME.match(template):
         return None
+    if vnpu_id is None:
+        raise NpuSmiParseError(f"info-vnpu: vNPU id {_shown(cell)} is not a number of at most 9 digits")
+    try:
+        vnpu_suffix(template)
+    except ValueError:
+        raise NpuSmiParseError(f"info-vnpu: vNPU {vnpu_id} has template {_shown(template)}") from None
     return VNpu(
         vnpu_id,
         template,
@@ -163,6 +176,11 @@ def _vnpu_row(columns: list[str | None], cells: list[str]) -> VNpu | None:
         container_id=values.get("container_id", ""),
         status=values.get("status", ""),
     )
+
+
+def _shown(cell: str) -> str:
+    """A cell as an error line names it: quoted, cut after 20 characters."""
+    return repr(cell) if len(cell) <= 20 else repr(cell[:20]) + f"... ({len(cell)} characters)"
 
 
 def check_done(text: str, what: str) -> None:

@@ -38,6 +38,8 @@ from ascend_agent.vnpu_layout import (
     ChipState,
     HeldDevices,
     Layout,
+    LayoutRefused,
+    absent_chips,
     plan_chip,
     template_cores,
     templates_for,
@@ -118,11 +120,15 @@ class VnpuProbe:
                     await self._ask(chip)
 
     async def _ask(self, chip: Chip) -> None:
+        """Ask npu-smi for one chip's vNPUs. A table that fails to read, or lists a vNPU id another chip's
+        table holds, is refused with one warning, and what was known of the chip is kept."""
         assert chip.npu_id is not None
         try:
             state = await query_vnpus(
                 self._npu_smi, chip.npu_id, chip.chip_on_card, self._settings.npu_smi_timeout
             )
+            if state is not None:
+                self._check_unique(chip, state)
         except NpuSmiError as exc:
             if self._failures.get(chip.phys_id) != str(exc):
                 log.warning(
@@ -142,6 +148,19 @@ class VnpuProbe:
         if state.vnpus:
             await self._templates_of(chip)
         self._states[chip.phys_id] = state
+
+    def _check_unique(self, chip: Chip, state: ChipVnpus) -> None:
+        """NpuSmiError when ``state`` lists a vNPU id that another chip's table holds: two devices would
+        mount one ``/dev/vdavinci<id>``, and a destroy by id could hit the other chip's vNPU."""
+        ids = {vnpu.vnpu_id for vnpu in state.vnpus}
+        for phys, other in self._states.items():
+            shared = sorted(ids & {vnpu.vnpu_id for vnpu in other.vnpus})
+            if phys != chip.phys_id and shared:
+                raise NpuSmiError(
+                    "output",
+                    f"npu-smi info -t info-vnpu -i {chip.npu_id} -c {chip.chip_on_card} lists vNPU id "
+                    f"{shared[0]}, which chip {phys} holds (vNPU ids are unique per node)",
+                )
 
     async def _templates_of(self, chip: Chip) -> dict[str, Template]:
         """The chip model's templates (``info -t template-info -i <npu id>``), asked once per model."""
@@ -180,7 +199,11 @@ class VnpuProbe:
     ) -> tuple[ChipPlan, ...]:
         """Plan every chip the layout names against what npu-smi says now (asked again unless nothing
         changed since it was last asked: :meth:`forget` makes it ask), and with ``run`` carry the plans
-        out; when any chip refuses its entry, nothing runs anywhere."""
+        out; when any chip refuses its entry, nothing runs anywhere. :class:`LayoutRefused` when the layout
+        names a chip id the node does not have."""
+        absent = absent_chips(layout, chips)
+        if absent:
+            raise LayoutRefused(absent)
         if self.stale(chips, nodes) or not self._states:
             await self.refresh(chips, nodes, always=True)
         held_now = held()
@@ -214,7 +237,8 @@ class VnpuProbe:
                 return ChipPlan(chip)
             return ChipPlan(chip, refused=f"vnpu: {name} cannot be split into vNPUs; nothing created")
         state = self._states.get(chip.phys_id)
-        if state is None:
+        if state is None or chip.phys_id in self._failures:
+            # A table npu-smi could not give, or gave wrong, is not planned on: what was known may be stale.
             why = self._failures.get(chip.phys_id, "npu-smi did not say")
             return ChipPlan(chip, refused=f"vnpu: the vNPUs of {name} are unknown ({why}); nothing created")
         templates = await self._templates_of(chip)
@@ -226,7 +250,7 @@ class VnpuProbe:
         def holds(vnpu: VNpu) -> bool:
             return vnpu.in_container or held_ids is None or chip.slice(vnpu).device_id in held_ids
 
-        current = ChipState(state.vnpus, aicore=state.total("aicore"), memory_gb=state.total("memory"))
+        current = ChipState(state.vnpus, aicore=state.total("aicore"))
         plan = plan_chip(chip, wanted, current, templates, holds)
         whole = chip.chip_device_id
         held_whole = (

@@ -128,8 +128,9 @@ class DevicePluginService:
         self.kubelet_streams_opened = 0
         self._allocated = ALLOCATIONS.labels(resource=resource, code="OK")
         self._refusals = RepeatLimiter("allocate_refused", _REFUSAL_LOG_INTERVAL)
-        # Told after each Allocate answered (the agent then asks the kubelet which pod got the chips).
-        self.on_allocated: Callable[[], None] = lambda: None
+        # Told the device IDs each Allocate handed over, once answered (the agent counts them as held, and
+        # asks the kubelet which pod got them).
+        self.on_allocated: Callable[[Sequence[str]], None] = lambda device_ids: None
         # None: the kubelet's IDs are the chips handed over (no I/O on Allocate's path).
         self.remap_ids: DeviceIdRemapper | None = None
 
@@ -236,10 +237,12 @@ class DevicePluginService:
         request = await _request(stream)
         started = time.perf_counter()
         try:
+            containers: Sequence[Sequence[str]]
             if self.remap_ids is None:
-                answer, ids = self.allocate(request)
+                containers = self._containers(request)
             else:
-                answer, ids = await self._allocate_remapped(request, self.remap_ids)
+                containers = await self._remapped(request, self.remap_ids)
+            answer, ids = self._answer(containers)
         except GRPCError as exc:
             ALLOCATIONS.labels(resource=self.resource, code=exc.status.name).inc()
             # Keyed by the status, not the words: a client cycling through bad IDs gets no line per ID.
@@ -258,21 +261,20 @@ class DevicePluginService:
         self._allocated.inc()
         log.info("Allocated %s", ids, extra=log_fields(resource=self.resource, devices=ids.split(",")))
         await stream.send_message(answer)
-        self.on_allocated()
+        self.on_allocated([device_id for container in containers for device_id in container])
 
     def allocate(self, request: bytes) -> tuple[bytes, str]:
         """The encoded AllocateResponse to an encoded AllocateRequest, and the IDs it hands over; GRPCError
         names a bad ID."""
         return self._answer(self._containers(request))
 
-    async def _allocate_remapped(self, request: bytes, remap: DeviceIdRemapper) -> tuple[bytes, str]:
-        """As :meth:`allocate`, with the IDs ``remap`` gives for the kubelet's."""
+    async def _remapped(self, request: bytes, remap: DeviceIdRemapper) -> Sequence[Sequence[str]]:
+        """The request's IDs per container, as ``remap`` gives them for the kubelet's."""
         containers = self._containers(request)
         try:
-            chosen = await remap(containers)
+            return await remap(containers)
         except LookupError as exc:
             raise GRPCError(Status.FAILED_PRECONDITION, str(exc.args[0] if exc.args else exc)) from None
-        return self._answer(chosen)
 
     def _containers(self, request: bytes) -> list[list[str]]:
         try:

@@ -68,6 +68,51 @@ def test_a_row_fewer_than_the_total_is_refused() -> None:
         parse_info_vnpu(cut)
 
 
+def _id_of_117(shown: str) -> str:
+    """The two-vNPU sample with vNPU 117's id cell showing ``shown`` (its width kept when it fits)."""
+    return TWO.replace("|  117      |", f"|  {shown.ljust(9)}|")
+
+
+@pytest.mark.parametrize(
+    ("shown", "said"),
+    [
+        ("116", "info-vnpu lists vNPU id 116 twice (vNPU ids are unique per node)"),
+        ("1" * 5000, "info-vnpu: vNPU id '11111111111111111111'... (5000 characters) is not a number"),
+        ("\u0661\u0661\u0667", "info-vnpu: vNPU id '\u0661\u0661\u0667' is not a number of at most 9 digits"),
+    ],
+)
+def test_a_vnpu_id_npu_smi_cannot_mean_refuses_the_table(shown: str, said: str) -> None:
+    with pytest.raises(NpuSmiParseError) as refused:
+        parse_info_vnpu(_id_of_117(shown))
+    assert str(refused.value).startswith(said)
+
+
+_ID_CELLS = st.one_of(
+    st.integers(0, 10**12).map(str), st.text(st.characters(categories=["Nd"]), min_size=1, max_size=12)
+)
+
+
+@given(_ID_CELLS, _ID_CELLS)
+def test_vnpu_ids_read_are_unique_ascii_numbers(first: str, second: str) -> None:
+    text = _id_of_117(second).replace("|  116      |", f"|  {first.ljust(9)}|")
+    try:
+        state = parse_info_vnpu(text)
+    except NpuSmiParseError:
+        return
+    assert [v.vnpu_id for v in state.vnpus] == [int(first), int(second)]
+    assert int(first) != int(second) and first.isascii() and second.isascii()
+
+
+def test_a_total_of_5000_digits_refuses_the_table() -> None:
+    with pytest.raises(NpuSmiParseError, match="no 'Total number of vnpu' line"):
+        parse_info_vnpu(TWO.replace("vnpu: 2 ", "vnpu: " + "2" * 5000 + " "))
+
+
+def test_a_template_name_that_is_no_template_refuses_the_table() -> None:
+    with pytest.raises(NpuSmiParseError, match="info-vnpu: vNPU 117 has template 'vir02x'"):
+        parse_info_vnpu(TWO.replace("vir02               |", "vir02x              |"))
+
+
 def test_set_command_answers() -> None:
     check_done((VNPU / "create-vnpu-ok.txt").read_text(), "create")
     check_done((VNPU / "destroy-vnpu-ok.txt").read_text(), "destroy")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ascend_agent.config import ConfigError, SettingsSource
 from ascend_agent.model import Chip, Template, VNpu
-from ascend_agent.vnpu_layout import ChipState, parse_layout, plan_chip, templates_for
+from ascend_agent.vnpu_layout import ChipState, absent_chips, parse_layout, plan_chip, templates_for
 
 TEMPLATES = {
     "vir01": Template("vir01", 1, 3, 1),
@@ -22,7 +22,7 @@ TEMPLATES = {
     "vir04": Template("vir04", 4, 12, 4),
 }
 CHIP = Chip.make(1, "310P3", npu_id=1)
-AICORES, MEMORY = 8, 21
+AICORES = 8
 
 
 def test_a_config_file_layout_loads_and_a_bad_one_is_one_line(tmp_path: Path) -> None:
@@ -57,6 +57,12 @@ def test_a_config_file_layout_loads_and_a_bad_one_is_one_line(tmp_path: Path) ->
         ({"0": "vir02"}, "0: must be a list of template names"),
         ({"A100": ["vir02"]}, "'A100' is neither a physical chip id (3) nor an Ascend chip name (310P3)"),
         (["vir02"], "must map chips to template lists"),
+        (
+            {"\u0661": ["vir02"]},
+            "key '\u0661' is neither a physical chip id (ASCII digits, 3) nor a chip name",
+        ),
+        ({"1234567": ["vir02"]}, "key 1234567...: a physical chip id has at most 6 digits"),
+        ({"3": ["vir02"], "03": ["vir04"]}, "3: chip 3 has two entries"),
     ],
 )
 def test_refused_layouts(layout: object, message: str) -> None:
@@ -72,8 +78,24 @@ def test_a_physical_id_entry_wins_over_the_chip_name() -> None:
     assert templates_for(layout, Chip.make(2, "910B4")) is None
 
 
+def test_a_chip_id_key_is_its_number() -> None:
+    assert parse_layout({"03": ["vir02"]}) == (("3", ("vir02",)),)
+    assert templates_for(parse_layout({"01": ["vir04"]}), CHIP) == ("vir04",)
+
+
+def test_a_chip_id_the_node_does_not_have_is_one_line() -> None:
+    chips = [Chip.make(phys, "310P3") for phys in range(4)]
+    assert absent_chips(parse_layout({"3": ["vir02"], "310P3": []}), chips) == ""
+    assert absent_chips(parse_layout({"9": ["vir02"], "1": []}), chips) == (
+        "vnpu: chip 9 is not on this node (its chips: 0, 1, 2, 3); nothing created"
+    )
+    assert absent_chips(parse_layout({"9": [], "12": []}), []) == (
+        "vnpu: chips 9, 12 are not on this node (its chips: none found); nothing created"
+    )
+
+
 def test_a_template_the_chip_does_not_offer_is_refused() -> None:
-    plan = plan_chip(CHIP, ["vir08"], ChipState((), AICORES, MEMORY), TEMPLATES, lambda v: False)
+    plan = plan_chip(CHIP, ["vir08"], ChipState((), AICORES), TEMPLATES, lambda v: False)
     assert plan.refused.startswith("vnpu: chip 1 (310P3) offers no template vir08")
     assert plan.commands() == []
 
@@ -91,14 +113,10 @@ def _situations(draw: st.DrawFn) -> tuple[list[VNpu], list[str], set[int]]:
             cores += TEMPLATES[template].aicore
             now.append(VNpu(116 + index, template))
     wanted: list[str] = []
-    cores = memory = 0
+    cores = 0
     for template in draw(st.lists(_templates, max_size=6)):
-        if (
-            cores + TEMPLATES[template].aicore <= AICORES
-            and memory + (TEMPLATES[template].memory_gb or 0) <= MEMORY
-        ):
+        if cores + TEMPLATES[template].aicore <= AICORES:
             cores += TEMPLATES[template].aicore
-            memory += TEMPLATES[template].memory_gb or 0
             wanted.append(template)
     held = set(draw(st.sets(st.sampled_from([v.vnpu_id for v in now]) if now else st.nothing())))
     return now, wanted, held
@@ -109,9 +127,7 @@ def test_the_plan_holds_the_layout_and_never_destroys_a_held_vnpu(
     situation: tuple[list[VNpu], list[str], set[int]],
 ) -> None:
     now, wanted, held = situation
-    plan = plan_chip(
-        CHIP, wanted, ChipState(tuple(now), AICORES, MEMORY), TEMPLATES, lambda v: v.vnpu_id in held
-    )
+    plan = plan_chip(CHIP, wanted, ChipState(tuple(now), AICORES), TEMPLATES, lambda v: v.vnpu_id in held)
     assert not plan.refused
     destroyed = {v.vnpu_id for v in plan.destroy}
     assert not destroyed & held
@@ -123,8 +139,6 @@ def test_the_plan_holds_the_layout_and_never_destroys_a_held_vnpu(
     assert in_use <= held
     wanted_now = Counter(v.template for v in after if v.vnpu_id not in in_use) + Counter(plan.waiting)
     assert wanted_now == Counter(wanted)
-    again = plan_chip(
-        CHIP, wanted, ChipState(tuple(after), AICORES, MEMORY), TEMPLATES, lambda v: v.vnpu_id in held
-    )
+    again = plan_chip(CHIP, wanted, ChipState(tuple(after), AICORES), TEMPLATES, lambda v: v.vnpu_id in held)
     assert (again.destroy, again.create) == ((), ()), "the second time issues nothing"
     assert again.in_use == plan.in_use and Counter(again.waiting) == Counter(plan.waiting)
