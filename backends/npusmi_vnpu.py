@@ -24,6 +24,7 @@ from ascend_agent.naming import vnpu_suffix
 _UNSUPPORTED = re.compile(r"-8255\b|\bnot\s+support", re.IGNORECASE)
 # Numbers npu-smi prints: ASCII digits, at most 9 (int() reads other scripts' digits, refuses 5000 digits).
 _TOTAL = re.compile(r"Total\s+number\s+of\s+vnpu\s*:\s*([0-9]{1,9})(?![0-9])", re.IGNORECASE)
+_TABLE = re.compile(r"Total\s+number\s+of\s+vnpu", re.IGNORECASE)
 _TEMPLATE_NAME = re.compile(r"^vir\w+$")
 _NUMBER = re.compile(r"^[0-9]{1,9}$")
 _FREE_TOTAL = re.compile(r"^(\w+)/(\w+)$")
@@ -217,7 +218,8 @@ async def query_vnpus(executable: str, npu_id: int, chip: int, timeout: float) -
     try:
         return parse_info_vnpu(text)
     except NpuSmiParseError as exc:
-        if unsupported(text):
+        # The table's own header says "NA: Currently, query is not supported." of single figures.
+        if unsupported(text) and not _TABLE.search(text):
             return None
         raise NpuSmiError("output", f"npu-smi {' '.join(args)}: {exc}") from None
 

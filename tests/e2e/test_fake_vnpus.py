@@ -126,3 +126,16 @@ def test_the_vnpus_of_a_held_chip_are_held_with_it(kubelet: KubeletStandin, shor
         assert update is not None and update.health() == {"Ascend310P-2c-100-0": "Unhealthy"}
     finally:
         agent.close()
+
+
+def test_a_vnpu_layout_the_fake_backend_ignores_is_said(kubelet: KubeletStandin, short_dir: Path) -> None:
+    config = short_dir / "config.yaml"
+    config.write_text('vnpu: {"0": [vir02]}\n')
+    agent = fake_agent(kubelet.directory, "--fake-model", "310P3", "--config", str(config))
+    try:
+        agent.wait_log("vnpu: the fake backend does not create vNPUs, so the vnpu: layout is ignored")
+        kubelet.wait_for(lambda: kubelet.latest(CHIPS) is not None, what="the chips advertised")
+        config.write_text('vnpu: {"0": [vir04]}\n')
+        agent.wait_log("the vnpu: layout is ignored", count=2)
+    finally:
+        agent.close()

@@ -22,7 +22,7 @@ from tests.support.agent_process import AgentProcess
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi
-from tests.support.vnpu_node import TEMPLATE_INFO, TEMPLATES_310P, info_310p
+from tests.support.vnpu_node import TEMPLATE_INFO, TEMPLATES_310P, info_310p, wait_gone
 
 CONTAINER = "3f2a9c1d7b4e"
 
@@ -176,6 +176,47 @@ def test_layout_applied_once_and_a_held_vnpu_kept_until_free(
     assert [v[0] for v in _vnpus(npu_smi)["1:0"]] == [118]
 
 
+def test_a_vnpu_just_handed_out_is_held_until_pod_resources_shows_it_freed(
+    kubelet: KubeletStandin,
+    host: HostTree,
+    npu_smi: FakeNpuSmi,
+    layout_agent: AgentProcess,
+    short_dir: Path,
+    podresources: Any,
+) -> None:
+    """Right after Allocate neither PodResources (the pod not recorded yet) nor npu-smi's column (the
+    container has not opened the device) says 118 is in use: what Allocate handed over says it."""
+    layout_agent.wait_log("vnpu: layout applied with 3 npu-smi commands")
+    kubelet.wait_for(
+        lambda: (
+            (two := kubelet.latest("huawei.com/Ascend310P-2c")) is not None
+            and "Ascend310P-2c-118-1" in two.health()
+        ),
+        what="118 advertised",
+    )
+    channel, stub = kubelet.plugin_stub("huawei.com/Ascend310P-2c")
+    pb = kubelet.pb
+    stub.Allocate(
+        pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=["Ascend310P-2c-118-1"])]
+        ),
+        timeout=5,
+    )
+    channel.close()
+    _config(short_dir, '{"1": [], "2": [vir04, vir02]}')
+    layout_agent.wait_log("Ascend310P-2c-118-1 .vir02. is not in the layout but a container holds it")
+    npu_smi.wait_count("set -t destroy-vnpu -i 1 -c 0 -v 117", 1)
+    assert npu_smi.count("set -t destroy-vnpu -i 1 -c 0 -v 118") == 0
+
+    # The kubelet lists the pod, then the pod ends: 118 is freed, and destroyed at a health interval.
+    podresources.hold("huawei.com/Ascend310P-2c", ["Ascend310P-2c-118-1"], "team-a", "infer-0", "main")
+    podresources.wait_calls(podresources.calls + 2)
+    assert npu_smi.count("set -t destroy-vnpu -i 1 -c 0 -v 118") == 0
+    podresources.release_all()
+    wait_gone(host.dev / "vdavinci118")
+    assert [v[0] for v in _vnpus(npu_smi)["1:0"]] == [116]
+
+
 def _backend(host: HostTree, fake: FakeNpuSmi) -> DevfsBackend:
     return DevfsBackend(Settings(host_root=host.root, npu_smi=str(fake.path), npu_smi_timeout=5))
 
@@ -227,7 +268,7 @@ async def test_a_whole_chip_a_container_holds_is_not_split(host: HostTree, npu_s
             '{"2": [vir08]}',
             "vnpu: chip 2 (310P3) offers no template vir08 (npu-smi info -t template-info lists",
         ),
-        ('{"2": [vir04, vir04]}', "vnpu: chip 2 (310P3): vir04, vir04 need 24 GB of memory; the chip has 21"),
+        ('{"9": [vir02]}', "vnpu: chip 9 is not on this node (its chips: 0, 1, 2); nothing created"),
         ('{"0": [vir02]}', "vnpu: chip 0 (310P3) cannot be split into vNPUs; nothing created"),
     ],
 )
@@ -240,6 +281,60 @@ def test_a_layout_the_chips_cannot_hold_is_refused_at_start(
     assert result.returncode == 2
     said = [text for text in result.stderr.splitlines() if " INFO " not in text]
     assert len(said) == 1 and line in said[0], result.stderr
+    assert npu_smi.calls_of("set") == []
+
+
+def test_a_chip_is_judged_by_its_templates_not_by_the_usable_memory(
+    host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path
+) -> None:
+    """The README's 310P3 entry: 4 x vir02 are 24 GB by template-info, on a chip whose info-vnpu shows 21."""
+    layout = '{"310P3": [vir02, vir02, vir02, vir02]}'
+    result = _run(host, npu_smi, "--config", str(_config(short_dir, layout)), "--dry-run-vnpu")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines().count("npu-smi set -t create-vnpu -i 2 -c 0 -f vir02") == 4
+
+
+async def test_a_vnpu_id_listed_twice_refuses_that_chip_and_destroys_nothing(
+    host: HostTree, npu_smi: FakeNpuSmi, caplog: pytest.LogCaptureFixture
+) -> None:
+    chips = {
+        (1, 0): _chip(
+            1, [{"id": 116, "template": "vir04", "container": CONTAINER}, {"id": 116, "template": "vir02"}]
+        ),
+        (2, 0): _chip(2, []),
+    }
+    npu_smi.set_vnpu_state(host.dev, chips, TEMPLATES_310P)
+    backend = _backend(host, npu_smi)
+    await backend.query()
+    with caplog.at_level(logging.WARNING):
+        plans = await backend.apply_vnpu_layout(parse_layout({"1": ["vir04"]}), frozenset, run=True)
+    assert npu_smi.calls_of("set") == []
+    assert plans[0].refused.startswith("vnpu: the vNPUs of chip 1 (310P3) are unknown (")
+    assert "lists vNPU id 116 twice" in plans[0].refused
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "Cannot read the vNPUs of chip 1" in warned[0], warned
+
+
+async def test_a_vnpu_id_on_two_chips_is_one_device(
+    host: HostTree, npu_smi: FakeNpuSmi, caplog: pytest.LogCaptureFixture
+) -> None:
+    chips = {
+        (1, 0): _chip(1, [{"id": 116, "template": "vir04"}]),
+        (2, 0): _chip(2, [{"id": 116, "template": "vir02"}, {"id": 132, "template": "vir02"}]),
+    }
+    npu_smi.set_vnpu_state(host.dev, chips, TEMPLATES_310P)
+    backend = _backend(host, npu_smi)
+    with caplog.at_level(logging.WARNING):
+        await backend.query()
+        inventory = await backend.discover()
+    assert [part.device_id for part in inventory.vnpus] == ["Ascend310P-4c-116-1"]
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert warned[0].endswith(
+        "npu-smi info -t info-vnpu -i 2 -c 0 lists vNPU id 116, which chip 1 holds (vNPU ids are unique per node)"
+    )
+    plans = await backend.apply_vnpu_layout(parse_layout({"2": []}), frozenset, run=True)
+    assert "which chip 1 holds" in plans[0].refused
     assert npu_smi.calls_of("set") == []
 
 
