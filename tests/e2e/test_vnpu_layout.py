@@ -331,7 +331,8 @@ async def test_a_vnpu_id_on_two_chips_is_one_device(
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1, warned
     assert warned[0].endswith(
-        "npu-smi info -t info-vnpu -i 2 -c 0 lists vNPU id 116, which chip 1 holds (vNPU ids are unique per node)"
+        "npu-smi info -t info-vnpu -i 2 -c 0 lists vNPU id 116, which chip 1 holds "
+        "(vNPU ids are unique per node)"
     )
     plans = await backend.apply_vnpu_layout(parse_layout({"2": []}), frozenset, run=True)
     assert "which chip 1 holds" in plans[0].refused
