@@ -134,8 +134,9 @@ class Agent:
         held_devices: HeldDevices | None = None,
     ) -> None:
         """``held_devices`` says which device IDs containers hold now, None while that is unknown: by
-        default the kubelet's PodResources view (:attr:`holders`). The vNPU layout never destroys a held
-        vNPU nor splits a chip held whole."""
+        default the kubelet's PodResources view (:attr:`holders`) and what Allocate handed over that it has
+        not shown freed yet (:attr:`handed_out`). The vNPU layout never destroys a held vNPU nor splits a
+        chip held whole."""
         self.settings = settings
         self.cluster = cluster
         # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
