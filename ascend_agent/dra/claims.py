@@ -289,7 +289,6 @@ class Prepared:
         self.driver = driver
         self.boot_id = boot_id
         self._claims = {claim.uid: claim for claim in claims}
-        self.checkpoint_writes = 0
 
     @classmethod
     def open(
@@ -406,4 +405,3 @@ class Prepared:
     def _save(self) -> None:
         document = {"version": CHECKPOINT_VERSION, "claims": [c.as_json() for c in self._claims.values()]}
         replace_file(self.checkpoint, json.dumps(document))
-        self.checkpoint_writes += 1
