@@ -28,10 +28,12 @@ from ascend_agent.dra.claims import (
     BOOT_ID,
     Prepared,
     PreparedClaim,
+    PreparedDevice,
     UnusableCheckpoint,
     parse_checkpoint,
     read_boot_id,
 )
+from ascend_agent.dra.doctor import kubelet_checks
 from ascend_agent.dra.plugin import DraPaths
 from ascend_agent.dra.service import DraService
 from ascend_agent.model import Chip, ContainerSpec
@@ -325,3 +327,38 @@ async def test_a_call_writes_the_checkpoint_once(
     assert set((await service.unprepare(claims)).values()) == {""}
     assert writes.count(checkpoint) == 1
     await api.close()
+
+
+# the doctor -------------------------------------------------------------------------------------------------
+async def test_the_doctor_fails_a_prepared_claim_whose_spec_is_gone(short_dir: Path) -> None:
+    settings = Settings(
+        kubelet_dir=short_dir / "device-plugins", kubelet_api="dra", cdi_spec_dir=short_dir / "cdi"
+    )
+    paths = DraPaths.of(settings)
+    prepared = Prepared(paths.checkpoint, paths.cdi_dir, DRIVER, "boot-1")
+    claims = [
+        PreparedClaim(str(uuid.uuid4()), "default", name, (PreparedDevice(("npus",), "node-1", device, ()),))
+        for name, device in (("kept", "npu-0"), ("lost", "npu-1"))
+    ]
+    prepared.add([(claim, {}) for claim in claims])
+
+    async def check() -> Any:
+        (found,) = [c for c in await kubelet_checks(settings, None) if c.check == "prepared claims"]
+        return found
+
+    assert (await check()).ok is True
+    lost = paths.cdi_dir / f"{DRIVER}-claim-{claims[1].uid}.json"
+    lost.unlink()
+    found = await check()
+    assert found.ok is False
+    assert found.detail.endswith(f"CDI spec missing: default/lost ({lost})")
+    assert "writes a claim's spec again when the kubelet prepares it" in found.hint
+
+    paths.checkpoint.unlink()
+    paths.checkpoint.symlink_to("/dev/zero")
+    with anyio.fail_after(10):
+        found = await check()
+    assert (found.ok, found.detail) == (
+        False,
+        f"{paths.checkpoint} is a symbolic link, not a checkpoint of prepared claims",
+    )
