@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.cluster.events import NodeEvents
 from ascend_agent.cluster.side import ClusterSide
 from ascend_agent.config import Settings
 from ascend_agent.dra import CHECKPOINT_UNUSABLE, DraDriver
@@ -32,6 +33,7 @@ from ascend_agent.dra.claims import (
     UnusableCheckpoint,
     parse_checkpoint,
     read_boot_id,
+    valid_uid,
 )
 from ascend_agent.dra.doctor import kubelet_checks
 from ascend_agent.dra.plugin import DraPaths
@@ -181,13 +183,7 @@ async def test_a_checkpoint_kept_aside_is_an_event_once_the_cluster_side_is_up(
     checkpoint = DraPaths.of(settings).checkpoint
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_text("[]")
-    from ascend_agent.cluster import _features
-
-    side = ClusterSide(
-        ClusterTarget("kubeconfig", apiserver.kubeconfig),
-        "node-1",
-        lambda: _features(settings, _separation(), lambda: 1),
-    )
+    side = ClusterSide(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [NodeEvents()])
     DraDriver.open(settings, side)  # before the side has loaded: the Event waits for it
 
     def events() -> list[dict[str, Any]]:
@@ -203,12 +199,6 @@ async def test_a_checkpoint_kept_aside_is_an_event_once_the_cluster_side_is_up(
     assert event["involvedObject"]["kind"] == "Node" and event["involvedObject"]["name"] == "node-1"
     assert event["message"].startswith(f"{checkpoint} is not a checkpoint of prepared claims")
     assert "starting with no prepared claims" in event["message"]
-
-
-def _separation() -> Any:
-    from ascend_agent.separation import ManualSeparation
-
-    return ManualSeparation()
 
 
 @given(st.binary(max_size=256))
@@ -240,7 +230,7 @@ def test_any_json_is_claims_or_an_unusable_checkpoint(document: dict[str, Any]) 
         claims = parse_checkpoint(Path("checkpoint.json"), json.dumps(document).encode())
     except UnusableCheckpoint:
         return
-    assert all(claim.uid == "u1" for claim in claims)
+    assert all(valid_uid(claim.uid) for claim in claims)
 
 
 # a claim UID that would steer a path ------------------------------------------------------------------------
