@@ -52,12 +52,15 @@ def check_not_shared(directory: Path) -> None:
         )
 
 
-def replace_file(path: Path, text: str) -> None:
+def replace_file(path: Path, text: str, flush_directory: bool = True) -> None:
     """Replace ``path`` with ``text`` (mode 0644), only in a directory no other user can change (made 0755 if
     missing): a temporary file in the same directory, flushed to disk, then renamed, and the directory flushed
     too, so that after a power loss the file is either the old or the new one and the rename is not lost::
 
         replace_file(Path("/var/run/cdi/huawei.com-npu.yaml"), text)
+
+    Without ``flush_directory`` the caller flushes the directory itself (``sync_directory``), once for many
+    files.
     """
     make_dirs(path.parent, 0o755)
     check_not_shared(path.parent)
@@ -73,8 +76,14 @@ def replace_file(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    if flush_directory:
+        sync_directory(path.parent)
+
+
+def sync_directory(directory: Path) -> None:
+    """Flush ``directory`` to disk: the renames done in it survive a power loss."""
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(directory)
+        os.fsync(descriptor)
     finally:
-        os.close(directory)
+        os.close(descriptor)

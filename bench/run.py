@@ -7,7 +7,17 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("preferred", "allocate", "react", "vnpu", "footprint", "scale", "cluster", "hostile")
+SCRIPTS = (
+    "preferred",
+    "allocate",
+    "react",
+    "vnpu",
+    "footprint",
+    "scale",
+    "cluster",
+    "hostile",
+    "dra_prepare",
+)
 
 
 def main() -> int:

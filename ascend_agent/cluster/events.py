@@ -6,9 +6,11 @@ Event (``count``, ``lastTimestamp``), as the kubelet's event recorder does.
     events.observe(inventory)     # Healthy again: Normal NPUHealthy; Unhealthy again: count 2 on the first
 
 Reasons: ``NPUUnhealthy`` (Warning), ``NPUHeld`` (Warning: the flap hold keeps the chip Unhealthy),
-``NPUHealthy`` (Normal). One Event object per chip and reason while its message stays the same; an Event is
-written at once the first time, and its repeats, or a new message for the same chip and reason, at most once
-per ``min_interval`` (30 s), so a chip that flaps 100 times a minute costs a handful of writes, not hundreds.
+``NPUHealthy`` (Normal); others raise their own through ``note`` (the DRA driver's ``DRACheckpointUnusable``,
+by way of ``ClusterSide.event``). One Event object per chip (or subject) and reason while its message stays
+the same; an Event is written at once the first time, and its repeats, or a new message for the same chip and
+reason, at most once per ``min_interval`` (30 s), so a chip that flaps 100 times a minute costs a handful of
+writes, not hundreds.
 RBAC: events create, patch.
 """
 
@@ -74,23 +76,27 @@ class NodeEvents:
             if before == now or (before is None and chip.healthy):
                 continue
             if chip.healthy:
-                self._record("Normal", HEALTHY, chip, f"{chip.device_id} is Healthy again")
+                self.note("Normal", HEALTHY, chip.device_id, f"{chip.device_id} is Healthy again")
             elif chip.held and (before is None or not before[1]):
-                self._record("Warning", HELD, chip, f"{chip.device_id} is held Unhealthy: {_cause(chip)}")
+                self.note(
+                    "Warning", HELD, chip.device_id, f"{chip.device_id} is held Unhealthy: {_cause(chip)}"
+                )
             elif before is None or before[0]:
-                self._record("Warning", UNHEALTHY, chip, f"{chip.device_id} is Unhealthy: {_cause(chip)}")
+                self.note(
+                    "Warning", UNHEALTHY, chip.device_id, f"{chip.device_id} is Unhealthy: {_cause(chip)}"
+                )
 
-    def _record(self, kind: str, reason: str, chip: Chip, message: str) -> None:
+    def note(self, kind: str, reason: str, subject: str, message: str) -> None:
+        """An Event of ``kind`` (Normal, Warning) about ``subject`` (a chip, a file), written by the own task;
+        the same subject and reason again is a repeat of the same Event."""
         now = datetime.now(UTC).replace(microsecond=0)
-        key = (chip.device_id, reason)
+        key = (subject, reason)
         record = self._records.get(key)
         if record is None or record.message != message:
             # A new message is a new Event, but no sooner than a repeat of the old one would be written: a
             # chip flapping between two fault codes must not make an Event per turn.
             next_write = 0.0 if record is None else record.next_write
-            self._records[key] = _Record(
-                kind, reason, chip.device_id, message, 1, now, now, next_write=next_write
-            )
+            self._records[key] = _Record(kind, reason, subject, message, 1, now, now, next_write=next_write)
         else:
             record.count += 1
             record.last = now

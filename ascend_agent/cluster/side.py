@@ -3,6 +3,7 @@
     side = ClusterSide(target, node, features=lambda: [NodeLabels(lambda: 1), NodeEvents()])
     tasks.start_soon(side.run)          # loads the client in a thread, then one task per feature
     side.observe(inventory)             # after each reconcile; never blocks, never awaits
+    side.event("Warning", reason, subject, message)   # an Event on the Node, kept until the side has loaded
 
 The client library and the features' modules are imported in a worker thread when :meth:`ClusterSide.run`
 starts, so the agent's start (serving and registering with the kubelet) does not wait for those imports.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
 
@@ -25,6 +26,13 @@ if TYPE_CHECKING:
     from ascend_agent.config import Settings
 
 log = logging.getLogger("ascend_agent.cluster")
+
+
+@runtime_checkable
+class EventNotes(Protocol):
+    """The feature that raises Events on the Node (``NodeEvents``)."""
+
+    def note(self, kind: str, reason: str, subject: str, message: str) -> None: ...
 
 
 class Feature(Protocol):
@@ -74,6 +82,7 @@ class ClusterSide:
         self._latest: Inventory | None = None
         self._failed: str | None = None
         self._loaded: anyio.Event | None = None  # made by the first wait_loaded, set by run
+        self._events: list[tuple[str, str, str, str]] = []  # raised before the features loaded
 
     def observe(self, inventory: Inventory) -> None:
         """Hand ``inventory`` to every feature. Called in the agent's reconcile: a feature that fails here is
@@ -84,6 +93,21 @@ class ClusterSide:
                 feature.observe(inventory)
             except Exception:
                 log.exception("Cluster feature %s failed on the new inventory", type(feature).__name__)
+
+    def event(self, kind: str, reason: str, subject: str, message: str) -> None:
+        """An Event on the Node (``kind`` Normal or Warning), raised by the Events feature: at once when the
+        side has loaded, else once it has. Never blocks."""
+        self._events.append((kind, reason, subject, message))
+        self._hand_events()
+
+    def _hand_events(self) -> None:
+        notes = [feature for feature in self.features if isinstance(feature, EventNotes)]
+        if not notes:
+            return
+        events, self._events = self._events, []
+        for event in events:
+            for feature in notes:
+                feature.note(*event)
 
     def state(self) -> ApiState:
         if self.api is not None:
@@ -126,6 +150,7 @@ class ClusterSide:
         )
         if self._latest is not None:
             self.observe(self._latest)
+        self._hand_events()
         try:
             async with anyio.create_task_group() as tasks:
                 for feature in features:

@@ -11,13 +11,14 @@ for the node's chips.
 
 The agent holds a :class:`DraDriver` in place of its device plugins::
 
-    driver = DraDriver.open(settings, cluster_side)   # ConfigError for a checkpoint it cannot read
+    driver = DraDriver.open(settings, cluster_side)   # ConfigError for a checkpoint it cannot read or move
     task_group.start_soon(driver.run)
     driver.publish(inventory)                         # after each reconcile
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.container import container_spec
 from ascend_agent.dra.claimread import ClaimReader
-from ascend_agent.dra.claims import CheckpointError, Prepared
+from ascend_agent.dra.claims import CheckpointError, Prepared, read_boot_id
 from ascend_agent.dra.plugin import DraPaths, DraPlugin
 from ascend_agent.dra.service import DraService
 from ascend_agent.model import Inventory
@@ -35,6 +36,12 @@ if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide
 
 __all__ = ["DraDriver"]
+
+log = logging.getLogger(__name__)
+
+# The reason of the Event on the Node for a checkpoint kept aside.
+CHECKPOINT_UNUSABLE = "DRACheckpointUnusable"
+_EVENT_MESSAGE = 1024
 
 
 class DraDriver:
@@ -45,13 +52,26 @@ class DraDriver:
         self.plugin = plugin
 
     @classmethod
-    def open(cls, settings: Settings, side: ClusterSide | None) -> DraDriver:
-        """The driver for ``settings``; claims are read through ``side``'s client once it has loaded."""
-        paths = DraPaths.of(settings)
+    def open(cls, settings: Settings, side: ClusterSide | None, paths: DraPaths | None = None) -> DraDriver:
+        """The driver for ``settings`` (at ``paths``, by default where ``settings`` say); claims are read
+        through ``side``'s client once it has loaded. A checkpoint that is not one is kept aside, with one
+        log line and an Event on the Node: the driver starts with no prepared claims."""
+        paths = paths or DraPaths.of(settings)
+        driver = settings.dra_driver_name
         try:
-            prepared = Prepared.load(paths.checkpoint)
+            prepared, aside = Prepared.open(
+                paths.checkpoint, paths.cdi_dir, driver, read_boot_id(paths.boot_id)
+            )
         except CheckpointError as exc:
             raise ConfigError(str(exc)) from None
+        if aside is not None:
+            message = (
+                f"{aside.reason}; kept as {aside.kept_as.name}, starting with no prepared claims "
+                "(the kubelet's claims are prepared again when it asks)"
+            )
+            log.error("DRA driver %s: %s", driver, message)
+            if side is not None:
+                side.event("Warning", CHECKPOINT_UNUSABLE, str(paths.checkpoint), message[:_EVENT_MESSAGE])
         pool = side.node if side is not None else ""
         reader = None
         if side is not None:
@@ -60,7 +80,6 @@ class DraDriver:
             settings.dra_driver_name,
             pool,
             prepared,
-            paths.cdi_dir,
             reader,
             health_refresh=max(settings.health_interval, 5.0),
         )

@@ -1,30 +1,64 @@
-"""Prepared claims: one CDI spec per claim, and the on-disk checkpoint that says what was written.
+"""Prepared claims: one CDI spec per claim, and the on-disk checkpoint that says which claims were prepared.
 
-A prepared claim is remembered by its UID with the devices the kubelet was told and the CDI spec file
-written for it; the checkpoint (JSON, replaced atomically) holds every prepared claim, so that after an agent
-restart :meth:`Prepared.unprepare` still removes exactly what was written::
+A prepared claim is remembered by its UID with the devices the kubelet was told and the boot its CDI spec was
+written in; the spec's file name follows from the UID alone (``<cdi dir>/<driver>-claim-<uid>.json``), so
+nothing read from the checkpoint can steer a path. The checkpoint (JSON, replaced atomically, written once
+per call) holds every prepared claim, so that after an agent restart :meth:`Prepared.remove` still removes
+exactly what was written, and after a reboot (the CDI directory is a tmpfs) the specs are written again::
 
-    prepared = Prepared.load(Path("/var/lib/kubelet/plugins/npu.huawei.com/checkpoint.json"))
-    claim = PreparedClaim(uid, "default", "train", devices, spec_path)
-    prepared.add(claim, spec_document)         # writes the spec, then the checkpoint
-    prepared.unprepare(uid)                    # removes the spec, then the entry
+    prepared, aside = Prepared.open(checkpoint, cdi_dir, "npu.huawei.com", read_boot_id())
+    prepared.add([(claim, spec_document)])     # writes the specs, then the checkpoint once
+    prepared.fresh_claims([uid])               # those whose spec was written in this boot and is there
+    prepared.remove([uid])                     # removes the specs, then the entries
+
+A checkpoint that is not one (not a regular file, over 16 MiB, not UTF-8 JSON of prepared claims) is kept
+aside under another name and the driver starts with no prepared claims: the kubelet asks again for the
+claims its pods need.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ascend_agent.cdi import CDI_VERSION, chip_edits, shared_edits
 from ascend_agent.container import device_order
-from ascend_agent.files import replace_file
+from ascend_agent.files import open_no_follow, replace_file, sync_directory
 from ascend_agent.model import Chip, ContainerSpec
 
-CHECKPOINT_VERSION = 1
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 2  # 1: without boot ids, with each spec's path
+MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+# A Kubernetes UID as it may appear in a file name: lower-case letters, digits and '-', at most 63.
+_UID = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SHOWN = 80  # characters of a refused value shown in a message
+
+
+def valid_uid(uid: str) -> bool:
+    return _UID.fullmatch(uid) is not None
+
+
+def uid_problem(uid: str) -> str | None:
+    """Why ``uid`` cannot name a claim's files, or None when it can."""
+    if valid_uid(uid):
+        return None
+    return (
+        f"claim UID {uid[:_SHOWN]!r} is not a Kubernetes UID "
+        "(lower-case letters, digits and '-', at most 63 characters)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,20 +77,55 @@ class PreparedClaim:
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
-    spec_path: str
+    boot_id: str = ""  # the boot its CDI spec was written in ("" when unknown)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> PreparedClaim:
-        devices = tuple(
-            PreparedDevice(
-                tuple(d["request_names"]), d["pool_name"], d["device_name"], tuple(d["cdi_device_ids"])
-            )
-            for d in data["devices"]
+    def from_json(cls, data: Any) -> PreparedClaim:
+        """One claim of the checkpoint; ValueError (or KeyError, TypeError) when it is not one."""
+        if not isinstance(data, dict):
+            raise TypeError("a claim is not an object")
+        uid = _string(data, "uid")
+        if (problem := uid_problem(uid)) is not None:
+            raise ValueError(problem)
+        devices = data["devices"]
+        if not isinstance(devices, list):
+            raise TypeError("devices is not a list")
+        return cls(
+            uid,
+            _string(data, "namespace"),
+            _string(data, "name"),
+            tuple(
+                PreparedDevice(
+                    _strings(d, "request_names"),
+                    _string(d, "pool_name"),
+                    _string(d, "device_name"),
+                    _strings(d, "cdi_device_ids"),
+                )
+                for d in devices
+            ),
+            _string(data, "boot_id") if "boot_id" in data else "",
         )
-        return cls(data["uid"], data["namespace"], data["name"], devices, data["spec_path"])
+
+
+def _string(data: Any, key: str) -> str:
+    if not isinstance(data, dict):
+        raise TypeError("a device is not an object")
+    value = data[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key} is not a string")
+    return value
+
+
+def _strings(data: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(data, dict):
+        raise TypeError("a device is not an object")
+    value = data[key]
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise TypeError(f"{key} is not a list of strings")
+    return tuple(value)
 
 
 def cdi_kind(driver: str) -> str:
@@ -65,6 +134,9 @@ def cdi_kind(driver: str) -> str:
 
 
 def spec_file_name(driver: str, uid: str) -> str:
+    """The claim's CDI spec file; ValueError for a UID that could make it a path."""
+    if (problem := uid_problem(uid)) is not None:
+        raise ValueError(problem)
     return f"{driver}-claim-{uid}.json"
 
 
@@ -89,36 +161,154 @@ def claim_spec(driver: str, uid: str, chips: Mapping[str, Chip], spec: Container
     return {"cdiVersion": CDI_VERSION, "kind": cdi_kind(driver), "devices": devices, "containerEdits": edits}
 
 
+def read_boot_id(path: Path = BOOT_ID) -> str:
+    """The kernel's boot id; "" (and a warning) when it cannot be read."""
+    try:
+        with path.open("rb") as stream:
+            text = stream.read(128).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning(
+            "Cannot read the boot id %s (%s): a reboot is noticed only by the CDI specs it removed",
+            path,
+            getattr(exc, "strerror", None) or exc,
+        )
+        return ""
+    return text
+
+
 class CheckpointError(Exception):
-    """The checkpoint cannot be read or written; the message names the file."""
+    """The checkpoint cannot be read or set aside; the message names the file."""
+
+
+class UnusableCheckpoint(CheckpointError):
+    """The file is not a checkpoint of prepared claims: not a regular file, too large, or other contents."""
+
+
+def read_checkpoint(path: Path) -> list[PreparedClaim]:
+    """The claims in the checkpoint ``path`` (none when there is no file). Never follows a link, never opens
+    anything but a regular file, never reads more than 16 MiB. UnusableCheckpoint when the file is not a
+    checkpoint, CheckpointError when it cannot be read."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(found.st_mode):
+        raise UnusableCheckpoint(
+            f"{path} is {_file_kind(found.st_mode)}, not a checkpoint of prepared claims"
+        )
+    if found.st_size > MAX_CHECKPOINT_BYTES:
+        raise UnusableCheckpoint(f"{path} holds {found.st_size} bytes, over the 16 MiB a checkpoint may hold")
+    try:
+        descriptor = open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnusableCheckpoint(
+                f"{path} is a symbolic link, not a checkpoint of prepared claims"
+            ) from None
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(descriptor, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # replaced since the lstat
+            raise UnusableCheckpoint(f"{path} is not a regular file, not a checkpoint of prepared claims")
+        try:
+            data = stream.read(MAX_CHECKPOINT_BYTES + 1)
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CHECKPOINT_BYTES:
+        raise UnusableCheckpoint(f"{path} holds over the 16 MiB a checkpoint may hold")
+    return parse_checkpoint(path, data)
+
+
+def parse_checkpoint(path: Path, data: bytes) -> list[PreparedClaim]:
+    """The claims in the bytes of a checkpoint; UnusableCheckpoint (naming ``path``) for anything else."""
+    try:
+        document = json.loads(data.decode("utf-8"))
+        if not isinstance(document, dict):
+            raise TypeError("the document is not an object")
+        version = document.get("version")
+        if version not in (1, CHECKPOINT_VERSION):
+            raise ValueError(f"version {str(version)[:_SHOWN]!r}, not 1 or {CHECKPOINT_VERSION}")
+        claims = document["claims"]
+        if not isinstance(claims, list):
+            raise TypeError("claims is not a list")
+        return [PreparedClaim.from_json(claim) for claim in claims]
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"[:200]
+        raise UnusableCheckpoint(f"{path} is not a checkpoint of prepared claims ({reason})") from None
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """An unusable checkpoint, renamed and kept for inspection."""
+
+    reason: str
+    kept_as: Path
+
+
+def keep_aside(path: Path) -> Path:
+    """Rename ``path`` (whatever it is; a link itself, not its target) to ``<name>.unusable-<UTC time>``."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}.unusable-{stamp}")
+    turn = 1
+    while os.path.lexists(target):
+        turn += 1
+        target = path.with_name(f"{path.name}.unusable-{stamp}-{turn}")
+    os.rename(path, target)
+    return target
 
 
 class Prepared:
-    """The prepared claims by UID, mirrored in the checkpoint file. Its methods do blocking file I/O: the
+    """The prepared claims by UID, mirrored in the checkpoint file. Its methods that touch files block: the
     DRA service calls them in a worker thread."""
 
-    def __init__(self, checkpoint: Path, claims: Mapping[str, PreparedClaim] | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: Path,
+        cdi_dir: Path,
+        driver: str,
+        boot_id: str = "",
+        claims: Iterable[PreparedClaim] = (),
+    ) -> None:
         self.checkpoint = checkpoint
-        self._claims = dict(claims or {})
+        self.cdi_dir = cdi_dir
+        self.driver = driver
+        self.boot_id = boot_id
+        self._claims = {claim.uid: claim for claim in claims}
 
     @classmethod
-    def load(cls, checkpoint: Path) -> Prepared:
-        """The claims in ``checkpoint`` (none when it does not exist); CheckpointError when it is unusable."""
+    def open(
+        cls, checkpoint: Path, cdi_dir: Path, driver: str, boot_id: str
+    ) -> tuple[Prepared, SetAside | None]:
+        """The claims in ``checkpoint``. One that is not a checkpoint is kept aside under another name and
+        no claims are prepared (the SetAside says so); CheckpointError when it cannot be read or moved."""
         try:
-            text = checkpoint.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return cls(checkpoint)
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {checkpoint}: {exc.strerror or exc}") from None
-        try:
-            data = json.loads(text)
-            claims = [PreparedClaim.from_json(c) for c in data["claims"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(
-                f"{checkpoint} is not a checkpoint of prepared claims ({type(exc).__name__}: {exc}); "
-                "move it away to start with no prepared claims"
-            ) from None
-        return cls(checkpoint, {claim.uid: claim for claim in claims})
+            claims = read_checkpoint(checkpoint)
+        except UnusableCheckpoint as exc:
+            try:
+                kept = keep_aside(checkpoint)
+            except OSError as error:
+                raise CheckpointError(f"{exc}; cannot move it aside: {error.strerror or error}") from None
+            return cls(checkpoint, cdi_dir, driver, boot_id), SetAside(str(exc), kept)
+        return cls(checkpoint, cdi_dir, driver, boot_id, claims), None
+
+    def spec_path(self, uid: str) -> Path:
+        """Where the claim's CDI spec is: always a file directly in the CDI directory."""
+        return self.cdi_dir / spec_file_name(self.driver, uid)
 
     def get(self, uid: str) -> PreparedClaim | None:
         return self._claims.get(uid)
@@ -129,33 +319,88 @@ class Prepared:
     def __len__(self) -> int:
         return len(self._claims)
 
-    def add(self, claim: PreparedClaim, spec: Mapping[str, Any]) -> None:
-        """Write the claim's CDI spec, then record it in the checkpoint (OSError when either fails; the spec
-        is removed again when the checkpoint cannot be written)."""
-        path = Path(claim.spec_path)
-        replace_file(path, json.dumps(spec, indent=1))
-        self._claims[claim.uid] = claim
-        try:
-            self._save()
-        except OSError:
-            del self._claims[claim.uid]
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            raise
+    def fresh_claims(self, uids: Iterable[str]) -> dict[str, PreparedClaim]:
+        """Those of ``uids`` whose CDI spec was written in this boot and is still there: the others must be
+        written again before the kubelet is told their CDI devices."""
+        fresh = {}
+        for uid in uids:
+            claim = self._fresh(uid)
+            if claim is not None:
+                fresh[uid] = claim
+        return fresh
 
-    def unprepare(self, uid: str) -> None:
-        """Remove what was written for ``uid`` (nothing for an unknown claim); OSError when it cannot."""
+    def _fresh(self, uid: str) -> PreparedClaim | None:
         claim = self._claims.get(uid)
-        if claim is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            Path(claim.spec_path).unlink()
-        del self._claims[uid]
+        if claim is None or claim.boot_id != self.boot_id:
+            return None
         try:
-            self._save()
+            return claim if stat.S_ISREG(os.lstat(self.spec_path(uid)).st_mode) else None
         except OSError:
-            self._claims[uid] = claim
-            raise
+            return None
+
+    def add(
+        self, claims: Sequence[tuple[PreparedClaim, Mapping[str, Any]]]
+    ) -> dict[str, PreparedClaim | OSError]:
+        """Write each claim's CDI spec, then the checkpoint once; by UID what was prepared, or the OSError
+        that kept it from being prepared. A claim whose spec is already written in this boot keeps it. When
+        the checkpoint cannot be written, every claim of the call fails and the specs of the new ones are
+        removed again."""
+        results: dict[str, PreparedClaim | OSError] = {}
+        before: dict[str, PreparedClaim | None] = {}
+        for claim, spec in claims:
+            done = self._fresh(claim.uid)
+            if done is not None:
+                results[claim.uid] = done
+                continue
+            path = self.spec_path(claim.uid)
+            try:
+                replace_file(path, json.dumps(spec, indent=1), flush_directory=False)
+            except OSError as exc:
+                results[claim.uid] = exc
+                continue
+            before.setdefault(claim.uid, self._claims.get(claim.uid))
+            self._claims[claim.uid] = results[claim.uid] = replace(claim, boot_id=self.boot_id)
+        if not before:
+            return results
+        try:
+            sync_directory(self.cdi_dir)  # the specs' renames, before the checkpoint names them
+            self._save()
+        except OSError as exc:
+            for uid, old in before.items():
+                results[uid] = exc
+                if old is None:
+                    del self._claims[uid]
+                    with contextlib.suppress(OSError):
+                        self.spec_path(uid).unlink()
+                else:
+                    self._claims[uid] = old
+        return results
+
+    def remove(self, uids: Iterable[str]) -> dict[str, OSError | None]:
+        """Remove what was written for each claim (nothing for an unknown one), then write the checkpoint
+        once; by UID the OSError that kept it, or None."""
+        results: dict[str, OSError | None] = {}
+        removed: dict[str, PreparedClaim] = {}
+        for uid in uids:
+            claim = self._claims.get(uid)
+            results[uid] = None
+            if claim is None:
+                continue
+            try:
+                self.spec_path(uid).unlink()  # a link there is removed itself, never its target
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                results[uid] = exc
+                continue
+            removed[uid] = self._claims.pop(uid)
+        if removed:
+            try:
+                self._save()
+            except OSError as exc:
+                self._claims.update(removed)
+                results.update(dict.fromkeys(removed, exc))
+        return results
 
     def _save(self) -> None:
         document = {"version": CHECKPOINT_VERSION, "claims": [c.as_json() for c in self._claims.values()]}

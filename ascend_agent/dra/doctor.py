@@ -1,5 +1,6 @@
 """The doctor's checks of a DRA driver (``kubeletApi: dra``), in place of the device plugin's: the
-registration socket answering GetInfo, ``dra.sock`` serving, the checkpoint of prepared claims, and with a
+registration socket answering GetInfo, ``dra.sock`` serving, the checkpoint of prepared claims (each with its
+CDI spec), and with a
 Kubernetes API the node's ResourceSlices for the driver::
 
     checks = await kubelet_checks(settings, inventory)
@@ -8,6 +9,7 @@ Kubernetes API the node's ResourceSlices for the driver::
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Collection
 from pathlib import Path
@@ -21,7 +23,7 @@ from ascend_agent._proto.pluginregistration import InfoRequest, PluginInfo, Regi
 from ascend_agent.config import Settings
 from ascend_agent.deviceplugin.transport import LocalChannel
 from ascend_agent.doctor import Check
-from ascend_agent.dra.claims import CheckpointError, Prepared
+from ascend_agent.dra.claims import CheckpointError, UnusableCheckpoint, read_checkpoint, spec_file_name
 from ascend_agent.dra.devices import device_name
 from ascend_agent.dra.plugin import PLUGIN_TYPE, DraPaths
 from ascend_agent.model import Inventory
@@ -49,7 +51,7 @@ async def kubelet_checks(settings: Settings, inventory: Inventory | None) -> lis
     return [
         await _registration(paths, settings.dra_driver_name),
         await _plugin_socket(paths.socket),
-        _checkpoint(paths.checkpoint, inventory),
+        _checkpoint(paths, settings.dra_driver_name, inventory),
     ]
 
 
@@ -115,32 +117,55 @@ async def _plugin_socket(path: Path) -> Check:
     return Check(name, True, f"{path} serves DRAPlugin")
 
 
-def _checkpoint(path: Path, inventory: Inventory | None) -> Check:
-    """The prepared claims, as the agent recorded them; a failed check for claims on Unhealthy chips."""
+def _checkpoint(paths: DraPaths, driver: str, inventory: Inventory | None) -> Check:
+    """The prepared claims, as the agent recorded them; a failed check for claims whose CDI spec is gone
+    (their containers cannot start) and for claims on Unhealthy chips."""
     name = "prepared claims"
+    path = paths.checkpoint
     try:
-        exists = path.exists()
-        if exists:
+        exists = os.path.lexists(path)
+        if exists and path.is_file():
             path.open("rb").close()  # unreadable to this user: say so, not that the file is bad
-        prepared = Prepared.load(path)
+        claims = sorted(read_checkpoint(path), key=lambda c: (c.namespace, c.name))
     except OSError as exc:
         return Check(name, False, f"cannot look at {path}: {exc.strerror or exc}", _AS_ROOT)
+    except UnusableCheckpoint as exc:
+        return Check(
+            name,
+            False,
+            str(exc),
+            "the agent keeps such a file aside at its start and prepares the kubelet's claims again: "
+            "restart its pod",
+        )
     except CheckpointError as exc:
-        return Check(name, False, str(exc), "the agent does not start with it either: see its log")
+        return Check(name, False, str(exc), _AS_ROOT)
     if not exists:
         return Check(name, True, f"none: no checkpoint {path} yet")
-    claims = sorted(prepared, key=lambda c: (c.namespace, c.name))
     if not claims:
         return Check(name, True, f"none ({path})")
+    listed = "; ".join(
+        f"{c.namespace}/{c.name} ({', '.join(d.device_name for d in c.devices) or 'no devices'})"
+        for c in claims
+    )
+    without_spec = [
+        f"{c.namespace}/{c.name} ({spec})"
+        for c in claims
+        if not (spec := paths.cdi_dir / spec_file_name(driver, c.uid)).is_file()
+    ]
+    if without_spec:
+        return Check(
+            name,
+            False,
+            f"{len(claims)} prepared: {listed}; CDI spec missing: {'; '.join(without_spec)}",
+            "containers of these claims cannot start (the CDI directory emptied by a reboot?): the agent "
+            "writes a claim's spec again when the kubelet prepares it; check that cdiSpecDir is the "
+            "directory the container runtime reads",
+        )
     failing = {
         device_name(chip): chip.reason or "Unhealthy"
         for chip in (inventory.advertised if inventory is not None else ())
         if not chip.healthy or chip.held
     }
-    listed = "; ".join(
-        f"{c.namespace}/{c.name} ({', '.join(d.device_name for d in c.devices) or 'no devices'})"
-        for c in claims
-    )
     on_failing = [
         f"{c.namespace}/{c.name} on {d.device_name} ({failing[d.device_name]})"
         for c in claims

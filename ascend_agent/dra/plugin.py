@@ -22,6 +22,7 @@ import anyio
 from ascend_agent.config import Settings
 from ascend_agent.deviceplugin.kubelet import WatcherRegistration
 from ascend_agent.deviceplugin.transport import BoundedServer, SocketIdentity, socket_identity
+from ascend_agent.dra.claims import BOOT_ID
 from ascend_agent.dra.service import DraService
 from ascend_agent.files import make_dirs
 from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
@@ -41,9 +42,10 @@ class DraPaths:
     registration: Path  # <plugins registry>/<driver>-reg.sock
     checkpoint: Path  # beside dra.sock
     cdi_dir: Path
+    boot_id: Path  # the kernel's boot id (not per container: the container's /proc has the host's)
 
     @classmethod
-    def of(cls, settings: Settings) -> DraPaths:
+    def of(cls, settings: Settings, boot_id: Path = BOOT_ID) -> DraPaths:
         driver = settings.dra_driver_name
         plugin_dir = settings.kubelet_dir.parent / "plugins" / driver
         return cls(
@@ -51,6 +53,7 @@ class DraPaths:
             registration=settings.effective_plugins_registry_dir / f"{driver}-reg.sock",
             checkpoint=plugin_dir / "checkpoint.json",
             cdi_dir=settings.cdi_spec_dir or Path("/var/run/cdi"),
+            boot_id=boot_id,
         )
 
 

@@ -1,20 +1,23 @@
 """The DRA kubelet plugin's gRPC services on ``dra.sock``: ``DRAPlugin`` (v1 and v1beta1: the same answers,
 v1beta1 without share IDs) and ``DRAResourceHealth`` (KEP-4680).
 
-    service = DraService("npu.huawei.com", pool="node-1", prepared=Prepared.load(checkpoint), reader=reader)
+    prepared, _ = Prepared.open(checkpoint, cdi_dir, "npu.huawei.com", read_boot_id())
+    service = DraService("npu.huawei.com", pool="node-1", prepared=prepared, reader=reader)
     service.publish(chips, spec_for)        # after each reconcile: chips, health, what Allocate gives
     handlers = service.handlers()           # for a grpclib server on dra.sock
 
-NodePrepareResources answers each claim on its own: a claim that cannot be prepared gets its ``error`` and
-the others are prepared. A claim prepared before gets the same answer again without any request or write.
+NodePrepareResources answers each claim on its own: a claim that cannot be prepared (a UID, namespace or
+name the API server would not give, among them) gets its ``error`` and the others are prepared. A claim
+prepared before gets the same answer again without any request, and without a write while its CDI spec is
+there and from this boot.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -31,7 +34,7 @@ from ascend_agent.dra.claims import (
     PreparedDevice,
     cdi_device_id,
     claim_spec,
-    spec_file_name,
+    uid_problem,
 )
 from ascend_agent.dra.devices import device_name
 from ascend_agent.model import Chip, ContainerSpec
@@ -51,14 +54,12 @@ class DraService:
         driver: str,
         pool: str,
         prepared: Prepared,
-        cdi_dir: Path,
         reader: ClaimReader | None,
         health_refresh: float = 10.0,
     ) -> None:
         self.driver = driver
         self.pool = pool
         self.prepared = prepared
-        self.cdi_dir = cdi_dir
         self._reader = reader
         self._chips: dict[str, Chip] = {}
         self._spec_for: SpecFor | None = None
@@ -87,46 +88,85 @@ class DraService:
 
     # preparing ------------------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
-        """Each claim's prepared devices, or the one line saying why not, by UID. The claims are prepared
-        side by side: with the API server hanging, a call waits one request timeout, not one per claim."""
+        """Each claim's prepared devices, or the one line saying why not, by UID. The claims are read side
+        by side (with the API server hanging, a call waits one request timeout, not one per claim), then
+        their CDI specs and the checkpoint are written in one go. A claim prepared before is answered from
+        memory once its spec is seen written in this boot; else its spec is written again first."""
         answers: dict[str, PreparedClaim | str] = {}
+        valid = []
+        for claim in claims:
+            problem = _claim_problem(claim)
+            if problem is None:
+                valid.append(claim)
+            else:
+                self._refuse(claim, problem)
+                answers[claim.uid] = problem
+        known = [claim.uid for claim in valid if self.prepared.get(claim.uid) is not None]
+        fresh = await anyio.to_thread.run_sync(self.prepared.fresh_claims, known) if known else {}
+        answers.update(fresh)
+        to_write: list[tuple[ClaimRef, PreparedClaim, dict[str, Any]]] = []
 
-        async def prepare_one(claim: ClaimRef) -> None:
+        async def build(claim: ClaimRef) -> None:
             try:
-                answers[claim.uid] = await self._prepare(claim)
+                to_write.append((claim, *await self._build(claim)))
             except ClaimError as exc:
-                log.warning(
-                    "Cannot prepare claim %s: %s",
-                    claim,
-                    exc,
-                    extra=log_fields(claim=str(claim), uid=claim.uid, reason=str(exc)),
-                )
+                self._refuse(claim, str(exc))
                 answers[claim.uid] = str(exc)
 
         async with anyio.create_task_group() as tasks:
-            for claim in claims:
-                tasks.start_soon(prepare_one, claim)
+            for claim in valid:
+                if claim.uid not in fresh:
+                    tasks.start_soon(build, claim)
+        if to_write:
+            async with self._writing:
+                written = await anyio.to_thread.run_sync(
+                    self.prepared.add, [(prepared, document) for _, prepared, document in to_write]
+                )
+            for claim, *_ in to_write:
+                result = written[claim.uid]
+                if isinstance(result, OSError):
+                    failure = (
+                        f"cannot write the CDI spec {self.prepared.spec_path(claim.uid)} or the checkpoint: "
+                        f"{result.strerror or result}"
+                    )
+                    self._refuse(claim, failure)
+                    answers[claim.uid] = failure
+                    continue
+                answers[claim.uid] = result
+                log.info(
+                    "Prepared claim %s: %s",
+                    claim,
+                    ", ".join(d.device_name for d in result.devices),
+                    extra=log_fields(claim=str(claim), uid=claim.uid),
+                )
         return {claim.uid: answers[claim.uid] for claim in claims}
 
-    async def _prepare(self, claim: ClaimRef) -> PreparedClaim:
-        done = self.prepared.get(claim.uid)
-        if done is not None:
-            return done
+    @staticmethod
+    def _refuse(claim: ClaimRef, reason: str) -> None:
+        log.warning(
+            "Cannot prepare claim %s: %s",
+            claim,
+            reason,
+            extra=log_fields(claim=str(claim), uid=claim.uid, reason=reason),
+        )
+
+    async def _build(self, claim: ClaimRef) -> tuple[PreparedClaim, dict[str, Any]]:
+        """The claim as prepared and its CDI spec: for a claim in the checkpoint (its spec gone, or from an
+        earlier boot) from the devices recorded there, else from its ResourceClaim."""
+        known = self.prepared.get(claim.uid)
+        if known is not None:
+            if self._spec_for is None:
+                raise ClaimError("the chips are not discovered yet; the kubelet retries")
+            chips = self._chips_of(claim, [device.device_name for device in known.devices])
+            return known, self._document(claim, chips)
         if self._reader is None:
             raise ClaimError("the Kubernetes API is not available to read the claim (cluster side off)")
         if self._spec_for is None:
             raise ClaimError("the chips are not discovered yet; the kubelet retries")
         allocated = await self._reader.allocated(claim)
-        chips: dict[str, Chip] = {}
+        chips = self._chips_of(claim, [result.device for result in allocated])
         requests: dict[str, list[str]] = {}
         for result in allocated:
-            chip = self._chips.get(result.device)
-            if chip is None:
-                raise ClaimError(
-                    f"device {result.device} of ResourceClaim {claim} is not on this node "
-                    f"(devices here: {', '.join(self._chips) or 'none'})"
-                )
-            chips[result.device] = chip
             requests.setdefault(result.device, []).append(result.request)
         prepared = PreparedClaim(
             uid=claim.uid,
@@ -141,42 +181,44 @@ class DraService:
                 )
                 for device in sorted(chips, key=lambda name: device_order(chips[name]))
             ),
-            spec_path=str(self.cdi_dir / spec_file_name(self.driver, claim.uid)),
         )
-        document = claim_spec(self.driver, claim.uid, chips, self._spec_for(list(chips.values())))
-        async with self._writing:
-            done = self.prepared.get(claim.uid)
-            if done is not None:  # a concurrent call prepared it meanwhile
-                return done
-            try:
-                await anyio.to_thread.run_sync(self.prepared.add, prepared, document)
-            except OSError as exc:
+        return prepared, self._document(claim, chips)
+
+    def _chips_of(self, claim: ClaimRef, devices: Sequence[str]) -> dict[str, Chip]:
+        chips: dict[str, Chip] = {}
+        for device in devices:
+            chip = self._chips.get(device)
+            if chip is None:
                 raise ClaimError(
-                    f"cannot write the CDI spec {prepared.spec_path} or the checkpoint: {exc.strerror or exc}"
-                ) from None
-        log.info(
-            "Prepared claim %s: %s",
-            claim,
-            ", ".join(d.device_name for d in prepared.devices),
-            extra=log_fields(claim=str(claim), uid=claim.uid),
-        )
-        return prepared
+                    f"device {device} of ResourceClaim {claim} is not on this node "
+                    f"(devices here: {', '.join(self._chips) or 'none'})"
+                )
+            chips[device] = chip
+        return chips
+
+    def _document(self, claim: ClaimRef, chips: Mapping[str, Chip]) -> dict[str, Any]:
+        assert self._spec_for is not None
+        return claim_spec(self.driver, claim.uid, chips, self._spec_for(list(chips.values())))
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """Remove what was prepared for each claim; an error line per claim, empty on success."""
+        """Remove what was prepared for each claim (the checkpoint written once); an error line per claim,
+        empty on success."""
         answers: dict[str, str] = {}
+        ours: list[ClaimRef] = []
         for claim in claims:
-            answers[claim.uid] = ""
-            if self.prepared.get(claim.uid) is None:
-                continue
+            answers[claim.uid] = uid_problem(claim.uid) or ""
+            if not answers[claim.uid] and self.prepared.get(claim.uid) is not None:
+                ours.append(claim)
+        if ours:
             async with self._writing:
-                try:
-                    await anyio.to_thread.run_sync(self.prepared.unprepare, claim.uid)
-                except OSError as exc:
-                    answers[claim.uid] = f"cannot remove the CDI spec of {claim}: {exc.strerror or exc}"
+                removed = await anyio.to_thread.run_sync(self.prepared.remove, [c.uid for c in ours])
+            for claim in ours:
+                error = removed[claim.uid]
+                if error is not None:
+                    answers[claim.uid] = f"cannot remove the CDI spec of {claim}: {error.strerror or error}"
                     continue
-            log.info("Unprepared claim %s", claim, extra=log_fields(claim=str(claim), uid=claim.uid))
-        return answers
+                log.info("Unprepared claim %s", claim, extra=log_fields(claim=str(claim), uid=claim.uid))
+        return {claim.uid: answers[claim.uid] for claim in claims}
 
     # health ---------------------------------------------------------------------------------------------
     async def health_updates(self) -> AsyncIterator[health_api.NodeWatchResourcesResponse]:
@@ -206,6 +248,22 @@ class DraService:
                     await changed.wait()
         finally:
             self.health_streams -= 1
+
+
+# A namespace is a DNS label; a claim's name a DNS subdomain.
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _claim_problem(claim: ClaimRef) -> str | None:
+    """Why the kubelet's ``claim`` cannot be a ResourceClaim of the API server, or None."""
+    if (problem := uid_problem(claim.uid)) is not None:
+        return problem
+    if not _NAMESPACE.fullmatch(claim.namespace):
+        return f"claim namespace {claim.namespace[:80]!r} is not a Kubernetes namespace"
+    if len(claim.name) > 253 or not _NAME.fullmatch(claim.name):
+        return f"claim name {claim.name[:80]!r} is not a Kubernetes object name"
+    return None
 
 
 def _health_message(chip: Chip) -> str:

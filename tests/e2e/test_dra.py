@@ -361,3 +361,103 @@ async def test_the_doctor_checks_the_dra_driver_not_the_device_plugin(
     assert slices["detail"].endswith(", for 4 chips")
     assert checks["daemonset"]["detail"] == "no DaemonSet ascend-dra-driver in kube-system"
     assert checks["daemonset"]["hint"] == "kubectl apply -f examples/dra/daemonset.yaml"
+
+
+async def test_a_reboot_that_emptied_the_cdi_directory_writes_the_specs_again(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    agent = host.start()
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    uid = _claim(apiserver, "train", ["npu-2", "npu-3"])
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
+    first = (await kubelet.prepare([claim])).claims[uid]
+    spec_file = host.cdi / f"{DRIVER}-claim-{uid}.json"
+    written = spec_file.read_text()
+
+    _stop(agent)
+    spec_file.unlink()  # /var/run/cdi is a tmpfs: a reboot empties it, the checkpoint stays
+    host.start()
+    await kubelet.register(DRIVER)
+    assert (await kubelet.prepare([claim])).claims[uid] == first
+    assert spec_file.read_text() == written, "the CDI devices answered exist"
+
+
+def _checkpoint(host: _Host) -> Path:
+    return host.directory / "kubelet" / "plugins" / DRIVER / "checkpoint.json"
+
+
+@pytest.mark.parametrize("kind", ["truncated", "link to /dev/zero"])
+async def test_an_unusable_checkpoint_is_kept_aside_and_claims_are_prepared_again(
+    host: _Host, apiserver: ApiServer, kind: str
+) -> None:
+    checkpoint = _checkpoint(host)
+    checkpoint.parent.mkdir()
+    if kind == "truncated":
+        checkpoint.write_text('{"version": 1, "claims": [{"uid": "0b6c')
+    else:
+        checkpoint.symlink_to("/dev/zero")
+    agent = host.start()
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER)
+    (line,) = agent.wait_log("kept as checkpoint.json.unusable-")
+    assert "starting with no prepared claims" in line
+    (kept,) = checkpoint.parent.glob("checkpoint.json.unusable-*")
+    events = apiserver.wait_for(
+        lambda: [e for e in apiserver.list("events", "default") if e["reason"] == "DRACheckpointUnusable"],
+        lambda found: len(found) == 1,
+    )
+    assert kept.name in events[0]["message"]
+
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    uid = _claim(apiserver, "train", ["npu-0"])
+    prepared = (await kubelet.prepare([dra_v1.Claim(namespace="default", uid=uid, name="train")])).claims[uid]
+    assert prepared.error == "" and [d.device_name for d in prepared.devices] == ["npu-0"]
+    assert json.loads(checkpoint.read_text())["claims"][0]["uid"] == uid
+    _stop(agent)
+    assert "Traceback" not in agent.output
+
+
+async def test_a_claim_uid_cannot_steer_a_path_and_a_nul_fails_only_its_claim(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    host.start()
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    good = _claim(apiserver, "good", ["npu-0"])
+    steering = "../../../escaped"
+    for name, uid in (("steer", steering), ("nul", "a\x00b")):  # as an API server would never give them
+        apiserver.put(
+            "resourceclaims",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default", "uid": uid},
+                "status": {
+                    "allocation": {
+                        "devices": {
+                            "results": [
+                                {"request": "npus", "driver": DRIVER, "pool": NODE, "device": "npu-1"}
+                            ]
+                        }
+                    }
+                },
+            },
+        )
+    answer = await kubelet.prepare(
+        [
+            dra_v1.Claim(namespace="default", uid=steering, name="steer"),
+            dra_v1.Claim(namespace="default", uid="a\x00b", name="nul"),
+            dra_v1.Claim(namespace="default", uid=good, name="good"),
+        ]
+    )
+    assert answer.claims[good].error == ""
+    for uid in (steering, "a\x00b"):
+        assert "is not a Kubernetes UID" in answer.claims[uid].error
+        assert not answer.claims[uid].devices
+    assert [p.name for p in host.cdi.iterdir()] == [f"{DRIVER}-claim-{good}.json"]
+    assert not list(host.directory.rglob("escaped*"))
+    done = await kubelet.unprepare([dra_v1.Claim(namespace="default", uid=steering, name="steer")])
+    assert "is not a Kubernetes UID" in done.claims[steering].error

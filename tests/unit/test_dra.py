@@ -9,6 +9,7 @@ import re
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,11 @@ from ascend_agent.container import container_spec
 from ascend_agent.dra import DraDriver
 from ascend_agent.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
 from ascend_agent.dra.claims import (
-    CheckpointError,
     Prepared,
     PreparedClaim,
     PreparedDevice,
     claim_spec,
+    read_checkpoint,
 )
 from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
 from ascend_agent.dra.doctor import kubelet_checks, slices_check
@@ -165,34 +166,25 @@ def test_a_pool_with_taints_is_split_at_64_devices_per_slice() -> None:
     assert len(pool_slices(Inventory(tuple(c.with_health(Health.HEALTHY) for c in chips)), TAINTS)) == 1
 
 
-def test_the_checkpoint_survives_a_new_process_and_refuses_garbage(short_dir: Path) -> None:
+def test_the_checkpoint_survives_a_new_process(short_dir: Path) -> None:
     checkpoint = short_dir / "plugin" / "checkpoint.json"
-    spec = short_dir / "cdi" / "claim.json"
+    cdi = short_dir / "cdi"
     claim = PreparedClaim(
         "uid-1",
         "default",
         "train",
         (PreparedDevice(("npus",), "node-1", "npu-0", ("k/claim=uid-1-npu-0",)),),
-        str(spec),
     )
-    prepared = Prepared.load(checkpoint)
-    prepared.add(claim, {"cdiVersion": "0.6.0"})
+    prepared, aside = Prepared.open(checkpoint, cdi, "k", "boot-1")
+    assert aside is None
+    assert prepared.add([(claim, {"cdiVersion": "0.6.0"})]) == {"uid-1": replace(claim, boot_id="boot-1")}
+    spec = cdi / "k-claim-uid-1.json"
     assert json.loads(spec.read_text()) == {"cdiVersion": "0.6.0"}
 
-    again = Prepared.load(checkpoint)
-    assert again.get("uid-1") == claim
-    again.unprepare("uid-1")
-    again.unprepare("never-prepared")
-    assert not spec.exists() and len(Prepared.load(checkpoint)) == 0
-
-    checkpoint.write_text("{not json")
-    with pytest.raises(CheckpointError, match=r"checkpoint\.json is not a checkpoint"):
-        Prepared.load(checkpoint)
-    settings = Settings(kubelet_dir=short_dir / "device-plugins", kubelet_api="dra", dra_driver_name="plugin")
-    (short_dir / "plugins" / "plugin").mkdir(parents=True)
-    (short_dir / "plugins" / "plugin" / "checkpoint.json").write_text("[]")
-    with pytest.raises(ConfigError, match="move it away"):
-        DraDriver.open(settings, None)
+    again, _ = Prepared.open(checkpoint, cdi, "k", "boot-1")
+    assert again.get("uid-1") == replace(claim, boot_id="boot-1")
+    assert again.remove(["uid-1", "never-prepared"]) == {"uid-1": None, "never-prepared": None}
+    assert not spec.exists() and read_checkpoint(checkpoint) == []
 
 
 def test_the_checkpoint_is_on_disk_before_it_replaces_the_old_one(
@@ -215,7 +207,9 @@ def test_the_checkpoint_is_on_disk_before_it_replaces_the_old_one(
 
 
 def test_the_method_paths_are_the_kubelets(short_dir: Path) -> None:
-    service = DraService("npu.huawei.com", "node-1", Prepared(short_dir / "c.json"), short_dir, None)
+    service = DraService(
+        "npu.huawei.com", "node-1", Prepared(short_dir / "c.json", short_dir, "npu.huawei.com"), None
+    )
     paths = {path for handler in service.handlers() for path in handler.__mapping__()}  # type: ignore[attr-defined]
     assert paths == {
         "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
@@ -261,7 +255,9 @@ def test_only_this_drivers_results_in_this_pool_are_prepared() -> None:
 
 async def test_a_claim_before_the_client_has_loaded_is_an_error_for_that_claim(short_dir: Path) -> None:
     reader = ClaimReader(lambda: None, "npu.huawei.com", "node-1")
-    service = DraService("npu.huawei.com", "node-1", Prepared(short_dir / "c.json"), short_dir, reader)
+    service = DraService(
+        "npu.huawei.com", "node-1", Prepared(short_dir / "c.json", short_dir, "npu.huawei.com"), reader
+    )
     service.publish([Chip.make(0, "910B4")], lambda chips: ContainerSpec())
     answers = await service.prepare([ClaimRef("default", "train", "u1")])
     assert answers == {
@@ -344,7 +340,9 @@ async def test_a_taint_says_since_when_and_keeps_that_time_across_a_restart(apis
 async def test_claims_of_one_call_are_read_side_by_side(apiserver: ApiServer, short_dir: Path) -> None:
     api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=30.0)
     reader = ClaimReader(lambda: api, "npu.huawei.com", "node-1")
-    service = DraService("npu.huawei.com", "node-1", Prepared(short_dir / "c.json"), short_dir, reader)
+    service = DraService(
+        "npu.huawei.com", "node-1", Prepared(short_dir / "c.json", short_dir, "npu.huawei.com"), reader
+    )
     service.publish([Chip.make(0, "910B4")], lambda chips: ContainerSpec())
     claims = [ClaimRef("default", "a", "u1"), ClaimRef("default", "b", "u2")]
     apiserver.fail("hang", verb="get", resource="resourceclaims")
