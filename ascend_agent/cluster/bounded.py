@@ -22,11 +22,13 @@ from contextvars import ContextVar
 
 import httpx2
 
+from ascend_agent.config import DEFAULT_API_LIST_LIMIT_MIB
+
 MIB = 1024 * 1024
 # The API server stores an object of at most 1.5 MiB (etcd's default request limit); an answer about one
 # object, or a watch event, is never much more.
 OBJECT_LIMIT = 4 * MIB
-DEFAULT_LIST_LIMIT_MIB = 64
+DEFAULT_LIST_LIMIT = DEFAULT_API_LIST_LIMIT_MIB * MIB
 
 
 class AnswerTooLarge(httpx2.HTTPError):

@@ -33,8 +33,7 @@ from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError, ConfigError
 
 from ascend_agent.cluster.bounded import (
-    DEFAULT_LIST_LIMIT_MIB,
-    MIB,
+    DEFAULT_LIST_LIMIT,
     AnswerTooLarge,
     BoundedAsyncTransport,
     BoundedTransport,
@@ -73,7 +72,7 @@ class KubeApi:
         server: str,
         timeout: float = DEFAULT_TIMEOUT,
         config: SingleConfig | None = None,
-        list_limit: int = DEFAULT_LIST_LIMIT_MIB * MIB,
+        list_limit: int = DEFAULT_LIST_LIMIT,
     ) -> None:
         self.client = client
         self.node = node
@@ -91,7 +90,7 @@ class KubeApi:
         target: ClusterTarget,
         node: str,
         timeout: float = DEFAULT_TIMEOUT,
-        list_limit: int = DEFAULT_LIST_LIMIT_MIB * MIB,
+        list_limit: int = DEFAULT_LIST_LIMIT,
     ) -> KubeApi:
         """A client for ``target``; no request is made here. ``list_limit``: bytes a list may take."""
         try:

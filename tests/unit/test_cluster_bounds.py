@@ -14,6 +14,8 @@ from lightkube.resources.core_v1 import Node
 from ascend_agent.cluster.bounded import MIB
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.cluster.side import ClusterSide
+from ascend_agent.config import Settings
 from tests.support.endless_api import EndlessApi
 
 
@@ -106,3 +108,19 @@ async def test_a_compressed_answer_is_refused_it_would_be_bounded_only_before_in
                 await api.call("get", "nodes", api.client.get(Node, "node-1"))
         finally:
             await api.close()
+
+
+async def test_the_list_limit_is_the_setting(short_dir: Path) -> None:
+    with EndlessApi(short_dir) as server:
+        side = ClusterSide(
+            ClusterTarget("kubeconfig", server.kubeconfig),
+            "node-1",
+            lambda: [],
+            settings=Settings(api_list_limit_mib=3),
+        )
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(side.run)
+            with anyio.fail_after(10):
+                await side.wait_loaded()
+            assert side.api is not None and side.api.list_limit == 3 * MIB
+            tasks.cancel_scope.cancel()
