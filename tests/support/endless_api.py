@@ -16,12 +16,16 @@ _CHUNK = b"x" * 65536
 
 
 class EndlessApi:
-    def __init__(self, directory: Path, answer: bytes | None = None, headers: str = "") -> None:
+    def __init__(
+        self, directory: Path, answer: bytes | None = None, headers: str = "", repeated: bytes = _CHUNK
+    ) -> None:
         """``answer``: the whole body instead of one without end; ``headers``: lines added to the answer's
-        (``"Content-Encoding: gzip\\r\\n"``)."""
+        (``"Content-Encoding: gzip\\r\\n"``); ``repeated``: what the body without end repeats (64 KiB of
+        ``x``, no newline)."""
         self.kubeconfig = directory / "endless-kubeconfig"
         self._answer = answer
         self._headers = headers
+        self._repeated = repeated
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="endless-api", daemon=True)
         self._server: asyncio.Server | None = None
@@ -86,8 +90,8 @@ class EndlessApi:
                     + b"Transfer-Encoding: chunked\r\n\r\n"
                 )
                 while True:
-                    writer.write(b"%x\r\n%s\r\n" % (len(_CHUNK), _CHUNK))
-                    self.sent += len(_CHUNK)
+                    writer.write(b"%x\r\n%s\r\n" % (len(self._repeated), self._repeated))
+                    self.sent += len(self._repeated)
                     await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass

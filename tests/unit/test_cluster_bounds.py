@@ -58,6 +58,23 @@ async def test_an_answer_without_end_is_an_outage_not_all_the_memory(
     assert api.health.state().up is False
 
 
+async def test_a_watch_is_bounded_per_event_not_in_all(short_dir: Path) -> None:
+    event = json.dumps({"type": "MODIFIED", "object": {"metadata": {"name": "node-1"}}}).encode() + b"\n"
+    events = event * (65536 // len(event))
+    with EndlessApi(short_dir, repeated=events) as server:
+        api = _api(server)
+        try:
+            seen = 0
+            with anyio.fail_after(30):
+                async for kind, node in api.stream("nodes", api.client.watch(Node)):
+                    assert (kind, node.metadata and node.metadata.name) == ("MODIFIED", "node-1")
+                    seen += 1
+                    if seen * len(event) > 12 * MIB:
+                        break
+        finally:
+            await api.close()
+
+
 async def test_a_list_may_be_larger_than_one_object_up_to_its_own_limit(short_dir: Path) -> None:
     answer = _node_list(6 * MIB)
     with EndlessApi(short_dir, answer=answer) as server:
