@@ -123,7 +123,8 @@ class KubeApi:
     ) -> T:
         """Await one request of ``verb`` on ``resource`` (both only name it, for the log and the metric).
         An error status in ``answers`` is raised as lightkube's ``ApiError`` for the caller; any other is an
-        outage (``answers=frozenset()`` for a request whose 404 means the setup is wrong)."""
+        outage (``answers=frozenset()`` for a request whose 404 means the setup is wrong). The answers of a
+        ``list`` (every page of it) may take ``list_limit`` bytes together, any other answer 4 MiB."""
         channel = f"{verb} {resource}"
         try:
             with anyio.fail_after(self.timeout):
@@ -246,7 +247,8 @@ def _transport_options(config: SingleConfig) -> dict[str, Any]:
     url = urllib.parse.urlsplit(config.cluster.server)
     proxy = None
     if not urllib.request.proxy_bypass(url.hostname or ""):
-        proxy = urllib.request.getproxies().get(url.scheme)
+        proxies = urllib.request.getproxies()
+        proxy = proxies.get(url.scheme) or proxies.get("all")
     return {"verify": context, "proxy": proxy}
 
 
