@@ -63,6 +63,9 @@ DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+DEFAULT_API_LIST_LIMIT_MIB = 64
+
+
 class ConfigError(ValueError):
     """Bad usage or configuration: the CLI prints it as one line and exits 2."""
 
@@ -110,6 +113,8 @@ class Settings:
     kubeconfig: Path | None = None
     node_name: str | None = None
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
+    # MiB one list of the API server may take, its pages together (an object or a watch event: 4 MiB).
+    api_list_limit_mib: int = DEFAULT_API_LIST_LIMIT_MIB
     # Volcano (ascend_agent.cluster.deviceinfo, .volcano): the device-info ConfigMap and node annotation, and
     # Allocate answering with the chips Volcano chose.
     device_info: bool = True
@@ -352,6 +357,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "kubeconfig": _optional(_path),
     "node_name": _optional(_text),
     "pod_resources_socket": _path,
+    "api_list_limit_mib": _positive_int,
     "device_info": _bool,
     "volcano": _bool,
     "kubelet_api": _one_of(*KUBELET_APIS),

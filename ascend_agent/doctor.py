@@ -436,10 +436,13 @@ async def _cluster(settings: Settings, ours: AgentDaemonSet, dra_inventory: Inve
                 f"kubectl -n {ours.namespace} get ds {ours.name}; {look}",
             )
         ]
+    from ascend_agent.cluster.bounded import MIB
     from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
 
     try:
-        api = KubeApi.connect(target, node, timeout=_API_TIMEOUT)
+        api = KubeApi.connect(
+            target, node, timeout=_API_TIMEOUT, list_limit=settings.api_list_limit_mib * MIB
+        )
     except ClusterConnectError as exc:
         return [Check("cluster", None, f"skipped: {exc}")]
     try:

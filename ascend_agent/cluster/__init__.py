@@ -188,11 +188,17 @@ async def on_mounted_chips(settings: Settings, holders: Holders, timeout: float)
             holders,
             "with --volcano the pods' marks say which chip each holds: no Kubernetes API to read them",
         )
+    from ascend_agent.cluster.bounded import MIB
     from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
     from ascend_agent.cluster.volcano import follow_mounted, mounted_from, node_pods
 
     try:
-        api = KubeApi.connect(target, node_name(settings.node_name), timeout=timeout)
+        api = KubeApi.connect(
+            target,
+            node_name(settings.node_name),
+            timeout=timeout,
+            list_limit=settings.api_list_limit_mib * MIB,
+        )
     except ClusterConnectError as exc:
         return holders, str(exc)
     try:

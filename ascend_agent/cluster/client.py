@@ -10,22 +10,35 @@ never a wait without end), records the outcome in :class:`~ascend_agent.cluster.
 every failure that means "the API server does not serve us" (no answer, 401, 403, 429, 5xx) into
 :class:`ApiUnavailable`. Answers a feature handles itself (404, 409, 422) come back as lightkube's
 ``ApiError``
-and count as the API server working.
+and count as the API server working. Every answer is bounded in bytes at the transport
+(:mod:`ascend_agent.cluster.bounded`): a ``list`` call's pages together by ``list_limit``, any other answer
+and each line of a watch by 4 MiB; past that the request fails as the API server being unusable.
 """
 
 from __future__ import annotations
 
 import threading
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 import httpx2
 import msgspec
 from lightkube import AsyncClient, Client, KubeConfig
+from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError, ConfigError
 
+from ascend_agent.cluster.bounded import (
+    DEFAULT_LIST_LIMIT,
+    AnswerTooLarge,
+    BoundedAsyncTransport,
+    BoundedTransport,
+    answers_of_a_list,
+)
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.health import ApiHealth, Failure
 
@@ -58,11 +71,13 @@ class KubeApi:
         node: str,
         server: str,
         timeout: float = DEFAULT_TIMEOUT,
-        config: KubeConfig | None = None,
+        config: SingleConfig | None = None,
+        list_limit: int = DEFAULT_LIST_LIMIT,
     ) -> None:
         self.client = client
         self.node = node
         self.timeout = timeout
+        self.list_limit = list_limit
         self.health = ApiHealth(server)
         self._config = config  # for the blocking client, made on the first call_blocking
         self._blocking: Client | None = None
@@ -70,8 +85,14 @@ class KubeApi:
         self._blocking_lock = threading.Lock()
 
     @classmethod
-    def connect(cls, target: ClusterTarget, node: str, timeout: float = DEFAULT_TIMEOUT) -> KubeApi:
-        """A client for ``target``; no request is made here."""
+    def connect(
+        cls,
+        target: ClusterTarget,
+        node: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        list_limit: int = DEFAULT_LIST_LIMIT,
+    ) -> KubeApi:
+        """A client for ``target``; no request is made here. ``list_limit``: bytes a list may take."""
         try:
             if target.kind == "in-cluster":
                 config = KubeConfig.from_service_account()
@@ -82,7 +103,12 @@ class KubeApi:
             if single is None:
                 raise ConfigError("it names no current context")
             server = single.cluster.server
-            client = AsyncClient(config=config, timeout=httpx2.Timeout(timeout), field_manager="ascend-agent")
+            client = AsyncClient(
+                config=single,
+                timeout=httpx2.Timeout(timeout),
+                field_manager="ascend-agent",
+                transport=BoundedAsyncTransport(httpx2.AsyncHTTPTransport(**_transport_options(single))),
+            )
         # Any kubeconfig a person wrote can fail here in its own way (YAML syntax, a list instead of a map, a
         # context naming an absent cluster, a certificate file that is not there): all of them are bad input.
         except Exception as exc:
@@ -90,18 +116,23 @@ class KubeApi:
             raise ClusterConnectError(
                 f"cannot use {target.describe()}: {type(exc).__name__}: {what}"
             ) from None
-        return cls(client, node, server, timeout, config)
+        return cls(client, node, server, timeout, single, list_limit)
 
     async def call(
         self, verb: str, resource: str, request: Awaitable[T], answers: frozenset[int] = ANSWERS
     ) -> T:
         """Await one request of ``verb`` on ``resource`` (both only name it, for the log and the metric).
         An error status in ``answers`` is raised as lightkube's ``ApiError`` for the caller; any other is an
-        outage (``answers=frozenset()`` for a request whose 404 means the setup is wrong)."""
+        outage (``answers=frozenset()`` for a request whose 404 means the setup is wrong). The answers of a
+        ``list`` (every page of it) may take ``list_limit`` bytes together, any other answer 4 MiB."""
         channel = f"{verb} {resource}"
         try:
             with anyio.fail_after(self.timeout):
-                result = await request
+                if verb == "list":
+                    with answers_of_a_list(self.list_limit):
+                        result = await request
+                else:
+                    result = await request
         except Exception as exc:
             failed = self._failed(channel, verb, resource, exc, answers)
             if failed is exc:
@@ -134,7 +165,10 @@ class KubeApi:
                 if self._config is None:
                     raise ConfigError("this client was made without a configuration for blocking requests")
                 self._blocking = Client(
-                    config=self._config, timeout=httpx2.Timeout(self.timeout), field_manager="ascend-agent"
+                    config=self._config,
+                    timeout=httpx2.Timeout(self.timeout),
+                    field_manager="ascend-agent",
+                    transport=BoundedTransport(httpx2.HTTPTransport(**_transport_options(self._config))),
                 )
             client = self._blocking
         return request(client)
@@ -169,7 +203,9 @@ class KubeApi:
     ) -> Exception:
         """What to raise for ``exc``: itself for an answer in ``answers``, else a recorded
         :class:`ApiUnavailable`."""
-        if isinstance(exc, ApiError):
+        if isinstance(exc, AnswerTooLarge):
+            failure = Failure(0, f"{exc} (a broken API server, or something else answering at its address)")
+        elif isinstance(exc, ApiError):
             code = exc.status.code or exc.response.status_code
             if code in answers:
                 self.health.record_success(channel)
@@ -200,6 +236,20 @@ class KubeApi:
         with anyio.move_on_after(self.timeout, shield=True):
             await self.client.close()
             await anyio.to_thread.run_sync(self._close_blocking, abandon_on_cancel=True)
+
+
+def _transport_options(config: SingleConfig) -> dict[str, Any]:
+    """What lightkube would give the transport it makes itself: the TLS context of the kubeconfig (with its
+    client certificate), and the proxy of the environment (``HTTPS_PROXY``, ``NO_PROXY``) for the server."""
+    if config.user is None:
+        raise ConfigError("its context names no user")
+    context = verify_cluster(config.cluster, config.user, config.abs_file)
+    url = urllib.parse.urlsplit(config.cluster.server)
+    proxy = None
+    if not urllib.request.proxy_bypass(url.hostname or ""):
+        proxies = urllib.request.getproxies()
+        proxy = proxies.get(url.scheme) or proxies.get("all")
+    return {"verify": context, "proxy": proxy}
 
 
 def _refusal(code: int, reason: str | None, verb: str, resource: str, node: str) -> Failure:

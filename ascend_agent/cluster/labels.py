@@ -1,6 +1,10 @@
 """Node labels: what a nodeSelector or Volcano needs to find this node's chips, patched on the agent's own
 Node with only the agent's keys (other labels untouched, stale keys of its own removed).
 
+Labels change only from chips the agent has seen: while it knows of none (npu-smi failing at start, the
+device files not there yet) the node keeps the labels it has. ``accelerator`` is never removed: it is what
+the shipped DaemonSet's ``nodeSelector`` places the agent by, and a node without it loses the agent for good.
+
     >>> chips = tuple(Chip.make(i, "910B3", numa_node=i // 4, hbm_mb=65536) for i in range(8))
     >>> labels = node_labels(Inventory(chips, driver_version="25.0.rc1.1"), replicas=1)
     >>> labels["accelerator"], labels[CHIP_NAME], labels[CHIP_MEMORY]
@@ -36,6 +40,8 @@ DRIVER_VERSION = "huawei.com/driver.version"
 CHIP_MEMORY = "mind-cluster/npu-chip-memory"
 NPU_PREFIX = "huawei.com/npu."
 _OWN_KEYS = frozenset({ACCELERATOR, CHIP_NAME, DRIVER_VERSION, CHIP_MEMORY})
+# Set from a chip model the agent has seen, never removed: the DaemonSet selects on it (README, install).
+_NEVER_REMOVED = frozenset({ACCELERATOR})
 
 _ACCELERATORS = {
     Generation.ASCEND910A: "huawei-Ascend910",
@@ -107,8 +113,16 @@ class NodeLabels:
         self._writer: LatestWriter[dict[str, str]] | None = None
         self._pending: dict[str, str] | None = None
         self._skipped: set[tuple[str, str]] = set()
+        self._unknown = False  # the last inventory had no chips: said once, until chips are seen again
 
     def observe(self, inventory: Inventory) -> None:
+        if not inventory.chips:
+            # No chips is what an npu-smi outage or a driver not loaded yet looks like: nothing to go by.
+            if not self._unknown:
+                self._unknown = True
+                log.info("Node labels kept as they are: the agent sees no chips")
+            return
+        self._unknown = False
         labels = self._valid(node_labels(inventory, self._replicas()))
         if self._writer is None:
             self._pending = labels
@@ -141,7 +155,9 @@ async def _patch_labels(api: KubeApi, labels: dict[str, str]) -> None:
     node = await api.call("get", "nodes", api.client.get(Node, api.node), answers=frozenset())
     current = (node.metadata.labels if node.metadata else None) or {}
     patch: dict[str, Any] = {key: value for key, value in labels.items() if current.get(key) != value}
-    patch.update({key: None for key in current if is_own_key(key) and key not in labels})
+    patch.update(
+        {key: None for key in current if is_own_key(key) and key not in labels and key not in _NEVER_REMOVED}
+    )
     if not patch:
         return
     await api.call(

@@ -126,9 +126,11 @@ class ClusterSide:
         await self._loaded.wait()
 
     def _load(self) -> tuple[KubeApi, tuple[Feature, ...]]:
+        from ascend_agent.cluster.bounded import DEFAULT_LIST_LIMIT, MIB
         from ascend_agent.cluster.client import KubeApi
 
-        return KubeApi.connect(self.target, self.node), tuple(self._make_features())
+        limit = self.settings.api_list_limit_mib * MIB if self.settings is not None else DEFAULT_LIST_LIMIT
+        return KubeApi.connect(self.target, self.node, list_limit=limit), tuple(self._make_features())
 
     async def run(self) -> None:
         from ascend_agent.cluster.client import ClusterConnectError

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support import FIXTURES
+from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.agent_process import AgentProcess, fake_agent
 from tests.support.apiserver import ApiServer
 from tests.support.cli import run_cli
@@ -310,3 +310,52 @@ def test_labels_on_the_devfs_backend_carry_the_driver_and_hbm(
     assert labels["mind-cluster/npu-chip-memory"] == "32G"
     assert labels["huawei.com/npu.memory"] == "32768"
     assert labels["huawei.com/npu.count"] == "8"
+
+
+@pytest.mark.parametrize("outage", ["npu-smi -8020", "no device files yet"])
+def test_labels_stay_while_the_chips_are_unknown(
+    kubelet: KubeletStandin, apiserver: ApiServer, host: HostTree, short_dir: Path, outage: str
+) -> None:
+    """The node's labels from before (``accelerator`` places the DaemonSet's pod there) are neither removed
+    nor rewritten while the agent sees no chips; chips it sees again set them."""
+    npu_smi = FakeNpuSmi(short_dir / "npu-smi")
+    if outage == "npu-smi -8020":
+        host.add_chips(range(8))
+        npu_smi.set_output("info", (CONSTRUCTED / "error-info-dcmi-8020-busy.txt").read_text())
+    else:
+        npu_smi.set_mode("fail")
+    before = {
+        "kubernetes.io/hostname": NODE,
+        "accelerator": "huawei-Ascend910",
+        "node.kubernetes.io/npu.chip.name": "910B4",
+        "huawei.com/npu.count": "8",
+    }
+    apiserver.put("nodes", {"metadata": {"name": NODE, "labels": before}})
+    process = AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--kubelet-dir", str(kubelet.directory), "--metrics-address", "", "--health-interval", "1",
+         "--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE],
+    )  # fmt: skip
+    try:
+        process.wait_log("Node labels kept as they are: the agent sees no chips", timeout=10)
+        queries = npu_smi.count("info")
+        npu_smi.wait_count("info", queries + 2)  # reconciles with the cluster side on
+        assert _labels(apiserver) == before
+        host.add_chips(range(8))
+        npu_smi.set_mode("ok")
+        npu_smi.set_output("info", (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text())
+        labels = apiserver.wait_for(
+            lambda: _labels(apiserver), lambda got: "huawei.com/driver.version" in got, timeout=10
+        )
+    finally:
+        process.close()
+    assert labels["accelerator"] == "huawei-Ascend910"
+    assert labels["huawei.com/npu.count"] == "8"
+    removals = [
+        s.data
+        for s in apiserver.seen()
+        if s.verb == "patch"
+        and s.resource == "nodes"
+        and None in s.data["metadata"].get("labels", {}).values()
+    ]
+    assert removals == [], "no label was removed"

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 from ascend_agent.cluster import find_target, node_name, open_side
 from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
-from ascend_agent.cluster.labels import NodeLabels, node_labels, sanitise
+from ascend_agent.cluster.labels import NodeLabels, _patch_labels, node_labels, sanitise
 from ascend_agent.cluster.side import ClusterSide
 from ascend_agent.cluster.writer import LatestWriter, api_backoff
 from ascend_agent.config import ConfigError, Settings
@@ -300,6 +300,31 @@ def test_label_values_are_made_valid_or_skipped_with_one_warning(caplog: pytest.
         "Node label huawei.com/driver.version not set: '((?))' cannot be made a valid label value"
     ]
     assert node_labels(Inventory(), replicas=1) == {}
+
+
+async def test_accelerator_is_never_removed_and_changes_only_with_a_chip_seen(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``accelerator`` is what the shipped DaemonSet selects on: removing it takes the agent off the node."""
+    caplog.set_level(logging.INFO, "ascend_agent.cluster")
+    placed = {"accelerator": "huawei-Ascend910", "huawei.com/npu.count": "8", "team": "a"}
+    apiserver.put("nodes", {"metadata": {"name": "node-1", "labels": placed}})
+    labels = NodeLabels(lambda: 1)
+    for _ in range(2):
+        labels.observe(Inventory())  # npu-smi failing at start, no device files yet
+    assert labels._pending is None, "no chips: nothing to write"
+    assert caplog.text.count("Node labels kept as they are: the agent sees no chips") == 1
+    api = _api(apiserver)
+    try:
+        await _patch_labels(api, {"huawei.com/npu.count": "8"})  # a set of labels without it
+        node = apiserver.get("nodes", "node-1")
+        assert node is not None and node["metadata"]["labels"] == placed
+        await _patch_labels(api, node_labels(Inventory((Chip.make(0, "310P3"),)), replicas=1))
+        node = apiserver.get("nodes", "node-1")
+    finally:
+        await api.close()
+    assert node is not None and node["metadata"]["labels"]["accelerator"] == "huawei-Ascend310P"
+    assert node["metadata"]["labels"]["team"] == "a"
 
 
 async def test_a_watch_through_stream_records_its_failures(apiserver: ApiServer) -> None:
