@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -97,7 +98,7 @@ async def ask_agent(address: str) -> AgentView | str:
             finally:
                 writer.close()
     except (OSError, TimeoutError, ValueError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "no answer"
+        why = os.strerror(exc.errno).lower() if isinstance(exc, OSError) and exc.errno else "no answer"
         return f"no running agent answers on {address} ({why}): the hold and npu-smi's state are unknown"
     head, _, body = answer.partition(b"\r\n\r\n")
     if b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":

@@ -440,6 +440,8 @@ def list_chips(
     except ConfigError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     if not inventory.chips and inventory.problems:
+        if json_output:
+            print("[]")
         for problem in inventory.problems:
             print(f"ascend-agent: {problem}", file=sys.stderr)
         raise typer.Exit(EXIT_FAILURE)
@@ -471,7 +473,8 @@ def list_chips(
         print(json.dumps(rows, indent=2))
     else:
         _print_table(rows)
-    agent_problems = [agent] if isinstance(agent, str) else []
+    # --json says "no agent" as held null on each chip; a person reading the table gets the line.
+    agent_problems = [agent] if isinstance(agent, str) and rows and not json_output else []
     if not isinstance(agent, str) and agent.npu_smi_down:
         agent_problems.append(f"the agent on {agent.address} sees npu-smi down: {agent.npu_smi_down}")
     for problem in (*inventory.problems, *([holders_problem] if holders_problem else []), *agent_problems):
