@@ -361,3 +361,17 @@ def test_the_env_names_every_flag(host: HostTree, npu_smi: FakeNpuSmi) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)) == 8
+
+
+def test_list_names_a_failing_npu_smi_and_exits_non_zero(host: HostTree, npu_smi: FakeNpuSmi) -> None:
+    host.add_chips(range(8))
+    npu_smi.set_mode("fail")
+    result = subprocess.run(
+        [sys.executable, "-m", "ascend_agent", "list", "--backend", "devfs", "--host-root", str(host.root),
+         "--npu-smi", str(npu_smi.path), "--npu-smi-timeout", "5"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "no chips found" not in result.stdout, "eight device files are there: npu-smi failed"
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("ascend-agent: ") and "dcmi module initialize failed, ret -8005" in line
