@@ -58,8 +58,9 @@ def taint_key(driver: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DeviceTaints:
-    """How an Unhealthy or held chip is tainted: the driver's key and the effect (``--dra-taint-effect``). A chip
-    whose health is unknown while npu-smi is down is only ``NoSchedule``: an outage of the tool never evicts."""
+    """How an Unhealthy or held chip is tainted: the driver's key and the effect (``--dra-taint-effect``).
+    A chip whose health is unknown while npu-smi is down is only ``NoSchedule``: a tool's outage never
+    evicts."""
 
     driver: str
     effect: str
