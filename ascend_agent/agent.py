@@ -14,9 +14,11 @@ resource's lifecycle, so no task outlives the agent::
 from __future__ import annotations
 
 import asyncio
+import enum
 import errno
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
@@ -30,6 +32,7 @@ from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, VnpuLayoutBackend, backend_for
 from ascend_agent.backoff import Backoff
+from ascend_agent.chipstate import CHIPS_PATH, chip_states
 from ascend_agent.config import (
     DRA_API,
     PLUGIN_WATCHER_REGISTRATION,
@@ -55,6 +58,7 @@ from ascend_agent.observability import (
     label_devices_with_holders,
     log_fields,
     serve_http,
+    serve_json,
 )
 from ascend_agent.podresources import Holders, PodHolders
 from ascend_agent.separation import ManualSeparation
@@ -112,6 +116,14 @@ _HTTP_RETRY_FIRST = 1.0
 _HTTP_RETRY_MOST = 10.0
 # Settings that decide where and how each resource is served: a change re-serves every resource.
 _SERVING_SETTINGS = frozenset({"kubelet_dir", "registration", "plugins_registry_dir", "plugin_dir"})
+
+
+class _Shown(enum.Enum):
+    """Whose health a chip shows: its own, the flap hold's, or none known (npu-smi down)."""
+
+    OWN = "own"
+    HELD = "held"
+    UNKNOWN = "unknown"
 
 
 @dataclass(slots=True)
@@ -172,7 +184,7 @@ class Agent:
         self._cdi_backoff = Backoff(_CDI_RETRY_START, _CDI_RETRY_CAP, jitter=False)
         self._cdi_retrying = False
         self._known_chips: set[str] = set()
-        self._health: dict[str, tuple[Health, str]] = {}
+        self._health: dict[str, tuple[Health, _Shown, str]] = {}
         self._problems: tuple[str, ...] = ()
         self.inventory = Inventory()
         self._cdi_document: dict[str, Any] | None = None
@@ -215,11 +227,24 @@ class Agent:
         self._missing = directory
 
     def ready(self) -> tuple[bool, str]:
-        """``/readyz``: every resource with chips registered, and its kubelet stream open; or standing by."""
+        """``/readyz``: every resource with chips registered, and its kubelet stream open, and npu-smi not
+        down; or standing by."""
         if self._missing is not None:
             return False, waiting_reason(self._missing)
         if self._standby is not None:
             return True, f"standby: the ascend-agent with pid {self._standby} holds this node until it stops"
+        ready, reason = self._serving()
+        outage = self.inventory.outage
+        if outage:
+            return False, f"{outage}; {reason}" if reason and not ready else outage
+        return ready, reason
+
+    def chip_states(self) -> dict[str, Any]:
+        """``/chips``: each chip's health and hold, and npu-smi's state, as only this process knows them."""
+        hold = self._hold
+        return chip_states(self.inventory, hold.release_in, hold.reason(), now=time.time())
+
+    def _serving(self) -> tuple[bool, str]:
         if self._dra is not None:
             return self._dra.status()
         if not self._plugins:
@@ -250,6 +275,7 @@ class Agent:
                 if self._dra is not None:
                     tasks.start_soon(self._dra.run, name="dra")
                 label_devices_with_holders(self._holder_of)
+                serve_json(CHIPS_PATH, self.chip_states)
                 tasks.start_soon(self.holders.run, name="pod resources")
                 await self.backend.query()
                 self._start_watching()
@@ -652,23 +678,29 @@ class Agent:
                     extra=log_fields(device=chip.device_id, path=chip.device_path),
                 )
             before = self._health.get(chip.device_id)
-            now = (chip.health, chip.reason)
-            if before != now:
-                self._health[chip.device_id] = now
-                if chip.health is Health.UNHEALTHY:
-                    reason = chip.reason or "no reason reported"
-                    log.warning(
-                        "%s is Unhealthy: %s",
-                        chip.device_id,
-                        reason,
-                        extra=log_fields(resource=chip.resource, device=chip.device_id, reason=reason),
-                    )
-                elif before is not None:
-                    log.info(
-                        "%s is Healthy again",
-                        chip.device_id,
-                        extra=log_fields(resource=chip.resource, device=chip.device_id),
-                    )
+            # A held chip's own flips and a chip whose health is unknown (npu-smi down) are not logged per
+            # change: the hold and the outage are logged once each where they start and end.
+            shown = _Shown.HELD if chip.held else _Shown.UNKNOWN if chip.health_unknown else _Shown.OWN
+            now = (chip.health, shown, chip.reason if shown is _Shown.OWN else "")
+            if before == now:
+                continue
+            self._health[chip.device_id] = now
+            if shown is not _Shown.OWN:
+                continue
+            if chip.health is Health.UNHEALTHY:
+                reason = chip.reason or "no reason reported"
+                log.warning(
+                    "%s is Unhealthy: %s",
+                    chip.device_id,
+                    reason,
+                    extra=log_fields(resource=chip.resource, device=chip.device_id, reason=reason),
+                )
+            elif before is not None and before[1] is not _Shown.UNKNOWN:
+                log.info(
+                    "%s is Healthy again",
+                    chip.device_id,
+                    extra=log_fields(resource=chip.resource, device=chip.device_id),
+                )
         if inventory.problems != self._problems:
             for problem in inventory.problems:
                 if problem not in self._problems:

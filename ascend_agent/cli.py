@@ -23,6 +23,7 @@ from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Setti
 from ascend_agent.stopping import catch_early
 
 if TYPE_CHECKING:
+    from ascend_agent.chipstate import AgentView
     from ascend_agent.model import Chip, Inventory
     from ascend_agent.podresources import Holder
 
@@ -400,17 +401,25 @@ def list_chips(
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
     volcano: Volcano = None,
+    metrics_address: MetricsAddress = None,
     json_output: Json = False,
 ) -> None:
     """Print the chips the backend sees, their vNPUs under them, and the pod holding each (the kubelet's
-    PodResources socket; with --volcano on the chips the pods' marks say were mounted)."""
+    PodResources socket; with --volcano on the chips the pods' marks say were mounted). The running agent,
+    asked at its --metrics-address, adds what only it knows: the flap hold and whether npu-smi is down.
+    Exit 1 when no chip can be listed because of a problem (npu-smi fails, no device files)."""
     overrides = dict(locals())
     overrides.pop("json_output")
     _, settings = _settings(overrides)
     from ascend_agent.backends import discover_once
+    from ascend_agent.chipstate import ask_agent
     from ascend_agent.podresources import Holders, PodResourcesError, list_holders
 
-    async def discover() -> tuple[Inventory, Holders, str | None]:
+    async def discover() -> tuple[Inventory, Holders, str | None, AgentView | str]:
+        inventory, holders, problem = await with_holders()
+        return inventory, holders, problem, await ask_agent(settings.metrics_address)
+
+    async def with_holders() -> tuple[Inventory, Holders, str | None]:
         inventory = await discover_once(settings)
         socket = settings.pod_resources_socket
         if socket == DEFAULT_POD_RESOURCES_SOCKET and not socket.exists():
@@ -427,9 +436,15 @@ def list_chips(
         return inventory, holders, f"holders by the kubelet's IDs: {problem}" if problem else None
 
     try:
-        inventory, holders, holders_problem = asyncio.run(discover())
+        inventory, holders, holders_problem, agent = asyncio.run(discover())
     except ConfigError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
+    if not inventory.chips and inventory.problems:
+        if json_output:
+            print("[]")
+        for problem in inventory.problems:
+            print(f"ascend-agent: {problem}", file=sys.stderr)
+        raise typer.Exit(EXIT_FAILURE)
     rows = [
         {
             "id": chip.device_id,
@@ -443,7 +458,6 @@ def list_chips(
             "numa_node": chip.numa_node,
             "npu_id": chip.npu_id,
             "faults": [{"code": fault.code, "text": fault.text} for fault in chip.faults],
-            "held": chip.held,
             "holders": _holder_rows(holders.of(chip, settings.replicas)),
             "vnpus": [
                 _vnpu_row(part, _holder_rows(holders.of(part, 1)))
@@ -453,12 +467,33 @@ def list_chips(
         }
         for chip in inventory.chips
     ]
+    for row, chip in zip(rows, inventory.chips, strict=True):
+        row.update(_agent_fields(chip.device_id, agent))
     if json_output:
         print(json.dumps(rows, indent=2))
     else:
         _print_table(rows)
-    for problem in (*inventory.problems, *([holders_problem] if holders_problem else [])):
+    # --json says "no agent" as held null on each chip; a person reading the table gets the line.
+    agent_problems = [agent] if isinstance(agent, str) and rows and not json_output else []
+    if not isinstance(agent, str) and agent.npu_smi_down:
+        agent_problems.append(f"the agent on {agent.address} sees npu-smi down: {agent.npu_smi_down}")
+    for problem in (*inventory.problems, *([holders_problem] if holders_problem else []), *agent_problems):
         print(f"ascend-agent: {problem}", file=sys.stderr)
+
+
+def _agent_fields(device: str, agent: AgentView | str) -> dict[str, Any]:
+    """What the running agent says of a chip: its health as the kubelet sees it and its hold; ``held`` is
+    None when no agent could be asked (this process cannot know the hold)."""
+    state = None if isinstance(agent, str) else agent.chips.get(device)
+    if state is None:
+        return {"held": None, "held_why": "", "held_until": None}
+    return {
+        "health": state.health,
+        "reason": state.reason,
+        "held": state.held,
+        "held_why": state.held_why,
+        "held_until": state.held_until,
+    }
 
 
 def _holder_rows(holders: Sequence[Holder]) -> list[dict[str, str]]:
@@ -487,7 +522,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     if not rows:
         print("no chips found")
         return
-    columns = ("id", "model", "health", "bus_id", "numa_node", "resource", "holder", "reason")
+    columns = ("id", "model", "health", "held", "bus_id", "numa_node", "resource", "holder", "reason")
     lines = []
     for row in rows:
         lines.append({**row, "resource": "vNPUs below"} if row["vnpus"] else row)
@@ -499,6 +534,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
                     "id": f"  {part['id']}",
                     "model": f"{part['template']}: {cores} AI cores, {memory} GB",
                     "health": part["health"],
+                    "held": None,
                     "bus_id": None,
                     "numa_node": None,
                     "resource": part["resource"],
@@ -513,6 +549,11 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _cell(row: dict[str, Any], column: str) -> str:
+    if column == "held":
+        held = row.get("held")
+        if held is None:
+            return "?" if "held_until" in row else "-"
+        return f"until {row['held_until'] or 'quiet'}" if held else "no"
     if column == "holder":
         return ",".join(f"{h['namespace']}/{h['pod']}/{h['container']}" for h in row["holders"]) or "-"
     return "-" if row[column] is None else str(row[column])

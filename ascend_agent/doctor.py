@@ -24,6 +24,7 @@ from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
+from ascend_agent.chipstate import ask_agent
 from ascend_agent.config import DRA_API, ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.transport import LocalChannel
@@ -86,6 +87,7 @@ async def run_checks(settings: Settings, daemonset: AgentDaemonSet | None = None
     if unhealthy:
         checks.append(await _holders(settings, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
+    checks.extend(await _agent_chips(settings.metrics_address))
     checks.append(await _kubernetes_api(settings.metrics_address))
     checks.extend(await _cluster(settings, daemonset, inventory if dra else None))
     return checks
@@ -374,6 +376,38 @@ async def _get(address: str, path: str) -> tuple[str, str] | str:
         return f"nothing answers on {address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
     status, _, body = answer.partition("\r\n\r\n")
     return status.split("\r\n")[0], body
+
+
+async def _agent_chips(address: str) -> list[Check]:
+    """What only the running agent knows: chips it holds Unhealthy for flapping, and npu-smi down."""
+    held_name, down_name = "held chips (agent)", "npu-smi (agent)"
+    view = await ask_agent(address)
+    if isinstance(view, str):
+        return [Check(held_name, None, f"unknown: {view}"), Check(down_name, None, f"unknown: {view}")]
+    held = view.held()
+    checks = [
+        Check(
+            held_name,
+            False,
+            "; ".join(f"{device} {state.hold_text()}" for device, state in sorted(held.items())),
+            "they come back by themselves once Healthy for flapQuiet s; the agent's log says why they "
+            "flapped (is held Unhealthy)",
+        )
+        if held
+        else Check(held_name, True, "none")
+    ]
+    if view.npu_smi_down:
+        checks.append(
+            Check(
+                down_name,
+                False,
+                view.npu_smi_down,
+                "run npu-smi info on the host; the chips come back by themselves once it answers",
+            )
+        )
+    else:
+        checks.append(Check(down_name, True, "answers"))
+    return checks
 
 
 async def _kubernetes_api(address: str) -> Check:

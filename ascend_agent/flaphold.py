@@ -94,6 +94,23 @@ class FlapHold:
             return HoldStep(held=False, event=HoldEvent.ENDED)
         return HoldStep(held=True)
 
+    def unknown(self, device: str) -> bool:
+        """The chip's health cannot be read now (npu-smi is down): neither a turn nor quiet time, so a held
+        chip's quiet period starts again once it is seen Healthy. Whether it is held."""
+        track = self._tracks.get(device)
+        if track is None or not track.held:
+            return False
+        track.healthy_since = None
+        return True
+
+    def release_in(self, device: str) -> float | None:
+        """Seconds until a held chip's hold ends if it stays Healthy; None while it is not held or not
+        Healthy (its quiet period has not started)."""
+        track = self._tracks.get(device)
+        if track is None or not track.held or track.healthy_since is None:
+            return None
+        return max(0.0, self.quiet - (self._clock() - track.healthy_since))
+
     def seconds_to_release(self) -> float | None:
         """Seconds until a held chip that is Healthy now has been so for the quiet period (observing it then
         ends its hold); None while no held chip is Healthy."""
@@ -134,16 +151,28 @@ class ChipHold:
     def seconds_to_release(self) -> float | None:
         return self._hold.seconds_to_release()
 
+    def release_in(self, device: str) -> float | None:
+        """Seconds until the chip's hold ends if it stays Healthy (None: not held, or not Healthy now)."""
+        return self._hold.release_in(device)
+
+    def reason(self) -> str:
+        return self._hold.reason()
+
     def apply(self, chips: Sequence[Chip]) -> tuple[Chip, ...]:
         """The chips as reported: each one's own health, unless the hold keeps it Unhealthy."""
         return tuple(self._held(chip) for chip in chips)
 
     def _held(self, chip: Chip) -> Chip:
         hold = self._hold
+        if chip.health_unknown:
+            return replace(chip, held=hold.unknown(chip.device_id))
         step = hold.observe(chip.device_id, healthy=chip.health is Health.HEALTHY)
         if step.event is HoldEvent.STARTED:
             log.warning(
-                "%s is held Unhealthy: %s", chip.device_id, hold.reason().removeprefix("held Unhealthy: ")
+                "%s is held Unhealthy: %s (%s)",
+                chip.device_id,
+                hold.reason().removeprefix("held Unhealthy: "),
+                chip.reason or "no reason reported",
             )
         elif step.event is HoldEvent.ENDED:
             log.info("%s is no longer held: Healthy for %g s", chip.device_id, hold.quiet)

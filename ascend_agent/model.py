@@ -147,6 +147,8 @@ class Chip:
     naming_scheme: str = "huawei"
     faults: tuple[Fault, ...] = ()
     held: bool = False
+    # Unhealthy only because its health cannot be read (npu-smi is down): not a fault of the chip.
+    health_unknown: bool = False
     hbm_mb: int | None = None  # HBM size where the chip has HBM and the backend knows it
     vnpu: VNpu | None = None
     # The chip's place on its card: npu-smi's ``-c`` beside ``-i <npu id>``.
@@ -254,6 +256,8 @@ class Inventory:
     container: ContainerBase = ContainerBase()
     driver_version: str | None = None  # as npu-smi reports it, where it does
     vnpus: tuple[Chip, ...] = ()
+    # Why the chips' health cannot be read now (npu-smi down); empty while it can.
+    outage: str = ""
 
     @property
     def advertised(self) -> tuple[Chip, ...]:

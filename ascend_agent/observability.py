@@ -150,6 +150,10 @@ NPU_SMI_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 NPU_SMI_FAILURES = Counter("ascend_agent_npu_smi_failures", "Failed npu-smi queries.", ["reason"])
+NPU_SMI_DOWN = Gauge(
+    "ascend_agent_npu_smi_down",
+    "1 while npu-smi is down (healthFailureThreshold failed health queries in a row), else 0.",
+)
 CHIP_FAULT = Gauge(
     "ascend_agent_chip_fault",
     "1 while npu-smi info -t health reports this error code for the chip; gone when it clears.",
@@ -333,6 +337,25 @@ _READ_TIMEOUT = 5.0
 _MAX_REQUEST_LINE = 8192
 
 
+# Read-only JSON documents served beside the probes (``/chips``): path -> what makes the document.
+_json_routes: dict[str, Callable[[], Any]] = {}
+
+
+def serve_json(path: str, document: Callable[[], Any] | None) -> None:
+    """From now on ``GET path`` answers ``document()`` as JSON (None: no more)."""
+    if document is None:
+        _json_routes.pop(path, None)
+    else:
+        _json_routes[path] = document
+
+
+def _json_route(path: str) -> tuple[int, str, bytes] | None:
+    document = _json_routes.get(path)
+    if document is None:
+        return None
+    return 200, "application/json", (json.dumps(document(), indent=1) + "\n").encode()
+
+
 async def serve_http(address: str, ready: Readiness, detail: HealthDetail | None = None) -> asyncio.Server:
     """Serve ``/metrics`` (Prometheus text format), ``/healthz`` and ``/readyz`` on ``HOST:PORT``.
 
@@ -398,4 +421,4 @@ def _route(
         if is_ready:
             return 200, "text/plain", f"ready: {reason}\n".encode() if reason else b"ready\n"
         return 503, "text/plain", f"not ready: {reason}\n".encode()
-    return 404, "text/plain", b"not found: try /metrics, /healthz or /readyz\n"
+    return _json_route(path) or (404, "text/plain", b"not found: try /metrics, /healthz, /readyz or /chips\n")

@@ -59,6 +59,7 @@ from ascend_agent.model import (
     normalise_model,
 )
 from ascend_agent.observability import (
+    NPU_SMI_DOWN,
     NPU_SMI_FAILURES,
     NPU_SMI_SECONDS,
     ProblemLog,
@@ -125,7 +126,7 @@ class DevfsBackend:
         self._chip_map: tuple[MapRow, ...] = ()
         self._a3_model = A3_MODEL
         self._failures = 0
-        self._last_failure = ""
+        self._outage_cause = ""
         self._failure_log = ProblemLog()
         self._query_problem = ""
         self._driver_version: str | None = None
@@ -161,7 +162,8 @@ class DevfsBackend:
 
     async def query(self) -> bool:
         """One ``npu-smi info`` for every chip. A failure keeps the last known health; after
-        ``health_failure_threshold`` failures in a row every chip is Unhealthy until a query succeeds.
+        ``health_failure_threshold`` failures in a row npu-smi is down (``Inventory.outage``): every chip is
+        Unhealthy with its health unknown, not faulty, until a query succeeds.
         True when what the chips look like changed."""
         before = self._view()
         if await self._query():
@@ -169,8 +171,15 @@ class DevfsBackend:
         return self._view() != before
 
     def _view(self) -> tuple[object, ...]:
-        failing = self._failures >= self._settings.health_failure_threshold
-        return tuple(sorted(self._probed.items())), self._reported, failing, self._query_problem
+        return tuple(sorted(self._probed.items())), self._reported, self._outage(), self._query_problem
+
+    def _outage(self) -> str:
+        """Why npu-smi counts as down (``health_failure_threshold`` failed queries in a row); empty while
+        it is not. Stable for the whole outage: the chips' reason and ``/readyz`` do not change per query."""
+        threshold = self._settings.health_failure_threshold
+        if self._failures < threshold or not self._probed:
+            return ""
+        return f"npu-smi failed {threshold} times in a row: {self._outage_cause}"
 
     async def _query(self) -> bool:
         """Run and read npu-smi; False (and counted) when it failed."""
@@ -200,7 +209,8 @@ class DevfsBackend:
                 self._failures,
                 extra=log_fields(count=self._failures),
             )
-        self._failures, self._last_failure, self._query_problem = 0, "", ""
+        NPU_SMI_DOWN.set(0)
+        self._failures, self._query_problem = 0, ""
         self._failure_log.clear()
         gone = self._reported - set(probed)
         if gone:
@@ -316,9 +326,9 @@ class DevfsBackend:
         self._failures += 1
         threshold = self._settings.health_failure_threshold
         reason = str(error)
-        self._last_failure = reason
         if self._failure_log.changed(reason) and self._probed:
-            log.warning(
+            # One failed query changes nothing anybody sees; npu-smi down (the threshold) is the warning.
+            log.info(
                 "Health query failed, keeping the last known health: %s",
                 reason,
                 extra=log_fields(reason=reason),
@@ -334,9 +344,13 @@ class DevfsBackend:
                 )
             )
         elif self._failures == threshold:
+            self._outage_cause = reason
+            NPU_SMI_DOWN.set(1)
             log.warning(
-                "npu-smi failed %d times in a row: every chip is Unhealthy until it answers",
+                "npu-smi failed %d times in a row: npu-smi is down, not the chips; every chip is Unhealthy "
+                "(health unknown, not a chip fault) until it answers: %s",
                 threshold,
+                reason,
                 extra=log_fields(count=threshold, reason=reason),
             )
 
@@ -464,6 +478,7 @@ class DevfsBackend:
             container=container,
             driver_version=self._driver_version,
             vnpus=self._vnpus.slices(chips, nodes),
+            outage=self._outage(),
         )
 
     def forget_vnpus(self) -> None:
@@ -483,7 +498,7 @@ class DevfsBackend:
             phys_ids = sorted(int(m.group(1)) for m in map(_CHIP_NODE.match, nodes) if m)
             return tuple(self._fallback_chip(phys_id, nodes) for phys_id in phys_ids)
         manager = MANAGER in nodes or _MANAGER_310B in nodes
-        failing = self._failures >= self._settings.health_failure_threshold
+        outage = self._outage()
         chips = []
         for phys_id in sorted(self._probed):
             probed = self._probed[phys_id]
@@ -506,8 +521,9 @@ class DevfsBackend:
                 reason = "npu-smi no longer reports this chip"
             elif not manager:
                 reason = f"/dev/{MANAGER} is missing"
-            elif failing:
-                reason = f"npu-smi failed {self._failures} times in a row: {self._last_failure}"
+            elif outage:
+                chip = replace(chip, health_unknown=True)
+                reason = f"health unknown: {outage}"
             elif not self._chip_healthy(probed):
                 reason = describe(probed.health, probed.faults)
             chips.append(chip.with_health(Health.UNHEALTHY, reason) if reason else chip)

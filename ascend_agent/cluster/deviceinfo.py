@@ -10,7 +10,8 @@ device-info ConfigMap's ``DeviceInfoCfg`` and the Node annotation ``baseDeviceIn
     '{"b":"\\\\u003c1\\\\u003e","a":2}'
 
 Per resource ``T``: ``T`` the healthy chips, ``T-Unhealthy`` the Unhealthy ones (the backend's faults and
-the chips an admin separates in the ConfigMap), ``T-Recovering`` the chips in the flap hold,
+the chips an admin separates in the ConfigMap), ``T-Recovering`` the chips in the flap hold and those whose
+health is unknown while npu-smi is down (out of service, but no fault: nothing is rescheduled for them),
 ``T-NetworkUnhealthy`` (never known here: empty) and, for 910/A3/950, ``T-Fault``: one object per
 Unhealthy chip with its codes.
 """
@@ -81,7 +82,7 @@ def device_lists(
         lists[resource] = _ids(chip for chip in ordered if chip.healthy)
         lists[f"{resource}-Unhealthy"] = _ids(unhealthy)
         lists[f"{resource}-NetworkUnhealthy"] = ""
-        held = (chip for chip in ordered if chip.held and chip not in unhealthy)
+        held = (chip for chip in ordered if (chip.held or chip.health_unknown) and chip not in unhealthy)
         lists[f"{resource}-Recovering"] = _ids(held)
         if ordered[0].generation in _FAULT_LISTS:
             faults = [_fault(chip, since.get(chip.device_id, now_ms)) for chip in unhealthy]
@@ -111,7 +112,8 @@ def base_device_infos(inventory: Inventory) -> str:
 
 
 def _out(chip: Chip, separated: frozenset[str]) -> bool:
-    return chip.device_id in separated or (not chip.healthy and not chip.held)
+    """Unhealthy for a fault of its own: not for the flap hold, nor for an npu-smi that cannot be asked."""
+    return chip.device_id in separated or not (chip.healthy or chip.held or chip.health_unknown)
 
 
 def _ids(chips: Any) -> str:

@@ -70,6 +70,8 @@ class NodeEvents:
     # what happened --------------------------------------------------------------------------------------
     def observe(self, inventory: Inventory) -> None:
         for chip in inventory.chips:
+            if chip.health_unknown and not chip.held:
+                continue  # npu-smi is down: no transition of the chip's own (the agent logs the outage once)
             now = (chip.healthy, chip.held)
             before = self._seen.get(chip.device_id)
             self._seen[chip.device_id] = now

@@ -112,7 +112,9 @@ class ResourcePlugin:
     ) -> None:
         """Advertise ``devices`` (advertised ID -> chip) with ``preference`` over them; ``container`` says
         what a container that gets some of them gets besides them; a container asking for more than
-        ``most_per_container`` devices is refused. ``listed``: what the device list shows per ID instead."""
+        ``most_per_container`` devices is refused. ``listed``: what the device list shows per ID instead.
+        The kubelet is sent the list only when it differs from the last one sent (a held chip's reason
+        changing underneath sends nothing)."""
         self.service.publish(devices, preference, container, most_per_container, listed)
 
     def set_serve_timeout(self, seconds: float) -> None:

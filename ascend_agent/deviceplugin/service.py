@@ -177,8 +177,11 @@ class DevicePluginService:
             return
         self._devices = dict(devices)
         self._listed = None if listed is None else dict(listed)
-        self._snapshot = self._device_list.encode(devices if listed is None else listed)
         self._entries.clear()
+        snapshot = self._device_list.encode(devices if listed is None else listed)
+        if snapshot == self._snapshot:
+            return  # only what the kubelet does not see changed (a reason): nothing to send
+        self._snapshot = snapshot
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
 

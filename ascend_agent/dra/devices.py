@@ -48,6 +48,9 @@ def device_name(chip: Chip) -> str:
     return f"npu-{chip.phys_id}"
 
 
+NPU_SMI_DOWN = "npu-smi-down"  # the taint value of a chip whose health is unknown
+
+
 def taint_key(driver: str) -> str:
     """The key of the health taint: ``<driver>/unhealthy``."""
     return f"{driver}/unhealthy"
@@ -55,7 +58,9 @@ def taint_key(driver: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DeviceTaints:
-    """How an Unhealthy or held chip is tainted: the driver's key and the effect (``--dra-taint-effect``)."""
+    """How an Unhealthy or held chip is tainted: the driver's key and the effect (``--dra-taint-effect``).
+    A chip whose health is unknown while npu-smi is down is only ``NoSchedule``: a tool's outage never
+    evicts."""
 
     driver: str
     effect: str
@@ -63,6 +68,8 @@ class DeviceTaints:
     def for_chip(self, chip: Chip) -> list[dict[str, str]]:
         if chip.healthy and not chip.held:
             return []
+        if chip.health_unknown and not chip.held:
+            return [{"key": taint_key(self.driver), "value": NPU_SMI_DOWN, "effect": "NoSchedule"}]
         reason = "held" if chip.held else (chip.reason or "unhealthy")
         return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": self.effect}]
 

@@ -32,8 +32,11 @@ def npu_smi(short_dir: Path) -> FakeNpuSmi:
     return fake
 
 
-def _list(host: HostTree, npu_smi: FakeNpuSmi | Path | None, *extra: str) -> tuple[list[dict[str, Any]], str]:
-    """``list`` on ``host``; ``npu_smi`` None: the default lookup (no npu-smi on PATH here)."""
+def _list(
+    host: HostTree, npu_smi: FakeNpuSmi | Path | None, *extra: str, status: int = 0
+) -> tuple[list[dict[str, Any]], str]:
+    """``list`` on ``host``; ``npu_smi`` None: the default lookup (no npu-smi on PATH here); ``status`` 1
+    where no chip can be listed for a problem."""
     path = npu_smi.path if isinstance(npu_smi, FakeNpuSmi) else npu_smi
     given = [] if path is None else ["--npu-smi", str(path)]
     result = subprocess.run(
@@ -42,7 +45,7 @@ def _list(host: HostTree, npu_smi: FakeNpuSmi | Path | None, *extra: str) -> tup
         capture_output=True, text=True, timeout=30,
         env={**os.environ, "PATH": os.path.dirname(sys.executable)},
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == status, result.stderr
     assert "Traceback" not in result.stderr
     return json.loads(result.stdout), result.stderr
 
@@ -74,7 +77,7 @@ def test_redacted_names_fall_back_to_the_configured_model(
 ) -> None:
     host.add_chips(range(8))
     npu_smi.set_output("info", (FIXTURES / "910A-24.1.RC2-info-warning.txt").read_text())
-    rows, problems = _list(host, npu_smi)
+    rows, problems = _list(host, npu_smi, status=1)
     assert rows == []
     assert "cannot tell the model of NPU 0" in problems
     config = short_dir / "c.yaml"
@@ -152,7 +155,7 @@ def test_without_davinci_manager_every_chip_is_unhealthy(short_dir: Path, npu_sm
 def test_no_device_files_points_at_the_driver(short_dir: Path, npu_smi: FakeNpuSmi) -> None:
     host = HostTree(short_dir / "host")
     npu_smi.set_mode("fail")
-    rows, problems = _list(host, npu_smi)
+    rows, problems = _list(host, npu_smi, status=1)
     assert rows == []
     assert "no /dev/davinci* device files" in problems
     assert "driver or firmware" in problems
@@ -162,7 +165,7 @@ def test_missing_npu_smi_is_explained(host: HostTree, short_dir: Path) -> None:
     """The default lookup may find no npu-smi (an explicit --npu-smi that is not there is bad usage)."""
     host.add_chips(range(2))
     (host.root / "usr/local/bin/npu-smi").unlink()
-    rows, problems = _list(host, None)
+    rows, problems = _list(host, None, status=1)
     assert rows == []
     assert "usr/local/bin/npu-smi" in problems
     assert "model: in the config file" in problems
@@ -358,3 +361,17 @@ def test_the_env_names_every_flag(host: HostTree, npu_smi: FakeNpuSmi) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)) == 8
+
+
+def test_list_names_a_failing_npu_smi_and_exits_non_zero(host: HostTree, npu_smi: FakeNpuSmi) -> None:
+    host.add_chips(range(8))
+    npu_smi.set_mode("fail")
+    result = subprocess.run(
+        [sys.executable, "-m", "ascend_agent", "list", "--backend", "devfs", "--host-root", str(host.root),
+         "--npu-smi", str(npu_smi.path), "--npu-smi-timeout", "5"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "no chips found" not in result.stdout, "eight device files are there: npu-smi failed"
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("ascend-agent: ") and "dcmi module initialize failed, ret -8005" in line

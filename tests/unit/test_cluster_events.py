@@ -21,6 +21,8 @@ HEALTHY = Chip.make(3, "910B3")
 FAULTY = HEALTHY.with_health(Health.UNHEALTHY, "Health Alarm from npu-smi")
 FAULTY = Chip(**{**{f: getattr(FAULTY, f) for f in FAULTY.__slots__}, "faults": (Fault("80E3A203"),)})
 HELD = Chip(**{**{f: getattr(FAULTY, f) for f in FAULTY.__slots__}, "held": True})
+UNKNOWN = HEALTHY.with_health(Health.UNHEALTHY, "health unknown: npu-smi failed 3 times in a row: ret -8020")
+UNKNOWN = Chip(**{**{f: getattr(UNKNOWN, f) for f in UNKNOWN.__slots__}, "health_unknown": True})
 
 
 def _inventory(*chips: Chip) -> Inventory:
@@ -166,3 +168,15 @@ async def test_an_event_of_a_long_node_name_has_a_valid_name(apiserver: ApiServe
     name = found["NPUUnhealthy"][0]["metadata"]["name"]
     assert len(name) <= 253 and re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name), name
     assert found["NPUUnhealthy"][0]["involvedObject"]["name"] == node
+
+
+async def test_npu_smi_down_raises_no_event_for_the_chips(apiserver: ApiServer) -> None:
+    async with _running(apiserver) as events:
+        events.observe(_inventory(HEALTHY))
+        events.observe(_inventory(UNKNOWN))
+        events.observe(_inventory(HEALTHY))
+        events.observe(_inventory(FAULTY))  # the one transition of the chip's own
+        found = await _wait(apiserver, lambda: _by_reason(apiserver), lambda f: "NPUUnhealthy" in f)
+        assert [event["message"] for events in found.values() for event in events] == [
+            "Ascend910-3 is Unhealthy: Health Alarm from npu-smi (fault codes 80E3A203)"
+        ]

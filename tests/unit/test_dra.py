@@ -435,3 +435,21 @@ async def test_the_doctor_says_what_is_missing_of_a_dra_driver(short_dir: Path) 
     checkpoint.unlink()
     (claims,) = [c for c in await kubelet_checks(settings, None) if c.check == "prepared claims"]
     assert (claims.ok, claims.detail) == (True, f"none: no checkpoint {checkpoint} yet")
+
+
+def test_a_chip_whose_health_is_unknown_is_never_evicted_for_it() -> None:
+    """npu-smi down: the chip takes no new claims, but NoExecute would evict every pod for a tool's outage."""
+    unknown = Chip.make(
+        1,
+        "910B4",
+        health=Health.UNHEALTHY,
+        health_unknown=True,
+        reason="health unknown: npu-smi failed 3 times in a row: ret -8020",
+    )
+    (spec,) = pool_slices(
+        Inventory((Chip.make(0, "910B4"), unknown)), DeviceTaints("npu.huawei.com", "NoExecute")
+    )
+    assert [d.get("taints") for d in spec["devices"]] == [
+        None,
+        [{"key": "npu.huawei.com/unhealthy", "value": "npu-smi-down", "effect": "NoSchedule"}],
+    ]

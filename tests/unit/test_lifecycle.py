@@ -8,6 +8,7 @@ import itertools
 import logging
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -20,7 +21,7 @@ from ascend_agent.config import Settings
 from ascend_agent.deviceplugin import lifecycle
 from ascend_agent.deviceplugin.lifecycle import BACKOFF_START, STREAM_GRACE, ResourcePlugin
 from ascend_agent.deviceplugin.transport import LocalChannel
-from ascend_agent.model import Chip, ContainerBase
+from ascend_agent.model import Chip, ContainerBase, Health
 from tests.support.grpclib_kubelet import AsyncKubelet
 
 RESOURCE = "huawei.com/Ascend910"
@@ -226,3 +227,31 @@ async def test_cancelling_the_run_removes_the_socket(kubelet: AsyncKubelet) -> N
     assert not plugin.socket_path.exists()
     assert kubelet.socket.is_socket(), "the kubelet's socket is not ours to remove"
     await kubelet.wait_for(lambda: kubelet.streams_ended >= 1, "the kubelet's stream to end")
+
+
+async def test_a_held_chip_flipping_underneath_sends_no_device_list(kubelet: AsyncKubelet) -> None:
+    """The chip's own health flips while the hold keeps it Unhealthy: only its reason changes, which the
+    kubelet never sees; each flip used to send the same list again."""
+    plugin = _plugin(kubelet.directory)
+
+    def devices(reason: str, without_7: bool) -> dict[str, Chip]:
+        chips = [
+            replace(chip, held=True).with_health(Health.UNHEALTHY, reason) if chip.phys_id == 3 else chip
+            for chip in CHIPS
+            if not (without_7 and chip.phys_id == 7)
+        ]
+        return {chip.device_id: chip for chip in chips}
+
+    async with _running(plugin):
+        await _registered_and_streaming(kubelet, plugin, 1)
+        plugin.publish(devices("Alarm; held Unhealthy", without_7=False), None, _CONTAINER)
+        await kubelet.wait_for(lambda: len(kubelet.updates) == 2, "the held chip's list")
+        for flip in range(10):
+            reason = "Healthy now; held Unhealthy" if flip % 2 == 0 else "Alarm; held Unhealthy"
+            plugin.publish(devices(reason, without_7=flip % 2 == 1), None, _CONTAINER)  # the flip alone
+            await anyio.wait_all_tasks_blocked()  # a list the flip sent is on its way before the next publish
+            shown = devices(reason, without_7=flip % 2 == 0)
+            plugin.publish(shown, None, _CONTAINER)  # a change the kubelet sees, to follow the stream
+            ids = list(shown)
+            await kubelet.wait_for(lambda ids=ids: kubelet.updates[-1][1] == ids, f"step {flip}")
+        assert len(kubelet.updates) == 2 + 10, "one list per change the kubelet sees, none per flip"

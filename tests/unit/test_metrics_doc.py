@@ -132,9 +132,9 @@ _FIRING: dict[str, tuple[list[tuple[str, str]], dict[str, str], str]] = {
         "10m",
     ),
     "AscendNpuSmiFailing": (
-        [(f'ascend_agent_npu_smi_failures_total{{{_N},reason="timeout"}}', "0+1x20")],
+        [(f"ascend_agent_npu_smi_down{{{_N}}}", "1x20")],
         {"instance": "n1"},
-        "15m",
+        "10m",
     ),
     "AscendDriverNotVisible": (
         [(f'ascend_agent_npu_smi_failures_total{{{_N},reason="driver"}}', "1+1x20")],
@@ -182,6 +182,7 @@ _HEALTHY = [
     (f'ascend_agent_allocations_total{{{_N},{_R},code="OK"}}', "0+2x20"),
     (f"ascend_agent_kubelet_stream_open{{{_N},{_R}}}", "1x20"),
     (f'ascend_agent_chip_held{{{_N},device="Ascend910-3"}}', "0x20"),
+    (f"ascend_agent_npu_smi_down{{{_N}}}", "0x20"),
 ]
 
 
