@@ -152,6 +152,7 @@ class Agent:
         self.mounted = mounted
         if mounted is not None:
             mounted.on_change = self._wake_if_any_unhealthy
+            mounted.kubelet_holders = lambda: self.holders.holders
             self.holders.on_change = self._wake_if_any_unhealthy
         self.held_devices: HeldDevices = held_devices or self._held_by_pods
         self._vnpu_pending = False

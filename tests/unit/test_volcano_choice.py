@@ -15,8 +15,10 @@ from lightkube.resources.core_v1 import Pod
 
 from ascend_agent.cluster.client import ApiUnavailable
 from ascend_agent.cluster.health import Failure
-from ascend_agent.cluster.volcano import TAKEN, Mounted, PodView, VolcanoPods, choose
+from ascend_agent.cluster.volcano import TAKEN, Mounted, PodView, VolcanoPods, choose, predicate_time
+from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Inventory
+from ascend_agent.podresources import Holder, Holders
 
 T = "huawei.com/Ascend910"
 P = "huawei.com/Ascend310P"
@@ -29,8 +31,11 @@ def _pods(draw: st.DrawFn) -> PodView:
     chips = draw(st.integers(0, 3))
     time = draw(st.one_of(st.integers(0, 5).map(str), st.just(TAKEN), st.just("x"), st.just("")))
     annotations = {resource: ",".join(f"Ascend910-{i}" for i in range(chips)), "predicate-time": time}
-    limits = {resource: draw(st.integers(0, 2))}
-    return PodView("ns", name, f"uid-{name}", annotations, limits, terminating=draw(st.booleans()))
+    limits = {resource: draw(st.integers(0, 3))}
+    scheduler = draw(st.sampled_from(["volcano", "default-scheduler"]))
+    return PodView(
+        "ns", name, f"uid-{name}", annotations, limits, terminating=draw(st.booleans()), scheduler=scheduler
+    )
 
 
 _STEPS = st.lists(
@@ -178,6 +183,7 @@ class _SlowListApi(_BurstApi):
                 },
                 "spec": {
                     "nodeName": self.node,
+                    "schedulerName": "volcano",
                     "containers": [{"name": "main", "resources": {"limits": {T: "2"}}}],
                 },
             }
@@ -235,3 +241,119 @@ async def test_an_api_server_down_since_start_refuses_the_allocate_after_the_tri
             with pytest.raises(LookupError, match="no pod on this node placed by Volcano"):
                 await pods.remap(T, [["Ascend910-0", "Ascend910-1"]])
             tasks.cancel_scope.cancel()
+
+
+def _placed(
+    name: str, chips: str, time: str, asked: int | None = None, scheduler: str = "volcano"
+) -> PodView:
+    count = len(chips.split(","))
+    return PodView(
+        "team-a",
+        name,
+        f"uid-{name}",
+        {T: chips, "predicate-time": time},
+        {T: count if asked is None else asked},
+        scheduler=scheduler,
+    )
+
+
+def test_a_pod_another_scheduler_placed_is_never_chosen() -> None:
+    """A pod bound to the node by hand (no scheduler, or another one) names any chip and the smallest
+    predicate-time: only the pods Volcano placed count."""
+    for scheduler in ("default-scheduler", "my-scheduler"):
+        pods = VolcanoPods()
+        pods._store(_placed("by-hand", "Ascend910-3", "0", scheduler=scheduler))
+        pods._store(_placed("placed", "Ascend910-6", "100"))
+        chosen = pods._choose(T, 1)
+        assert chosen is not None and chosen.name == "placed"
+    named = VolcanoPods(scheduler="volcano-npu")
+    named._store(_placed("placed", "Ascend910-6", "100"))
+    assert named._choose(T, 1) is None, "--volcano-scheduler-name volcano-npu: a pod of volcano is not its"
+
+
+def test_the_chips_named_must_be_as_many_as_the_pod_asks_for() -> None:
+    """A pod asking for one chip whose annotation names two is not the pod of an Allocate of two."""
+    pods = VolcanoPods()
+    pods._store(_placed("greedy", "Ascend910-3,Ascend910-4", "0", asked=1))
+    pods._store(_placed("placed", "Ascend910-6,Ascend910-7", "100"))
+    chosen = pods._choose(T, 2)
+    assert chosen is not None and chosen.name == "placed"
+
+
+async def test_a_choice_naming_a_chip_another_pod_holds_is_refused_with_the_pod_named() -> None:
+    """Chip 3 went to train-0 by an earlier Allocate; chip 4 is held, the kubelet says, by a pod without
+    Volcano's choice: a later choice naming either is refused, naming the pod that has it, and skipped."""
+    mounted = MountedChips()
+    mounted.kubelet_holders = lambda: Holders({(T, "Ascend910-4"): (Holder("team-b", "plain", "main"),)})
+    pods = VolcanoPods(mounted=mounted)
+    pods.observe(_eight_chips())
+    pods._store(_placed("train-0", "Ascend910-3", "100"))
+    pods._store(PodView("team-b", "plain", "uid-plain", {}, {T: 1}, scheduler="default-scheduler"))
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
+
+    pods._store(_placed("intruder", "Ascend910-3", "0"))
+    with pytest.raises(
+        LookupError, match="pod team-a/intruder names Ascend910-3 .* which pod team-a/train-0 has"
+    ):
+        await pods.remap(T, [["Ascend910-1"]])
+    pods._store(_placed("intruder-2", "Ascend910-4", "1"))
+    with pytest.raises(LookupError, match="names Ascend910-4 .* which pod team-b/plain has"):
+        await pods.remap(T, [["Ascend910-1"]])
+    pods._store(_placed("next", "Ascend910-5", "200"))
+    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-5"]], "the refused pods were skipped"
+
+
+async def test_a_held_chip_is_free_again_once_its_pod_ended_or_went() -> None:
+    pods = VolcanoPods()
+    pods.observe(_eight_chips())
+    pods._store(_placed("first", "Ascend910-3", "100"))
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
+    ended = _placed("first", "Ascend910-3", TAKEN)
+    pods._store(
+        PodView(ended.namespace, ended.name, ended.uid, ended.annotations, ended.limits, True, ended=True)
+    )
+    assert "uid-first" not in pods._pods, "a pod that ended is not kept"
+    pods._store(_placed("second", "Ascend910-3", "200"))
+    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-3"]]
+    pods._forget("uid-second")
+    pods._store(_placed("third", "Ascend910-3", "300"))
+    assert await pods.remap(T, [["Ascend910-2"]]) == [["Ascend910-3"]]
+
+
+async def test_a_pod_naming_an_unknown_chip_is_refused_once_then_skipped() -> None:
+    pods = VolcanoPods()
+    pods.observe(_eight_chips())
+    pods._store(_placed("bad", "Ascend910-99", "1"))
+    pods._store(_placed("good", "Ascend910-6", "100"))
+    with pytest.raises(LookupError, match="Ascend910-99 for pod team-a/bad"):
+        await pods.remap(T, [["Ascend910-0"]])
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-6"]]
+
+
+@given(
+    st.text(max_size=30)
+    | st.sampled_from(["\u00b2", "9" * 5000, "0" * 40 + "7", TAKEN, "18446744073709551616"])
+)
+def test_a_predicate_time_is_ascii_digits_within_uint64(value: str) -> None:
+    got = predicate_time(value)
+    digits = value.isascii() and value.isdigit()
+    significant = value.lstrip("0") or "0"
+    if not digits or len(significant) > 20 or int(significant) >= 2**64 - 1:
+        assert got is None
+    else:
+        assert got == int(significant)
+
+
+async def test_a_pod_with_a_predicate_time_that_is_none_is_ignored_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``isdigit()`` accepts a superscript two, and 5,000 digits are digits: neither stops the choice."""
+    pods = VolcanoPods()
+    pods.observe(_eight_chips())
+    for time in ("\u00b2", "9" * 5000):
+        pods._store(_placed(f"odd-{len(time)}", "Ascend910-3", time))
+        pods._store(_placed(f"odd-{len(time)}", "Ascend910-3", time))  # changed again: no second line
+    pods._store(_placed("placed", "Ascend910-6", "100"))
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-6"]]
+    lines = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
+    assert len(lines) == 2 and all(len(line) < 200 for line in lines), lines
