@@ -445,9 +445,9 @@ class VolcanoPods:
         kubelets = self._mounted.kubelet_holders() if self._mounted is not None else Holders()
         for chip in chips:
             for holder in kubelets.by_device.get((resource, chip), ()):
-                uid = self._names.get((holder.namespace, holder.pod))
+                found = self._names.get((holder.namespace, holder.pod))
                 # Only a pod still here: PodResources may not have caught up with one that went.
-                if uid is not None and uid != pod.uid and uid not in self._mounts:
+                if found is not None and found != pod.uid and found not in self._mounts:
                     return chip, f"{holder.namespace}/{holder.pod}"
         return None
 
