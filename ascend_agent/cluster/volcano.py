@@ -64,6 +64,8 @@ TRY_INTERVAL = 1.0
 RELIST_INTERVAL = 60
 # A cache miss reads the pods once; it waits at most this long for them.
 MISS_READ_TIMEOUT = 2.0
+# Pods per page of a list.
+LIST_CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +466,7 @@ class VolcanoPods:
             chip, holder = held
             raise LookupError(
                 f"pod {pod.namespace}/{pod.name} names {chip} in its {resource} annotation, which pod "
-                f"{holder} has: refused; check who wrote that annotation (Volcano never chooses a chip in use)"
+                f"{holder} has: refused; check who wrote that annotation (Volcano never picks a chip in use)"
             )
         unhealthy = [self._chips[device] for device in chosen if not self._chips[device].healthy]
         if unhealthy:  # not taken: the kubelet rejects the pod, and its controller makes a new one
@@ -544,7 +546,9 @@ class VolcanoPods:
                     server_timeout=RELIST_INTERVAL,
                 )
                 async for kind, pod in api.stream("pods", watch):
-                    view = PodView.of(pod)
+                    view = _view(pod)
+                    if view is None:
+                        continue
                     if kind == "DELETED" or not _on(api.node, pod):
                         self._forget(view.uid)
                     else:
@@ -600,20 +604,33 @@ def _queue(
 
 
 async def _listed(api: KubeApi) -> tuple[list[PodView], str | None]:
-    """The pods bound to the agent's node, and the list's resourceVersion."""
-    listing = api.client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": api.node})
-    pods, version = await api.call("list", "pods", _collect(listing))
-    return [PodView.of(pod) for pod in pods if _on(api.node, pod)], version
+    """The pods bound to the agent's node that have not ended, and the list's resourceVersion. Read and
+    decoded in a worker thread, a page of :data:`LIST_CHUNK` pods at a time: an answer of many pods (an API
+    server that ignores the field selector sends every pod of the cluster) does not hold up Allocate."""
+    return await api.call_blocking("list", "pods", functools.partial(_list_in_thread, api.node))
 
 
-async def _collect(pods: Any) -> tuple[list[Pod], str | None]:
-    """Every pod of lightkube's list iterator, and the list's resourceVersion."""
-    found = [pod async for pod in pods]
+def _list_in_thread(node: str, client: Client) -> tuple[list[PodView], str | None]:
+    listing = client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": node}, chunk_size=LIST_CHUNK)
+    found = [
+        view for pod in listing if _on(node, pod) and (view := _view(pod)) is not None and not view.ended
+    ]
     try:
-        version: str | None = pods.resourceVersion
+        version: str | None = listing.resourceVersion
     except Exception:  # an answer without one: the watch starts from now
         version = None
     return found, version
+
+
+def _view(pod: Pod) -> PodView | None:
+    """What the choice needs of ``pod``; None, with one line, for a pod that cannot be read."""
+    try:
+        return PodView.of(pod)
+    except Exception as exc:  # the pod's own data: never an error of Allocate
+        meta = pod.metadata
+        name = f"{meta.namespace}/{meta.name}" if meta is not None else "without metadata"
+        log.warning("Pod %s is ignored: %s: %s", name, type(exc).__name__, exc)
+        return None
 
 
 def _on(node: str, pod: Pod) -> bool:

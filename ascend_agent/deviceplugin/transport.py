@@ -40,9 +40,9 @@ from typing import Any, cast
 
 import anyio
 from grpclib.client import Channel
-from grpclib.encoding.base import CodecBase
 from grpclib.config import Configuration
 from grpclib.const import Cardinality, Handler, Status
+from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError
 from grpclib.protocol import EventsProcessor, H2Protocol
 from grpclib.protocol import Stream as H2Stream

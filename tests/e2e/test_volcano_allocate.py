@@ -68,7 +68,8 @@ def test_a_pod_bound_by_hand_cannot_take_a_chip_another_pod_has(
     kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
 ) -> None:
     """A namespace user binds pods to the node with Volcano's annotation and ``predicate-time: "0"``: without
-    ``schedulerName: volcano`` the pod is never chosen; with it, a chip another pod has is refused, naming it."""
+    ``schedulerName: volcano`` the pod is never chosen; with it, a chip another pod has is refused, naming
+    that pod."""
     apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "100"))
     assert _allocate(kubelet, ["Ascend910-0", "Ascend910-1"]).envs["ASCEND_VISIBLE_DEVICES"] == "3,5"
     by_hand = _pod("by-hand", "Ascend910-3", "0", count=1)

@@ -3,11 +3,13 @@ any sequence of pods arriving, changing, being taken and going."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -101,7 +103,10 @@ class _BurstApi:
     async def call(self, verb: str, resource: str, request: Awaitable[Any]) -> Any:
         return await request
 
-    async def call_blocking(self, verb: str, resource: str, request: Any) -> None:
+    async def call_blocking(self, verb: str, resource: str, request: Any) -> Any:
+        return await anyio.to_thread.run_sync(request, self)
+
+    def patch(self, *args: Any, **kwargs: Any) -> None:
         return None
 
     async def stream(self, resource: str, watch: None) -> AsyncIterator[tuple[str, Pod]]:
@@ -121,8 +126,8 @@ class _BurstApi:
 
 
 class _Listing:
-    """lightkube's list iterator: ``pods``, once ``answer`` is set; ``refused`` raises the API server's
-    refusal instead."""
+    """lightkube's list iterator (of its blocking client, read in a worker thread): ``pods``, once
+    ``answer`` is set; ``refused`` raises the API server's refusal instead."""
 
     resourceVersion = "1"
 
@@ -133,17 +138,12 @@ class _Listing:
         self._answer = answer
         self._refused = refused
 
-    def __aiter__(self) -> _Listing:
-        return self
-
-    async def __anext__(self) -> Pod:
+    def __iter__(self) -> Iterator[Pod]:
         if self._answer is not None:
-            await self._answer.wait()
+            anyio.from_thread.run(self._answer.wait)
         if self._refused:
             raise ApiUnavailable("list pods", Failure(503, "503 ServiceUnavailable"))
-        if not self._pods:
-            raise StopAsyncIteration
-        return self._pods.pop(0)
+        yield from self._pods
 
 
 async def test_a_burst_of_watch_events_lets_other_work_run_between_them() -> None:
@@ -293,11 +293,11 @@ async def test_a_choice_naming_a_chip_another_pod_holds_is_refused_with_the_pod_
 
     pods._store(_placed("intruder", "Ascend910-3", "0"))
     with pytest.raises(
-        LookupError, match="pod team-a/intruder names Ascend910-3 .* which pod team-a/train-0 has"
+        LookupError, match=r"pod team-a/intruder names Ascend910-3 .* which pod team-a/train-0 has"
     ):
         await pods.remap(T, [["Ascend910-1"]])
     pods._store(_placed("intruder-2", "Ascend910-4", "1"))
-    with pytest.raises(LookupError, match="names Ascend910-4 .* which pod team-b/plain has"):
+    with pytest.raises(LookupError, match=r"names Ascend910-4 .* which pod team-b/plain has"):
         await pods.remap(T, [["Ascend910-1"]])
     pods._store(_placed("next", "Ascend910-5", "200"))
     assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-5"]], "the refused pods were skipped"
