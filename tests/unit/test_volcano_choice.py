@@ -10,6 +10,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -132,13 +133,13 @@ class _Listing:
     resourceVersion = "1"
 
     def __init__(
-        self, pods: list[Pod] | None = None, answer: anyio.Event | None = None, refused: bool = False
+        self, pods: list[Any] | None = None, answer: anyio.Event | None = None, refused: bool = False
     ) -> None:
         self._pods = list(pods or [])
         self._answer = answer
         self._refused = refused
 
-    def __iter__(self) -> Iterator[Pod]:
+    def __iter__(self) -> Iterator[Any]:
         if self._answer is not None:
             anyio.from_thread.run(self._answer.wait)
         if self._refused:
@@ -169,11 +170,12 @@ class _SlowListApi(_BurstApi):
         self.lists = 0
         self._refused = refused
 
-    def list(self, *args: Any, **kwargs: Any) -> _Listing:
+    def list(self, resource: type[Any], *args: Any, **kwargs: Any) -> _Listing:
+        """The list's pods decoded into ``resource``, as lightkube's client does."""
         self.lists += 1
         if self._refused:
             return _Listing(refused=True)
-        pod = Pod.from_dict(
+        pod = msgspec.json.encode(
             {
                 "metadata": {
                     "name": "train",
@@ -188,7 +190,7 @@ class _SlowListApi(_BurstApi):
                 },
             }
         )
-        return _Listing([pod], self.answer)
+        return _Listing([msgspec.json.decode(pod, type=resource)], self.answer)
 
 
 def _eight_chips() -> Inventory:
