@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,8 @@ _REAL_CONTAINER = container_base(
 
 
 def _volcano_pod(n: int, node: str) -> dict[str, Any]:
-    """A pod Volcano placed on ``node``: two chips, its own predicate-time."""
-    chips = f"Ascend910-{2 * n % 8},Ascend910-{(2 * n + 1) % 8}"
+    """A pod Volcano placed on ``node``: two chips (those of pod ``n - 32`` again), its own predicate-time."""
+    chips = f"Ascend910-{2 * n % _VOLCANO_CHIPS},Ascend910-{(2 * n + 1) % _VOLCANO_CHIPS}"
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -159,6 +160,7 @@ def _volcano_pod(n: int, node: str) -> dict[str, Any]:
         },
         "spec": {
             "nodeName": node,
+            "schedulerName": "volcano",
             "containers": [
                 {"name": "main", "image": "x", "resources": {"limits": {"huawei.com/Ascend910": "2"}}}
             ],
@@ -167,6 +169,26 @@ def _volcano_pod(n: int, node: str) -> dict[str, Any]:
 
 
 _VOLCANO_NODE = "bench-node"
+# The node's chips in the --volcano rows: a pod's chips are free again once the pod 16 calls before it ended.
+_VOLCANO_CHIPS = 64
+_VOLCANO_POD_LIFE = 16
+
+
+def _sequential_pods_ending(stub: Any, request: Any, calls: int, url: str) -> list[float]:
+    """As :func:`_sequential`, and after each call the pod taken :data:`_VOLCANO_POD_LIFE` calls before is
+    deleted (not timed), as pods end: the agent never hands over a chip a pod still has."""
+    samples = []
+    for n in range(calls // 10 + calls):
+        started = time.perf_counter()
+        stub.Allocate(request)
+        if n >= calls // 10:
+            samples.append(time.perf_counter() - started)
+        if n >= _VOLCANO_POD_LIFE:
+            name = f"job-{n - _VOLCANO_POD_LIFE}"
+            delete = urllib.request.Request(f"{url}/api/v1/namespaces/bench/pods/{name}", method="DELETE")
+            with urllib.request.urlopen(delete, timeout=10):
+                pass
+    return samples
 
 
 def _split_cpus() -> tuple[set[int], set[int]]:
@@ -227,7 +249,8 @@ def _volcano_rows(api: Any, calls: int) -> tuple[list[Row], dict[str, Any]]:
         text=True,
     )
     assert server.stdout is not None and server.stdin is not None
-    assert server.stdout.readline().startswith("http")
+    url = server.stdout.readline().strip()
+    assert url.startswith("http")
     p99s: dict[str, float] = {}
     rows: list[Row] = []
     everywhere = os.sched_getaffinity(0)
@@ -235,6 +258,7 @@ def _volcano_rows(api: Any, calls: int) -> tuple[list[Row], dict[str, Any]]:
     try:
         for mode in ("plain", "--volcano"):
             flags = ["--kubeconfig", str(directory / "kubeconfig"), "--node-name", _VOLCANO_NODE]
+            flags += ["--fake-chips", str(_VOLCANO_CHIPS)]
             with kubelet(api) as standin:
                 agent = start_agent(standin.directory, *flags, *([mode] if mode != "plain" else []))
                 try:
@@ -242,7 +266,10 @@ def _volcano_rows(api: Any, calls: int) -> tuple[list[Row], dict[str, Any]]:
                     channel, stub = standin.plugin_stub()
                     with channel:
                         cpu = _cpu_seconds(agent.proc.pid)
-                        samples = _sequential(stub, request, calls)
+                        if mode == "plain":  # the pods are the --volcano run's
+                            samples = _sequential(stub, request, calls)
+                        else:
+                            samples = _sequential_pods_ending(stub, request, calls, url)
                         # The patches of the last calls are still being written: their CPU counts too.
                         time.sleep(1.0 if mode != "plain" else 0.0)
                         cpu = _cpu_seconds(agent.proc.pid) - cpu

@@ -290,6 +290,7 @@ class VolcanoPods:
         self._followed: tuple[Holders, int, Holders] | None = None
         self._api: KubeApi | None = None
         self._first_read = anyio.Event()  # set once the watch's first read of the pods ended, answered or not
+        self._listing: anyio.Event | None = None  # set when the read of the pods under way ends
         self._patches = _Patches()
 
     # what the agent calls -------------------------------------------------------------------------------
@@ -507,11 +508,14 @@ class VolcanoPods:
         self._tell_mounted()
 
     async def _read_pods(self) -> None:
-        """The cache missed: read the node's pods once, briefly; or, while the watch's first read of them is
-        under way (an Allocate right after the agent started), wait for that read instead."""
+        """The cache missed: read the node's pods once, briefly; or, while a read of them is under way (the
+        watch's first one: an Allocate right after the agent started), wait for that read instead."""
         with anyio.move_on_after(MISS_READ_TIMEOUT):
             if not self._first_read.is_set() or self._api is None:
                 await self._first_read.wait()
+                return
+            if self._listing is not None:
+                await self._listing.wait()
                 return
             try:
                 await self._list(self._api)
@@ -521,13 +525,21 @@ class VolcanoPods:
     # the cache -------------------------------------------------------------------------------------------
     async def _list(self, api: KubeApi) -> str | None:
         """Replace the cache with the node's pods; the list's resourceVersion."""
+        taken_before = set(self._taken)
+        self._listing = listing = anyio.Event()
         try:
             pods, version = await _listed(api)
         finally:
             self._first_read.set()
+            listing.set()
+            if self._listing is listing:
+                self._listing = None
         listed = {pod.uid for pod in pods}
         self._pods, self._names, self._queues, self._mounts, self._on_chip = {}, {}, {}, {}, {}
-        self._taken = {uid: chips for uid, chips in self._taken.items() if uid in listed}
+        # A pod taken while the list was read is kept: the list may be older than the pod.
+        self._taken = {
+            uid: chips for uid, chips in self._taken.items() if uid in listed or uid not in taken_before
+        }
         for uid, chips in self._taken.items():
             self._mount(uid, chips)
         for pod in pods:
