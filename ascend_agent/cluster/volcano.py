@@ -356,9 +356,8 @@ class VolcanoPods:
             try:
                 real = self._checked(pod, resource)
             except LookupError:
-                self._refused.add(
-                    pod.uid
-                )  # one refusal: a bad choice must not hold up the Allocates after it
+                # Refused once, never chosen again: a bad choice must not hold up the Allocates after it.
+                self._refused.add(pod.uid)
                 raise
         if pod is not None:
             self._take(pod, resource, real, kubelet_ids)
