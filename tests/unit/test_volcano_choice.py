@@ -18,7 +18,15 @@ from lightkube.resources.core_v1 import Pod
 
 from ascend_agent.cluster.client import ApiUnavailable
 from ascend_agent.cluster.health import Failure
-from ascend_agent.cluster.volcano import TAKEN, Mounted, PodView, VolcanoPods, choose, predicate_time
+from ascend_agent.cluster.volcano import (
+    TAKEN,
+    Mounted,
+    PodView,
+    VolcanoPods,
+    _list_in_thread,
+    choose,
+    predicate_time,
+)
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Inventory
 from ascend_agent.podresources import Holder, Holders
@@ -359,3 +367,38 @@ async def test_a_pod_with_a_predicate_time_that_is_none_is_ignored_with_one_line
     assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-6"]]
     lines = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
     assert len(lines) == 2 and all(len(line) < 200 for line in lines), lines
+
+
+def test_a_list_keeps_only_this_nodes_pods_that_have_not_ended() -> None:
+    """An API server that ignores the field selector sends every pod: those of other nodes, and those that
+    ended, are never kept; this node's are decoded whole."""
+
+    def pod(name: str, node: str | None, phase: str = "Running") -> dict[str, Any]:
+        spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": {T: "1"}}}]}
+        if node is not None:
+            spec["nodeName"] = node
+        return {
+            "metadata": {"name": name, "namespace": "ns", "uid": name},
+            "spec": spec,
+            "status": {"phase": phase},
+        }
+
+    listing = {
+        "items": [
+            pod("mine", "node-1"),
+            pod("other", "node-2"),
+            pod("unbound", None),
+            pod("done", "node-1", "Succeeded"),
+            {"metadata": {"name": "bare", "uid": "bare"}},
+        ]
+    }
+
+    class _Client:
+        def list(self, resource: type[Any], **kwargs: Any) -> _Listing:
+            assert kwargs["fields"] == {"spec.nodeName": "node-1"}
+            items = msgspec.json.decode(msgspec.json.encode(listing), type=dict[str, list[resource]])  # type: ignore[valid-type]
+            return _Listing(items["items"])
+
+    pods, version = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
+    assert [(p.name, p.limits) for p in pods] == [("mine", {T: 1})]
+    assert version == "1"
