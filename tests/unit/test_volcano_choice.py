@@ -12,7 +12,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from lightkube.resources.core_v1 import Pod
 
@@ -24,6 +24,7 @@ from ascend_agent.cluster.volcano import (
     PodView,
     VolcanoPods,
     _list_in_thread,
+    _view,
     choose,
     predicate_time,
 )
@@ -402,3 +403,46 @@ def test_a_list_keeps_only_this_nodes_pods_that_have_not_ended() -> None:
     pods, version = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
     assert [(p.name, p.limits) for p in pods] == [("mine", {T: 1})]
     assert version == "1"
+
+
+@given(
+    time=st.integers(0, 2**64).map(str) | st.text(max_size=40),
+    chips=st.sampled_from(["Ascend910-3", "Ascend910-3,Ascend910-4", "Ascend910-9"]) | st.text(max_size=40),
+    quantity=st.sampled_from(["1", "2"]) | st.text(max_size=12),
+    scheduler=st.sampled_from([None, "volcano"]) | st.text(max_size=12),
+)
+@example(time="5", chips="Ascend910-3,Ascend910-4", quantity="2", scheduler="volcano")
+async def test_no_pod_data_makes_an_allocate_fail_but_with_its_refusal(
+    time: str, chips: str, quantity: str, scheduler: str | None
+) -> None:
+    """Whatever a pod's annotations and limits say, the pod is read, and an Allocate either gets chips or is
+    refused (LookupError: FAILED_PRECONDITION), never another error (UNKNOWN)."""
+    spec: dict[str, Any] = {
+        "nodeName": "node-1",
+        "containers": [{"name": "main", "resources": {"limits": {T: quantity}}}],
+    }
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    pod = Pod.from_dict(
+        {
+            "metadata": {
+                "name": "p",
+                "namespace": "ns",
+                "uid": "u",
+                "annotations": {T: chips, "predicate-time": time},
+            },
+            "spec": spec,
+        }
+    )
+    pods = VolcanoPods(tries=1)
+    pods.observe(_eight_chips())
+    pods._first_read.set()  # no API server: a miss reads nothing
+    view = _view(pod)
+    assert view is not None
+    pods._store(view)
+    count = max(1, min(len(view.chosen(T)), 8))
+    try:
+        got = await pods.remap(T, [[f"Ascend910-{i}" for i in range(count)]])
+    except LookupError:
+        return
+    assert got == [view.chosen(T)]
