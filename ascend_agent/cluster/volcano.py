@@ -281,6 +281,9 @@ class VolcanoPods:
         # uid -> the chips it has: what this agent handed out, else the marks of an earlier one; and by chip.
         self._mounts: dict[str, Mounted] = {}
         self._on_chip: dict[tuple[str, str], set[str]] = {}
+        # The marks of the pods there at the first read, as they were then: only an earlier agent can have
+        # given them chips, and a mark written later (by a user on their own pod) is not believed.
+        self._marks: dict[str, Mounted] | None = None
         self._refused: set[str] = set()  # pods whose choice was refused once: never chosen again
         self._ignored: set[str] = set()  # pods with a predicate-time that is none (logged once)
         # (resource, chips) -> a heap of (predicate-time, namespace, name, uid) of the pods that may want
@@ -389,8 +392,7 @@ class VolcanoPods:
         self._names[pod.namespace, pod.name] = pod.uid
         self._version += 1
         if pod.uid not in self._taken:
-            marks = mounted_from((pod,))
-            self._mount(pod.uid, marks[0] if marks else None)
+            self._mount(pod.uid, self._marks.get(pod.uid) if self._marks is not None else None)
         if pod.bad_predicate_time and pod.uid not in self._ignored:
             self._ignored.add(pod.uid)
             log.warning(
@@ -420,6 +422,8 @@ class VolcanoPods:
             return
         if pod is not None and self._names.get((pod.namespace, pod.name)) == uid:
             del self._names[pod.namespace, pod.name]
+        if self._marks is not None:
+            self._marks.pop(uid, None)
         self._mount(uid, None)
         self._version += 1
         self._tell_mounted()
@@ -534,6 +538,10 @@ class VolcanoPods:
             if self._listing is listing:
                 self._listing = None
         listed = {pod.uid for pod in pods}
+        if self._marks is None:
+            self._marks = {pod.uid: mounted for pod in pods for mounted in mounted_from((pod,))}
+        else:
+            self._marks = {uid: mounted for uid, mounted in self._marks.items() if uid in listed}
         self._pods, self._names, self._queues, self._mounts, self._on_chip = {}, {}, {}, {}, {}
         # A pod taken while the list was read is kept: the list may be older than the pod.
         self._taken = {

@@ -446,3 +446,63 @@ async def test_no_pod_data_makes_an_allocate_fail_but_with_its_refusal(
     except LookupError:
         return
     assert got == [view.chosen(T)]
+
+
+class _PodsApi(_BurstApi):
+    """An API server whose pod list answers ``pods`` at once."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        super().__init__(burst=0)
+        self.pods = pods
+
+    def list(self, resource: type[Any], *args: Any, **kwargs: Any) -> _Listing:
+        return _Listing([msgspec.json.decode(msgspec.json.encode(pod), type=resource) for pod in self.pods])
+
+
+def _marked(name: str, real: str, kubelet_ids: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"uid-{name}",
+            "annotations": {
+                T: real,
+                "predicate-time": TAKEN,
+                "huawei.com/AscendReal": real,
+                "huawei.com/kltDev": kubelet_ids,
+            },
+        },
+        "spec": {
+            "nodeName": "node-1",
+            "schedulerName": "volcano",
+            "containers": [{"name": "main", "resources": {"limits": {T: "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+async def test_only_the_marks_a_pod_had_when_the_agent_started_are_believed() -> None:
+    """An earlier agent gave ``earlier`` chip 5 under the kubelet's ``Ascend910-0``: its marks say so. A user
+    who writes marks on a pod later (their own, or rewriting those) cannot move what it is counted as having:
+    ``late`` holds its kubelet's ID, chip 2, whatever its marks say, and ``earlier`` keeps chip 5."""
+    mounted = MountedChips()
+    mounted.kubelet_holders = lambda: Holders(
+        {
+            (T, "Ascend910-0"): (Holder("team-a", "earlier", "main"),),
+            (T, "Ascend910-2"): (Holder("team-a", "late", "main"),),
+        }
+    )
+    pods = VolcanoPods(mounted=mounted)
+    pods.observe(_eight_chips())
+    await pods._list(_PodsApi([_marked("earlier", "Ascend910-5", "Ascend910-0")]))  # type: ignore[arg-type]
+    pods._store(PodView.of(Pod.from_dict(_marked("late", "Ascend910-6", "Ascend910-2"))))
+    pods._store(PodView.of(Pod.from_dict(_marked("earlier", "Ascend910-7", "Ascend910-0"))))
+
+    pods._store(_placed("wants-2", "Ascend910-2", "1"))
+    with pytest.raises(LookupError, match="which pod team-a/late has"):
+        await pods.remap(T, [["Ascend910-1"]])
+    pods._store(_placed("wants-5", "Ascend910-5", "2"))
+    with pytest.raises(LookupError, match="which pod team-a/earlier has"):
+        await pods.remap(T, [["Ascend910-1"]])
+    pods._store(_placed("wants-7", "Ascend910-7", "3"))
+    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-7"]]
