@@ -166,6 +166,7 @@ class Agent:
         self.mounted = mounted
         if mounted is not None:
             mounted.on_change = self._wake_if_any_unhealthy
+            mounted.kubelet_holders = lambda: self.holders.holders
             self.holders.on_change = self._wake_if_any_unhealthy
         # What Allocate handed over, held until PodResources shows it freed (the vNPU layout reads it).
         self.handed_out = HandedOut()

@@ -257,6 +257,15 @@ Volcano = Annotated[
         unset="off",
     ),
 ]
+VolcanoSchedulerName = Annotated[
+    str | None,
+    _option(
+        "--volcano-scheduler-name",
+        env="VOLCANO_SCHEDULER_NAME",
+        help="With --volcano: only the choice on pods this scheduler placed (spec.schedulerName) counts.",
+        unset="volcano",
+    ),
+]
 KubeletApi = Annotated[
     str | None,
     _option(
@@ -358,6 +367,7 @@ def run(
     pod_resources_socket: PodResourcesSocket = None,
     device_info: DeviceInfo = None,
     volcano: Volcano = None,
+    volcano_scheduler_name: VolcanoSchedulerName = None,
     kubelet_api: KubeletApi = None,
     dra_driver_name: DraDriverName = None,
     dra_taint_effect: DraTaintEffect = None,

@@ -119,6 +119,8 @@ class Settings:
     # Allocate answering with the chips Volcano chose.
     device_info: bool = True
     volcano: bool = False
+    # Only the pods this scheduler placed (spec.schedulerName) have their choice of chips taken.
+    volcano_scheduler_name: str = "volcano"
     # The DRA driver (kubelet_api="dra"): its name, the effect of its health taints, slices removed at exit.
     kubelet_api: str = DEVICE_PLUGIN_API
     dra_driver_name: str = "npu.huawei.com"
@@ -360,6 +362,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "api_list_limit_mib": _positive_int,
     "device_info": _bool,
     "volcano": _bool,
+    "volcano_scheduler_name": lambda value: _dns_subdomain(_text(value)),
     "kubelet_api": _one_of(*KUBELET_APIS),
     "dra_driver_name": lambda value: _dns_subdomain(_text(value)),
     "dra_taint_effect": _one_of(*DRA_TAINT_EFFECTS),

@@ -67,6 +67,9 @@ class MountedChips:
 
     def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
         self.on_change = on_change
+        # The kubelet's PodResources view (by its IDs), which the agent keeps: the cluster side refuses a
+        # choice naming a chip another pod holds.
+        self.kubelet_holders: Callable[[], Holders] = Holders
         self._mounted: tuple[Mounted, ...] = ()
         self._listed_before: set[Mounted] = set()
 

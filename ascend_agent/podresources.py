@@ -18,16 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
+from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from ascend_agent import naming
-from ascend_agent._proto.v1 import ListPodResourcesRequest, PodResourcesListerStub
+from ascend_agent._proto.v1 import ListPodResourcesResponse
 from ascend_agent.deviceplugin.transport import LocalChannel
+from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip
 
 log = logging.getLogger(__name__)
 
 LIST_TIMEOUT = 2.0
+_LIST = "/v1.PodResourcesLister/List"
 # The kubelet records an allocation as the pod is admitted; give it that long after Allocate answered.
 AFTER_ALLOCATE = 0.5
 
@@ -63,13 +67,16 @@ class PodResourcesError(Exception):
 
 
 async def list_holders(socket: Path, timeout: float = LIST_TIMEOUT) -> Holders:
-    """One ``List`` call; :class:`PodResourcesError` when it cannot be made."""
+    """One ``List`` call; :class:`PodResourcesError` when it cannot be made. The answer (megabytes on a
+    node with many pods) is decoded in a worker thread: Allocates go on meanwhile."""
     if not socket.exists():
         raise PodResourcesError(f"{socket} does not exist (is the pod-resources directory mounted?)")
-    channel = LocalChannel(socket)
+    channel = LocalChannel(socket, codec=BytesCodec())
     try:
         with anyio.fail_after(timeout):
-            response = await PodResourcesListerStub(channel).list(ListPodResourcesRequest(), timeout=timeout)
+            async with channel.request(_LIST, Cardinality.UNARY_UNARY, bytes, bytes, timeout=timeout) as call:
+                await call.send_message(b"", end=True)  # an empty ListPodResourcesRequest
+                answer = await call.recv_message()
     except TimeoutError:
         raise PodResourcesError(f"{socket} did not answer List within {timeout:g} s") from None
     except GRPCError as exc:
@@ -78,6 +85,12 @@ async def list_holders(socket: Path, timeout: float = LIST_TIMEOUT) -> Holders:
         raise PodResourcesError(f"cannot call List on {socket}: {exc}") from None
     finally:
         channel.close()
+    return await anyio.to_thread.run_sync(_holders, answer or b"")
+
+
+def _holders(answer: bytes) -> Holders:
+    """The holders a ``ListPodResourcesResponse`` names."""
+    response = ListPodResourcesResponse.parse(answer)
     found: dict[tuple[str, str], set[Holder]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:

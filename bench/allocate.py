@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,8 @@ _REAL_CONTAINER = container_base(
 
 
 def _volcano_pod(n: int, node: str) -> dict[str, Any]:
-    """A pod Volcano placed on ``node``: two chips, its own predicate-time."""
-    chips = f"Ascend910-{2 * n % 8},Ascend910-{(2 * n + 1) % 8}"
+    """A pod Volcano placed on ``node``: two chips (those of pod ``n - 32`` again), its own predicate-time."""
+    chips = f"Ascend910-{2 * n % _VOLCANO_CHIPS},Ascend910-{(2 * n + 1) % _VOLCANO_CHIPS}"
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -159,6 +160,7 @@ def _volcano_pod(n: int, node: str) -> dict[str, Any]:
         },
         "spec": {
             "nodeName": node,
+            "schedulerName": "volcano",
             "containers": [
                 {"name": "main", "image": "x", "resources": {"limits": {"huawei.com/Ascend910": "2"}}}
             ],
@@ -167,6 +169,29 @@ def _volcano_pod(n: int, node: str) -> dict[str, Any]:
 
 
 _VOLCANO_NODE = "bench-node"
+# The node's chips in the --volcano rows: pod n names the chips of pod n - 32 again, which ended by then.
+_VOLCANO_CHIPS = 64
+_VOLCANO_POD_LIFE = 16
+
+
+def _sequential_pods_ending(stub: Any, request: Any, calls: int, url: str) -> list[float]:
+    """As :func:`_sequential`, and the pods end as they would (a pod's chips are free again only then: the
+    agent never hands over a chip a pod still has): after every :data:`_VOLCANO_POD_LIFE` calls, the pods
+    taken in the block of calls before are deleted, not timed, and the agent given 50 ms to see them go."""
+    samples = []
+    for n in range(calls // 10 + calls):
+        started = time.perf_counter()
+        stub.Allocate(request)
+        if n >= calls // 10:
+            samples.append(time.perf_counter() - started)
+        done = n + 1
+        if done % _VOLCANO_POD_LIFE == 0 and done >= 2 * _VOLCANO_POD_LIFE:
+            for ended in range(done - 2 * _VOLCANO_POD_LIFE, done - _VOLCANO_POD_LIFE):
+                path = f"{url}/api/v1/namespaces/bench/pods/job-{ended}"
+                with urllib.request.urlopen(urllib.request.Request(path, method="DELETE"), timeout=10):
+                    pass
+            time.sleep(0.05)
+    return samples
 
 
 def _split_cpus() -> tuple[set[int], set[int]]:
@@ -227,7 +252,8 @@ def _volcano_rows(api: Any, calls: int) -> tuple[list[Row], dict[str, Any]]:
         text=True,
     )
     assert server.stdout is not None and server.stdin is not None
-    assert server.stdout.readline().startswith("http")
+    url = server.stdout.readline().strip()
+    assert url.startswith("http")
     p99s: dict[str, float] = {}
     rows: list[Row] = []
     everywhere = os.sched_getaffinity(0)
@@ -235,14 +261,21 @@ def _volcano_rows(api: Any, calls: int) -> tuple[list[Row], dict[str, Any]]:
     try:
         for mode in ("plain", "--volcano"):
             flags = ["--kubeconfig", str(directory / "kubeconfig"), "--node-name", _VOLCANO_NODE]
+            flags += ["--fake-chips", str(_VOLCANO_CHIPS)]
             with kubelet(api) as standin:
                 agent = start_agent(standin.directory, *flags, *([mode] if mode != "plain" else []))
                 try:
                     standin.wait_registrations(1)
+                    # The pod watch starts after the registration, with a list of every pod: deletions made
+                    # meanwhile are lost to it (the emulator has no resourceVersion to watch from).
+                    time.sleep(3.0 if mode != "plain" else 0.0)
                     channel, stub = standin.plugin_stub()
                     with channel:
                         cpu = _cpu_seconds(agent.proc.pid)
-                        samples = _sequential(stub, request, calls)
+                        if mode == "plain":  # the pods are the --volcano run's
+                            samples = _sequential(stub, request, calls)
+                        else:
+                            samples = _sequential_pods_ending(stub, request, calls, url)
                         # The patches of the last calls are still being written: their CPU counts too.
                         time.sleep(1.0 if mode != "plain" else 0.0)
                         cpu = _cpu_seconds(agent.proc.pid) - cpu

@@ -132,7 +132,7 @@ def _features(
     if settings.volcano:
         from ascend_agent.cluster.volcano import VolcanoPods
 
-        features.append(VolcanoPods(mounted=mounted))
+        features.append(VolcanoPods(mounted=mounted, scheduler=settings.volcano_scheduler_name))
 
     if settings.kubelet_api == "dra":
         from ascend_agent.dra.slices import SlicePublisher

@@ -34,7 +34,11 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import httpx2
+import msgspec
 from lightkube import ALL_NS, ApiError, Client
+from lightkube.core.resource import NamespacedResourceG
+from lightkube.models.core_v1 import PodSpec, PodStatus
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
@@ -49,6 +53,11 @@ log = logging.getLogger("ascend_agent.cluster")
 
 PREDICATE_TIME = "predicate-time"
 TAKEN = "18446744073709551615"  # MaxUint64: the pod has its chips
+MAX_PREDICATE_TIME = 2**64 - 1
+# The scheduler whose pods' choices count (``spec.schedulerName``; ``--volcano-scheduler-name``).
+VOLCANO_SCHEDULER = "volcano"
+# What a pod without ``spec.schedulerName`` gets from the API server.
+DEFAULT_SCHEDULER = "default-scheduler"
 REAL = "huawei.com/AscendReal"
 KUBELET_IDS = "huawei.com/kltDev"
 CONFIGURATION_910 = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
@@ -59,6 +68,8 @@ TRY_INTERVAL = 1.0
 RELIST_INTERVAL = 60
 # A cache miss reads the pods once; it waits at most this long for them.
 MISS_READ_TIMEOUT = 2.0
+# Pods per page of a list.
+LIST_CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +81,14 @@ class PodView:
     uid: str
     annotations: Mapping[str, str]
     limits: Mapping[str, int]  # resource -> chips asked for, over the pod's containers
-    terminating: bool = False
-    # Volcano's ``predicate-time``; None when it is missing, not a number, or says taken.
+    terminating: bool = False  # being deleted, or ended
+    scheduler: str = VOLCANO_SCHEDULER  # spec.schedulerName
+    ended: bool = False  # Succeeded or Failed: the kubelet freed its chips
+    # Volcano's ``predicate-time``; None when it is missing, says taken, or is not a predicate time.
     predicate_time: int | None = field(init=False)
 
     def __post_init__(self) -> None:
-        value = self.annotations.get(PREDICATE_TIME, "")
-        object.__setattr__(
-            self, "predicate_time", None if value == TAKEN or not value.isdigit() else int(value)
-        )
+        object.__setattr__(self, "predicate_time", predicate_time(self.annotations.get(PREDICATE_TIME, "")))
 
     @classmethod
     def of(cls, pod: Pod) -> PodView:
@@ -93,17 +103,44 @@ class PodView:
                 except ValueError:
                     continue
         phase = pod.status.phase if pod.status else None
+        ended = phase in ("Succeeded", "Failed")
         return cls(
             namespace=meta.namespace or "",
             name=meta.name or "",
             uid=meta.uid or f"{meta.namespace}/{meta.name}",
             annotations=dict(meta.annotations or {}),
             limits=limits,
-            terminating=meta.deletionTimestamp is not None or phase in ("Succeeded", "Failed"),
+            terminating=meta.deletionTimestamp is not None or ended,
+            scheduler=(pod.spec.schedulerName if pod.spec else None) or DEFAULT_SCHEDULER,
+            ended=ended,
         )
 
     def chosen(self, resource: str) -> list[str]:
         return list(_split(self.annotations.get(resource, "")))
+
+    @property
+    def bad_predicate_time(self) -> bool:
+        """A ``predicate-time`` that is there but is no predicate time (the pod is ignored)."""
+        value = self.annotations.get(PREDICATE_TIME)
+        return value is not None and value != TAKEN and self.predicate_time is None
+
+
+def predicate_time(value: str) -> int | None:
+    """Volcano's ``predicate-time``: ASCII digits of a number within uint64; None for anything else, and
+    for ``18446744073709551615`` (taken).
+
+    >>> predicate_time("1700000000000"), predicate_time("18446744073709551615"), predicate_time("\u00b2")
+    (1700000000000, None, None)
+    >>> predicate_time("18446744073709551616"), predicate_time("9" * 5000), predicate_time("-1")
+    (None, None, None)
+    """
+    if not value or not value.isascii() or not value.isdigit():
+        return None
+    digits = value.lstrip("0") or "0"
+    if len(digits) > len(TAKEN):
+        return None
+    number = int(digits)
+    return number if number < MAX_PREDICATE_TIME else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,14 +202,21 @@ def _split(text: str) -> tuple[str, ...]:
 
 
 def choose(
-    pods: Iterable[PodView], resource: str, count: int, taken: AbstractSet[str] = frozenset()
+    pods: Iterable[PodView],
+    resource: str,
+    count: int,
+    skipped: AbstractSet[str] = frozenset(),
+    scheduler: str = VOLCANO_SCHEDULER,
 ) -> PodView | None:
-    """The pod this Allocate of ``count`` chips of ``resource`` is for: the smallest ``predicate-time``.
+    """The pod this Allocate of ``count`` chips of ``resource`` is for: among the pods ``scheduler`` placed
+    that ask for ``count`` chips and whose choice names as many, the smallest ``predicate-time``. Pods
+    whose uid is in ``skipped`` (taken, or refused once) are left out.
 
     >>> T = "huawei.com/Ascend910"
     >>> a = PodView("ns", "a", "1", {T: "Ascend910-3", "predicate-time": "20"}, {T: 1})
     >>> b = PodView("ns", "b", "2", {T: "Ascend910-5", "predicate-time": "10"}, {T: 1})
-    >>> choose([a, b], T, 1).name, choose([a, b], T, 2)
+    >>> by_hand = PodView("ns", "c", "3", {T: "Ascend910-6", "predicate-time": "0"}, {T: 1}, scheduler="x")
+    >>> choose([a, b, by_hand], T, 1).name, choose([a, b], T, 2)
     ('b', None)
     """
     candidates = [
@@ -180,8 +224,9 @@ def choose(
         for pod in pods
         if pod.predicate_time is not None
         and not pod.terminating
-        and pod.uid not in taken
-        and pod.limits.get(resource, 0) > 0
+        and pod.scheduler == scheduler
+        and pod.uid not in skipped
+        and pod.limits.get(resource, 0) == count
         and len(pod.chosen(resource)) == count
     ]
     return min(candidates, key=lambda pod: (pod.predicate_time or 0, pod.namespace, pod.name), default=None)
@@ -220,15 +265,27 @@ class VolcanoPods:
         tries: int = TRIES,
         try_interval: float = TRY_INTERVAL,
         mounted: MountedChips | None = None,
+        scheduler: str = VOLCANO_SCHEDULER,
     ) -> None:
-        # Told what the pods got whenever it may have changed: the health the kubelet sees follows it.
+        # Told what the pods got whenever it may have changed: the health the kubelet sees follows it. Its
+        # ``kubelet_holders`` is the kubelet's PodResources view (by the kubelet's IDs).
         self._mounted = mounted
+        self._scheduler = scheduler
         self._mounted_told = True  # False while what the pods got changed since MountedChips was told
         self._tries = tries
         self._try_interval = try_interval
         self._chips: dict[str, Chip] = {}
-        self._pods: dict[str, PodView] = {}
+        self._pods: dict[str, PodView] = {}  # the node's pods that have not ended, by uid
+        self._names: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid, of the same pods
         self._taken: dict[str, Mounted] = {}  # uid -> what it got (until the pod goes)
+        # uid -> the chips it has: what this agent handed out, else the marks of an earlier one; and by chip.
+        self._mounts: dict[str, Mounted] = {}
+        self._on_chip: dict[tuple[str, str], set[str]] = {}
+        # The marks of the pods there at the first read, as they were then: only an earlier agent can have
+        # given them chips, and a mark written later (by a user on their own pod) is not believed.
+        self._marks: dict[str, Mounted] | None = None
+        self._refused: set[str] = set()  # pods whose choice was refused once: never chosen again
+        self._ignored: set[str] = set()  # pods with a predicate-time that is none (logged once)
         # (resource, chips) -> a heap of (predicate-time, namespace, name, uid) of the pods that may want
         # them; entries of pods since changed, taken or gone are dropped when they come to the top.
         self._queues: dict[tuple[str, int], list[tuple[int, str, str, str]]] = {}
@@ -236,6 +293,7 @@ class VolcanoPods:
         self._followed: tuple[Holders, int, Holders] | None = None
         self._api: KubeApi | None = None
         self._first_read = anyio.Event()  # set once the watch's first read of the pods ended, answered or not
+        self._listing: anyio.Event | None = None  # set when the read of the pods under way ends
         self._patches = _Patches()
 
     # what the agent calls -------------------------------------------------------------------------------
@@ -252,8 +310,7 @@ class VolcanoPods:
     def mounted(self) -> list[Mounted]:
         """Every pod on the node that got Volcano's choice: from this agent's Allocates, and from the pods'
         marks (an earlier agent's, too)."""
-        marked = [pod for pod in self._pods.values() if pod.uid not in self._taken]
-        return [*self._taken.values(), *mounted_from(marked)]
+        return list(self._mounts.values())
 
     def _tell_mounted(self) -> None:
         """Tell the agent what the pods got. While every chip is Healthy every ID shows Healthy whatever
@@ -299,7 +356,12 @@ class VolcanoPods:
                 "tries; the kubelet retries. Check that Volcano schedules the pod (schedulerName: volcano)"
             )
         else:
-            real = self._checked(pod, resource)
+            try:
+                real = self._checked(pod, resource)
+            except LookupError:
+                # Refused once, never chosen again: a bad choice must not hold up the Allocates after it.
+                self._refused.add(pod.uid)
+                raise
         if pod is not None:
             self._take(pod, resource, real, kubelet_ids)
         return real
@@ -313,17 +375,34 @@ class VolcanoPods:
             if (
                 pod is not None
                 and pod.predicate_time == predicate_time
-                and choose((pod,), resource, count, self._taken.keys()) is pod
+                and pod.uid not in self._refused
+                and choose((pod,), resource, count, self._taken.keys(), self._scheduler) is pod
             ):
                 return pod
             heapq.heappop(queue)
         return None
 
     def _store(self, pod: PodView) -> None:
-        """A pod added or changed: cached, and queued for what it asks for."""
+        """A pod added or changed: cached, and queued for what it asks for. A pod that ended is forgotten:
+        the kubelet freed its chips."""
+        if pod.ended:
+            self._forget(pod.uid)
+            return
         self._pods[pod.uid] = pod
+        self._names[pod.namespace, pod.name] = pod.uid
         self._version += 1
-        if pod.predicate_time is None or pod.terminating:
+        if pod.uid not in self._taken:
+            self._mount(pod.uid, self._marks.get(pod.uid) if self._marks is not None else None)
+        if pod.bad_predicate_time and pod.uid not in self._ignored:
+            self._ignored.add(pod.uid)
+            log.warning(
+                "Pod %s/%s is ignored: its %s %r is not a number of at most 20 digits",
+                pod.namespace,
+                pod.name,
+                PREDICATE_TIME,
+                pod.annotations[PREDICATE_TIME][:40],
+            )
+        if pod.predicate_time is None or pod.terminating or pod.scheduler != self._scheduler:
             return
         for resource, asked in pod.limits.items():
             count = len(pod.chosen(resource))
@@ -332,13 +411,55 @@ class VolcanoPods:
             queue = self._queues.setdefault((resource, count), [])
             heapq.heappush(queue, (pod.predicate_time, pod.namespace, pod.name, pod.uid))
             if len(queue) > 2 * len(self._pods) + 16:  # mostly entries of pods since changed or gone
-                self._queues[resource, count] = _queue(self._pods.values(), resource, count)
+                self._queues[resource, count] = _queue(self._pods.values(), resource, count, self._scheduler)
 
     def _forget(self, uid: str) -> None:
+        pod = self._pods.pop(uid, None)
+        taken = self._taken.pop(uid, None)
+        self._refused.discard(uid)
+        self._ignored.discard(uid)
+        if pod is None and taken is None:  # a pod of another node, or one already gone
+            return
+        if pod is not None and self._names.get((pod.namespace, pod.name)) == uid:
+            del self._names[pod.namespace, pod.name]
+        if self._marks is not None:
+            self._marks.pop(uid, None)
+        self._mount(uid, None)
         self._version += 1
-        self._pods.pop(uid, None)
-        self._taken.pop(uid, None)
         self._tell_mounted()
+
+    def _mount(self, uid: str, mounted: Mounted | None) -> None:
+        """``uid`` has the chips of ``mounted`` now (None: none)."""
+        before = self._mounts.pop(uid, None)
+        if before is not None:
+            for chip in before.real:
+                holding = self._on_chip.get((before.resource, chip))
+                if holding is not None:
+                    holding.discard(uid)
+                    if not holding:
+                        del self._on_chip[before.resource, chip]
+        if mounted is not None:
+            self._mounts[uid] = mounted
+            for chip in mounted.real:
+                self._on_chip.setdefault((mounted.resource, chip), set()).add(uid)
+
+    def _holder(self, pod: PodView, resource: str, chips: Sequence[str]) -> tuple[str, str] | None:
+        """Another pod that has one of ``chips``: one this agent gave it to (or an earlier agent, by the
+        pod's marks), or one the kubelet's PodResources lists under it (a pod without Volcano's choice, whose
+        kubelet's IDs are its chips): the chip and that pod; None when they are free."""
+        for chip in chips:
+            for uid in self._on_chip.get((resource, chip), ()):
+                if uid != pod.uid:
+                    other = self._mounts[uid]
+                    return chip, f"{other.namespace}/{other.pod}"
+        kubelets = self._mounted.kubelet_holders() if self._mounted is not None else Holders()
+        for chip in chips:
+            for holder in kubelets.by_device.get((resource, chip), ()):
+                found = self._names.get((holder.namespace, holder.pod))
+                # Only a pod still here: PodResources may not have caught up with one that went.
+                if found is not None and found != pod.uid and found not in self._mounts:
+                    return chip, f"{holder.namespace}/{holder.pod}"
+        return None
 
     def _checked(self, pod: PodView, resource: str) -> list[str]:
         chosen = pod.chosen(resource)
@@ -347,6 +468,13 @@ class VolcanoPods:
             raise LookupError(
                 f"Volcano chose {', '.join(unknown)} for pod {pod.namespace}/{pod.name}, which this node "
                 "does not have; check the node's device-info ConfigMap"
+            )
+        held = self._holder(pod, resource, chosen)
+        if held is not None:
+            chip, holder = held
+            raise LookupError(
+                f"pod {pod.namespace}/{pod.name} names {chip} in its {resource} annotation, which pod "
+                f"{holder} has: refused; check who wrote that annotation (Volcano never picks a chip in use)"
             )
         unhealthy = [self._chips[device] for device in chosen if not self._chips[device].healthy]
         if unhealthy:  # not taken: the kubelet rejects the pod, and its controller makes a new one
@@ -364,6 +492,7 @@ class VolcanoPods:
         )
         self._version += 1
         self._taken[pod.uid] = Mounted(pod.namespace, pod.name, resource, tuple(kubelet_ids), tuple(real))
+        self._mount(pod.uid, self._taken[pod.uid])
         # Debug: Allocate's own line names the chips, and the pod's marks name them for kubectl.
         log.debug(
             "Pod %s/%s gets %s (Volcano's choice; the kubelet's IDs %s)",
@@ -382,11 +511,14 @@ class VolcanoPods:
         self._tell_mounted()
 
     async def _read_pods(self) -> None:
-        """The cache missed: read the node's pods once, briefly; or, while the watch's first read of them is
-        under way (an Allocate right after the agent started), wait for that read instead."""
+        """The cache missed: read the node's pods once, briefly; or, while a read of them is under way (the
+        watch's first one: an Allocate right after the agent started), wait for that read instead."""
         with anyio.move_on_after(MISS_READ_TIMEOUT):
             if not self._first_read.is_set() or self._api is None:
                 await self._first_read.wait()
+                return
+            if self._listing is not None:
+                await self._listing.wait()
                 return
             try:
                 await self._list(self._api)
@@ -396,14 +528,31 @@ class VolcanoPods:
     # the cache -------------------------------------------------------------------------------------------
     async def _list(self, api: KubeApi) -> str | None:
         """Replace the cache with the node's pods; the list's resourceVersion."""
+        taken_before = set(self._taken)
+        self._listing = listing = anyio.Event()
         try:
             pods, version = await _listed(api)
         finally:
             self._first_read.set()
-        self._pods, self._queues = {}, {}
+            listing.set()
+            if self._listing is listing:
+                self._listing = None
+        listed = {pod.uid for pod in pods}
+        if self._marks is None:
+            self._marks = {pod.uid: mounted for pod in pods for mounted in mounted_from((pod,))}
+        else:
+            self._marks = {uid: mounted for uid, mounted in self._marks.items() if uid in listed}
+        self._pods, self._names, self._queues, self._mounts, self._on_chip = {}, {}, {}, {}, {}
+        # A pod taken while the list was read is kept: the list may be older than the pod.
+        self._taken = {
+            uid: chips for uid, chips in self._taken.items() if uid in listed or uid not in taken_before
+        }
+        for uid, chips in self._taken.items():
+            self._mount(uid, chips)
         for pod in pods:
-            self._store(pod)
-        self._taken = {uid: chips for uid, chips in self._taken.items() if uid in self._pods}
+            self._store(pod)  # one that ended is forgotten, taken or not
+        self._refused &= self._pods.keys()
+        self._ignored &= self._pods.keys()
         self._tell_mounted()
         return version
 
@@ -420,7 +569,9 @@ class VolcanoPods:
                     server_timeout=RELIST_INTERVAL,
                 )
                 async for kind, pod in api.stream("pods", watch):
-                    view = PodView.of(pod)
+                    view = _view(pod)
+                    if view is None:
+                        continue
                     if kind == "DELETED" or not _on(api.node, pod):
                         self._forget(view.uid)
                     else:
@@ -463,31 +614,75 @@ def _patch(name: str, namespace: str, patch: dict[str, Any], client: Client) -> 
     return client.patch(Pod, name, patch, namespace=namespace, patch_type=PatchType.MERGE)
 
 
-def _queue(pods: Iterable[PodView], resource: str, count: int) -> list[tuple[int, str, str, str]]:
+def _queue(
+    pods: Iterable[PodView], resource: str, count: int, scheduler: str
+) -> list[tuple[int, str, str, str]]:
     queue = [
         (pod.predicate_time, pod.namespace, pod.name, pod.uid)
         for pod in pods
-        if pod.predicate_time is not None and choose((pod,), resource, count) is pod
+        if pod.predicate_time is not None and choose((pod,), resource, count, scheduler=scheduler) is pod
     ]
     heapq.heapify(queue)
     return queue
 
 
 async def _listed(api: KubeApi) -> tuple[list[PodView], str | None]:
-    """The pods bound to the agent's node, and the list's resourceVersion."""
-    listing = api.client.list(Pod, namespace=ALL_NS, fields={"spec.nodeName": api.node})
-    pods, version = await api.call("list", "pods", _collect(listing))
-    return [PodView.of(pod) for pod in pods if _on(api.node, pod)], version
+    """The pods bound to the agent's node that have not ended, and the list's resourceVersion. Read and
+    decoded in a worker thread, a page of :data:`LIST_CHUNK` pods at a time: an answer of many pods (an API
+    server that ignores the field selector sends every pod of the cluster) does not hold up Allocate."""
+    return await api.call_blocking("list", "pods", functools.partial(_list_in_thread, api.node))
 
 
-async def _collect(pods: Any) -> tuple[list[Pod], str | None]:
-    """Every pod of lightkube's list iterator, and the list's resourceVersion."""
-    found = [pod async for pod in pods]
+class _ListedPod(NamespacedResourceG, msgspec.Struct, kw_only=True):
+    """A pod of a list, its parts kept as the JSON they came as: the list is split into pods in one quick
+    pass (an API server that ignores the field selector sends every pod of the cluster: 37 MB for 100,000,
+    which decoded whole held the interpreter for about a second), and only this node's pods are decoded,
+    one at a time."""
+
+    _api_info = Pod._api_info
+    metadata: msgspec.Raw = msgspec.Raw(b"null")
+    spec: msgspec.Raw = msgspec.Raw(b"null")
+    status: msgspec.Raw = msgspec.Raw(b"null")
+
+
+class _Node(msgspec.Struct):
+    nodeName: str | None = None
+
+
+def _pod_on(node: str, listed: _ListedPod) -> Pod | None:
+    """The listed pod, decoded, when it is bound to ``node``."""
+    if msgspec.json.decode(listed.spec, type=_Node | None) != _Node(node):
+        return None
+    return Pod(
+        metadata=msgspec.json.decode(listed.metadata, type=ObjectMeta | None),
+        spec=msgspec.json.decode(listed.spec, type=PodSpec),
+        status=msgspec.json.decode(listed.status, type=PodStatus | None),
+    )
+
+
+def _list_in_thread(node: str, client: Client) -> tuple[list[PodView], str | None]:
+    listing = client.list(_ListedPod, namespace=ALL_NS, fields={"spec.nodeName": node}, chunk_size=LIST_CHUNK)
+    found = [
+        view
+        for listed in listing
+        if (pod := _pod_on(node, listed)) is not None and (view := _view(pod)) is not None and not view.ended
+    ]
     try:
-        version: str | None = pods.resourceVersion
+        version: str | None = listing.resourceVersion
     except Exception:  # an answer without one: the watch starts from now
         version = None
     return found, version
+
+
+def _view(pod: Pod) -> PodView | None:
+    """What the choice needs of ``pod``; None, with one line, for a pod that cannot be read."""
+    try:
+        return PodView.of(pod)
+    except Exception as exc:  # the pod's own data: never an error of Allocate
+        meta = pod.metadata
+        name = f"{meta.namespace}/{meta.name}" if meta is not None else "without metadata"
+        log.warning("Pod %s is ignored: %s: %s", name, type(exc).__name__, exc)
+        return None
 
 
 def _on(node: str, pod: Pod) -> bool:

@@ -42,6 +42,7 @@ import anyio
 from grpclib.client import Channel
 from grpclib.config import Configuration
 from grpclib.const import Cardinality, Handler, Status
+from grpclib.encoding.base import CodecBase
 from grpclib.exceptions import GRPCError
 from grpclib.protocol import EventsProcessor, H2Protocol
 from grpclib.protocol import Stream as H2Stream
@@ -92,8 +93,8 @@ def socket_identity(path: Path) -> SocketIdentity | None:
 class LocalChannel(Channel):
     """A grpclib channel over a unix socket that sends ``:authority: localhost``, as the kubelet does."""
 
-    def __init__(self, path: Path | str) -> None:
-        super().__init__(path=str(path))
+    def __init__(self, path: Path | str, codec: CodecBase | None = None) -> None:
+        super().__init__(path=str(path), codec=codec)
 
     def _get_authority(self, host: str, port: int) -> str:
         return "localhost"

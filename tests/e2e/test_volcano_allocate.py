@@ -64,6 +64,45 @@ def volcano(kubelet: KubeletStandin, apiserver: ApiServer) -> Iterator[AgentProc
     agent.close()
 
 
+def test_a_pod_bound_by_hand_cannot_take_a_chip_another_pod_has(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    """A namespace user binds pods to the node with Volcano's annotation and ``predicate-time: "0"``: without
+    ``schedulerName: volcano`` the pod is never chosen; with it, a chip another pod has is refused, naming
+    that pod."""
+    apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "100"))
+    assert _allocate(kubelet, ["Ascend910-0", "Ascend910-1"]).envs["ASCEND_VISIBLE_DEVICES"] == "3,5"
+    by_hand = _pod("by-hand", "Ascend910-3", "0", count=1)
+    del by_hand["spec"]["schedulerName"]
+    _create(apiserver, by_hand)
+    _create(apiserver, _pod("placed", "Ascend910-6", "200", count=1))
+    assert _allocate(kubelet, ["Ascend910-2"]).envs["ASCEND_VISIBLE_DEVICES"] == "6"
+
+    _create(apiserver, _pod("claims-volcano", "Ascend910-5", "0", count=1))
+    with pytest.raises(grpc.RpcError) as refused:
+        _allocate(kubelet, ["Ascend910-4"])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "pod team-a/claims-volcano names Ascend910-5" in str(refused.value.details())
+    assert "which pod team-a/train-0 has" in str(refused.value.details())
+    _create(apiserver, _pod("next", "Ascend910-7", "300", count=1))
+    assert _allocate(kubelet, ["Ascend910-4"]).envs["ASCEND_VISIBLE_DEVICES"] == "7", (
+        "the refused pod skipped"
+    )
+
+
+@pytest.mark.parametrize("time", ["\u00b2", "9" * 5000], ids=["superscript two", "5000 digits"])
+def test_a_predicate_time_that_is_no_number_ignores_that_pod_only(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess, time: str
+) -> None:
+    apiserver.put("pods", _pod("odd", "Ascend910-2,Ascend910-4", time))
+    apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "100"))
+    assert _allocate(kubelet, ["Ascend910-0", "Ascend910-1"]).envs["ASCEND_VISIBLE_DEVICES"] == "3,5"
+    with pytest.raises(grpc.RpcError) as refused:
+        _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+    volcano.wait_log("Pod team-a/odd is ignored")
+
+
 def _allocate(kubelet: KubeletStandin, ids: list[str], timeout: float = 10) -> Any:
     channel, stub = kubelet.plugin_stub(T)
     with channel:

@@ -220,7 +220,7 @@ def test_the_default_writes_no_mode_key(chart: dict[Key, Doc]) -> None:
 
 def test_volcano_mode() -> None:
     docs, default = _render("volcano"), _render("default")
-    assert _config(docs) == _config(default) | {"volcano": True}
+    assert _config(docs) == _config(default) | {"volcano": True, "volcanoSchedulerName": "volcano"}
     assert _verbs(docs, "", "pods") == {"list", "watch", "patch"}
     assert _verbs(default, "", "pods") == {"list"}, "the doctor's list in its namespace only"
     assert _mounts(docs) == _mounts(default)

@@ -3,20 +3,34 @@ any sequence of pods arriving, changing, being taken and going."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
+import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from lightkube.resources.core_v1 import Pod
 
 from ascend_agent.cluster.client import ApiUnavailable
 from ascend_agent.cluster.health import Failure
-from ascend_agent.cluster.volcano import TAKEN, Mounted, PodView, VolcanoPods, choose
+from ascend_agent.cluster.volcano import (
+    TAKEN,
+    Mounted,
+    PodView,
+    VolcanoPods,
+    _list_in_thread,
+    _view,
+    choose,
+    predicate_time,
+)
+from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Inventory
+from ascend_agent.podresources import Holder, Holders
 
 T = "huawei.com/Ascend910"
 P = "huawei.com/Ascend310P"
@@ -29,8 +43,11 @@ def _pods(draw: st.DrawFn) -> PodView:
     chips = draw(st.integers(0, 3))
     time = draw(st.one_of(st.integers(0, 5).map(str), st.just(TAKEN), st.just("x"), st.just("")))
     annotations = {resource: ",".join(f"Ascend910-{i}" for i in range(chips)), "predicate-time": time}
-    limits = {resource: draw(st.integers(0, 2))}
-    return PodView("ns", name, f"uid-{name}", annotations, limits, terminating=draw(st.booleans()))
+    limits = {resource: draw(st.integers(0, 3))}
+    scheduler = draw(st.sampled_from(["volcano", "default-scheduler"]))
+    return PodView(
+        "ns", name, f"uid-{name}", annotations, limits, terminating=draw(st.booleans()), scheduler=scheduler
+    )
 
 
 _STEPS = st.lists(
@@ -96,7 +113,10 @@ class _BurstApi:
     async def call(self, verb: str, resource: str, request: Awaitable[Any]) -> Any:
         return await request
 
-    async def call_blocking(self, verb: str, resource: str, request: Any) -> None:
+    async def call_blocking(self, verb: str, resource: str, request: Any) -> Any:
+        return await anyio.to_thread.run_sync(request, self)
+
+    def patch(self, *args: Any, **kwargs: Any) -> None:
         return None
 
     async def stream(self, resource: str, watch: None) -> AsyncIterator[tuple[str, Pod]]:
@@ -116,29 +136,24 @@ class _BurstApi:
 
 
 class _Listing:
-    """lightkube's list iterator: ``pods``, once ``answer`` is set; ``refused`` raises the API server's
-    refusal instead."""
+    """lightkube's list iterator (of its blocking client, read in a worker thread): ``pods``, once
+    ``answer`` is set; ``refused`` raises the API server's refusal instead."""
 
     resourceVersion = "1"
 
     def __init__(
-        self, pods: list[Pod] | None = None, answer: anyio.Event | None = None, refused: bool = False
+        self, pods: list[Any] | None = None, answer: anyio.Event | None = None, refused: bool = False
     ) -> None:
         self._pods = list(pods or [])
         self._answer = answer
         self._refused = refused
 
-    def __aiter__(self) -> _Listing:
-        return self
-
-    async def __anext__(self) -> Pod:
+    def __iter__(self) -> Iterator[Any]:
         if self._answer is not None:
-            await self._answer.wait()
+            anyio.from_thread.run(self._answer.wait)
         if self._refused:
             raise ApiUnavailable("list pods", Failure(503, "503 ServiceUnavailable"))
-        if not self._pods:
-            raise StopAsyncIteration
-        return self._pods.pop(0)
+        yield from self._pods
 
 
 async def test_a_burst_of_watch_events_lets_other_work_run_between_them() -> None:
@@ -164,11 +179,12 @@ class _SlowListApi(_BurstApi):
         self.lists = 0
         self._refused = refused
 
-    def list(self, *args: Any, **kwargs: Any) -> _Listing:
+    def list(self, resource: type[Any], *args: Any, **kwargs: Any) -> _Listing:
+        """The list's pods decoded into ``resource``, as lightkube's client does."""
         self.lists += 1
         if self._refused:
             return _Listing(refused=True)
-        pod = Pod.from_dict(
+        pod = msgspec.json.encode(
             {
                 "metadata": {
                     "name": "train",
@@ -178,11 +194,12 @@ class _SlowListApi(_BurstApi):
                 },
                 "spec": {
                     "nodeName": self.node,
+                    "schedulerName": "volcano",
                     "containers": [{"name": "main", "resources": {"limits": {T: "2"}}}],
                 },
             }
         )
-        return _Listing([pod], self.answer)
+        return _Listing([msgspec.json.decode(pod, type=resource)], self.answer)
 
 
 def _eight_chips() -> Inventory:
@@ -235,3 +252,257 @@ async def test_an_api_server_down_since_start_refuses_the_allocate_after_the_tri
             with pytest.raises(LookupError, match="no pod on this node placed by Volcano"):
                 await pods.remap(T, [["Ascend910-0", "Ascend910-1"]])
             tasks.cancel_scope.cancel()
+
+
+def _placed(
+    name: str, chips: str, time: str, asked: int | None = None, scheduler: str = "volcano"
+) -> PodView:
+    count = len(chips.split(","))
+    return PodView(
+        "team-a",
+        name,
+        f"uid-{name}",
+        {T: chips, "predicate-time": time},
+        {T: count if asked is None else asked},
+        scheduler=scheduler,
+    )
+
+
+def test_a_pod_another_scheduler_placed_is_never_chosen() -> None:
+    """A pod bound to the node by hand (no scheduler, or another one) names any chip and the smallest
+    predicate-time: only the pods Volcano placed count."""
+    for scheduler in ("default-scheduler", "my-scheduler"):
+        pods = VolcanoPods()
+        pods._store(_placed("by-hand", "Ascend910-3", "0", scheduler=scheduler))
+        pods._store(_placed("placed", "Ascend910-6", "100"))
+        chosen = pods._choose(T, 1)
+        assert chosen is not None and chosen.name == "placed"
+    named = VolcanoPods(scheduler="volcano-npu")
+    named._store(_placed("placed", "Ascend910-6", "100"))
+    assert named._choose(T, 1) is None, "--volcano-scheduler-name volcano-npu: a pod of volcano is not its"
+
+
+def test_the_chips_named_must_be_as_many_as_the_pod_asks_for() -> None:
+    """A pod asking for one chip whose annotation names two is not the pod of an Allocate of two."""
+    pods = VolcanoPods()
+    pods._store(_placed("greedy", "Ascend910-3,Ascend910-4", "0", asked=1))
+    pods._store(_placed("placed", "Ascend910-6,Ascend910-7", "100"))
+    chosen = pods._choose(T, 2)
+    assert chosen is not None and chosen.name == "placed"
+
+
+async def test_a_choice_naming_a_chip_another_pod_holds_is_refused_with_the_pod_named() -> None:
+    """Chip 3 went to train-0 by an earlier Allocate; chip 4 is held, the kubelet says, by a pod without
+    Volcano's choice: a later choice naming either is refused, naming the pod that has it, and skipped."""
+    mounted = MountedChips()
+    mounted.kubelet_holders = lambda: Holders({(T, "Ascend910-4"): (Holder("team-b", "plain", "main"),)})
+    pods = VolcanoPods(mounted=mounted)
+    pods.observe(_eight_chips())
+    pods._store(_placed("train-0", "Ascend910-3", "100"))
+    pods._store(PodView("team-b", "plain", "uid-plain", {}, {T: 1}, scheduler="default-scheduler"))
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
+
+    pods._store(_placed("intruder", "Ascend910-3", "0"))
+    with pytest.raises(
+        LookupError, match=r"pod team-a/intruder names Ascend910-3 .* which pod team-a/train-0 has"
+    ):
+        await pods.remap(T, [["Ascend910-1"]])
+    pods._store(_placed("intruder-2", "Ascend910-4", "1"))
+    with pytest.raises(LookupError, match=r"names Ascend910-4 .* which pod team-b/plain has"):
+        await pods.remap(T, [["Ascend910-1"]])
+    pods._store(_placed("next", "Ascend910-5", "200"))
+    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-5"]], "the refused pods were skipped"
+
+
+async def test_a_held_chip_is_free_again_once_its_pod_ended_or_went() -> None:
+    pods = VolcanoPods()
+    pods.observe(_eight_chips())
+    pods._store(_placed("first", "Ascend910-3", "100"))
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
+    ended = _placed("first", "Ascend910-3", TAKEN)
+    pods._store(
+        PodView(ended.namespace, ended.name, ended.uid, ended.annotations, ended.limits, True, ended=True)
+    )
+    assert "uid-first" not in pods._pods, "a pod that ended is not kept"
+    pods._store(_placed("second", "Ascend910-3", "200"))
+    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-3"]]
+    pods._forget("uid-second")
+    pods._store(_placed("third", "Ascend910-3", "300"))
+    assert await pods.remap(T, [["Ascend910-2"]]) == [["Ascend910-3"]]
+
+
+async def test_a_pod_naming_an_unknown_chip_is_refused_once_then_skipped() -> None:
+    pods = VolcanoPods()
+    pods.observe(_eight_chips())
+    pods._store(_placed("bad", "Ascend910-99", "1"))
+    pods._store(_placed("good", "Ascend910-6", "100"))
+    with pytest.raises(LookupError, match="Ascend910-99 for pod team-a/bad"):
+        await pods.remap(T, [["Ascend910-0"]])
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-6"]]
+
+
+@given(
+    st.text(max_size=30)
+    | st.sampled_from(["\u00b2", "9" * 5000, "0" * 40 + "7", TAKEN, "18446744073709551616"])
+)
+def test_a_predicate_time_is_ascii_digits_within_uint64(value: str) -> None:
+    got = predicate_time(value)
+    digits = value.isascii() and value.isdigit()
+    significant = value.lstrip("0") or "0"
+    if not digits or len(significant) > 20 or int(significant) >= 2**64 - 1:
+        assert got is None
+    else:
+        assert got == int(significant)
+
+
+async def test_a_pod_with_a_predicate_time_that_is_none_is_ignored_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``isdigit()`` accepts a superscript two, and 5,000 digits are digits: neither stops the choice."""
+    pods = VolcanoPods()
+    pods.observe(_eight_chips())
+    for time in ("\u00b2", "9" * 5000):
+        pods._store(_placed(f"odd-{len(time)}", "Ascend910-3", time))
+        pods._store(_placed(f"odd-{len(time)}", "Ascend910-3", time))  # changed again: no second line
+    pods._store(_placed("placed", "Ascend910-6", "100"))
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-6"]]
+    lines = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
+    assert len(lines) == 2 and all(len(line) < 200 for line in lines), lines
+
+
+def test_a_list_keeps_only_this_nodes_pods_that_have_not_ended() -> None:
+    """An API server that ignores the field selector sends every pod: those of other nodes, and those that
+    ended, are never kept; this node's are decoded whole."""
+
+    def pod(name: str, node: str | None, phase: str = "Running") -> dict[str, Any]:
+        spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": {T: "1"}}}]}
+        if node is not None:
+            spec["nodeName"] = node
+        return {
+            "metadata": {"name": name, "namespace": "ns", "uid": name},
+            "spec": spec,
+            "status": {"phase": phase},
+        }
+
+    listing = {
+        "items": [
+            pod("mine", "node-1"),
+            pod("other", "node-2"),
+            pod("unbound", None),
+            pod("done", "node-1", "Succeeded"),
+            {"metadata": {"name": "bare", "uid": "bare"}},
+        ]
+    }
+
+    class _Client:
+        def list(self, resource: type[Any], **kwargs: Any) -> _Listing:
+            assert kwargs["fields"] == {"spec.nodeName": "node-1"}
+            items = msgspec.json.decode(msgspec.json.encode(listing), type=dict[str, list[resource]])  # type: ignore[valid-type]
+            return _Listing(items["items"])
+
+    pods, version = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
+    assert [(p.name, p.limits) for p in pods] == [("mine", {T: 1})]
+    assert version == "1"
+
+
+@given(
+    time=st.integers(0, 2**64).map(str) | st.text(max_size=40),
+    chips=st.sampled_from(["Ascend910-3", "Ascend910-3,Ascend910-4", "Ascend910-9"]) | st.text(max_size=40),
+    quantity=st.sampled_from(["1", "2"]) | st.text(max_size=12),
+    scheduler=st.sampled_from([None, "volcano"]) | st.text(max_size=12),
+)
+@example(time="5", chips="Ascend910-3,Ascend910-4", quantity="2", scheduler="volcano")
+async def test_no_pod_data_makes_an_allocate_fail_but_with_its_refusal(
+    time: str, chips: str, quantity: str, scheduler: str | None
+) -> None:
+    """Whatever a pod's annotations and limits say, the pod is read, and an Allocate either gets chips or is
+    refused (LookupError: FAILED_PRECONDITION), never another error (UNKNOWN)."""
+    spec: dict[str, Any] = {
+        "nodeName": "node-1",
+        "containers": [{"name": "main", "resources": {"limits": {T: quantity}}}],
+    }
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    pod = Pod.from_dict(
+        {
+            "metadata": {
+                "name": "p",
+                "namespace": "ns",
+                "uid": "u",
+                "annotations": {T: chips, "predicate-time": time},
+            },
+            "spec": spec,
+        }
+    )
+    pods = VolcanoPods(tries=1)
+    pods.observe(_eight_chips())
+    pods._first_read.set()  # no API server: a miss reads nothing
+    view = _view(pod)
+    assert view is not None
+    pods._store(view)
+    count = max(1, min(len(view.chosen(T)), 8))
+    try:
+        got = await pods.remap(T, [[f"Ascend910-{i}" for i in range(count)]])
+    except LookupError:
+        return
+    assert got == [view.chosen(T)]
+
+
+class _PodsApi(_BurstApi):
+    """An API server whose pod list answers ``pods`` at once."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        super().__init__(burst=0)
+        self.pods = pods
+
+    def list(self, resource: type[Any], *args: Any, **kwargs: Any) -> _Listing:
+        return _Listing([msgspec.json.decode(msgspec.json.encode(pod), type=resource) for pod in self.pods])
+
+
+def _marked(name: str, real: str, kubelet_ids: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"uid-{name}",
+            "annotations": {
+                T: real,
+                "predicate-time": TAKEN,
+                "huawei.com/AscendReal": real,
+                "huawei.com/kltDev": kubelet_ids,
+            },
+        },
+        "spec": {
+            "nodeName": "node-1",
+            "schedulerName": "volcano",
+            "containers": [{"name": "main", "resources": {"limits": {T: "1"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+async def test_only_the_marks_a_pod_had_when_the_agent_started_are_believed() -> None:
+    """An earlier agent gave ``earlier`` chip 5 under the kubelet's ``Ascend910-0``: its marks say so. A user
+    who writes marks on a pod later (their own, or rewriting those) cannot move what it is counted as having:
+    ``late`` holds its kubelet's ID, chip 2, whatever its marks say, and ``earlier`` keeps chip 5."""
+    mounted = MountedChips()
+    mounted.kubelet_holders = lambda: Holders(
+        {
+            (T, "Ascend910-0"): (Holder("team-a", "earlier", "main"),),
+            (T, "Ascend910-2"): (Holder("team-a", "late", "main"),),
+        }
+    )
+    pods = VolcanoPods(mounted=mounted)
+    pods.observe(_eight_chips())
+    await pods._list(_PodsApi([_marked("earlier", "Ascend910-5", "Ascend910-0")]))  # type: ignore[arg-type]
+    pods._store(PodView.of(Pod.from_dict(_marked("late", "Ascend910-6", "Ascend910-2"))))
+    pods._store(PodView.of(Pod.from_dict(_marked("earlier", "Ascend910-7", "Ascend910-0"))))
+
+    pods._store(_placed("wants-2", "Ascend910-2", "1"))
+    with pytest.raises(LookupError, match="which pod team-a/late has"):
+        await pods.remap(T, [["Ascend910-1"]])
+    pods._store(_placed("wants-5", "Ascend910-5", "2"))
+    with pytest.raises(LookupError, match="which pod team-a/earlier has"):
+        await pods.remap(T, [["Ascend910-1"]])
+    pods._store(_placed("wants-7", "Ascend910-7", "3"))
+    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-7"]]

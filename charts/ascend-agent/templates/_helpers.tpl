@@ -36,6 +36,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 {{- if .Values.volcano.enabled }}
 {{- $_ := set $config "volcano" true }}
+{{- $_ := set $config "volcanoSchedulerName" .Values.volcano.schedulerName }}
 {{- end }}
 {{- if .Values.dra.enabled }}
 {{- $_ := set $config "kubeletApi" "dra" }}
