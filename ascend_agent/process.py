@@ -25,7 +25,7 @@ from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
 from ascend_agent.deviceplugin.lifecycle import ServeFailed
 from ascend_agent.instance import exclusive
 from ascend_agent.kubelet_view import MountedChips
-from ascend_agent.observability import configure_logging, serve_http
+from ascend_agent.observability import configure_logging, log_accept_failures_briefly, serve_http
 from ascend_agent.separation import ManualSeparation
 from ascend_agent.stopping import stop_requested
 
@@ -49,6 +49,7 @@ def _reap_children_by_pidfd() -> None:
 async def run_agent(source: SettingsSource, settings: Settings) -> int:
     """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
     configure_logging(settings.log_level, settings.log_format)
+    log_accept_failures_briefly(asyncio.get_running_loop())
     _reap_children_by_pidfd()
     backend = backend_for(settings)
     await backend.start()
