@@ -27,7 +27,7 @@ from ascend_agent.instance import exclusive
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.observability import configure_logging, log_accept_failures_briefly, serve_http
 from ascend_agent.separation import ManualSeparation
-from ascend_agent.stopping import stop_requested
+from ascend_agent.stopping import ignore_while_stopping, stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -164,13 +164,16 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 
 async def _signals(agent: Agent, scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-        if stop_requested():  # while the agent was starting
-            scope.cancel()
-            return
-        async for signum in received:
-            if signum == signal.SIGHUP:
-                agent.reload()
-            else:
+    try:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
+            if stop_requested():  # while the agent was starting
                 scope.cancel()
                 return
+            async for signum in received:
+                if signum == signal.SIGHUP:
+                    agent.reload()
+                else:
+                    scope.cancel()
+                    return
+    finally:
+        ignore_while_stopping()
