@@ -1,5 +1,5 @@
-"""``make run``'s walk-through (examples/run-local.sh): Ctrl-C ends it with exit 0 and no scratch directory
-left behind."""
+"""``make run``'s and ``make run-dra``'s walk-throughs (examples/run-local.sh, examples/dra/run-local.py):
+Ctrl-C ends them with exit 0 and no scratch directory left behind."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ import sys
 import threading
 import time
 
+import pytest
+
 from tests.support import ROOT
 
 _SCRATCH = "/tmp/ascend-agent-run.*"
+_DRA_SCRATCH = "/tmp/ascend-agent-dra.*"
 
 
 def test_ctrl_c_exits_0_and_removes_the_scratch_directory() -> None:
@@ -102,14 +105,56 @@ def _wait_exit(pid: int, timeout: float) -> int:
     raise AssertionError(f"make run did not exit within {timeout} s of Ctrl-C")
 
 
-def test_make_run_on_a_terminal_ends_with_ctrl_c_and_exit_0() -> None:
-    before = set(glob.glob(_SCRATCH))
+@pytest.mark.parametrize(
+    ("target", "scratch", "ready"),
+    [
+        ("run", _SCRATCH, b"kubelet-sim:   Allocate"),
+        ("run-dra", _DRA_SCRATCH, b">> NodeWatchResources"),
+    ],
+)
+def test_make_on_a_terminal_ends_with_ctrl_c_and_exit_0(target: str, scratch: str, ready: bytes) -> None:
+    before = set(glob.glob(scratch))
     prefix = sys.prefix
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     # This interpreter's environment, taken as installed: make installs nothing.
-    argv = ["make", "--no-print-directory", "-o", f"{prefix}/.run-stamp", "run", f"VENV={prefix}"]
-    status, output = _run_in_terminal(argv, env, b"kubelet-sim:   Allocate")
+    stamps = [f"-o{prefix}/.run-stamp", f"-o{prefix}/.installed-stamp"]
+    argv = ["make", "--no-print-directory", *stamps, target, f"VENV={prefix}"]
+    status, output = _run_in_terminal(argv, env, ready)
     assert status == 0, output
     assert "Interrupt" not in output
-    assert "Stopped; sockets removed" in output
-    assert set(glob.glob(_SCRATCH)) - before == set(), "the scratch directory is left behind"
+    assert "Traceback" not in output
+    assert set(glob.glob(scratch)) - before == set(), "the scratch directory is left behind"
+
+
+def test_sigterm_ends_the_dra_walk_through_and_removes_its_scratch_directory() -> None:
+    before = set(glob.glob(_DRA_SCRATCH))
+    walk = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples/dra/run-local.py")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    watching = threading.Event()
+    lines: list[str] = []
+
+    def read() -> None:
+        assert walk.stdout is not None
+        for line in walk.stdout:
+            lines.append(line)
+            if line.startswith(">> NodeWatchResources"):
+                watching.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert watching.wait(60), "".join(lines)
+        os.killpg(walk.pid, signal.SIGTERM)
+        assert walk.wait(30) == 0, "".join(lines)
+        reader.join(5)
+        assert set(glob.glob(_DRA_SCRATCH)) - before == set(), "the scratch directory is left behind"
+    finally:
+        if walk.poll() is None:
+            os.killpg(walk.pid, signal.SIGKILL)
+            walk.wait(5)
