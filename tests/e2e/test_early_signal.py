@@ -84,7 +84,8 @@ def test_sigterm_while_starting_exits_0(short_dir: Path) -> None:
             assert time.monotonic() < deadline, "SIGTERM is not caught while the agent starts"
             time.sleep(0.01)
         agent.proc.send_signal(signal.SIGTERM)
-        threading.Thread(target=_feed, args=(config, b"fakeChips: 2\n", agent), daemon=True).start()
+        # A comment: two writes that one read takes in together still make a valid file.
+        threading.Thread(target=_feed, args=(config, b"# the config\n", agent), daemon=True).start()
         assert agent.proc.wait(10) == 0, agent.output
     finally:
         agent.close()
