@@ -1,6 +1,6 @@
 """SIGTERM and SIGINT that come while the ``run`` command is still starting, before the agent's own signal
-handling is in place: remembered, so that the agent stops at once and exits 0, as
-documented, instead of dying by the signal::
+handling is in place: remembered, so that the agent stops at once and exits 0, as documented, instead of
+dying by the signal. Once it is stopping, they are ignored::
 
     catch_early()                 # first thing in the entry point (__main__), before the heavy imports
     ...

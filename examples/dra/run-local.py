@@ -86,7 +86,12 @@ def _a_job_of_its_own() -> Callable[[], None]:
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # handing the terminal over from another group
     os.setpgid(0, 0)
     os.tcsetpgrp(0, os.getpgrp())
-    return lambda: os.tcsetpgrp(0, starter)
+
+    def give_back() -> None:
+        with contextlib.suppress(OSError):  # the starter's group is gone
+            os.tcsetpgrp(0, starter)
+
+    return give_back
 
 
 def main() -> int:
