@@ -483,6 +483,18 @@ class Agent:
         self._start_watching()
         log.info("Config applied: %s changed", ", ".join(changed))
         log_configuration(replace(effective, settings=settings))
+        self._reload_if_edited_since(effective.settings)
+
+    def _reload_if_edited_since(self, loaded: Settings) -> None:
+        """The file watch was made again after the file was read: an edit in between was in no event (two
+        quick edits, the first restarting the backend). Read the file again and reload if it changed."""
+        assert self._source is not None
+        try:
+            edited = self._source.load() != loaded
+        except ConfigError:  # the reload says what is wrong with it
+            edited = True
+        if edited:
+            self.reload()
 
     async def _move_http(self, address: str) -> bool:
         """Serve the HTTP endpoint on ``address`` instead; False (and the old one kept) when it cannot."""

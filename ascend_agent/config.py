@@ -13,6 +13,7 @@ file underneath it::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import math
 import re
@@ -395,14 +396,36 @@ class _AliasFound(Exception):
         self.line = line
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, again: int) -> None:
+        super().__init__(key, first, again)
+        self.key, self.first, self.again = key, first, again
+
+
 class _NoAliasLoader(yaml.SafeLoader):
     """PyYAML's safe loader without aliases: one short string referenced many times under a list expands
-    into gigabytes (an "alias bomb"), and no setting needs one."""
+    into gigabytes (an "alias bomb"), and no setting needs one. A key given twice in one mapping is refused:
+    PyYAML would keep the last one without a word, and which of two values was meant is the reader's guess."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             raise _AliasFound(self.peek_event().start_mark.line + 1)  # type: ignore[no-untyped-call]
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in lines:
+                    raise _DuplicateKey(key, lines[key], line)
+                lines[key] = line
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+        return super().construct_mapping(node, deep=deep)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -418,6 +441,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"config file {path} uses a YAML alias at line {found.line}; write the value out instead"
         ) from None
+    except _DuplicateKey as twice:
+        raise ConfigError(
+            f"config file {path}: {twice.key} is given twice (lines {twice.first} and {twice.again}); "
+            "keep one"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -431,14 +459,32 @@ def read_config_file(path: Path) -> dict[str, Any]:
     for key, raw in document.items():
         name = by_key.get(str(key))
         if name is None:
-            raise ConfigError(
-                f"config file {path}: unknown setting {key!r} (settings are camelCase, e.g. fakeChips)"
-            )
+            raise ConfigError(f"config file {path}: unknown setting {key!r} ({_nearest_setting(str(key))})")
         try:
             values[name] = _CONVERTERS[name](raw)
         except ValueError as exc:
             raise ConfigError(f"config file {path}: {key} {exc}") from None
     return values
+
+
+def _folded(key: str) -> str:
+    """``fake_chips``, ``fake-chips``, ``FakeChips`` -> ``fakechips``: a key as it might have been meant."""
+    return key.replace("_", "").replace("-", "").lower()
+
+
+def _nearest_setting(key: str) -> str:
+    """The hint for an unknown key: the setting it is closest to, or how settings are named.
+
+    >>> _nearest_setting("fake_chips"), _nearest_setting("helthInterval"), _nearest_setting("replica")
+    ('did you mean fakeChips?', 'did you mean healthInterval?', 'did you mean replicas?')
+    >>> _nearest_setting("colour")
+    'settings are the flags in camelCase: --kubelet-dir is kubeletDir'
+    """
+    keys = {_folded(camel_case(name)): camel_case(name) for name in _CONVERTERS}
+    nearest = difflib.get_close_matches(_folded(key), keys, n=1, cutoff=0.75)
+    if nearest:
+        return f"did you mean {keys[nearest[0]]}?"
+    return "settings are the flags in camelCase: --kubelet-dir is kubeletDir"
 
 
 def validate(settings: Settings) -> Settings:

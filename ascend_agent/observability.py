@@ -8,9 +8,10 @@ REGISTRATIONS.labels(resource="huawei.com/Ascend910").inc()
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
-import re
+import os
 import sys
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -31,6 +32,8 @@ from prometheus_client.metrics_core import Metric
 
 from ascend_agent import __version__
 
+log = logging.getLogger(__name__)
+
 _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
@@ -39,7 +42,11 @@ def _timestamp(record: logging.LogRecord) -> str:
     return f"{seconds}.{int(record.msecs):03d}Z"
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Made now: the codec looked up at the first control character would be imported then, and with every
+# descriptor in use (a connection flood) that import fails inside the logging of the failure.
+_ESCAPES = {
+    code: chr(code).encode("unicode_escape").decode("ascii") for code in (*range(0x20), *range(0x7F, 0xA0))
+}
 
 
 def _escaped(text: str) -> str:
@@ -48,7 +55,7 @@ def _escaped(text: str) -> str:
     >>> _escaped("model 910\nERROR forged")
     'model 910\\nERROR forged'
     """
-    return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
+    return text.translate(_ESCAPES)
 
 
 class _TextFormatter(logging.Formatter):
@@ -294,6 +301,41 @@ class RepeatLimiter:
         logger.log(level, msg, *args, extra=extra)
 
 
+# A listening socket out of descriptors -------------------------------------------------------------------
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_ACCEPT_FAILURES = RepeatLimiter("accept_failed", interval=60.0)
+
+
+def log_accept_failures_briefly(loop: asyncio.AbstractEventLoop) -> None:
+    """While the process is out of descriptors, asyncio logs a traceback for each connection it cannot
+    accept on any socket the agent serves, several times a second: make that one line a minute per socket,
+    with the next step. Every other error the loop reports keeps asyncio's own handler."""
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc, listening = context.get("exception"), context.get("socket")
+        if not (isinstance(exc, OSError) and exc.errno in _OUT_OF_RESOURCES and listening is not None):
+            loop.default_exception_handler(context)
+            return
+        try:
+            address = listening.getsockname()
+        except OSError:
+            address = "a listening socket"
+        where = ":".join(map(str, address)) if isinstance(address, tuple) else str(address)
+        _ACCEPT_FAILURES.log(
+            log,
+            logging.ERROR,
+            where,
+            "Cannot accept connections on %s: %s; trying again each second (see what holds the "
+            "descriptors in /proc/%d/fd, or raise the open-files limit)",
+            where,
+            exc.strerror or exc,
+            os.getpid(),
+            extra=log_fields(path=where, reason=exc.strerror or str(exc)),
+        )
+
+    loop.set_exception_handler(handle)
+
+
 # Who holds each device, as labels of every per-device series ---------------------------------------------
 HolderOf = Callable[[str], tuple[str, str, str]]
 HOLDER_LABELS = ("namespace", "pod", "container")
@@ -333,8 +375,11 @@ _EXPOSED = _Exposed()
 Readiness = Callable[[], tuple[bool, str]]
 HealthDetail = Callable[[], str]
 
-_READ_TIMEOUT = 5.0
-_MAX_REQUEST_LINE = 8192
+# Bounds on what a client can make the endpoint hold (it may listen on every address of the node).
+_HEAD_TIMEOUT = 5.0  # seconds for the whole request head
+_ANSWER_TIMEOUT = 10.0  # seconds for the answer to be taken
+_MAX_HEAD = 8192  # bytes of request line and headers
+_MAX_CONNECTIONS = 64  # a connection beyond these ends the oldest
 
 
 # Read-only JSON documents served beside the probes (``/chips``): path -> what makes the document.
@@ -362,11 +407,38 @@ async def serve_http(address: str, ready: Readiness, detail: HealthDetail | None
     ``/healthz`` answers 200 while the event loop runs, with ``detail()`` (the Kubernetes API state) after
     ``ok`` when there is any; ``/readyz`` answers 200 when ``ready()`` says so and
     503 with its reason otherwise. HTTP/1.0, one request per connection: what probes and scrapers need.
+    A request head must come within 5 s and 8 KiB (431 beyond); at most 64 connections are open, a new one
+    ends the oldest, so that idle connections can neither shut out a probe nor use up the descriptors.
     """
     host, _, port = address.rpartition(":")
-    return await asyncio.start_server(
-        lambda reader, writer: _answer(reader, writer, ready, detail), host.strip("[]"), int(port)
-    )
+    connections = _Connections(_MAX_CONNECTIONS)
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.add(writer)
+        try:
+            await _answer(reader, writer, ready, detail)
+        finally:
+            connections.discard(writer)
+
+    return await asyncio.start_server(connected, host.strip("[]"), int(port), limit=_MAX_HEAD)
+
+
+class _Connections:
+    """The endpoint's open connections, oldest first; adding one beyond ``most`` ends the oldest."""
+
+    def __init__(self, most: int) -> None:
+        self._most = most
+        self._open: dict[asyncio.StreamWriter, None] = {}
+
+    def add(self, writer: asyncio.StreamWriter) -> None:
+        self._open[writer] = None
+        while len(self._open) > self._most:
+            oldest = next(iter(self._open))
+            del self._open[oldest]
+            oldest.transport.abort()
+
+    def discard(self, writer: asyncio.StreamWriter) -> None:
+        self._open.pop(writer, None)
 
 
 async def _answer(
@@ -376,23 +448,29 @@ async def _answer(
     detail: HealthDetail | None = None,
 ) -> None:
     try:
-        async with asyncio.timeout(_READ_TIMEOUT):
-            request_line = await reader.readuntil(b"\r\n")
-            while (await reader.readuntil(b"\r\n")) not in (b"\r\n", b""):
-                pass
-        method, path, *_ = request_line[:_MAX_REQUEST_LINE].decode("latin-1").split()
+        async with asyncio.timeout(_HEAD_TIMEOUT):
+            request = await reader.readuntil(b"\r\n\r\n")
+        method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split()
         status, content_type, body = _route(method, path.split("?", 1)[0], ready, detail)
-    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, UnicodeError):
+    except asyncio.LimitOverrunError:
+        status, content_type, body = 431, "text/plain", f"request head over {_MAX_HEAD} bytes\n".encode()
+    except (TimeoutError, asyncio.IncompleteReadError, ValueError, UnicodeError):
         status, content_type, body = 400, "text/plain", b"bad request\n"
+    except OSError:  # the client reset the connection
+        writer.transport.abort()
+        return
+    if writer.transport.is_closing():  # ended for a newer connection
+        return
     head = (
         f"HTTP/1.0 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     try:
-        writer.write(head.encode("latin-1") + body)
-        await writer.drain()
-    except OSError:
-        pass
+        async with asyncio.timeout(_ANSWER_TIMEOUT):
+            writer.write(head.encode("latin-1") + body)
+            await writer.drain()
+    except (OSError, TimeoutError):
+        writer.transport.abort()
     finally:
         writer.close()
 
@@ -402,6 +480,7 @@ _REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
     503: "Service Unavailable",
 }
 

@@ -25,9 +25,9 @@ from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
 from ascend_agent.deviceplugin.lifecycle import ServeFailed
 from ascend_agent.instance import exclusive
 from ascend_agent.kubelet_view import MountedChips
-from ascend_agent.observability import configure_logging, serve_http
+from ascend_agent.observability import configure_logging, log_accept_failures_briefly, serve_http
 from ascend_agent.separation import ManualSeparation
-from ascend_agent.stopping import stop_requested
+from ascend_agent.stopping import ignore_while_stopping, stop_requested
 from ascend_agent.vnpu_layout import ChipPlan, Layout, LayoutRefused
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ def _reap_children_by_pidfd() -> None:
 async def run_agent(source: SettingsSource, settings: Settings) -> int:
     """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
     configure_logging(settings.log_level, settings.log_format)
+    log_accept_failures_briefly(asyncio.get_running_loop())
     _reap_children_by_pidfd()
     backend = backend_for(settings)
     await backend.start()
@@ -176,13 +177,16 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 
 async def _signals(agent: Agent, scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
-        if stop_requested():  # while the agent was starting
-            scope.cancel()
-            return
-        async for signum in received:
-            if signum == signal.SIGHUP:
-                agent.reload()
-            else:
+    try:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as received:
+            if stop_requested():  # while the agent was starting
                 scope.cancel()
                 return
+            async for signum in received:
+                if signum == signal.SIGHUP:
+                    agent.reload()
+                else:
+                    scope.cancel()
+                    return
+    finally:
+        ignore_while_stopping()

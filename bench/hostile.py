@@ -3,6 +3,11 @@ HTTP/2 rapid resets (HEADERS then RST_STREAM at once) on its DevicePlugin socket
 agent ends a connection; and the time until a 1 MiB GetInfo on the plugin-watcher registration socket is
 answered, with the slowest /healthz answer meanwhile. ``--quick``: 10,000 resets.
 
+On the HTTP endpoint (127.0.0.1 only): the agent's peak resident memory and CPU time while 200 connections
+send endless header lines (reconnecting when ended), with the /healthz probes meanwhile; and the log lines it
+wrote while 3,000 connections are opened and held idle against an agent allowed 1,024 descriptors.
+``--http``: those rows only.
+
 Run from another checkout's directory (this file copied into its bench/) to measure that checkout's agent.
 """
 
@@ -10,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import os
+import resource
 import socket
 import sys
 import tempfile
@@ -33,7 +40,25 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _start(kubelet_dir: Path, registry: Path, port: int) -> AgentProcess:
+_FLOOD_CONNECTIONS = 200
+_IDLE_CONNECTIONS = 3000
+_AGENT_DESCRIPTORS = 1024
+_HEADER_LINES = b"X-Flood: " + b"a" * 119 + b"\r\n"
+
+
+def _start(kubelet_dir: Path, registry: Path, port: int, descriptors: int | None = None) -> AgentProcess:
+    """The agent; with ``descriptors``, allowed that many open files (this process keeps its own limit)."""
+    if descriptors is None:
+        return _spawn(kubelet_dir, registry, port)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, hard))
+    try:
+        return _spawn(kubelet_dir, registry, port)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _spawn(kubelet_dir: Path, registry: Path, port: int) -> AgentProcess:
     agent = AgentProcess(
         [
             "run",
@@ -138,12 +163,151 @@ async def _big_get_info(registry: Path) -> float:
         client.close()
 
 
+def _cpu_seconds(agent: AgentProcess) -> float:
+    """User and system CPU time the agent process has used."""
+    fields = Path(f"/proc/{agent.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _probes(port: int, stop: threading.Event) -> tuple[list[float], list[int], threading.Thread]:
+    """/healthz asked in a loop until ``stop``: each answer's time, the count of probes that got no answer,
+    and the thread (join it to have the probe that was under way when ``stop`` was set)."""
+    answered: list[float] = []
+    failed = [0]
+
+    def probe() -> None:
+        while not stop.is_set():
+            start = time.monotonic()
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                connection.request("GET", "/healthz")
+                if connection.getresponse().status == 200:
+                    answered.append(time.monotonic() - start)
+                    continue
+            except OSError:
+                pass
+            finally:
+                connection.close()
+            failed[0] += 1
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    return answered, failed, thread
+
+
+async def _header_flood(port: int, seconds: float, agent: AgentProcess) -> tuple[int, float]:
+    """``_FLOOD_CONNECTIONS`` connections send a request line, then header lines for ``seconds``, each
+    reconnecting when the agent ends it: (connections made, the agent's peak RSS in MiB)."""
+    deadline = time.monotonic() + seconds
+    made = 0
+    chunk = _HEADER_LINES * 512  # 64 KiB
+
+    async def flood() -> None:
+        nonlocal made
+        while time.monotonic() < deadline:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1)
+            except (OSError, TimeoutError):
+                continue
+            made += 1
+            try:
+                writer.write(b"GET /metrics HTTP/1.0\r\n")
+                while time.monotonic() < deadline:
+                    writer.write(chunk)
+                    await asyncio.wait_for(writer.drain(), max(0.01, deadline - time.monotonic()))
+            except (OSError, TimeoutError):
+                pass
+            finally:
+                writer.transport.abort()
+
+    async def sample() -> float:
+        peak = 0.0
+        while time.monotonic() < deadline:
+            peak = max(peak, agent.rss_kib() / 1024)
+            await asyncio.sleep(0.1)
+        return peak
+
+    sampler = asyncio.ensure_future(sample())
+    await asyncio.gather(*(flood() for _ in range(_FLOOD_CONNECTIONS)))
+    return made, await sampler
+
+
+async def _idle_flood(port: int, hold: float) -> int:
+    """Open ``_IDLE_CONNECTIONS`` connections and hold them ``hold`` seconds without a byte: how many were
+    made."""
+    writers: list[asyncio.StreamWriter] = []
+    for _ in range(_IDLE_CONNECTIONS):
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 0.5)
+        except (OSError, TimeoutError):
+            continue
+        writers.append(writer)
+    await asyncio.sleep(hold)
+    for writer in writers:
+        writer.transport.abort()
+    return len(writers)
+
+
+async def _http_rows(root: Path) -> list[Row]:
+    seconds = 5.0 if quick() else 20.0
+    rows = []
+    port = _free_port()
+    agent = _start(root / "kubelet", root / "registry", port)
+    try:
+        agent.wait_log("Cannot tell which pod holds which chip")  # the last line of its start
+        before, cpu = agent.rss_kib() / 1024, _cpu_seconds(agent)
+        stop = threading.Event()
+        answered, failed, probing = _probes(port, stop)
+        made, peak = await _header_flood(port, seconds, agent)
+        stop.set()
+        probing.join(60)
+        cpu = _cpu_seconds(agent) - cpu
+        flood = f"{_FLOOD_CONNECTIONS} connections sending headers for {seconds:g} s"
+        rows.append(Row("RSS before the header flood", before, None, "MB"))
+        rows.append(Row(f"peak RSS, {flood}", peak, None, "MB"))
+        rows.append(Row("connections the flood made", made, None, ""))
+        rows.append(Row("agent CPU meanwhile", cpu, None, "s"))
+        rows.append(Row("slowest /healthz meanwhile", max(answered, default=0.0) * 1000, None, "ms"))
+        rows.append(Row(f"/healthz without an answer, of {len(answered) + failed[0]}", failed[0], None, ""))
+    finally:
+        agent.close()
+    port = _free_port()
+    agent = _start(root / "kubelet", root / "registry", port, descriptors=_AGENT_DESCRIPTORS)
+    try:
+        agent.wait_log("Cannot tell which pod holds which chip")
+        lines = len(agent.lines)
+        made = await _idle_flood(port, 8.0)
+        written = len(agent.lines) - lines
+        answer = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            answer.request("GET", "/healthz")
+            healthz = answer.getresponse().status
+        finally:
+            answer.close()
+        rows.append(
+            Row(
+                f"log lines, {made} idle connections held 8 s ({_AGENT_DESCRIPTORS} descriptors)",
+                written,
+                None,
+                "lines",
+                "< 5",
+                written < 5,
+            )
+        )
+        rows.append(Row("/healthz status after them", healthz, None, "", "200", healthz == 200))
+    finally:
+        agent.close()
+    return rows
+
+
 async def _main() -> list[Row]:
-    total = 10_000 if quick() else 100_000
     root = Path(tempfile.mkdtemp(prefix="bench-h-", dir="/tmp"))
+    (root / "kubelet").mkdir()
+    (root / "registry").mkdir()
+    if "--http" in sys.argv:
+        return await _http_rows(root)
+    total = 10_000 if quick() else 100_000
     kubelet_dir, registry = root / "kubelet", root / "registry"
-    kubelet_dir.mkdir()
-    registry.mkdir()
     port = _free_port()
     agent = _start(kubelet_dir, registry, port)
     rows = []
@@ -186,7 +350,7 @@ async def _main() -> list[Row]:
         rows.append(Row("slowest /healthz meanwhile", max(worst, default=0.0) * 1000, None, "ms"))
     finally:
         agent.close()
-    return rows
+    return rows + await _http_rows(root)
 
 
 def main() -> int:

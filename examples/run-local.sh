@@ -3,6 +3,13 @@
 # Watch registration, the device list and a sample allocation; Ctrl-C stops both, removes the scratch
 # directory and exits 0 (Ctrl-C is how the walk-through ends).
 set -euo pipefail
+if [ -t 0 ] && [ -z "${ASCEND_AGENT_RUN_JOB:-}" ]; then
+    # On a terminal, run as a job of its own that the terminal signals alone: Ctrl-C then reaches this
+    # walk-through and not what started it (make would die of it and report "Interrupt").
+    set -m
+    ASCEND_AGENT_RUN_JOB=1 "$0" "$@"
+    exit
+fi
 dir=$(mktemp -d /tmp/ascend-agent-run.XXXXXX)
 cleanup() {
     kill ${sim:-} ${agent:-} 2>/dev/null || true

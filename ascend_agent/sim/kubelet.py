@@ -7,7 +7,8 @@ when the plugin offers it).
 
 Unlike a starting kubelet it deletes nothing it did not create: it refuses a directory where
 ``kubelet.sock`` already exists (a live kubelet, or a stale socket someone must look at), leaves every
-other socket alone, and at exit removes ``kubelet.sock`` only while it is still the socket it bound.
+other socket alone, and at exit removes ``kubelet.sock`` only while it is still the socket it bound (one
+line and exit status 1 when it cannot). It makes no directory: a missing ``--kubelet-dir`` is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import os
 import signal
 import stat
+import sys
 from pathlib import Path
 
 from grpclib.const import Status
@@ -141,12 +143,9 @@ def _print_devices(resource: str, update: ListAndWatchResponse) -> None:
 
 async def run_simulator(directory: Path, *, allocate: int = 1) -> int:
     """Serve until SIGINT or SIGTERM; the exit status. :class:`ConfigError` when ``directory`` is not free."""
+    _refuse_unless_directory(directory)
     socket_path = directory / KUBELET_SOCKET
     await _refuse_if_taken(socket_path)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create --kubelet-dir {directory}: {exc.strerror or exc}") from None
     service = _Registration(directory, allocate)
     server = Server([service])
     try:
@@ -166,9 +165,34 @@ async def run_simulator(directory: Path, *, allocate: int = 1) -> int:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(server.wait_closed(), 0.5)
     if bound is not None and socket_identity(socket_path) == bound:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             socket_path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            print(
+                f"kubelet-sim: cannot remove {socket_path}: {exc.strerror or exc}; remove it yourself before "
+                "the next kubelet-sim there (it refuses a directory that holds a kubelet.sock)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
     return 0
+
+
+def _refuse_unless_directory(directory: Path) -> None:
+    """Raise :class:`ConfigError` unless ``directory`` is one: the simulator makes none (a path mistyped
+    would be made, and served in, without a word)."""
+    try:
+        mode = os.stat(directory).st_mode
+    except FileNotFoundError:
+        raise ConfigError(
+            f"--kubelet-dir {directory} does not exist; make an empty scratch directory first (mktemp -d)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot check --kubelet-dir {directory}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(f"--kubelet-dir {directory} is not a directory; pass an empty scratch directory")
 
 
 async def _refuse_if_taken(socket_path: Path) -> None:

@@ -1,16 +1,22 @@
 """`make run-dra`: the agent as a DRA driver on the fake backend, against the test suite's Kubernetes API
 emulator and DRA kubelet stand-in, in a scratch directory under /tmp. It shows the registration, the
-ResourceSlice, a claim of two chips prepared (its CDI spec) and the health stream; Ctrl-C stops it.
+ResourceSlice, a claim of two chips prepared (its CDI spec) and the health stream; Ctrl-C (or SIGTERM) stops
+it, removes the scratch directory and exits 0.
 Script a fault meanwhile: echo '{"unhealthy": [1]}' > <scratch>/state.json."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -68,37 +74,66 @@ def _newer(updates: HealthUpdates, shown: int, _: object) -> bool:
     return len(updates.seen) > shown
 
 
+def _a_job_of_its_own() -> Callable[[], None]:
+    """On a terminal, run as a job of its own that the terminal signals alone: Ctrl-C then reaches this
+    walk-through and the agent, not what started them (make would die of it and report "Interrupt").
+    SIGTERM and SIGHUP stop it as Ctrl-C does. The function returned gives the terminal back."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda *_: signal.raise_signal(signal.SIGINT))
+    if not os.isatty(0) or os.tcgetpgrp(0) != os.getpgrp() or os.getpgrp() == os.getpid():
+        return lambda: None  # not on a terminal, not in its foreground, or a job of its own already
+    starter = os.getpgrp()
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # handing the terminal over from another group
+    os.setpgid(0, 0)
+    os.tcsetpgrp(0, os.getpgrp())
+
+    def give_back() -> None:
+        with contextlib.suppress(OSError):  # the starter's group is gone
+            os.tcsetpgrp(0, starter)
+
+    return give_back
+
+
 def main() -> int:
+    give_back = _a_job_of_its_own()
     directory = Path(tempfile.mkdtemp(prefix="ascend-agent-dra.", dir="/tmp"))
-    (directory / "state.json").write_text("{}")
-    for kubelets_own in ("plugins", "plugins_registry"):  # a kubelet makes them; the agent waits for them
-        (directory / "kubelet" / kubelets_own).mkdir(parents=True)
-    apiserver = ApiServer(directory)
-    apiserver.start()
-    apiserver.put("nodes", {"metadata": {"name": NODE}})
-    agent = AgentProcess(
-        [
-            "run",
-            "--backend=fake",
-            f"--fake-state={directory / 'state.json'}",
-            "--kubelet-api=dra",
-            f"--kubeconfig={apiserver.kubeconfig}",
-            f"--node-name={NODE}",
-            f"--kubelet-dir={directory / 'kubelet' / 'device-plugins'}",
-            f"--cdi-spec-dir={directory / 'cdi'}",
-            "--metrics-address=",
-            "--log-level=warning",
-        ]
-    )
+    apiserver: ApiServer | None = None
+    agent: AgentProcess | None = None
     try:
+        (directory / "state.json").write_text("{}")
+        for kubelets_own in ("plugins", "plugins_registry"):  # a kubelet makes them; the agent waits for them
+            (directory / "kubelet" / kubelets_own).mkdir(parents=True)
+        apiserver = ApiServer(directory)
+        apiserver.start()
+        apiserver.put("nodes", {"metadata": {"name": NODE}})
+        agent = AgentProcess(
+            [
+                "run",
+                "--backend=fake",
+                f"--fake-state={directory / 'state.json'}",
+                "--kubelet-api=dra",
+                f"--kubeconfig={apiserver.kubeconfig}",
+                f"--node-name={NODE}",
+                f"--kubelet-dir={directory / 'kubelet' / 'device-plugins'}",
+                f"--cdi-spec-dir={directory / 'cdi'}",
+                "--metrics-address=",
+                "--log-level=warning",
+            ]
+        )
         asyncio.run(walk(directory, apiserver))
     except KeyboardInterrupt:
         pass
     finally:
-        agent.close()
-        apiserver.stop()
-        print(agent.output)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        if agent is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.terminate()
+            agent.close()
+            print(agent.output)
+        if apiserver is not None:
+            apiserver.stop()
         shutil.rmtree(directory, ignore_errors=True)
+        give_back()
     return 0
 
 

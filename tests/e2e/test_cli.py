@@ -79,9 +79,14 @@ def test_settings_precedence_flag_over_env_over_file(short_dir: Path) -> None:
         (
             {"keys.yaml": "fakeChipz: 3\n"},
             ["run", "--config", "{dir}/keys.yaml"],
-            "unknown setting 'fakeChipz'",
+            "unknown setting 'fakeChipz' (did you mean fakeChips?)",
         ),
         ({"type.yaml": "fakeChips: many\n"}, ["run", "--config", "{dir}/type.yaml"], "fakeChips must be"),
+        (
+            {"twice.yaml": "fakeChips: 2\nfakeChips: 3\n"},
+            ["run", "--config", "{dir}/twice.yaml"],
+            "fakeChips is given twice (lines 1 and 2)",
+        ),
         ({"list.yaml": "- a\n"}, ["run", "--config", "{dir}/list.yaml"], "must be a mapping"),
         ({"s.json": "{nope"}, ["run", "--backend", "fake", "--fake-state", "{dir}/s.json"], "not valid JSON"),
         (

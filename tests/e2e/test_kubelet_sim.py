@@ -3,6 +3,7 @@ kubelet.sock, deletes no socket it did not create, and still drives the agent th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -114,6 +115,7 @@ def test_a_kubelet_sock_that_replaced_ours_is_kept(short_dir: Path, sockets: lis
 
 def test_the_simulator_drives_the_agent(short_dir: Path) -> None:
     directory = short_dir / "k"
+    directory.mkdir()
     sim = AgentProcess(["kubelet-sim", "--kubelet-dir", str(directory), "--allocate", "2"])
     agent: AgentProcess | None = None
     try:
@@ -128,3 +130,47 @@ def test_the_simulator_drives_the_agent(short_dir: Path) -> None:
         if agent is not None:
             agent.close()
         sim.close()
+
+
+def test_a_missing_directory_is_refused_not_made(short_dir: Path) -> None:
+    missing = short_dir / "not-there"
+    result = _sim("--kubelet-dir", str(missing))
+    _assert_one_line_exit_2(result, f"--kubelet-dir {missing} does not exist")
+    assert not missing.exists()
+
+
+def test_a_file_given_as_the_directory_is_refused(short_dir: Path) -> None:
+    (short_dir / "file").write_text("")
+    _assert_one_line_exit_2(_sim("--kubelet-dir", str(short_dir / "file")), "is not a directory")
+
+
+@contextlib.contextmanager
+def _immutable(directory: Path) -> Iterator[None]:
+    """Nothing in ``directory`` can be removed meanwhile, not even by root (``chattr +i``)."""
+    try:
+        subprocess.run(["chattr", "+i", str(directory)], check=True, capture_output=True, timeout=10)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot make {directory} immutable here: {exc}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True, capture_output=True, timeout=10)
+
+
+def test_a_socket_it_cannot_remove_is_one_line_with_the_next_step(short_dir: Path) -> None:
+    directory = short_dir / "k"
+    directory.mkdir()
+    sim = AgentProcess(["kubelet-sim", "--kubelet-dir", str(directory)])
+    try:
+        sim.wait_log("listening on .*kubelet.sock")
+        with _immutable(directory):
+            code, _ = sim.terminate(signal.SIGTERM)
+    finally:
+        sim.close()
+    assert code == 1, sim.output
+    assert "Traceback" not in sim.output
+    (line,) = [line for line in sim.lines if "kubelet.sock" in line and "listening" not in line]
+    assert line == (
+        f"kubelet-sim: cannot remove {directory / 'kubelet.sock'}: Operation not permitted; remove it "
+        "yourself before the next kubelet-sim there (it refuses a directory that holds a kubelet.sock)"
+    )

@@ -150,3 +150,34 @@ def test_a_burst_of_sighups_makes_at_most_two_reloads(
     agent.process.wait_log("Config applied: replicas changed")
     repeated = agent.process.matching("Config re-read: nothing changed")
     assert len(repeated) <= 2, f"{len(repeated)} reloads for one burst of SIGHUPs"
+
+
+def test_an_edit_right_after_one_that_restarts_the_backend_is_applied(
+    kubelet: KubeletStandin, short_dir: Path, configured: list[_Configured]
+) -> None:
+    agent = _start(configured, short_dir / "config.yaml", kubeletDir=str(kubelet.directory))
+    kubelet.wait_registrations(1)
+    kubelet.wait_update(lambda u: len(u.devices) == 8)
+    agent.change(fakeChips=4)  # a new backend
+    agent.change(replicas=2)  # written while the first is applied
+    expected = sorted(f"Ascend910-{chip}-{n}" for chip in range(4) for n in range(2))
+    kubelet.wait_update(lambda u: sorted(u.health()) == expected, what="4 chips, 2 replicas each")
+
+
+def test_a_key_given_twice_is_not_applied_and_the_agent_keeps_running(
+    kubelet: KubeletStandin, short_dir: Path, configured: list[_Configured]
+) -> None:
+    agent = _start(configured, short_dir / "config.yaml", kubeletDir=str(kubelet.directory))
+    kubelet.wait_registrations(1)
+    text = yaml.safe_dump(agent.settings) + "replicas: 2\nreplicas: 3\n"
+    temporary = agent.path.with_name(".config.yaml.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, agent.path)
+    lines = len(text.splitlines())
+    agent.process.wait_log(
+        "Config not applied, keeping the running settings: config file .*: replicas is given twice "
+        rf"\(lines {lines - 1} and {lines}\); keep one"
+    )
+    agent.change(replicas=2)
+    kubelet.wait_update(lambda u: len(u.devices) == 16, what="16 devices")
+    assert agent.process.proc.poll() is None

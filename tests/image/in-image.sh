@@ -46,6 +46,7 @@ name_of() {
     if [ "$1" = "$sim" ]; then echo "kubelet-sim"; else echo "the agent"; fi
 }
 
+mkdir "$dir/kubelet"  # the simulator makes no directory
 ascend-agent kubelet-sim --kubelet-dir "$dir/kubelet" >"$sim_log" 2>&1 &
 sim=$!
 await "$sim_log" "listening on"

@@ -141,3 +141,42 @@ def test_a_bad_value_from_the_environment_names_the_variable() -> None:
     source = SettingsSource({"replicas": 0}, from_environment=frozenset({"replicas"}))
     with pytest.raises(ConfigError, match=r"^ASCEND_AGENT_REPLICAS must be a whole number"):
         source.load()
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("fakeChipz", "did you mean fakeChips?"),
+        ("health_interval", "did you mean healthInterval?"),
+        ("metricAddress", "did you mean metricsAddress?"),
+        ("replica", "did you mean replicas?"),
+        ("kubeletdir", "did you mean kubeletDir?"),
+        ("colour", "settings are the flags in camelCase: --kubelet-dir is kubeletDir"),
+    ],
+)
+def test_an_unknown_key_names_the_nearest_setting(short_dir: Path, key: str, hint: str) -> None:
+    path = short_dir / "c.yaml"
+    path.write_text(f"{key}: 2\n")
+    with pytest.raises(ConfigError) as caught:
+        SettingsSource({}, path).load()
+    assert str(caught.value) == f"config file {path}: unknown setting {key!r} ({hint})"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "lines"),
+    [
+        ("backend: fake\nfakeChips: 2\nreplicas: 1\nfakeChips: 4\n", "fakeChips", (2, 4)),
+        ("{fakeChips: 2, fakeChips: 4}\n", "fakeChips", (1, 1)),
+        ('vnpu:\n  "310P3": [vir02]\n  "310P3": [vir04]\n', "310P3", (2, 3)),
+    ],
+)
+def test_a_key_given_twice_is_refused_with_its_lines(
+    short_dir: Path, text: str, key: str, lines: tuple[int, int]
+) -> None:
+    path = short_dir / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        SettingsSource({}, path).load()
+    assert str(caught.value) == (
+        f"config file {path}: {key} is given twice (lines {lines[0]} and {lines[1]}); keep one"
+    )
