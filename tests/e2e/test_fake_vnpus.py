@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from tests.support.agent_process import fake_agent
-from tests.support.http_probe import free_port, get
+from tests.support.http_probe import free_port, get, wait_answer
 from tests.support.kubelet_standin import KubeletStandin
 
 CHIPS = "huawei.com/Ascend310P"
@@ -111,16 +111,23 @@ def test_one_vnpu_per_container_and_live_splits(kubelet: KubeletStandin, short_d
 def test_the_vnpus_of_a_held_chip_are_held_with_it(kubelet: KubeletStandin, short_dir: Path) -> None:
     state = short_dir / "state.json"
     state.write_text("{}")
+    port = free_port()
     agent = fake_agent(
         kubelet.directory, "--fake-model", "310P3", "--fake-chips", "2", "--fake-vnpus", "0:vir02",
-        "--fake-state", str(state), "--flap-threshold", "1",
+        "--fake-state", str(state), "--flap-threshold", "1", "--metrics-address", f"127.0.0.1:{port}",
     )  # fmt: skip
     try:
         kubelet.wait_for(lambda: (two := kubelet.latest(TWO)) is not None and len(two.devices) == 1)
         state.write_text(json.dumps({"unhealthy": [0]}))
         agent.wait_log("Ascend310P-0 is held Unhealthy")
         state.write_text("{}")  # chip 0 is Healthy again, but held for --flap-quiet
-        agent.wait_log("Ascend310P-2c-100-0 is Unhealthy: Healthy now; held Unhealthy")
+
+        def healthy_underneath(status: int | None, body: str) -> bool:
+            # The hold's quiet period (held_until) starts once the agent has seen the chip Healthy.
+            chips = json.loads(body)["chips"] if status == 200 else []
+            return any(c["id"] == "Ascend310P-0" and c["held"] and c["held_until"] for c in chips)
+
+        wait_answer(port, "/chips", healthy_underneath, what="chip 0 Healthy underneath its hold")
         assert agent.matching("Ascend310P-2c-100-0 is Healthy again") == []
         update = kubelet.latest(TWO)
         assert update is not None and update.health() == {"Ascend310P-2c-100-0": "Unhealthy"}
