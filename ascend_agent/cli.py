@@ -214,7 +214,7 @@ FakeTraining = Annotated[
     _option(
         "--fake-training/--no-fake-training",
         env="FAKE_TRAINING",
-        help="Fake backend: synthetic device IPs (192.0.2.x) and, on A3, vNIC IPs and a super pod.",
+        help="Fake backend: synthetic device IPs (198.18.0.0/15) and, on A3, vNIC IPs and a super pod.",
         unset="off",
     ),
 ]

@@ -125,8 +125,8 @@ class Settings:
     # vNPUs are never created or destroyed.
     vnpu: Layout | None = None
     fake_vnpus: Layout | None = None
-    # Fake backend: synthetic device IPs (192.0.2.x, a documentation range) and, on A3, vNIC IPs and a super
-    # pod; off: none, as on a node without hccn_tool.
+    # Fake backend: synthetic device IPs (198.18.0.0/15, the benchmarking range) and, on A3, vNIC IPs and a
+    # super pod; off: none, as on a node without hccn_tool.
     fake_training: bool = False
 
     @property

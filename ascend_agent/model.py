@@ -286,6 +286,13 @@ class Inventory:
     vnpus: tuple[Chip, ...] = ()
 
     @property
+    def super_pod(self) -> SuperPod | None:
+        """The node's place in its super pod (A3): the first chip's (by physical id) that has one, as Huawei's
+        plugin takes the first device that answers; None on other nodes."""
+        ordered = sorted(self.chips, key=lambda chip: chip.phys_id)
+        return next((chip.super_pod for chip in ordered if chip.super_pod is not None), None)
+
+    @property
     def advertised(self) -> tuple[Chip, ...]:
         """What the kubelet is offered: every vNPU, and every chip that holds none (a chip split into vNPUs
         is never handed out whole as well)."""
