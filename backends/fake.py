@@ -9,8 +9,9 @@
 them); a state file's ``"vnpus": {"0": ["vir02"]}`` replaces that list while it is there.
 
 ``--fake-training`` gives each chip of a model that trains (910, 910B, A3) a synthetic device IP from the
-benchmarking range 198.18.0.0/15 (chip N: ``198.18.0.0 + N + 1``) and, on A3, a vNIC IP (``198.19.0.0 + N +
-1``) and a place in super pod 0 (server index 0, SDID N); off, chips have none, as on a node without hccn_tool.
+benchmarking range 198.18.0.0/15 (chip N: ``198.18.0.0 + N + 1``) and, on A3, a vNIC IP
+(``198.19.0.0 + N + 1``) and a place in super pod 0 (server index 0, SDID N); off, chips have none, as on a
+node without hccn_tool.
 
 An absent chip stays listed as Unhealthy, as a chip that fell off the bus does on a real node. The file
 must exist when the backend starts; one removed later, or turned invalid, leaves the previous state in place.
