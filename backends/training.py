@@ -84,9 +84,15 @@ def trains(generation: Generation) -> bool:
 class TrainingProbe:
     """Each chip's :class:`ChipFacts`, read on the schedule in the module's docstring."""
 
-    def __init__(self, settings: Settings, reread_seconds: float = REREAD_SECONDS) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        reread_seconds: float = REREAD_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._settings = settings
         self._reread = reread_seconds
+        self._clock = clock
         self._facts: dict[int, ChipFacts] = {}
         self._read_at: dict[int, float] = {}
         self._answering: frozenset[int] = frozenset()
@@ -104,7 +110,7 @@ class TrainingProbe:
         longest ago, as many as spread a whole round over :data:`REREAD_SECONDS` of ``interval``-second
         queries. Never raises for what the tools do."""
         training = [target for target in targets if trains(target.generation)]
-        now = time.monotonic()
+        now = self._clock()
         back = {t.phys_id for t in training if t.answering and t.phys_id not in self._answering}
         self._answering = frozenset(t.phys_id for t in training if t.answering)
         urgent = [
