@@ -148,16 +148,19 @@ class TrainingProbe:
         updated = {phys_id: self.facts(phys_id) for phys_id in found}
         for index, what in enumerate(_FIELDS):
             refused = self._held_elsewhere(found, index)
-            for phys_id, read in found.items():
+            problems: dict[int, str] = {}
+            solved: list[int] = []
+            for phys_id, read in sorted(found.items()):
                 value = read[index]
                 if isinstance(value, _Unread):
                     if value.reason:
-                        self._problem(phys_id, what, value.reason)
+                        problems[phys_id] = value.reason
                 elif phys_id in refused:
-                    self._problem(phys_id, what, refused[phys_id])
+                    problems[phys_id] = refused[phys_id]
                 else:
-                    self._solved(phys_id, what)
+                    solved.append(phys_id)
                     updated[phys_id] = _with(updated[phys_id], index, value)
+            self._report(what, problems, solved)
         for phys_id, facts in updated.items():
             if facts != self.facts(phys_id):
                 log.info(
@@ -223,41 +226,56 @@ class TrainingProbe:
             log.info("hccn_tool runs again: %s", executable)
         return value
 
-    async def _super_pod(self, target: TrainingTarget) -> SuperPod | _Unread:
+    async def _super_pod(self, target: TrainingTarget) -> SuperPod | _Unread | None:
+        """The die's super pod; None where npu-smi says the chip or driver does not support the query."""
         args = ["info", "-t", "spod-info", "-i", str(target.npu_id), "-c", str(target.chip_on_card)]
         try:
             text = await run_npu_smi(self._settings.effective_npu_smi, args, self._settings.npu_smi_timeout)
-            super_pod = parse_spod_info(text)
-        except (NpuSmiError, NpuSmiParseError) as exc:
-            return _Unread(f"npu-smi {' '.join(args)}: {exc}")
-        return super_pod
+            if _UNSUPPORTED in text:
+                return None
+            return parse_spod_info(text)
+        except NpuSmiError as exc:
+            return None if _UNSUPPORTED in str(exc) else _Unread(str(exc))
+        except NpuSmiParseError as exc:
+            return _Unread(f"npu-smi {' '.join(args)} printed something unexpected: {exc}")
 
     def _tool_missing(self, reason: str) -> None:
+        # Info: the doctor's "device IPs" check fails on such a node and says what to do.
         if self._missing.changed(reason):
-            log.warning(
+            log.info(
                 "%s: the chips' device IPs are unknown, so training jobs cannot build their rank tables "
                 "here; install the driver's hccn_tool or pass --hccn-tool",
                 reason,
                 extra=log_fields(reason=reason),
             )
 
-    def _problem(self, phys_id: int, what: str, reason: str) -> None:
-        problems = self._problems.setdefault((phys_id, what), ProblemLog())
-        if problems.changed(reason):
+    def _report(self, what: str, problems: dict[int, str], solved: list[int]) -> None:
+        """One warning for the chips whose ``what`` newly cannot be read (or for another reason), one info
+        line for those whose ``what`` reads again."""
+        changed = [
+            phys_id
+            for phys_id, reason in problems.items()
+            if self._problems.setdefault((phys_id, what), ProblemLog()).changed(reason)
+        ]
+        if changed:
+            first = changed[0]
             log.warning(
-                "Chip %d: cannot read its %s (%s); keeping the last one read",
-                phys_id,
+                "Cannot read the %s of chip%s %s (chip %d: %s); keeping the last one read",
                 what,
-                reason,
-                extra=log_fields(phys_id=phys_id, reason=reason),
+                "s" if len(changed) > 1 else "",
+                ", ".join(map(str, changed)),
+                first,
+                problems[first],
+                extra=log_fields(ids=changed, reason=problems[first]),
             )
+        again = [p for p in solved if (found := self._problems.get((p, what))) is not None and found.clear()]
+        if again:
+            log.info("The %s of chip%s %s reads again", what, "s" if len(again) > 1 else "",
+                     ", ".join(map(str, again)))  # fmt: skip
 
-    def _solved(self, phys_id: int, what: str) -> None:
-        problems = self._problems.get((phys_id, what))
-        if problems is not None and problems.clear():
-            log.info("Chip %d: its %s reads again", phys_id, what)
 
-
+# What npu-smi says where a chip or its driver has no super-pod identity.
+_UNSUPPORTED = "does not support get spod info"
 _ATTRIBUTES = ("device_ip", "vnic_ip", "super_pod")
 
 
