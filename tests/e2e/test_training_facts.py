@@ -1,6 +1,6 @@
 """`ascend-agent list --json` on the devfs backend with a fake npu-smi and a fake hccn_tool printing the
-shared real outputs: an 8-chip 910B node's device IPs, an A3 node's device IPs, vNIC IPs and super pod; a hanging
-or garbage-printing hccn_tool gives chips without an address, never a made-up one."""
+shared real outputs: an 8-chip 910B node's device IPs, an A3 node's device IPs, vNIC IPs and super pod; a
+hanging or garbage-printing hccn_tool gives chips without an address, never a made-up one."""
 
 from __future__ import annotations
 
