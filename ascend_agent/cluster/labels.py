@@ -96,7 +96,8 @@ def node_labels(inventory: Inventory, replicas: int) -> dict[str, str]:
 
 
 def super_pod_labels(inventory: Inventory) -> dict[str, str]:
-    """``huawei.com/npu.super-pod-id`` and ``.server-index`` of an A3 node in a super pod; none elsewhere.
+    """``huawei.com/npu.super-pod-id`` and ``.server-index`` of an A3 node in a super pod; none elsewhere, nor
+    for the driver's "none" (-1), which is no label value.
 
     >>> from ascend_agent.model import SuperPod
     >>> chip = Chip.make(0, "910_9392", super_pod=SuperPod(sdid=1, size=384, super_pod_id=0, server_index=40))
@@ -106,10 +107,8 @@ def super_pod_labels(inventory: Inventory) -> dict[str, str]:
     super_pod = inventory.super_pod
     if super_pod is None:
         return {}
-    return {
-        f"{NPU_PREFIX}super-pod-id": str(super_pod.super_pod_id),
-        f"{NPU_PREFIX}server-index": str(super_pod.server_index),
-    }
+    values = {"super-pod-id": super_pod.super_pod_id, "server-index": super_pod.server_index}
+    return {f"{NPU_PREFIX}{key}": str(value) for key, value in values.items() if value >= 0}
 
 
 def _most_common_model(chips: tuple[Chip, ...]) -> Chip:

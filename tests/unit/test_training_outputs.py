@@ -120,6 +120,10 @@ def test_node_labels_name_the_super_pod_on_a3_only() -> None:
     assert labels["huawei.com/npu.super-pod-id"] == "0"
     assert labels["huawei.com/npu.server-index"] == "40"
     assert not {key for key in node_labels(_910b_node(), replicas=1) if "super-pod" in key or "server" in key}
+    none = SuperPod(sdid=1, size=384, super_pod_id=-1, server_index=40)
+    labels = node_labels(Inventory((replace(_a3_node().chips[0], super_pod=none),)), replicas=1)
+    assert "huawei.com/npu.super-pod-id" not in labels
+    assert labels["huawei.com/npu.server-index"] == "40"
 
 
 def test_dra_attributes_a_claim_can_match() -> None:
