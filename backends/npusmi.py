@@ -399,7 +399,7 @@ def parse_spod_info(text: str) -> SuperPod:
     and server index. The driver's ``0xffffffff`` ("none") is -1 for the id and the index, as Huawei
     publishes it.
 
-    >>> parse_spod_info("SDID : 16777216\nSuper Pod Size : 384\nSuper Pod ID : 0\nServer Index : 4\n")
+    >>> parse_spod_info("SDID : 16777216\\nSuper Pod Size : 384\\nSuper Pod ID : 0\\nServer Index : 4\\n")
     SuperPod(sdid=16777216, size=384, super_pod_id=0, server_index=4)
     """
     values = parse_key_values(text)

@@ -160,8 +160,9 @@ def slice_device(chip: Chip, node: NodeChips, taints: DeviceTaints) -> dict[str,
 
 
 def training_attributes(chip: Chip) -> dict[str, dict[str, Any]]:
-    """What a distributed job's claim can match on: ``deviceIP`` (``127.0.0.1`` for a vNPU), ``vnicIP``
-    and, on A3, ``superPodId``, ``serverIndex`` and ``sdid``; each only where the chip has it.
+    """What a distributed job's claim can match on: ``deviceIP`` (``127.0.0.1`` for a vNPU of a chip that
+    has one), ``vnicIP`` and, on A3, ``superPodId``, ``serverIndex`` and ``sdid``; each only where the chip
+    has it.
 
     >>> from ascend_agent.model import SuperPod
     >>> pod = SuperPod(sdid=167772160, size=384, super_pod_id=0, server_index=40)
@@ -169,7 +170,7 @@ def training_attributes(chip: Chip) -> dict[str, dict[str, Any]]:
     ['deviceIP', 'sdid', 'serverIndex', 'superPodId']
     """
     attributes: dict[str, dict[str, Any]] = {}
-    if chip.rank_ip is not None:
+    if chip.device_ip is not None and chip.rank_ip is not None:
         attributes["deviceIP"] = {"string": chip.rank_ip}
     if chip.vnic_ip is not None and chip.vnpu is None:
         attributes["vnicIP"] = {"string": chip.vnic_ip}

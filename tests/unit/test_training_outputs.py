@@ -141,6 +141,11 @@ def test_dra_attributes_a_claim_can_match() -> None:
     }
     bare = slice_device(inventory.chips[2], node, DeviceTaints("npu.huawei.com", "NoSchedule"))["attributes"]
     assert not {"deviceIP", "vnicIP", "superPodId", "serverIndex", "sdid"} & set(bare)
+    part = slice_device(
+        inventory.chips[0].slice(VNpu(100, "vir16")), node, DeviceTaints("npu.huawei.com", "x")
+    )
+    assert part["attributes"]["deviceIP"] == {"string": "127.0.0.1"}
+    assert "superPodId" not in part["attributes"]
 
 
 def test_doctor_names_the_chips_without_an_ip() -> None:
