@@ -261,7 +261,9 @@ def _vnpus(inventory: Inventory) -> Check:
 
 
 def _device_ips(inventory: Inventory) -> list[Check]:
-    """On a node whose model trains, every chip needs a device IP for the rank table of a distributed job.
+    """On a node whose model trains, every chip needs a device IP for the rank table of a distributed job:
+    failed when some chips have one and others not; when none has one (an inference node, or hccn_tool
+    missing) it says so without failing, since no pod waits for it.
 
     >>> from ascend_agent.model import Chip
     >>> chips = (Chip.make(0, "910B3", device_ip="10.10.0.10"), Chip.make(1, "910B3"))
@@ -273,6 +275,16 @@ def _device_ips(inventory: Inventory) -> list[Check]:
         return []
     name = "device IPs"
     lacking = [chip for chip in chips if chip.device_ip is None]
+    if len(lacking) == len(chips):
+        return [
+            Check(
+                name,
+                None,
+                f"no chip has a device IP ({', '.join(chip.device_id for chip in lacking)}): fine for "
+                "inference; distributed training needs them: look with hccn_tool -i "
+                f"{lacking[0].phys_id} -ip -g on the host (or pass --hccn-tool where the agent cannot find it)",
+            )
+        ]
     if lacking:
         return [
             Check(

@@ -155,6 +155,8 @@ def test_doctor_names_the_chips_without_an_ip() -> None:
     [fine] = _device_ips(_910b_node())
     assert fine.ok is True and "Ascend910-7 10.10.0.17" in fine.detail
     assert _device_ips(Inventory((Chip.make(0, "310P3"),))) == []
+    [none] = _device_ips(Inventory((Chip.make(0, "910B3"), Chip.make(1, "910B3"))))
+    assert none.ok is None and none.detail.startswith("no chip has a device IP (Ascend910-0, Ascend910-1)")
 
 
 def test_the_metric_per_chip() -> None:
