@@ -282,7 +282,8 @@ def _device_ips(inventory: Inventory) -> list[Check]:
                 None,
                 f"no chip has a device IP ({', '.join(chip.device_id for chip in lacking)}): fine for "
                 "inference; distributed training needs them: look with hccn_tool -i "
-                f"{lacking[0].phys_id} -ip -g on the host (or pass --hccn-tool where the agent cannot find it)",
+                f"{lacking[0].phys_id} -ip -g on the host (or pass --hccn-tool where the agent cannot find "
+                "it)",
             )
         ]
     if lacking:
