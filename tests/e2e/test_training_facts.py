@@ -12,11 +12,17 @@ from typing import Any
 
 import pytest
 
-from tests.support import CONSTRUCTED, FIXTURES
+from tests.e2e.test_volcano_allocate import NODE, _allocate, _annotations, _pod
+from tests.support import CONSTRUCTED, FIXTURES, volcano_types
+from tests.support.agent_process import fake_agent
+from tests.support.apiserver import ApiServer
 from tests.support.hccn_fake import FakeHccnTool
 from tests.support.host_tree import HostTree
+from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi
 from tests.support.training_fixtures import per_chip
+
+CONFIGURATION = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
 
 EIGHT = per_chip("hccn_tool-ip-g_fixture-8dev.txt")
 A3_IPS = per_chip("hccn_tool-ip-g_A3-log-decoded.txt")
@@ -110,3 +116,50 @@ def test_a_bad_hccn_tool_gives_no_address_and_one_line(
     rows, problems = _list(host, npu_smi, tool)
     assert [row["device_ip"] for row in rows] == [None] * 8
     assert problems.count("Cannot read the device IP of chips 0, 1, 2, 3, 4, 5, 6, 7") == 1, problems
+
+
+def test_fake_a3_node_publishes_ips_and_super_pod_through_volcano(
+    kubelet: KubeletStandin, apiserver: ApiServer
+) -> None:
+    """The fake backend's synthetic facts (``--fake-training``) from the agent as a process: the pod's
+    ``ascend-910-configuration``, ``baseDeviceInfos``, ``DeviceInfoCfg`` and the node labels."""
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    agent = fake_agent(
+        kubelet.directory,
+        *("--fake-model", "910_9392", "--fake-chips", "16", "--fake-training", "--volcano"),
+        *("--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE),
+    )
+    try:
+        kubelet.wait_update(lambda u: len(u.devices) == 16, what="the device list")
+        apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "1700000000000"))
+        _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+        annotations = apiserver.wait_for(
+            lambda: _annotations(apiserver, "train-0"), lambda a: bool(a.get(CONFIGURATION))
+        )
+        assert json.loads(annotations[CONFIGURATION]) == {
+            "pod_name": "train-0",
+            "server_id": "uid-train-0",
+            "super_pod_id": 0,
+            "devices": [
+                {"device_id": "3", "device_ip": "198.18.0.4", "super_device_id": "3"},
+                {"device_id": "5", "device_ip": "198.18.0.6", "super_device_id": "5"},
+            ],
+            "server_index": "0",
+        }
+        node = apiserver.wait_for(
+            lambda: apiserver.get("nodes", NODE),
+            lambda n: (
+                "baseDeviceInfos" in (n["metadata"].get("annotations") or {})
+                and "huawei.com/npu.super-pod-id" in (n["metadata"].get("labels") or {})
+            ),
+        )
+        infos = volcano_types.base_device_infos(node["metadata"]["annotations"]["baseDeviceInfos"])
+        assert infos["Ascend910-15"] == {"IP": "198.18.0.16", "SuperDeviceID": 15}
+        assert node["metadata"]["labels"]["huawei.com/npu.server-index"] == "0"
+        configmap = apiserver.wait_for(
+            lambda: apiserver.get("configmaps", f"mindx-dl-deviceinfo-{NODE}", "kube-system"), bool
+        )
+        cache = volcano_types.node_device_info_cache(configmap["data"]["DeviceInfoCfg"])
+        assert (cache["SuperPodID"], cache["ServerIndex"]) == (0, 0)
+    finally:
+        agent.close()
