@@ -161,17 +161,14 @@ class TrainingProbe:
                     solved.append(phys_id)
                     updated[phys_id] = _with(updated[phys_id], index, value)
             self._report(what, problems, solved)
-        for phys_id, facts in updated.items():
-            if facts != self.facts(phys_id):
-                log.info(
-                    "Chip %d: device IP %s, vNIC IP %s, super pod %s",
-                    phys_id,
-                    facts.device_ip or "none",
-                    facts.vnic_ip or "none",
-                    _describe(facts.super_pod),
-                    extra=log_fields(phys_id=phys_id, device_ip=facts.device_ip, vnic_ip=facts.vnic_ip),
-                )
-            self._facts[phys_id] = facts
+        changed = sorted(p for p, facts in updated.items() if facts != self.facts(p))
+        self._facts.update(updated)
+        if changed:
+            log.info(
+                "Training facts: %s",
+                "; ".join(f"chip {p} {_describe(self.facts(p))}" for p in changed),
+                extra=log_fields(ids=changed),
+            )
 
     def _held_elsewhere(self, found: dict[int, _Read], index: int) -> dict[int, str]:
         """The chips whose new value (field ``index``) another chip holds too, whether that chip's value is
@@ -294,7 +291,12 @@ def _identity(value: object) -> object:
     return value.sdid if isinstance(value, SuperPod) else value
 
 
-def _describe(super_pod: SuperPod | None) -> str:
-    if super_pod is None:
-        return "none"
-    return f"{super_pod.super_pod_id} (server index {super_pod.server_index}, SDID {super_pod.sdid})"
+def _describe(facts: ChipFacts) -> str:
+    """``device IP 10.0.245.11, vNIC IP 192.168.2.0, super pod 0 (server index 40, SDID 167772160)``."""
+    parts = [f"device IP {facts.device_ip or 'none'}"]
+    if facts.vnic_ip is not None:
+        parts.append(f"vNIC IP {facts.vnic_ip}")
+    pod = facts.super_pod
+    if pod is not None:
+        parts.append(f"super pod {pod.super_pod_id} (server index {pod.server_index}, SDID {pod.sdid})")
+    return ", ".join(parts)
