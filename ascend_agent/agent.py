@@ -19,7 +19,7 @@ import errno
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
@@ -49,6 +49,7 @@ from ascend_agent.kubelet_dirs import waiting_reason
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
+    CHIP_TRAINING,
     DEVICE_HEALTH,
     DEVICES,
     KUBELET_RESTARTS,
@@ -746,6 +747,24 @@ class Agent:
                 )
             for chip in chips:
                 DEVICE_HEALTH.labels(resource=resource, device=chip.device_id).set(chip.healthy)
+        _training_info(chip for chips in desired.values() for chip in chips)
+
+
+def _training_info(chips: Iterable[Chip]) -> None:
+    """``ascend_agent_chip_training_info`` for every chip that has a device IP, vNIC IP or super pod."""
+    CHIP_TRAINING.clear()
+    for chip in chips:
+        pod = chip.super_pod
+        if chip.vnpu is not None or (chip.device_ip is None and chip.vnic_ip is None and pod is None):
+            continue
+        CHIP_TRAINING.labels(
+            device=chip.device_id,
+            device_ip=chip.device_ip or "",
+            vnic_ip=chip.vnic_ip or "",
+            super_pod_id="" if pod is None else str(pod.super_pod_id),
+            server_index="" if pod is None else str(pod.server_index),
+            sdid="" if pod is None else str(pod.sdid),
+        ).set(1)
 
 
 def _follow_chips(chips: Sequence[Chip], parts: Sequence[Chip]) -> tuple[Chip, ...]:

@@ -125,6 +125,15 @@ NpuSmi = Annotated[
         unset="npu-smi on PATH, else <host-root>/usr/local/bin/npu-smi",
     ),
 ]
+HccnTool = Annotated[
+    str | None,
+    _option(
+        "--hccn-tool",
+        env="HCCN_TOOL",
+        help="The hccn_tool executable (the chips' device IPs).",
+        unset="hccn_tool on PATH, else <host-root>/usr/local/Ascend/driver/tools/hccn_tool",
+    ),
+]
 NpuSmiTimeout = Annotated[
     float | None,
     _option(
@@ -199,6 +208,15 @@ FakeVnpus = Annotated[
         env="FAKE_VNPUS",
         help="Fake backend: vNPUs as PHYS_ID:TEMPLATE items, e.g. 0:vir02,0:vir02,1:vir04.",
         unset="none",
+    ),
+]
+FakeTraining = Annotated[
+    bool | None,
+    _option(
+        "--fake-training/--no-fake-training",
+        env="FAKE_TRAINING",
+        help="Fake backend: synthetic device IPs (198.18.0.0/15) and, on A3, vNIC IPs and a super pod.",
+        unset="off",
     ),
 ]
 DryRunVnpu = Annotated[
@@ -349,6 +367,7 @@ def run(
     sys_root: SysRoot = None,
     npu_smi: NpuSmi = None,
     npu_smi_timeout: NpuSmiTimeout = None,
+    hccn_tool: HccnTool = None,
     health_interval: HealthInterval = None,
     health_failure_threshold: HealthThreshold = None,
     flap_threshold: FlapThreshold = None,
@@ -373,6 +392,7 @@ def run(
     dra_taint_effect: DraTaintEffect = None,
     dra_cleanup: DraCleanup = None,
     fake_vnpus: FakeVnpus = None,
+    fake_training: FakeTraining = None,
     dry_run_vnpu: DryRunVnpu = False,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
@@ -402,11 +422,13 @@ def list_chips(
     sys_root: SysRoot = None,
     npu_smi: NpuSmi = None,
     npu_smi_timeout: NpuSmiTimeout = None,
+    hccn_tool: HccnTool = None,
     replicas: Replicas = None,
     fake_chips: FakeChips = None,
     fake_model: FakeModel = None,
     fake_state: FakeState = None,
     fake_vnpus: FakeVnpus = None,
+    fake_training: FakeTraining = None,
     pod_resources_socket: PodResourcesSocket = None,
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
@@ -468,6 +490,7 @@ def list_chips(
             "numa_node": chip.numa_node,
             "npu_id": chip.npu_id,
             "faults": [{"code": fault.code, "text": fault.text} for fault in chip.faults],
+            **_training_row(chip),
             "holders": _holder_rows(holders.of(chip, settings.replicas)),
             "vnpus": [
                 _vnpu_row(part, _holder_rows(holders.of(part, 1)))
@@ -510,6 +533,23 @@ def _holder_rows(holders: Sequence[Holder]) -> list[dict[str, str]]:
     return [{"namespace": h.namespace, "pod": h.pod, "container": h.container} for h in holders]
 
 
+def _training_row(chip: Chip) -> dict[str, Any]:
+    """A chip's device IP, vNIC IP and super-pod identity (A3), None where it has none."""
+    super_pod = chip.super_pod
+    return {
+        "device_ip": chip.device_ip,
+        "vnic_ip": chip.vnic_ip,
+        "super_pod": None
+        if super_pod is None
+        else {
+            "super_pod_id": super_pod.super_pod_id,
+            "server_index": super_pod.server_index,
+            "sdid": super_pod.sdid,
+            "size": super_pod.size,
+        },
+    }
+
+
 def _vnpu_row(part: Chip, holders: list[dict[str, str]]) -> dict[str, Any]:
     assert part.vnpu is not None
     return {
@@ -522,6 +562,7 @@ def _vnpu_row(part: Chip, holders: list[dict[str, str]]) -> dict[str, Any]:
         "aicore": part.vnpu.aicore,
         "memory_gb": part.vnpu.memory_gb,
         "device": part.device_path,
+        "device_ip": part.rank_ip,
         "container_id": part.vnpu.container_id if part.vnpu.in_container else None,
         "holders": holders,
     }
@@ -577,6 +618,7 @@ def doctor(
     sys_root: SysRoot = None,
     npu_smi: NpuSmi = None,
     npu_smi_timeout: NpuSmiTimeout = None,
+    hccn_tool: HccnTool = None,
     kubelet_dir: KubeletDir = None,
     registration: Registration = None,
     plugin_dir: PluginDir = None,

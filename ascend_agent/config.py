@@ -86,6 +86,8 @@ class Settings:
     sys_root: Path | None = None
     npu_smi: str | None = None
     npu_smi_timeout: float = 10.0
+    # hccn_tool, which reads the chips' device IPs (backends/training.py); None: PATH, then the host's.
+    hccn_tool: str | None = None
     health_interval: float = 5.0
     health_failure_threshold: int = 3
     healthy_states: tuple[str, ...] = ("OK", "Warning")
@@ -131,6 +133,9 @@ class Settings:
     # vNPUs are never created or destroyed.
     vnpu: Layout | None = None
     fake_vnpus: Layout | None = None
+    # Fake backend: synthetic device IPs (198.18.0.0/15, the benchmarking range) and, on A3, vNIC IPs and a
+    # super pod; off: none, as on a node without hccn_tool.
+    fake_training: bool = False
 
     @property
     def effective_plugins_registry_dir(self) -> Path:
@@ -164,6 +169,13 @@ class Settings:
         if self.npu_smi:
             return self.npu_smi
         return shutil.which("npu-smi") or str(self.host_root / "usr/local/bin/npu-smi")
+
+    @property
+    def effective_hccn_tool(self) -> str:
+        """The hccn_tool to run: the flag, else ``hccn_tool`` on PATH, else the host driver's copy."""
+        if self.hccn_tool:
+            return self.hccn_tool
+        return shutil.which("hccn_tool") or str(self.host_root / "usr/local/Ascend/driver/tools/hccn_tool")
 
 
 def camel_case(name: str) -> str:
@@ -335,6 +347,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "sys_root": _optional(_path),
     "npu_smi": _optional(_text),
     "npu_smi_timeout": _seconds(MIN_NPU_SMI_TIMEOUT),
+    "hccn_tool": _optional(_text),
     "health_interval": _seconds(MIN_HEALTH_INTERVAL),
     "health_failure_threshold": _positive_int,
     "healthy_states": _text_list,
@@ -370,6 +383,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "dra_cleanup": _bool,
     "vnpu": _optional(parse_layout),
     "fake_vnpus": _optional(fake_vnpus),
+    "fake_training": _bool,
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
 

@@ -24,6 +24,7 @@ from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
+from ascend_agent.backends.training import trains
 from ascend_agent.chipstate import ask_agent
 from ascend_agent.config import DRA_API, ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
@@ -84,6 +85,9 @@ async def run_checks(settings: Settings, daemonset: AgentDaemonSet | None = None
         checks.extend(await _our_sockets(settings, inventory, unhealthy, daemonset))
     if inventory is not None and inventory.vnpus:
         checks.append(_vnpus(inventory))
+    # The fake backend's chips have addresses only with fakeTraining.
+    if inventory is not None and (settings.backend == "devfs" or settings.fake_training):
+        checks.extend(_device_ips(inventory))
     if unhealthy:
         checks.append(await _holders(settings, unhealthy))
     checks.append(await _readiness(settings.metrics_address))
@@ -256,6 +260,48 @@ def _vnpus(inventory: Inventory) -> Check:
         counts[part.resource] = counts.get(part.resource, 0) + 1
     parts += [f"{resource}: {count}" for resource, count in sorted(counts.items())]
     return Check("vNPUs", True, "; ".join(parts))
+
+
+def _device_ips(inventory: Inventory) -> list[Check]:
+    """On a node whose model trains, every chip needs a device IP for the rank table of a distributed job:
+    failed when some chips have one and others not; when none has one (an inference node, or hccn_tool
+    missing) it says so without failing, since no pod waits for it.
+
+    >>> from ascend_agent.model import Chip
+    >>> chips = (Chip.make(0, "910B3", device_ip="10.10.0.10"), Chip.make(1, "910B3"))
+    >>> print(_device_ips(Inventory(chips))[0].detail)
+    1 of 2 chips have no device IP: Ascend910-1
+    """
+    chips = [chip for chip in inventory.chips if trains(chip.generation)]
+    if not chips:
+        return []
+    name = "device IPs"
+    lacking = [chip for chip in chips if chip.device_ip is None]
+    if len(lacking) == len(chips):
+        return [
+            Check(
+                name,
+                None,
+                f"no chip has a device IP ({', '.join(chip.device_id for chip in lacking)}): fine for "
+                "inference; distributed training needs them: look with hccn_tool -i "
+                f"{lacking[0].phys_id} -ip -g on the host (or pass --hccn-tool where the agent cannot find "
+                "it)",
+            )
+        ]
+    if lacking:
+        return [
+            Check(
+                name,
+                False,
+                f"{len(lacking)} of {len(chips)} chips have no device IP: "
+                + ", ".join(chip.device_id for chip in lacking),
+                "a distributed training job cannot build its rank table on these chips: look with "
+                f"hccn_tool -i {lacking[0].phys_id} -ip -g on the host and set the address with hccn_tool "
+                "-ip -s (or pass --hccn-tool where the agent cannot find it)",
+            )
+        ]
+    shown = ", ".join(f"{chip.device_id} {chip.device_ip}" for chip in chips)
+    return [Check(name, True, f"every chip has one: {shown}")]
 
 
 def _expected_sockets(settings: Settings, inventory: Inventory | None) -> list[str]:

@@ -132,9 +132,27 @@ class VNpu:
         return self.container_id.lower() not in NO_CONTAINER_IDS
 
 
+# What Huawei publishes as a vNPU's device IP (a vNPU has no NIC of its own).
+VNPU_DEVICE_IP = "127.0.0.1"
+# Huawei's value for a super-pod id or server index the driver does not give (every model but A3).
+UNKNOWN_SUPER_POD = -2
+
+
+@dataclass(frozen=True, slots=True)
+class SuperPod:
+    """An A3 die's place in its super pod (``npu-smi info -t spod-info``). ``sdid`` is opaque: it is
+    published as it is, never decoded."""
+
+    sdid: int
+    size: int
+    super_pod_id: int
+    server_index: int
+
+
 @dataclass(frozen=True, slots=True)
 class Chip:
-    """One physical NPU chip as a backend sees it."""
+    """One physical NPU chip as a backend sees it. ``device_ip`` (the RoCE address, IPv4 or else a global
+    IPv6 one) and ``vnic_ip`` (A3) are None where the chip has none or it is not known: never made up."""
 
     phys_id: int
     model: str
@@ -153,6 +171,9 @@ class Chip:
     vnpu: VNpu | None = None
     # The chip's place on its card: npu-smi's ``-c`` beside ``-i <npu id>``.
     chip_on_card: int = 0
+    device_ip: str | None = None
+    vnic_ip: str | None = None
+    super_pod: SuperPod | None = None
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
@@ -192,6 +213,15 @@ class Chip:
         """Huawei's device type of the vNPU (``Ascend310P-2c``); every 910 is ``Ascend910``."""
         assert self.vnpu is not None
         return naming.vnpu_type(self.generation.family, self.vnpu.template)
+
+    @property
+    def rank_ip(self) -> str | None:
+        """The device IP a rank table gets for this device: the chip's, ``127.0.0.1`` for a vNPU.
+
+        >>> Chip.make(0, "910B3", device_ip="10.0.0.1").slice(VNpu(100, "vir05_1c_16g")).rank_ip
+        '127.0.0.1'
+        """
+        return VNPU_DEVICE_IP if self.vnpu is not None else self.device_ip
 
     def slice(self, vnpu: VNpu) -> Chip:
         """The vNPU ``vnpu`` of this chip, as the device it is advertised as."""
@@ -258,6 +288,13 @@ class Inventory:
     vnpus: tuple[Chip, ...] = ()
     # Why the chips' health cannot be read now (npu-smi down); empty while it can.
     outage: str = ""
+
+    @property
+    def super_pod(self) -> SuperPod | None:
+        """The node's place in its super pod (A3): the first chip's (by physical id) that has one, as Huawei's
+        plugin takes the first device that answers; None on other nodes."""
+        ordered = sorted(self.chips, key=lambda chip: chip.phys_id)
+        return next((chip.super_pod for chip in ordered if chip.super_pod is not None), None)
 
     @property
     def advertised(self) -> tuple[Chip, ...]:

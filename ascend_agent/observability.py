@@ -166,6 +166,11 @@ CHIP_FAULT = Gauge(
     "1 while npu-smi info -t health reports this error code for the chip; gone when it clears.",
     ["device", "code"],
 )
+CHIP_TRAINING = Gauge(
+    "ascend_agent_chip_training_info",
+    "A chip's device IP, vNIC IP (A3) and super-pod identity (A3), empty where it has none; always 1.",
+    ["device", "device_ip", "vnic_ip", "super_pod_id", "server_index", "sdid"],
+)
 CHIP_HELD = Gauge(
     "ascend_agent_chip_held", "1 while the chip is held Unhealthy for flapping, else 0.", ["device"]
 )

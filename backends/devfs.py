@@ -44,6 +44,7 @@ from ascend_agent.backends.npusmi import (
     run_npu_smi,
 )
 from ascend_agent.backends.telemetry import ChipTelemetry
+from ascend_agent.backends.training import TrainingProbe, TrainingTarget
 from ascend_agent.backends.vnpu import VNPU_NODE, VnpuProbe
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.faults import FaultPolicy, describe
@@ -139,6 +140,7 @@ class DevfsBackend:
         self._queries = 0
         self._telemetry = ChipTelemetry()
         self._vnpus = VnpuProbe(settings)
+        self._training = TrainingProbe(settings)
         self._chip_list: tuple[Chip, ...] = ()
 
     @property
@@ -149,15 +151,21 @@ class DevfsBackend:
         return [(self._dev_root, is_device_name)]
 
     async def start(self) -> None:
-        """An npu-smi the operator named must be there and executable; only the default lookup may miss."""
+        """An npu-smi or hccn_tool the operator named must be there and executable; only the default lookup
+        may miss."""
         given = self._settings.npu_smi
-        if given is None:
-            return
-        problem = _not_executable(given)
+        problem = _not_executable(given) if given is not None else ""
         if problem:
             raise ConfigError(
                 f"--npu-smi {given}: {problem}; give the path of an executable npu-smi, or leave it unset "
                 "to use npu-smi on PATH or <host-root>/usr/local/bin/npu-smi"
+            )
+        given = self._settings.hccn_tool
+        problem = _not_executable(given) if given is not None else ""
+        if problem:
+            raise ConfigError(
+                f"--hccn-tool {given}: {problem}; give the path of an executable hccn_tool, or leave it "
+                "unset to use hccn_tool on PATH or <host-root>/usr/local/Ascend/driver/tools/hccn_tool"
             )
 
     async def query(self) -> bool:
@@ -168,10 +176,17 @@ class DevfsBackend:
         before = self._view()
         if await self._query():
             await self._check_device_listing()
+            await self._training.refresh(self._training_targets(), self._settings.health_interval)
         return self._view() != before
 
     def _view(self) -> tuple[object, ...]:
-        return tuple(sorted(self._probed.items())), self._reported, self._outage(), self._query_problem
+        return (
+            tuple(sorted(self._probed.items())),
+            self._reported,
+            self._outage(),
+            self._query_problem,
+            self._training.view(),
+        )
 
     def _outage(self) -> str:
         """Why npu-smi counts as down (``health_failure_threshold`` failed queries in a row); empty while
@@ -180,6 +195,19 @@ class DevfsBackend:
         if self._failures < threshold or not self._probed:
             return ""
         return f"npu-smi failed {threshold} times in a row: {self._outage_cause}"
+
+    def _training_targets(self) -> list[TrainingTarget]:
+        """The chips npu-smi reported in this query, each answering while it is healthy."""
+        return [
+            TrainingTarget(
+                phys_id,
+                chip.npu_id,
+                chip.chip,
+                chip.generation,
+                answering=phys_id in self._reported and self._chip_healthy(chip),
+            )
+            for phys_id, chip in sorted(self._probed.items())
+        ]
 
     async def _query(self) -> bool:
         """Run and read npu-smi; False (and counted) when it failed."""
@@ -502,6 +530,7 @@ class DevfsBackend:
         chips = []
         for phys_id in sorted(self._probed):
             probed = self._probed[phys_id]
+            facts = self._training.facts(phys_id)
             chip = Chip(
                 phys_id,
                 probed.model,
@@ -513,6 +542,9 @@ class DevfsBackend:
                 faults=probed.faults,
                 hbm_mb=probed.hbm_mb,
                 chip_on_card=probed.chip,
+                device_ip=facts.device_ip,
+                vnic_ip=facts.vnic_ip,
+                super_pod=facts.super_pod,
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:

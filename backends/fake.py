@@ -8,12 +8,18 @@
 ``--fake-vnpus 0:vir02,0:vir02`` splits chips into vNPUs (IDs from ``phys*16+100``, as npu-smi numbers
 them); a state file's ``"vnpus": {"0": ["vir02"]}`` replaces that list while it is there.
 
+``--fake-training`` gives each chip of a model that trains (910, 910B, A3) a synthetic device IP from the
+benchmarking range 198.18.0.0/15 (chip N: ``198.18.0.0 + N + 1``) and, on A3, a vNIC IP
+(``198.19.0.0 + N + 1``) and a place in super pod 0 (server index 0, SDID N); off, chips have none, as on a
+node without hccn_tool.
+
 An absent chip stays listed as Unhealthy, as a chip that fell off the bus does on a real node. The file
 must exist when the backend starts; one removed later, or turned invalid, leaves the previous state in place.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -23,6 +29,7 @@ from pathlib import Path
 import aiofiles
 
 from ascend_agent.backends._container import container_base
+from ascend_agent.backends.training import trains
 from ascend_agent.backends.vnpu import VNPU_ID_BASE, VNPU_IDS_PER_CHIP
 from ascend_agent.config import ConfigError, Settings, decode_utf8, fake_vnpus
 from ascend_agent.model import (
@@ -31,6 +38,7 @@ from ascend_agent.model import (
     Generation,
     Health,
     Inventory,
+    SuperPod,
     UnknownModelError,
     VNpu,
     classify,
@@ -53,6 +61,9 @@ _HBM_MB = {
     Generation.ASCEND950: 131072,
 }
 _HBM_MB_BY_MODEL = {"910B4": 32768}
+# --fake-training: addresses from the benchmarking range (RFC 2544), never a real network's.
+_DEVICE_IPS = ipaddress.IPv4Address("198.18.0.0")
+_VNIC_IPS = ipaddress.IPv4Address("198.19.0.0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +220,11 @@ class FakeBackend:
             naming_scheme=self._settings.resource_naming,
         )
         chip = replace(chip, hbm_mb=_HBM_MB_BY_MODEL.get(chip.model, _HBM_MB.get(chip.generation)))
+        if self._settings.fake_training and trains(chip.generation):
+            chip = replace(chip, device_ip=str(_DEVICE_IPS + phys_id + 1))
+            if chip.generation is Generation.ASCEND910A3:
+                super_pod = SuperPod(sdid=phys_id, size=chips, super_pod_id=0, server_index=0)
+                chip = replace(chip, vnic_ip=str(_VNIC_IPS + phys_id + 1), super_pod=super_pod)
         if phys_id in self._state.absent:
             return chip.with_health(Health.UNHEALTHY, "absent: the device node is gone")
         if phys_id in self._state.unhealthy:

@@ -26,7 +26,7 @@ from typing import ParamSpec, TypeVar
 
 import anyio
 
-from ascend_agent.model import Fault, normalise_model
+from ascend_agent.model import Fault, SuperPod, normalise_model
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -389,6 +389,40 @@ def parse_health(text: str) -> HealthDetail:
     return HealthDetail(status, tuple(Fault(code, text) for code, text in unique.items()))
 
 
+_UINT32 = re.compile(r"^\d{1,10}$")
+_DRIVER_NONE = 0xFFFFFFFF  # what DCMI returns for "none"; Huawei publishes -1
+
+
+@_typed_errors
+def parse_spod_info(text: str) -> SuperPod:
+    """``npu-smi info -t spod-info -i <npu id> -c <chip>`` (A3): the die's SDID, super-pod size, super-pod id
+    and server index. The driver's ``0xffffffff`` ("none") is -1 for the id and the index, as Huawei
+    publishes it.
+
+    >>> parse_spod_info("SDID : 16777216\\nSuper Pod Size : 384\\nSuper Pod ID : 0\\nServer Index : 4\\n")
+    SuperPod(sdid=16777216, size=384, super_pod_id=0, server_index=4)
+    """
+    values = parse_key_values(text)
+    numbers: dict[str, int] = {}
+    for key in ("SDID", "Super Pod Size", "Super Pod ID", "Server Index"):
+        value = values.get(key)
+        if value is None:
+            raise NpuSmiParseError(f"`npu-smi info -t spod-info`: no {key!r} line")
+        if not _UINT32.match(value) or int(value) > _DRIVER_NONE:
+            raise NpuSmiParseError(f"`npu-smi info -t spod-info`: {key} is {value!r}, not a number")
+        numbers[key] = int(value)
+
+    def signed(number: int) -> int:
+        return -1 if number == _DRIVER_NONE else number
+
+    return SuperPod(
+        sdid=numbers["SDID"],
+        size=numbers["Super Pod Size"],
+        super_pod_id=signed(numbers["Super Pod ID"]),
+        server_index=signed(numbers["Server Index"]),
+    )
+
+
 def board_model(board: Mapping[str, str]) -> str | None:
     """The A3 model a ``npu-smi info -t board -i <npu> -c <chip>`` record names, if it names one.
 
@@ -537,10 +571,28 @@ class _OutputTooLong(Exception):
 
 
 async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> str:
-    """Run ``executable args`` (no shell) in a process group of its own and return its output; after
-    ``timeout`` s, or once it has printed more than :data:`MAX_OUTPUT` bytes, the whole group is killed (a
-    wrapper's children too, which would otherwise keep the pipes open) and reaped, every wait bounded.
-    Raises only :class:`NpuSmiError`."""
+    """Run ``executable args`` with :func:`run_tool` and return its output; a non-zero exit status is an
+    :class:`NpuSmiError` that names the cause. Raises only :class:`NpuSmiError`."""
+    command = " ".join([executable, *args])
+    returncode, stdout, stderr = await run_tool(executable, args, timeout)
+    if returncode != 0:
+        said = (stderr + stdout).decode("utf-8", errors="replace")
+        known = diagnose(said)
+        if known is not None:
+            raise known
+        lines = said.strip().splitlines()
+        raise NpuSmiError(
+            "exit",
+            f"{command} exited with status {returncode}: {lines[-1] if lines else 'no output'}",
+        )
+    return stdout.decode("utf-8", errors="replace")
+
+
+async def run_tool(executable: str, args: Sequence[str], timeout: float) -> tuple[int, bytes, bytes]:
+    """Run one of the driver's tools (npu-smi, hccn_tool), ``executable args`` (no shell), in a process
+    group of its own: its exit status, stdout and stderr. After ``timeout`` s, or once it has printed more
+    than :data:`MAX_OUTPUT` bytes, the whole group is killed (a wrapper's children too, which would
+    otherwise keep the pipes open) and reaped, every wait bounded. Raises only :class:`NpuSmiError`."""
     command = " ".join([executable, *args])
     try:
         process = await asyncio.create_subprocess_exec(
@@ -584,23 +636,14 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
         raise NpuSmiError(
             "output",
             f"{command} printed more than {MAX_OUTPUT // (1024 * 1024)} MiB and was killed",
-            "check the npu-smi executable the agent runs",
+            f"check the {os.path.basename(executable)} executable the agent runs",
         ) from None
     except asyncio.CancelledError:
         with anyio.CancelScope(shield=True):
             await _kill(process)
         raise
-    if process.returncode != 0:
-        said = (stderr + stdout).decode("utf-8", errors="replace")
-        known = diagnose(said)
-        if known is not None:
-            raise known
-        lines = said.strip().splitlines()
-        raise NpuSmiError(
-            "exit",
-            f"{command} exited with status {process.returncode}: {lines[-1] if lines else 'no output'}",
-        )
-    return stdout.decode("utf-8", errors="replace")
+    assert process.returncode is not None
+    return process.returncode, stdout, stderr
 
 
 async def _read_output(process: asyncio.subprocess.Process) -> tuple[bytes, bytes]:

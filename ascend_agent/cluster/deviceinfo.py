@@ -23,7 +23,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ascend_agent.model import Chip, Generation, Inventory
+from ascend_agent.model import UNKNOWN_SUPER_POD, Chip, Generation, Inventory
 
 NAMESPACE = "kube-system"
 NAME_PREFIX = "mindx-dl-deviceinfo-"
@@ -34,8 +34,8 @@ SEPARATED_KEY = "ManuallySeparateNPU"
 UPGRADE_FAULT_KEY = "UpgradeFaultReason"
 DESCRIPTION_KEY = "Description"
 BASE_DEVICE_INFOS = "baseDeviceInfos"
-# SuperPodID, ServerIndex: what the driver's DCMI interface tells; npu-smi does not.
-UNKNOWN_INDEX = -2
+# SuperPodID, ServerIndex of a node that is not part of a super pod (every model but A3), as Huawei writes.
+UNKNOWN_INDEX = UNKNOWN_SUPER_POD
 
 _FAULT_LISTS = frozenset(
     {Generation.ASCEND910A, Generation.ASCEND910B, Generation.ASCEND910A3, Generation.ASCEND950}
@@ -90,25 +90,51 @@ def device_lists(
     return dict(sorted(lists.items()))
 
 
-def device_info_cfg(device_list: Mapping[str, str], update_time: int) -> str:
+def device_info_cfg(
+    device_list: Mapping[str, str],
+    update_time: int,
+    super_pod: tuple[int, int] = (UNKNOWN_INDEX, UNKNOWN_INDEX),
+) -> str:
     """The ``DeviceInfoCfg`` value (``NodeDeviceInfoCache``) of ``device_list`` written at ``update_time``
-    (Unix seconds)."""
+    (Unix seconds), with the node's ``super_pod`` (id, server index; :func:`node_super_pod`)."""
     info = {"DeviceList": dict(sorted(device_list.items())), "UpdateTime": update_time}
     return go_json(
         {
             "DeviceInfo": info,
-            "SuperPodID": UNKNOWN_INDEX,
-            "ServerIndex": UNKNOWN_INDEX,
+            "SuperPodID": super_pod[0],
+            "ServerIndex": super_pod[1],
             "CheckCode": check_code(info),
         }
     )
 
 
+def node_super_pod(inventory: Inventory) -> tuple[int, int]:
+    """The node's super-pod id and server index (:attr:`Inventory.super_pod`); -2 and -2 on other nodes.
+
+    >>> from ascend_agent.model import SuperPod
+    >>> chip = Chip.make(1, "910_9392", super_pod=SuperPod(sdid=7, size=384, super_pod_id=3, server_index=40))
+    >>> node_super_pod(Inventory((Chip.make(0, "910_9392"), chip))), node_super_pod(Inventory())
+    ((3, 40), (-2, -2))
+    """
+    super_pod = inventory.super_pod
+    if super_pod is None:
+        return UNKNOWN_INDEX, UNKNOWN_INDEX
+    return super_pod.super_pod_id, super_pod.server_index
+
+
 def base_device_infos(inventory: Inventory) -> str:
-    """The ``baseDeviceInfos`` annotation: every chip's device ID (healthy or not) with its device IP and
-    super-pod device ID, which npu-smi does not give: empty and 0."""
-    ids = sorted({chip.device_id for chip in inventory.chips})
-    return go_json({device_id: {"IP": "", "SuperDeviceID": 0} for device_id in ids})
+    """The ``baseDeviceInfos`` annotation: every chip's device ID (healthy or not) with its device IP (empty
+    when it has none) and its super-pod device ID (the A3 die's SDID; 0 where there is none)."""
+    chips = {chip.device_id: chip for chip in inventory.chips}
+    return go_json(
+        {
+            device_id: {
+                "IP": chips[device_id].device_ip or "",
+                "SuperDeviceID": sdid.sdid if (sdid := chips[device_id].super_pod) is not None else 0,
+            }
+            for device_id in sorted(chips)
+        }
+    )
 
 
 def _out(chip: Chip, separated: frozenset[str]) -> bool:

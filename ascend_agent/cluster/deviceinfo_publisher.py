@@ -65,6 +65,7 @@ class DeviceInfoPublisher:
         self._since: dict[str, int] = {}  # device ID -> Unix ms it was first seen out of service
         self._lists: dict[str, str] | None = None
         self._annotation: str | None = None
+        self._super_pod = (deviceinfo.UNKNOWN_INDEX, deviceinfo.UNKNOWN_INDEX)
         self._map: LatestWriter[dict[str, str]] | None = None
         self._node: LatestWriter[str] | None = None
 
@@ -74,6 +75,11 @@ class DeviceInfoPublisher:
         self._since = {device: self._since.get(device, now_ms) for device in out}
         self._lists = deviceinfo.device_lists(inventory, self._since, now_ms, self._separation.ids)
         self._annotation = deviceinfo.base_device_infos(inventory) if inventory.chips else None
+        super_pod = deviceinfo.node_super_pod(inventory)
+        if super_pod != self._super_pod:
+            self._super_pod = super_pod
+            if self._map is not None:
+                self._map.refresh()
         self._hand_over()
 
     def _hand_over(self) -> None:
@@ -142,7 +148,9 @@ class DeviceInfoPublisher:
         ``ManuallySeparateNPU`` above all); a map that is not there is created."""
         for _ in range(_CONFLICT_RETRIES):
             owned = {
-                deviceinfo.DEVICE_INFO_KEY: deviceinfo.device_info_cfg(lists, int(self._clock())),
+                deviceinfo.DEVICE_INFO_KEY: deviceinfo.device_info_cfg(
+                    lists, int(self._clock()), self._super_pod
+                ),
                 deviceinfo.UPGRADE_FAULT_KEY: "{}",
                 deviceinfo.DESCRIPTION_KEY: DESCRIPTION,
             }

@@ -97,7 +97,24 @@ def node_labels(inventory: Inventory, replicas: int) -> dict[str, str]:
     numa = {chip.numa_node for chip in chips if chip.numa_node is not None}
     if numa:
         labels[f"{NPU_PREFIX}numa-nodes"] = str(len(numa))
+    labels.update(super_pod_labels(inventory))
     return labels
+
+
+def super_pod_labels(inventory: Inventory) -> dict[str, str]:
+    """``huawei.com/npu.super-pod-id`` and ``.server-index`` of an A3 node in a super pod; none elsewhere, nor
+    for the driver's "none" (-1), which is no label value.
+
+    >>> from ascend_agent.model import SuperPod
+    >>> chip = Chip.make(0, "910_9392", super_pod=SuperPod(sdid=1, size=384, super_pod_id=0, server_index=40))
+    >>> super_pod_labels(Inventory((chip,)))
+    {'huawei.com/npu.super-pod-id': '0', 'huawei.com/npu.server-index': '40'}
+    """
+    super_pod = inventory.super_pod
+    if super_pod is None:
+        return {}
+    values = {"super-pod-id": super_pod.super_pod_id, "server-index": super_pod.server_index}
+    return {f"{NPU_PREFIX}{key}": str(value) for key, value in values.items() if value >= 0}
 
 
 def _most_common_model(chips: tuple[Chip, ...]) -> Chip:

@@ -46,7 +46,7 @@ from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.deviceinfo import go_json
 from ascend_agent.cluster.writer import api_backoff
 from ascend_agent.kubelet_view import MountedChips
-from ascend_agent.model import Chip, Generation, Inventory
+from ascend_agent.model import UNKNOWN_SUPER_POD, Chip, Generation, Inventory
 from ascend_agent.podresources import Holder, Holders
 
 log = logging.getLogger("ascend_agent.cluster")
@@ -233,15 +233,29 @@ def choose(
 
 
 def configuration(pod: PodView, chips: Sequence[Chip]) -> str:
-    """The rank-table input Huawei's plugin writes: the pod, its uid, each chip's physical ID and device IP
-    (unknown to npu-smi: empty)."""
+    """The rank-table input Huawei's plugin writes: the pod, its uid, the super pod (A3; -2 elsewhere), each
+    chip's physical ID, device IP (empty when it has none, ``127.0.0.1`` for a vNPU) and, on A3, SDID as
+    ``super_device_id``; the server index. Keys in the order of Huawei's struct."""
+    super_pod_id, server_index = UNKNOWN_SUPER_POD, UNKNOWN_SUPER_POD
+    known = next((chip.super_pod for chip in chips if chip.super_pod is not None), None)
+    if known is not None:
+        super_pod_id, server_index = known.super_pod_id, known.server_index
     return go_json(
         {
             "pod_name": pod.name,
             "server_id": pod.uid,
-            "devices": [{"device_id": str(chip.phys_id), "device_ip": ""} for chip in chips],
+            "super_pod_id": super_pod_id,
+            "devices": [_configured_device(chip) for chip in chips],
+            "server_index": str(server_index),
         }
     )
+
+
+def _configured_device(chip: Chip) -> dict[str, str]:
+    device = {"device_id": str(chip.phys_id), "device_ip": chip.rank_ip or ""}
+    if chip.super_pod is not None:
+        device["super_device_id"] = str(chip.super_pod.sdid)
+    return device
 
 
 @dataclass(slots=True)

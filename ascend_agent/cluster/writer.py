@@ -58,6 +58,7 @@ class LatestWriter(Generic[T]):
         self._changed = anyio.Event()
         self.writes = 0
         self.failures = 0
+        self._refreshes = 0
 
     def set(self, state: T) -> None:
         """Make ``state`` the one to write; it replaces any state not written yet. Never blocks."""
@@ -67,6 +68,7 @@ class LatestWriter(Generic[T]):
     def refresh(self) -> None:
         """Write the desired state again even if it was written (a periodic rewrite, an object deleted)."""
         self._written = _UNSET
+        self._refreshes += 1
         self._changed.set()
 
     @property
@@ -81,6 +83,7 @@ class LatestWriter(Generic[T]):
             state = self._desired
             if state is _UNSET or state == self._written:
                 continue
+            refreshes = self._refreshes
             try:
                 await self._apply(state)  # type: ignore[arg-type]
             except ApiUnavailable:
@@ -92,7 +95,8 @@ class LatestWriter(Generic[T]):
                 await self._retry_later()
             else:
                 self.writes += 1
-                self._written = state
+                # A refresh asked for while this write was under way asks for another one.
+                self._written = state if refreshes == self._refreshes else _UNSET
                 self._backoff.reset()
 
     async def _retry_later(self) -> None:

@@ -150,6 +150,7 @@ def slice_device(chip: Chip, node: NodeChips, taints: DeviceTaints) -> dict[str,
         attributes["moduleId"] = {"int": group}
     if node.driver_version is not None:
         attributes["driverVersion"] = {"version": node.driver_version}
+    attributes.update(training_attributes(chip))
     device: dict[str, Any] = {"name": device_name(chip), "attributes": attributes}
     capacity: dict[str, dict[str, str]] = {}
     if chip.hbm_mb:
@@ -163,6 +164,28 @@ def slice_device(chip: Chip, node: NodeChips, taints: DeviceTaints) -> dict[str,
     if chip_taints:
         device["taints"] = chip_taints
     return device
+
+
+def training_attributes(chip: Chip) -> dict[str, dict[str, Any]]:
+    """What a distributed job's claim can match on: ``deviceIP`` (``127.0.0.1`` for a vNPU of a chip that
+    has one), ``vnicIP`` and, on A3, ``superPodId``, ``serverIndex`` and ``sdid``; each only where the chip
+    has it.
+
+    >>> from ascend_agent.model import SuperPod
+    >>> pod = SuperPod(sdid=167772160, size=384, super_pod_id=0, server_index=40)
+    >>> sorted(training_attributes(Chip.make(0, "910_9392", device_ip="10.0.245.11", super_pod=pod)))
+    ['deviceIP', 'sdid', 'serverIndex', 'superPodId']
+    """
+    attributes: dict[str, dict[str, Any]] = {}
+    if chip.device_ip is not None and chip.rank_ip is not None:
+        attributes["deviceIP"] = {"string": chip.rank_ip}
+    if chip.vnic_ip is not None and chip.vnpu is None:
+        attributes["vnicIP"] = {"string": chip.vnic_ip}
+    if chip.super_pod is not None and chip.vnpu is None:
+        attributes["superPodId"] = {"int": chip.super_pod.super_pod_id}
+        attributes["serverIndex"] = {"int": chip.super_pod.server_index}
+        attributes["sdid"] = {"int": chip.super_pod.sdid}
+    return attributes
 
 
 def _vnpu_device(part: Chip, taints: DeviceTaints) -> dict[str, Any]:
@@ -181,6 +204,7 @@ def _vnpu_device(part: Chip, taints: DeviceTaints) -> dict[str, Any]:
     }
     if part.numa_node is not None:
         attributes["numaNode"] = {"int": part.numa_node}
+    attributes.update(training_attributes(part))
     device: dict[str, Any] = {"name": device_name(part), "attributes": attributes}
     capacity: dict[str, dict[str, str]] = {}
     if part.vnpu.aicore is not None:

@@ -1,0 +1,109 @@
+"""Running the driver's ``hccn_tool`` (bounded as npu-smi is) and parsing what it prints.
+
+``hccn_tool -i <phys id> <command> -g`` takes the chip's physical id. Every parser takes the text one command
+printed and raises only :class:`HccnParseError`; :func:`run_hccn_tool` raises only ``NpuSmiError`` (the error
+of running any driver tool) and returns None for "nothing configured" (exit status 13, "no ip was
+preset")::
+
+    text = await run_hccn_tool("hccn_tool", 0, ["-ip", "-g"], timeout=10)
+    address = parse_ip(text) if text is not None else None
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Sequence
+
+from ascend_agent.backends.npusmi import NpuSmiError, run_tool
+
+# hccn_tool's exit status (UDA_DSMI_IPCONF_NOT_PRESET_ERR & 0xff) and message when a chip has no address.
+NOT_PRESET_STATUS = 13
+_NOT_PRESET = re.compile(r"no \w+ was preset", re.IGNORECASE)
+# Where the driver installs hccn_tool, under --host-root.
+HOST_PATH = "usr/local/Ascend/driver/tools/hccn_tool"
+
+
+class HccnParseError(ValueError):
+    """The text is not what the hccn_tool command prints."""
+
+
+def _lines(text: str, label: str) -> list[str]:
+    """The values of every ``<label>:<value>`` line (``label`` matched without regard to spaces around
+    the colon)."""
+    pattern = re.compile(rf"^\s*{re.escape(label)}\s*:\s*(.*?)\s*$")
+    return [match.group(1) for line in text.splitlines() if (match := pattern.match(line))]
+
+
+def _address(value: str, version: int, command: str) -> str:
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        raise HccnParseError(f"{command}: {value[:40]!r} is not an IP address") from None
+    if address.version != version:
+        raise HccnParseError(f"{command}: {value[:40]!r} is not an IPv{version} address")
+    return str(address)
+
+
+def _first_usable(values: Sequence[str], version: int, command: str) -> str | None:
+    """The first address that can carry traffic: ``0.0.0.0``, ``::`` and link-local ones are none."""
+    for value in values:
+        address = ipaddress.ip_address(_address(value, version, command))
+        if not (address.is_unspecified or address.is_link_local):
+            return str(address)
+    return None
+
+
+def parse_ip(text: str) -> str | None:
+    """``hccn_tool -i N -ip -g``: the chip's first IPv4 address (one ``ipaddr:``/``netmask:`` pair per
+    port); None when it names only ``0.0.0.0``.
+
+    >>> parse_ip("ipaddr:10.10.0.10\\nnetmask:255.255.255.0\\n")
+    '10.10.0.10'
+    """
+    values = _lines(text, "ipaddr")
+    if not values:
+        raise HccnParseError("-ip -g: no 'ipaddr:' line")
+    for mask in _lines(text, "netmask"):
+        _address(mask, 4, "-ip -g netmask")
+    return _first_usable(values, 4, "-ip -g")
+
+
+def parse_ipv6(text: str) -> str | None:
+    """``hccn_tool -i N -ip -inet6 -g``: the chip's first global IPv6 address; link-local ones
+    (``fe80::/10``) are refused, as Huawei's plugin refuses them: None when there is no other.
+
+    >>> parse_ipv6("ipv6_address:fe80::1\\nprefix_length:64\\nipv6_address:2001:db8::5\\nprefix_length:64\\n")
+    '2001:db8::5'
+    """
+    values = _lines(text, "ipv6_address")
+    if not values:
+        raise HccnParseError("-ip -inet6 -g: no 'ipv6_address:' line")
+    return _first_usable(values, 6, "-ip -inet6 -g")
+
+
+def parse_vnic(text: str) -> str | None:
+    """``hccn_tool -i N -vnic -g`` (A3): the virtual NIC's IPv4 address; None for ``0.0.0.0``.
+
+    >>> parse_vnic("vnic link status: UP\\nvnic ipaddr: 192.168.2.199\\nvnic netmask: 255.255.255.0\\n")
+    '192.168.2.199'
+    """
+    values = _lines(text, "vnic ipaddr")
+    if len(values) != 1:
+        raise HccnParseError("-vnic -g: not one 'vnic ipaddr:' line")
+    return _first_usable(values, 4, "-vnic -g")
+
+
+async def run_hccn_tool(executable: str, phys_id: int, args: Sequence[str], timeout: float) -> str | None:
+    """``hccn_tool -i <phys_id> args``: what it printed, or None when it says nothing is configured (exit
+    status 13, "no ip was preset"). Any other failure is an ``NpuSmiError`` naming the command."""
+    command = [executable, "-i", str(phys_id), *args]
+    returncode, stdout, stderr = await run_tool(executable, command[1:], timeout)
+    said = (stderr + stdout).decode("utf-8", errors="replace")
+    if returncode == NOT_PRESET_STATUS and _NOT_PRESET.search(said):
+        return None
+    if returncode != 0:
+        lines = said.strip().splitlines()
+        last = lines[-1][:200] if lines else "no output"
+        raise NpuSmiError("exit", f"{' '.join(command)} exited with status {returncode}: {last}")
+    return stdout.decode("utf-8", errors="replace")
