@@ -30,7 +30,9 @@ from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The services dra.sock offers, newest DRAPlugin first (the kubelet takes the first it knows). Kubelets up
+# to 1.36 open v1alpha1.DRAResourceHealth whatever is listed; newer ones look for the health service here.
+VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 _RETRY = 1.0
 
 

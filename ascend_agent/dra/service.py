@@ -1,5 +1,6 @@
 """The DRA kubelet plugin's gRPC services on ``dra.sock``: ``DRAPlugin`` (v1 and v1beta1: the same answers,
-v1beta1 without share IDs) and ``DRAResourceHealth`` (KEP-4680).
+v1beta1 without share IDs) and ``DRAResourceHealth`` (KEP-4680; v1alpha1, the one released kubelets call, and
+v1: the same messages).
 
     prepared, _ = Prepared.open(checkpoint, cdi_dir, "npu.huawei.com", read_boot_id())
     service = DraService("npu.huawei.com", pool="node-1", prepared=prepared, reader=reader)
@@ -23,7 +24,8 @@ from typing import Any
 
 import anyio
 
-from ascend_agent._proto import v1 as health_api
+from ascend_agent._proto import v1 as health_v1
+from ascend_agent._proto import v1alpha1 as health_v1alpha1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from ascend_agent.container import device_order
@@ -84,7 +86,7 @@ class DraService:
             self._health_changed = anyio.Event()
 
     def handlers(self) -> list[object]:
-        return [_PluginV1(self), _PluginV1beta1(self), _Health(self)]
+        return [_PluginV1(self), _PluginV1beta1(self), _HealthV1(self), _HealthV1alpha1(self)]
 
     # preparing ------------------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
@@ -221,22 +223,21 @@ class DraService:
         return {claim.uid: answers[claim.uid] for claim in claims}
 
     # health ---------------------------------------------------------------------------------------------
-    async def health_updates(self) -> AsyncIterator[health_api.NodeWatchResourcesResponse]:
+    async def health_updates(self, api: ModuleType) -> AsyncIterator[Any]:
         """The health of every device now, then again on each change, and every ``health_refresh`` seconds
-        so that the kubelet never takes a quiet device for one it has not heard of."""
+        so that the kubelet never takes a quiet device for one it has not heard of; as the
+        NodeWatchResourcesResponse of ``api`` (v1 and v1alpha1 share the messages)."""
         timeout = int(self.health_refresh * 3) + 1
         self.health_streams += 1
         try:
             while True:
                 changed = self._health_changed
                 now = int(time.time())
-                yield health_api.NodeWatchResourcesResponse(
+                yield api.NodeWatchResourcesResponse(
                     devices=[
-                        health_api.DeviceHealth(
-                            device=health_api.DeviceIdentifier(pool_name=self.pool, device_name=name),
-                            health=health_api.HealthStatus.HEALTHY
-                            if healthy
-                            else health_api.HealthStatus.UNHEALTHY,
+                        api.DeviceHealth(
+                            device=api.DeviceIdentifier(pool_name=self.pool, device_name=name),
+                            health=api.HealthStatus.HEALTHY if healthy else api.HealthStatus.UNHEALTHY,
                             last_updated_time=now,
                             health_check_timeout_seconds=timeout,
                             message=message,
@@ -345,12 +346,23 @@ class _PluginV1beta1(dra_v1beta1.DraPluginBase):
         return answer
 
 
-class _Health(health_api.DraResourceHealthBase):
+class _HealthV1(health_v1.DraResourceHealthBase):
     def __init__(self, service: DraService) -> None:
         self._service = service
 
     async def node_watch_resources(
-        self, message: health_api.NodeWatchResourcesRequest
-    ) -> AsyncIterator[health_api.NodeWatchResourcesResponse]:
-        async for update in self._service.health_updates():
+        self, message: health_v1.NodeWatchResourcesRequest
+    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
+        async for update in self._service.health_updates(health_v1):
+            yield update
+
+
+class _HealthV1alpha1(health_v1alpha1.DraResourceHealthBase):
+    def __init__(self, service: DraService) -> None:
+        self._service = service
+
+    async def node_watch_resources(
+        self, message: health_v1alpha1.NodeWatchResourcesRequest
+    ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
+        async for update in self._service.health_updates(health_v1alpha1):
             yield update

@@ -118,7 +118,12 @@ async def test_registers_publishes_prepares_and_reports_health(host: _Host, apis
     kubelet = DraKubelet(host.registry)
     info = await kubelet.register(DRIVER)
     assert (info.type, info.name) == ("DRAPlugin", DRIVER)
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert info.endpoint == str(host.directory / "kubelet" / "plugins" / DRIVER / "dra.sock")
 
     # The slice: one pool named after the node, a device per chip, valid for resource.k8s.io/v1.
@@ -173,7 +178,8 @@ async def test_registers_publishes_prepares_and_reports_health(host: _Host, apis
     ]
     assert len([s for s in apiserver.seen() if s.resource == "resourceclaims"]) == reads
 
-    # Health: a chip going Unhealthy is a taint in the slice and UNHEALTHY on the stream; both clear.
+    # Health: a chip going Unhealthy is a taint in the slice and UNHEALTHY on the stream a released kubelet
+    # opens (v1alpha1); both clear.
     async with kubelet.watching() as updates:
         await updates.wait_for(lambda seen: seen.get("npu-1", ("",))[0] == "HEALTHY", "npu-1 HEALTHY")
         host.faults([1])
@@ -227,8 +233,9 @@ async def test_vnpus_are_devices_of_their_own_and_their_chip_is_not(
     env = cdi["containerEdits"]["env"]
     assert "ASCEND_VISIBLE_DEVICES=101" in env and "ASCEND_RUNTIME_OPTIONS=VIRTUAL" in env
 
-    # The vNPUs follow their chip's health, on the stream and as taints.
-    async with kubelet.watching() as updates:
+    # The vNPUs follow their chip's health, on the stream (v1, as a kubelet that knows it opens it) and as
+    # taints.
+    async with kubelet.watching("v1") as updates:
         await updates.wait_for(
             lambda seen: seen.get("npu-0-vnpu-101", ("",))[0] == "HEALTHY", "npu-0-vnpu-101 HEALTHY"
         )
