@@ -1,0 +1,152 @@
+"""The DRA driver as the last line of defense and during a rolling update, against a real file tree and the
+Kubernetes API emulator: a device another prepared claim holds is refused for the claim that asks for it,
+and two instances of the driver sharing the checkpoint (each call under the shared file lock) act on what
+the other one wrote."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import uuid
+from pathlib import Path
+
+from ascend_agent.cluster.client import KubeApi
+from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.dra.claimread import ClaimReader, ClaimRef
+from ascend_agent.dra.claims import Prepared, PreparedClaim
+from ascend_agent.dra.serialize import CallLock
+from ascend_agent.dra.service import DraService
+from ascend_agent.model import Chip, ContainerSpec, VNpu
+from tests.support.apiserver import ApiServer
+
+DRIVER = "npu.huawei.com"
+CHIPS = [Chip.make(i, "310P3") for i in range(4)]
+VNPU = Chip.make(3, "310P3").slice(VNpu(130, "vir02"))
+
+
+def _put_claim(apiserver: ApiServer, name: str, devices: list[str]) -> ClaimRef:
+    uid = str(uuid.uuid4())
+    results = [{"request": "npus", "driver": DRIVER, "pool": "node-1", "device": d} for d in devices]
+    apiserver.put(
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default", "uid": uid},
+            "status": {"allocation": {"devices": {"results": results}}},
+        },
+    )
+    return ClaimRef("default", name, uid)
+
+
+def _service(directory: Path, api: KubeApi, calls: CallLock | None = None) -> DraService:
+    prepared, _ = Prepared.open(directory / "checkpoint.json", directory / "cdi", DRIVER, "boot-1")
+    reader = ClaimReader(lambda: api, DRIVER, "node-1")
+    service = DraService(DRIVER, "node-1", prepared, reader, **({"calls": calls} if calls else {}))
+    service.publish([*CHIPS, VNPU], lambda chips: ContainerSpec(envs={"ASCEND_VISIBLE_DEVICES": "x"}))
+    return service
+
+
+def _api(apiserver: ApiServer) -> KubeApi:
+    return KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+
+
+def _checkpointed(directory: Path) -> set[str]:
+    return {claim["uid"] for claim in json.loads((directory / "checkpoint.json").read_text())["claims"]}
+
+
+# the last line of defense -----------------------------------------------------------------------------------
+async def test_a_device_another_prepared_claim_holds_is_refused_for_that_claim(
+    short_dir: Path, apiserver: ApiServer
+) -> None:
+    api = _api(apiserver)
+    service = _service(short_dir, api)
+    first = _put_claim(apiserver, "first", ["npu-1"])
+    second = _put_claim(apiserver, "second", ["npu-2", "npu-1"])
+    held = (await service.prepare([first]))[first.uid]
+    assert isinstance(held, PreparedClaim)
+
+    refused = (await service.prepare([second]))[second.uid]
+    assert isinstance(refused, str)
+    assert "npu-1 is in use" in refused and "default/first" in refused and first.uid in refused
+    assert not (short_dir / "cdi" / f"{DRIVER}-claim-{second.uid}.json").exists()
+    assert _checkpointed(short_dir) == {first.uid}
+    assert (await service.prepare([first]))[first.uid] == held, "the holder is answered as before"
+
+    assert (await service.unprepare([first])) == {first.uid: ""}
+    again = (await service.prepare([second]))[second.uid]
+    assert isinstance(again, PreparedClaim), again
+    assert [d.device_name for d in again.devices] == ["npu-1", "npu-2"]
+    await api.close()
+
+
+async def test_of_two_claims_in_one_call_with_one_device_the_second_is_refused(
+    short_dir: Path, apiserver: ApiServer
+) -> None:
+    api = _api(apiserver)
+    service = _service(short_dir, api)
+    first = _put_claim(apiserver, "first", ["npu-0"])
+    second = _put_claim(apiserver, "second", ["npu-0"])
+    other = _put_claim(apiserver, "other", ["npu-2"])
+    answers = await service.prepare([first, second, other])
+    assert isinstance(answers[first.uid], PreparedClaim) and isinstance(answers[other.uid], PreparedClaim)
+    assert "npu-0 is in use" in str(answers[second.uid])
+    assert _checkpointed(short_dir) == {first.uid, other.uid}
+    await api.close()
+
+
+async def test_a_vnpu_of_a_chip_another_claim_holds_whole_is_refused(
+    short_dir: Path, apiserver: ApiServer
+) -> None:
+    api = _api(apiserver)
+    service = _service(short_dir, api)
+    whole = _put_claim(apiserver, "whole", ["npu-3"])
+    part = _put_claim(apiserver, "part", ["npu-3-vnpu-130"])
+    assert isinstance((await service.prepare([whole]))[whole.uid], PreparedClaim)
+    refused = (await service.prepare([part]))[part.uid]
+    assert "npu-3-vnpu-130 is in use" in str(refused) and "npu-3 (the same chip)" in str(refused)
+    await api.close()
+
+
+# two instances during a rolling update ----------------------------------------------------------------------
+async def test_two_instances_act_on_what_the_other_wrote(short_dir: Path, apiserver: ApiServer) -> None:
+    api = _api(apiserver)
+    lock = short_dir / "serialize.lock"
+    old, new = _service(short_dir, api, CallLock(lock)), _service(short_dir, api, CallLock(lock))
+    claim = _put_claim(apiserver, "train", ["npu-1"])
+    rival = _put_claim(apiserver, "rival", ["npu-1"])
+    spec = short_dir / "cdi" / f"{DRIVER}-claim-{claim.uid}.json"
+
+    prepared = (await old.prepare([claim]))[claim.uid]
+    assert isinstance(prepared, PreparedClaim) and spec.exists()
+    # The new instance knows the claim the old one prepared: the same answer, the device held.
+    assert (await new.prepare([claim]))[claim.uid] == prepared
+    assert "npu-1 is in use" in str((await new.prepare([rival]))[rival.uid])
+    # Unprepared by the new instance: the spec the old one wrote is gone, and the old one knows it.
+    assert (await new.unprepare([claim])) == {claim.uid: ""}
+    assert not spec.exists() and _checkpointed(short_dir) == set()
+    assert isinstance((await old.prepare([rival]))[rival.uid], PreparedClaim)
+    assert _checkpointed(short_dir) == {rival.uid}
+    await api.close()
+
+
+async def test_a_call_waits_for_the_other_instance_and_gives_up_with_the_claims_error(
+    short_dir: Path, apiserver: ApiServer
+) -> None:
+    api = _api(apiserver)
+    lock = short_dir / "serialize.lock"
+    service = _service(short_dir, api, CallLock(lock, timeout=0.2))
+    claim = _put_claim(apiserver, "train", ["npu-1"])
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)  # the other instance, in the middle of a call
+        refused = (await service.prepare([claim]))[claim.uid]
+        assert isinstance(refused, str) and "another instance of the driver has held" in refused
+        assert str(lock) in refused
+        assert (await service.unprepare([claim]))[claim.uid].startswith("another instance")
+        assert not (short_dir / "checkpoint.json").exists()
+    finally:
+        os.close(descriptor)
+    assert isinstance((await service.prepare([claim]))[claim.uid], PreparedClaim)
+    await api.close()
