@@ -1,7 +1,12 @@
 """The DRA kubelet plugin's life: serve ``dra.sock`` and the registration socket, and serve them again when
 either file goes (a kubelet that cleans its directories, an operator). The kubelet's plugin watcher finds the
-registration socket by itself, calls GetInfo (type ``DRAPlugin``, versions ``v1.DRAPlugin`` and
-``v1beta1.DRAPlugin``, endpoint ``dra.sock``) and then NotifyRegistrationStatus::
+registration socket by itself, calls GetInfo (type ``DRAPlugin``, the services of ``VERSIONS``, endpoint
+``dra.sock``) and then NotifyRegistrationStatus.
+
+With the pod's UID (``$POD_UID``, the downward API) the sockets are the pod's own,
+``<driver>-<pod uid>-reg.sock`` and ``dra-<pod uid>.sock``: during a DaemonSet's rolling update the kubelet
+(1.33 and later) keeps both instances registered and calls the newer one, so no call finds the driver gone;
+the two share the checkpoint, one call at a time (``serialize.CallLock``)::
 
     plugin = DraPlugin(DraPaths.of(settings), service)
     task_group.start_soon(plugin.run)
@@ -13,16 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
-from ascend_agent.config import Settings
+from ascend_agent.config import ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import WatcherRegistration
 from ascend_agent.deviceplugin.transport import BoundedServer, SocketIdentity, socket_identity
-from ascend_agent.dra.claims import BOOT_ID
+from ascend_agent.dra.claims import BOOT_ID, valid_uid
+from ascend_agent.dra.serialize import LOCK_FILE
 from ascend_agent.dra.service import DraService
 from ascend_agent.files import make_dirs
 from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
@@ -40,23 +47,40 @@ _RETRY = 1.0
 class DraPaths:
     """Where the DRA plugin lives on the node."""
 
-    socket: Path  # <kubelet plugins dir>/<driver>/dra.sock
-    registration: Path  # <plugins registry>/<driver>-reg.sock
+    socket: Path  # <kubelet plugins dir>/<driver>/dra.sock (dra-<pod uid>.sock)
+    registration: Path  # <plugins registry>/<driver>-reg.sock (<driver>-<pod uid>-reg.sock)
     checkpoint: Path  # beside dra.sock
     cdi_dir: Path
     boot_id: Path  # the kernel's boot id (not per container: the container's /proc has the host's)
+    lock: Path | None = None  # with a pod UID: the lock the instances of a rolling update share
 
     @classmethod
-    def of(cls, settings: Settings, boot_id: Path = BOOT_ID) -> DraPaths:
+    def of(cls, settings: Settings, boot_id: Path = BOOT_ID, pod: str | None = None) -> DraPaths:
+        """Where ``settings`` put the driver, for the pod ``pod`` (by default ``$POD_UID``; "" for none)."""
         driver = settings.dra_driver_name
         plugin_dir = settings.kubelet_dir.parent / "plugins" / driver
+        uid = pod_uid() if pod is None else pod
+        own = f"-{uid}" if uid else ""
         return cls(
-            socket=plugin_dir / "dra.sock",
-            registration=settings.effective_plugins_registry_dir / f"{driver}-reg.sock",
+            socket=plugin_dir / f"dra{own}.sock",
+            registration=settings.effective_plugins_registry_dir / f"{driver}{own}-reg.sock",
             checkpoint=plugin_dir / "checkpoint.json",
             cdi_dir=settings.cdi_spec_dir or Path("/var/run/cdi"),
             boot_id=boot_id,
+            lock=plugin_dir / LOCK_FILE if uid else None,
         )
+
+
+def pod_uid(environ: dict[str, str] | None = None) -> str:
+    """The agent's pod UID from ``$POD_UID`` (the downward API's ``metadata.uid``), "" when unset;
+    ConfigError for a value that is no Kubernetes UID (it becomes part of socket names)."""
+    uid = (os.environ if environ is None else environ).get("POD_UID", "")
+    if uid and not valid_uid(uid):
+        raise ConfigError(
+            f"POD_UID {uid[:80]!r} is not a Kubernetes UID: set it from the pod's metadata.uid "
+            "(the downward API), or leave it unset"
+        )
+    return uid
 
 
 class DraPlugin:

@@ -41,7 +41,7 @@ class _Host:
         self.apiserver = apiserver
         self.agents: list[AgentProcess] = []
 
-    def start(self, *extra: str) -> AgentProcess:
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> AgentProcess:
         agent = AgentProcess(
             [
                 "run",
@@ -56,7 +56,8 @@ class _Host:
                 f"--node-name={NODE}",
                 "--kubelet-api=dra",
                 *extra,
-            ]
+            ],
+            env,
         )
         self.agents.append(agent)
         return agent
@@ -468,3 +469,42 @@ async def test_a_claim_uid_cannot_steer_a_path_and_a_nul_fails_only_its_claim(
     assert not list(host.directory.rglob("escaped*"))
     done = await kubelet.unprepare([dra_v1.Claim(namespace="default", uid=steering, name="steer")])
     assert "is not a Kubernetes UID" in done.claims[steering].error
+
+
+async def test_a_rolling_update_keeps_every_claim_served_while_both_pods_run(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    old_pod, new_pod = str(uuid.uuid4()), str(uuid.uuid4())
+    plugin_dir = host.directory / "kubelet" / "plugins" / DRIVER
+    old = host.start(env={"POD_UID": old_pod})
+    to_old = DraKubelet(host.registry)
+    info = await to_old.register(DRIVER, old_pod)
+    assert info.endpoint == str(plugin_dir / f"dra-{old_pod}.sock")
+    assert not (host.registry / f"{DRIVER}-reg.sock").exists()
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)  # the client loaded
+    uid = _claim(apiserver, "train", ["npu-1"])
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
+    prepared = (await to_old.prepare([claim])).claims[uid]
+    assert prepared.error == ""
+
+    # The new pod starts while the old one runs (maxSurge): registered on sockets of its own at once.
+    new = host.start(env={"POD_UID": new_pod})
+    to_new = DraKubelet(host.registry)
+    assert (await to_new.register(DRIVER, new_pod)).endpoint == str(plugin_dir / f"dra-{new_pod}.sock")
+    # It answers the claim the old pod prepared, and refuses that claim's device to another claim.
+    assert (await to_new.prepare([claim])).claims[uid] == prepared
+    rival = _claim(apiserver, "rival", ["npu-1"])
+    await anyio.to_thread.run_sync(new.wait_log, "Cluster side on")
+    refused = (await to_new.prepare([dra_v1.Claim(namespace="default", uid=rival, name="rival")])).claims
+    assert "npu-1 is in use" in refused[rival].error
+    async with to_new.watching() as updates:
+        await updates.wait_for(lambda seen: seen.get("npu-1", ("",))[0] == "HEALTHY", "npu-1 HEALTHY")
+
+    # The old pod stops: its sockets go, the new pod's stay; the new pod unprepares what the old one wrote.
+    _stop(old)
+    assert not (host.registry / f"{DRIVER}-{old_pod}-reg.sock").exists()
+    assert not (plugin_dir / f"dra-{old_pod}.sock").exists()
+    assert (host.registry / f"{DRIVER}-{new_pod}-reg.sock").exists()
+    assert (await to_new.unprepare([claim])).claims[uid].error == ""
+    assert not (host.cdi / f"{DRIVER}-claim-{uid}.json").exists()
+    assert new.proc.poll() is None

@@ -11,10 +11,14 @@ import os
 import uuid
 from pathlib import Path
 
+import pytest
+
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
+from ascend_agent.config import ConfigError, Settings
 from ascend_agent.dra.claimread import ClaimReader, ClaimRef
 from ascend_agent.dra.claims import Prepared, PreparedClaim
+from ascend_agent.dra.plugin import DraPaths, pod_uid
 from ascend_agent.dra.serialize import CallLock
 from ascend_agent.dra.service import DraService
 from ascend_agent.model import Chip, ContainerSpec, VNpu
@@ -150,3 +154,25 @@ async def test_a_call_waits_for_the_other_instance_and_gives_up_with_the_claims_
         os.close(descriptor)
     assert isinstance((await service.prepare([claim]))[claim.uid], PreparedClaim)
     await api.close()
+
+
+def test_the_pods_uid_names_its_sockets_and_the_shared_lock(short_dir: Path) -> None:
+    settings = Settings(kubelet_dir=short_dir / "device-plugins", kubelet_api="dra")
+    plugins, registry = short_dir / "plugins" / DRIVER, short_dir / "plugins_registry"
+    alone = DraPaths.of(settings, pod="")
+    assert (alone.socket, alone.registration, alone.lock) == (
+        plugins / "dra.sock",
+        registry / f"{DRIVER}-reg.sock",
+        None,
+    )
+    pod = "6f1c0a52-1b7e-4c55-9d0e-2a4b8c9d7e10"
+    mine = DraPaths.of(settings, pod=pod)
+    assert (mine.socket, mine.registration, mine.lock) == (
+        plugins / f"dra-{pod}.sock",
+        registry / f"{DRIVER}-{pod}-reg.sock",
+        plugins / "serialize.lock",
+    )
+    assert mine.checkpoint == alone.checkpoint, "one checkpoint for both pods"
+    assert pod_uid({"POD_UID": pod}) == pod and pod_uid({}) == ""
+    with pytest.raises(ConfigError, match=r"POD_UID '\.\./x' is not a Kubernetes UID"):
+        pod_uid({"POD_UID": "../x"})
