@@ -18,6 +18,7 @@ from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.dra.claimread import ClaimReader, ClaimRef
 from ascend_agent.dra.claims import Prepared, PreparedClaim
+from ascend_agent.dra.doctor import pod_paths
 from ascend_agent.dra.plugin import DraPaths, pod_uid
 from ascend_agent.dra.serialize import CallLock
 from ascend_agent.dra.service import DraService
@@ -176,3 +177,17 @@ def test_the_pods_uid_names_its_sockets_and_the_shared_lock(short_dir: Path) -> 
     assert pod_uid({"POD_UID": pod}) == pod and pod_uid({}) == ""
     with pytest.raises(ConfigError, match=r"POD_UID '\.\./x' is not a Kubernetes UID"):
         pod_uid({"POD_UID": "../x"})
+
+
+def test_the_doctor_outside_the_pod_checks_the_newest_pods_sockets(short_dir: Path) -> None:
+    settings = Settings(kubelet_dir=short_dir / "device-plugins", kubelet_api="dra")
+    registry = short_dir / "plugins_registry"
+    registry.mkdir()
+    older, newer = "0a1b2c3d-0000-4000-8000-000000000001", "0a1b2c3d-0000-4000-8000-000000000002"
+    assert pod_paths(settings) == DraPaths.of(settings, pod=""), "nothing served: the plain names"
+    for uid, seconds in ((older, 100), (newer, 200)):
+        path = registry / f"{DRIVER}-{uid}-reg.sock"
+        path.touch()
+        os.utime(path, (seconds, seconds))
+    (registry / f"{DRIVER}-NOT_A_UID-reg.sock").touch()
+    assert pod_paths(settings) == DraPaths.of(settings, pod=newer)
