@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +71,37 @@ class DraPaths:
             boot_id=boot_id,
             lock=plugin_dir / LOCK_FILE if uid else None,
         )
+
+
+def remove_stale(paths: DraPaths, driver: str) -> list[str]:
+    """Remove the sockets another pod of the driver left behind (killed before it could remove them): each
+    ``<driver>-<pod uid>-reg.sock`` but ours that nothing listens on, and its ``dra-<pod uid>.sock``, so the
+    kubelet stops dialling them. The UIDs of the pods whose sockets went."""
+    gone = []
+    suffix = "-reg.sock"
+    for registration in paths.registration.parent.glob(f"{driver}-*{suffix}"):
+        uid = registration.name[len(driver) + 1 : -len(suffix)]
+        if registration == paths.registration or not valid_uid(uid) or _listened_on(registration):
+            continue
+        for stale in (registration, paths.socket.with_name(f"dra-{uid}.sock")):
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(os.lstat(stale).st_mode):
+                    stale.unlink()
+        gone.append(uid)
+    return gone
+
+
+def _listened_on(path: Path) -> bool:
+    """Whether a process listens on the socket file ``path`` (True when that cannot be told)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            return True
+    return True
 
 
 def pod_uid(environ: dict[str, str] | None = None) -> str:
@@ -141,6 +174,14 @@ class DraPlugin:
         try:
             # The driver's own directory, in the kubelet's plugins directory (waited for, never made here).
             make_dirs(path.parent, 0o750, parents=False)
+            if self.paths.lock is not None:
+                gone = await anyio.to_thread.run_sync(remove_stale, self.paths, self.service.driver)
+                for uid in gone:
+                    log.info(
+                        "Removed the sockets pod %s of DRA driver %s left: nothing listens",
+                        uid,
+                        self.service.driver,
+                    )
             served: list[tuple[list[object], Path]] = [
                 (self.service.handlers(), self.paths.socket),
                 ([registration], self.paths.registration),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 import uuid
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from ascend_agent.config import ConfigError, Settings
 from ascend_agent.dra.claimread import ClaimReader, ClaimRef
 from ascend_agent.dra.claims import Prepared, PreparedClaim
 from ascend_agent.dra.doctor import pod_paths
-from ascend_agent.dra.plugin import DraPaths, pod_uid
+from ascend_agent.dra.plugin import DraPaths, pod_uid, remove_stale
 from ascend_agent.dra.serialize import CallLock
 from ascend_agent.dra.service import DraService
 from ascend_agent.model import Chip, ContainerSpec, VNpu
@@ -191,3 +192,38 @@ def test_the_doctor_outside_the_pod_checks_the_newest_pods_sockets(short_dir: Pa
         os.utime(path, (seconds, seconds))
     (registry / f"{DRIVER}-NOT_A_UID-reg.sock").touch()
     assert pod_paths(settings) == DraPaths.of(settings, pod=newer)
+
+
+def test_the_sockets_a_killed_pod_left_are_removed_and_a_live_pods_kept(short_dir: Path) -> None:
+    settings = Settings(kubelet_dir=short_dir / "device-plugins", kubelet_api="dra")
+    mine, killed, alive = (f"0a1b2c3d-0000-4000-8000-00000000000{n}" for n in (1, 2, 3))
+    paths = DraPaths.of(settings, pod=mine)
+    paths.registration.parent.mkdir()
+    paths.socket.parent.mkdir(parents=True)
+    listening = []
+    for uid, listens in ((mine, False), (killed, False), (alive, True)):
+        for path in (
+            paths.registration.with_name(f"{DRIVER}-{uid}-reg.sock"),
+            paths.socket.with_name(f"dra-{uid}.sock"),
+        ):
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(str(path))  # closed without removing the file: what a killed process leaves
+            if listens:
+                server.listen()
+                listening.append(server)
+            else:
+                server.close()
+    try:
+        assert remove_stale(paths, DRIVER) == [killed]
+        left = sorted(p.name for p in (*paths.registration.parent.iterdir(), *paths.socket.parent.iterdir()))
+        assert left == sorted(
+            [
+                f"{DRIVER}-{mine}-reg.sock",
+                f"{DRIVER}-{alive}-reg.sock",
+                f"dra-{mine}.sock",
+                f"dra-{alive}.sock",
+            ]
+        )
+    finally:
+        for server in listening:
+            server.close()
