@@ -9,9 +9,9 @@ v1: the same messages).
 
 NodePrepareResources answers each claim on its own: a claim that cannot be prepared (a UID, namespace or
 name the API server would not give, a device another prepared claim holds, among them) gets its ``error`` and
-the others are prepared. A claim
-prepared before gets the same answer again without any request, and without a write while its CDI spec is
-there and from this boot.
+the others are prepared. A claim prepared before gets the same answer again without any request, and without
+a write while its CDI spec is there and from this boot. Prepare and unprepare run one call at a time
+(``calls``: with a pod UID, across the two pods of a rolling update).
 """
 
 from __future__ import annotations
