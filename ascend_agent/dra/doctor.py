@@ -32,7 +32,8 @@ from ascend_agent.dra.claims import (
     valid_uid,
 )
 from ascend_agent.dra.devices import device_name
-from ascend_agent.dra.plugin import PLUGIN_TYPE, DraPaths
+from ascend_agent.dra.paths import DraPaths
+from ascend_agent.dra.plugin import PLUGIN_TYPE
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:

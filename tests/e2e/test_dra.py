@@ -508,3 +508,19 @@ async def test_a_rolling_update_keeps_every_claim_served_while_both_pods_run(
     assert (await to_new.unprepare([claim])).claims[uid].error == ""
     assert not (host.cdi / f"{DRIVER}-claim-{uid}.json").exists()
     assert new.proc.poll() is None
+
+
+async def test_dra_cleanup_keeps_the_slices_while_the_other_pod_serves(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    old_pod, new_pod = str(uuid.uuid4()), str(uuid.uuid4())
+    old = host.start("--dra-cleanup", env={"POD_UID": old_pod})
+    await DraKubelet(host.registry).register(DRIVER, old_pod)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    new = host.start("--dra-cleanup", env={"POD_UID": new_pod})
+    await DraKubelet(host.registry).register(DRIVER, new_pod)
+    _stop(old)
+    assert "ResourceSlices of node-1 kept (--dra-cleanup): another instance" in old.output
+    assert len(_slices(apiserver)) == 1
+    _stop(new)
+    assert _slices(apiserver) == []

@@ -36,7 +36,7 @@ from ascend_agent.dra.claims import (
     valid_uid,
 )
 from ascend_agent.dra.doctor import kubelet_checks
-from ascend_agent.dra.plugin import DraPaths
+from ascend_agent.dra.paths import DraPaths
 from ascend_agent.dra.service import DraService
 from ascend_agent.model import Chip, ContainerSpec
 from tests.support.apiserver import ApiServer

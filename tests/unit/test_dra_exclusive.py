@@ -20,7 +20,7 @@ from ascend_agent.config import ConfigError, Settings
 from ascend_agent.dra.claimread import ClaimReader, ClaimRef
 from ascend_agent.dra.claims import Prepared, PreparedClaim
 from ascend_agent.dra.doctor import pod_paths
-from ascend_agent.dra.plugin import DraPaths, pod_uid, remove_stale
+from ascend_agent.dra.paths import DraPaths, pod_uid, remove_stale
 from ascend_agent.dra.serialize import CallLock
 from ascend_agent.dra.service import DraService
 from ascend_agent.model import Chip, ContainerSpec, VNpu
