@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 # The services dra.sock offers, newest DRAPlugin first (the kubelet takes the first it knows). Kubelets up
-# to 1.36 open v1alpha1.DRAResourceHealth whatever is listed; newer ones look for the health service here.
+# to 1.36 open v1alpha1.DRAResourceHealth whatever is listed; v1 is listed for the kubelets after them.
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 _RETRY = 1.0
 
