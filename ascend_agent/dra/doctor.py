@@ -24,15 +24,9 @@ from ascend_agent._proto.pluginregistration import InfoRequest, PluginInfo, Regi
 from ascend_agent.config import Settings
 from ascend_agent.deviceplugin.transport import LocalChannel
 from ascend_agent.doctor import Check
-from ascend_agent.dra.claims import (
-    CheckpointError,
-    UnusableCheckpoint,
-    read_checkpoint,
-    spec_file_name,
-    valid_uid,
-)
+from ascend_agent.dra.claims import CheckpointError, UnusableCheckpoint, read_checkpoint, spec_file_name
 from ascend_agent.dra.devices import device_name
-from ascend_agent.dra.paths import DraPaths
+from ascend_agent.dra.paths import DraPaths, other_pods
 from ascend_agent.dra.plugin import PLUGIN_TYPE
 from ascend_agent.model import Inventory
 
@@ -69,14 +63,10 @@ def pod_paths(settings: Settings) -> DraPaths:
     paths = DraPaths.of(settings)
     if paths.lock is not None or os.path.lexists(paths.registration):
         return paths
-    driver = settings.dra_driver_name
     found: list[tuple[float, str]] = []
-    with contextlib.suppress(OSError):
-        for candidate in paths.registration.parent.glob(f"{driver}-*-reg.sock"):
-            uid = candidate.name[len(driver) + 1 : -len("-reg.sock")]
-            with contextlib.suppress(OSError):
-                if valid_uid(uid):
-                    found.append((candidate.lstat().st_mtime, uid))
+    for registration, uid in other_pods(paths, settings.dra_driver_name):
+        with contextlib.suppress(OSError):
+            found.append((registration.lstat().st_mtime, uid))
     return DraPaths.of(settings, pod=max(found)[1]) if found else paths
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import stat
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from pathlib import Path
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.dra.claims import BOOT_ID, valid_uid
 from ascend_agent.dra.serialize import LOCK_FILE
+
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ def remove_stale(paths: DraPaths, driver: str) -> list[str]:
     ``<driver>-<pod uid>-reg.sock`` but ours that nothing listens on, and its ``dra-<pod uid>.sock``, so the
     kubelet stops dialling them. The UIDs of the pods whose sockets went."""
     gone = []
-    for registration, uid in _other_pods(paths, driver):
+    for registration, uid in other_pods(paths, driver):
         if _listened_on(registration):
             continue
         for stale in (registration, paths.socket.with_name(f"dra-{uid}.sock")):
@@ -69,20 +72,21 @@ def others_serving(paths: DraPaths, driver: str) -> list[Path]:
     """The registration sockets of the driver's other instances that a process listens on: the other pod of
     a rolling update, or an instance without a pod UID."""
     plain = paths.registration.with_name(f"{driver}-reg.sock")
-    found = [registration for registration, _ in _other_pods(paths, driver) if _listened_on(registration)]
+    found = [registration for registration, _ in other_pods(paths, driver) if _listened_on(registration)]
     if plain != paths.registration and _listened_on(plain):
         found.append(plain)
     return found
 
 
-def _other_pods(paths: DraPaths, driver: str) -> list[tuple[Path, str]]:
-    """The ``<driver>-<pod uid>-reg.sock`` files in the registry but ours, with their pod UIDs."""
+def other_pods(paths: DraPaths, driver: str) -> list[tuple[Path, str]]:
+    """The ``<driver>-<pod uid>-reg.sock`` files in the registry but ours, with their pod UIDs (a UUID, as
+    the API server gives a pod: never the socket of a driver whose name only starts with ours)."""
     suffix = "-reg.sock"
     found = []
     with contextlib.suppress(OSError):
         for registration in paths.registration.parent.glob(f"{driver}-*{suffix}"):
             uid = registration.name[len(driver) + 1 : -len(suffix)]
-            if registration != paths.registration and valid_uid(uid):
+            if registration != paths.registration and _POD_UID.fullmatch(uid):
                 found.append((registration, uid))
     return found
 

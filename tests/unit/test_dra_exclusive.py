@@ -191,6 +191,7 @@ def test_the_doctor_outside_the_pod_checks_the_newest_pods_sockets(short_dir: Pa
         path.touch()
         os.utime(path, (seconds, seconds))
     (registry / f"{DRIVER}-NOT_A_UID-reg.sock").touch()
+    (registry / f"{DRIVER}-x-{older}-reg.sock").touch()  # driver npu.huawei.com-x
     assert pod_paths(settings) == DraPaths.of(settings, pod=newer)
 
 
@@ -213,11 +214,15 @@ def test_the_sockets_a_killed_pod_left_are_removed_and_a_live_pods_kept(short_di
                 listening.append(server)
             else:
                 server.close()
+    other_driver = paths.registration.with_name(f"{DRIVER}-x-{killed}-reg.sock")  # driver npu.huawei.com-x
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(other_driver))
     try:
         assert remove_stale(paths, DRIVER) == [killed]
         left = sorted(p.name for p in (*paths.registration.parent.iterdir(), *paths.socket.parent.iterdir()))
         assert left == sorted(
             [
+                other_driver.name,
                 f"{DRIVER}-{mine}-reg.sock",
                 f"{DRIVER}-{alive}-reg.sock",
                 f"dra-{mine}.sock",
