@@ -37,6 +37,9 @@ PLUGIN_TYPE = "DRAPlugin"
 # to 1.36 open v1alpha1.DRAResourceHealth whatever is listed; v1 is listed for the kubelets after them.
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 _RETRY = 1.0
+# At SIGTERM, how long a prepare or unprepare in flight may take to finish (within a pod's default 30 s
+# grace): its answer reaches the kubelet instead of a broken call the kubelet must retry.
+DRAIN = 10.0
 
 
 class DraPlugin:
@@ -75,7 +78,7 @@ class DraPlugin:
                         await poked.wait()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._stop()
+                await self._stop(drain=DRAIN)
 
     def _serving_ours(self) -> bool:
         return bool(self._servers) and all(socket_identity(p) == i for _, p, i in self._servers)
@@ -127,12 +130,26 @@ class DraPlugin:
         )
         return True
 
-    async def _stop(self) -> None:
+    async def _stop(self, drain: float = 0.0) -> None:
+        """Remove the socket files (the kubelet deregisters the driver and calls another instance, if any),
+        let the calls in flight finish for up to ``drain`` seconds, then close the servers."""
         servers, self._servers = self._servers, []
-        for server, path, identity in servers:
+        for _, path, identity in servers:
             if socket_identity(path) == identity:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+        if servers and drain and self.service.calls_in_flight:
+            log.info(
+                "DRA driver %s stopping: %d call(s) in flight, waiting up to %g s for them",
+                self.service.driver,
+                self.service.calls_in_flight,
+                drain,
+            )
+            if left := await self.service.drained(drain):
+                log.warning(
+                    "DRA driver %s: %d call(s) cut short; the kubelet retries", self.service.driver, left
+                )
+        for server, _, _ in servers:
             await server.shut()
 
     def _on_status(self, registered: bool, error: str) -> None:

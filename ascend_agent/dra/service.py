@@ -16,10 +16,11 @@ a write while its CDI spec is there and from this boot. Prepare and unprepare ru
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -70,6 +71,8 @@ class DraService:
         self._chips: dict[str, Chip] = {}
         self._spec_for: SpecFor | None = None
         self.calls = calls or CallLock(None)
+        self.calls_in_flight = 0
+        self._idle = anyio.Event()
         self._health: tuple[tuple[str, bool, str], ...] = ()
         self._health_changed = anyio.Event()
         self.health_refresh = health_refresh
@@ -91,6 +94,25 @@ class DraService:
 
     def handlers(self) -> list[object]:
         return [_PluginV1(self), _PluginV1beta1(self), _HealthV1(self), _HealthV1alpha1(self)]
+
+    @contextlib.contextmanager
+    def serving_call(self) -> Iterator[None]:
+        """Around each prepare and unprepare the kubelet asks for: counted in ``calls_in_flight``."""
+        self.calls_in_flight += 1
+        try:
+            yield
+        finally:
+            self.calls_in_flight -= 1
+            if not self.calls_in_flight:
+                self._idle.set()
+                self._idle = anyio.Event()
+
+    async def drained(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the prepares and unprepares in flight; those still running."""
+        with anyio.move_on_after(timeout):
+            while self.calls_in_flight:
+                await self._idle.wait()
+        return self.calls_in_flight
 
     # preparing ------------------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
@@ -395,17 +417,17 @@ class _PluginV1(dra_v1.DraPluginBase):
     async def node_prepare_resources(
         self, message: dra_v1.NodePrepareResourcesRequest
     ) -> dra_v1.NodePrepareResourcesResponse:
-        answer: dra_v1.NodePrepareResourcesResponse = _prepare_answer(
-            dra_v1, await self._service.prepare(_refs(message.claims))
-        )
+        with self._service.serving_call():
+            answers = await self._service.prepare(_refs(message.claims))
+        answer: dra_v1.NodePrepareResourcesResponse = _prepare_answer(dra_v1, answers)
         return answer
 
     async def node_unprepare_resources(
         self, message: dra_v1.NodeUnprepareResourcesRequest
     ) -> dra_v1.NodeUnprepareResourcesResponse:
-        answer: dra_v1.NodeUnprepareResourcesResponse = _unprepare_answer(
-            dra_v1, await self._service.unprepare(_refs(message.claims))
-        )
+        with self._service.serving_call():
+            answers = await self._service.unprepare(_refs(message.claims))
+        answer: dra_v1.NodeUnprepareResourcesResponse = _unprepare_answer(dra_v1, answers)
         return answer
 
 
@@ -416,17 +438,17 @@ class _PluginV1beta1(dra_v1beta1.DraPluginBase):
     async def node_prepare_resources(
         self, message: dra_v1beta1.NodePrepareResourcesRequest
     ) -> dra_v1beta1.NodePrepareResourcesResponse:
-        answer: dra_v1beta1.NodePrepareResourcesResponse = _prepare_answer(
-            dra_v1beta1, await self._service.prepare(_refs(message.claims))
-        )
+        with self._service.serving_call():
+            answers = await self._service.prepare(_refs(message.claims))
+        answer: dra_v1beta1.NodePrepareResourcesResponse = _prepare_answer(dra_v1beta1, answers)
         return answer
 
     async def node_unprepare_resources(
         self, message: dra_v1beta1.NodeUnprepareResourcesRequest
     ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
-        answer: dra_v1beta1.NodeUnprepareResourcesResponse = _unprepare_answer(
-            dra_v1beta1, await self._service.unprepare(_refs(message.claims))
-        )
+        with self._service.serving_call():
+            answers = await self._service.unprepare(_refs(message.claims))
+        answer: dra_v1beta1.NodeUnprepareResourcesResponse = _unprepare_answer(dra_v1beta1, answers)
         return answer
 
 

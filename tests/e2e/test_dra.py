@@ -3,6 +3,8 @@ on its sockets, and the Kubernetes API emulator holding the Node, the ResourceCl
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -524,3 +526,49 @@ async def test_dra_cleanup_keeps_the_slices_while_the_other_pod_serves(
     assert len(_slices(apiserver)) == 1
     _stop(new)
     assert _slices(apiserver) == []
+
+
+async def test_a_prepare_in_flight_at_sigterm_is_answered_before_the_agent_exits(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    pod = str(uuid.uuid4())
+    agent = host.start(env={"POD_UID": pod})
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER, pod)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    uid = _claim(apiserver, "train", ["npu-1"])
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
+    assert (await kubelet.prepare([claim])).claims[uid].error == ""  # its allocation read and kept
+    assert (await kubelet.unprepare([claim])).claims[uid].error == ""
+
+    lock = host.directory / "kubelet" / "plugins" / DRIVER / "serialize.lock"
+    descriptor = os.open(lock, os.O_RDWR)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)  # the other pod, in the middle of a call
+    answers: list[dra_v1.NodePrepareResourcesResponse] = []
+
+    async def prepare() -> None:
+        answers.append(await kubelet.prepare([claim], timeout=20.0))
+
+    def waits_for_the_lock() -> bool:
+        """Whether the agent has the lock file open: its call waits for the lock."""
+        for fd in Path(f"/proc/{agent.proc.pid}/fd").iterdir():
+            with contextlib.suppress(OSError):  # closed meanwhile
+                if os.readlink(fd) == str(lock):
+                    return True
+        return False
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(prepare)
+            with anyio.fail_after(10):
+                while not waits_for_the_lock():
+                    await anyio.sleep(0.01)
+            agent.proc.send_signal(signal.SIGTERM)
+            await anyio.to_thread.run_sync(agent.wait_log, r"stopping: 1 call\(s\) in flight")
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+    finally:
+        os.close(descriptor)
+    (answer,) = answers
+    assert answer.claims[uid].error == "" and [d.device_name for d in answer.claims[uid].devices] == ["npu-1"]
+    assert agent.proc.wait(10) == 0, agent.output
+    assert (host.cdi / f"{DRIVER}-claim-{uid}.json").exists()
