@@ -9,7 +9,7 @@ RUN_STAMP := $(VENV)/.run-stamp
 KUBELET_PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
 PROTO := $(KUBELET_PROTO) protos/podresources/v1/api.proto
 # The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
-DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
+DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto protos/dra-health/v1alpha1/api.proto
 PYTEST_FLAGS ?= -q
 
 .PHONY: install run run-dra test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render

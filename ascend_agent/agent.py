@@ -219,6 +219,12 @@ class Agent:
         self._reload = True
         self.wake()
 
+    @property
+    def side_by_side(self) -> bool:
+        """Whether this agent serves beside another instance instead of waiting for it to stop: a DRA driver
+        that knows its pod's UID (a rolling update's two pods each serve sockets of their own)."""
+        return self._dra is not None and self._dra.side_by_side
+
     def standby(self, holder: str) -> None:
         """Another agent holds the node: until it stops, this one is ready as a standby, so that a rolling
         update with ``maxSurge`` (which waits for the new pod to be ready) lets the old pod go."""

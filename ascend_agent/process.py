@@ -114,8 +114,13 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
             await kubelet_dirs.wait_for(kubelet_dirs.kubelets_own(settings), on_wait=agent.waiting_for)
             # The default plugin directory sits in the kubelet's own plugins directory: never made here.
             make_parents = settings.plugin_dir is not None
-            async with exclusive(settings.effective_plugin_dir, agent.standby, make_parents):
+            if agent.side_by_side:
+                # A rolling update's new pod serves before the old one stops: no instance lock to wait for.
+                log.info("DRA driver with its pod's UID: serving beside any other instance of it")
                 await agent.run(http)
+            else:
+                async with exclusive(settings.effective_plugin_dir, agent.standby, make_parents):
+                    await agent.run(http)
     except* ServeFailed as failed:
         failures.extend(_leaves(failed))
     except* ConfigError as bad:

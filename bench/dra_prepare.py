@@ -41,11 +41,16 @@ async def _calls(per_call: int) -> list[float]:
     try:
         reader = _ReadBefore()
         service = DraService(DRIVER, "node-1", Prepared(state / "checkpoint.json", cdi, DRIVER), reader)
-        service.publish([Chip.make(i, "910B4") for i in range(8)], lambda chips: ContainerSpec())
+        # A device per claim: a device held by one prepared claim is refused to the others.
+        chips = [Chip.make(i, "910B4") for i in range(per_call * CALLS)]
+        service.publish(chips, lambda chips: ContainerSpec())
         seconds = []
         for call in range(CALLS):
             claims = [ClaimRef("default", f"c{call}-{i}", str(uuid.uuid4())) for i in range(per_call)]
-            reader.results.update({c.uid: (Allocated("npus", f"npu-{i % 8}"),) for i, c in enumerate(claims)})
+            first = call * per_call
+            reader.results.update(
+                {c.uid: (Allocated("npus", f"npu-{first + i}"),) for i, c in enumerate(claims)}
+            )
             start = time.monotonic()
             answers = await service.prepare(claims)
             seconds.append(time.monotonic() - start)

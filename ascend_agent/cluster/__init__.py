@@ -135,10 +135,17 @@ def _features(
         features.append(VolcanoPods(mounted=mounted, scheduler=settings.volcano_scheduler_name))
 
     if settings.kubelet_api == "dra":
+        from ascend_agent.dra.paths import DraPaths, others_serving
         from ascend_agent.dra.slices import SlicePublisher
 
+        paths, driver = DraPaths.of(settings), settings.dra_driver_name
         features.append(
-            SlicePublisher(settings.dra_driver_name, settings.dra_taint_effect, cleanup=settings.dra_cleanup)
+            SlicePublisher(
+                driver,
+                settings.dra_taint_effect,
+                cleanup=settings.dra_cleanup,
+                others_serving=lambda: others_serving(paths, driver),
+            )
         )
     return features
 

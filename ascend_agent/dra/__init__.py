@@ -28,7 +28,9 @@ from ascend_agent.config import ConfigError, Settings
 from ascend_agent.container import container_spec
 from ascend_agent.dra.claimread import ClaimReader
 from ascend_agent.dra.claims import CheckpointError, Prepared, read_boot_id
-from ascend_agent.dra.plugin import DraPaths, DraPlugin
+from ascend_agent.dra.paths import DraPaths
+from ascend_agent.dra.plugin import DraPlugin
+from ascend_agent.dra.serialize import CallLock
 from ascend_agent.dra.service import DraService
 from ascend_agent.model import Inventory
 
@@ -82,6 +84,7 @@ class DraDriver:
             prepared,
             reader,
             health_refresh=max(settings.health_interval, 5.0),
+            calls=CallLock(paths.lock),
         )
         return cls(service, DraPlugin(paths, service))
 
@@ -95,6 +98,12 @@ class DraDriver:
         Allocate gives for its devices (no CDI names)."""
         base = replace(inventory.container, cdi=False)
         self.service.publish(inventory.advertised, lambda chips: container_spec(chips, base))
+
+    @property
+    def side_by_side(self) -> bool:
+        """Whether another instance of the driver may serve beside this one (a rolling update): with the
+        pod's UID, each serves sockets of its own and the calls share a lock."""
+        return self.plugin.paths.lock is not None
 
     def poke(self) -> None:
         self.plugin.poke()

@@ -10,6 +10,7 @@ exactly what was written, and after a reboot (the CDI directory is a tmpfs) the 
     prepared.add([(claim, spec_document)])     # writes the specs, then the checkpoint once
     prepared.fresh_claims([uid])               # those whose spec was written in this boot and is there
     prepared.remove([uid])                     # removes the specs, then the entries
+    prepared.reload()                          # what another instance of the driver wrote since
 
 A checkpoint that is not one (not a regular file, over 16 MiB, not UTF-8 JSON of prepared claims) is kept
 aside under another name and the driver starts with no prepared claims: the kubelet asks again for the
@@ -289,6 +290,7 @@ class Prepared:
         self.driver = driver
         self.boot_id = boot_id
         self._claims = {claim.uid: claim for claim in claims}
+        self._seen = _identity(checkpoint)  # the checkpoint as last read or written
 
     @classmethod
     def open(
@@ -305,6 +307,26 @@ class Prepared:
                 raise CheckpointError(f"{exc}; cannot move it aside: {error.strerror or error}") from None
             return cls(checkpoint, cdi_dir, driver, boot_id), SetAside(str(exc), kept)
         return cls(checkpoint, cdi_dir, driver, boot_id, claims), None
+
+    def reload(self) -> SetAside | None:
+        """Read the checkpoint again if it is not the file this instance last read or wrote: the other
+        instance of a rolling update wrote it. One that is not a checkpoint is kept aside and no claims are
+        prepared (the SetAside says so); CheckpointError when it cannot be read or moved."""
+        seen = _identity(self.checkpoint)
+        if seen == self._seen:
+            return None
+        try:
+            claims = read_checkpoint(self.checkpoint)
+        except UnusableCheckpoint as exc:
+            try:
+                kept = keep_aside(self.checkpoint)
+            except OSError as error:
+                raise CheckpointError(f"{exc}; cannot move it aside: {error.strerror or error}") from None
+            self._claims, self._seen = {}, None
+            return SetAside(str(exc), kept)
+        self._claims = {claim.uid: claim for claim in claims}
+        self._seen = seen
+        return None
 
     def spec_path(self, uid: str) -> Path:
         """Where the claim's CDI spec is: always a file directly in the CDI directory."""
@@ -405,3 +427,16 @@ class Prepared:
     def _save(self) -> None:
         document = {"version": CHECKPOINT_VERSION, "claims": [c.as_json() for c in self._claims.values()]}
         replace_file(self.checkpoint, json.dumps(document))
+        self._seen = _identity(self.checkpoint)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells one version of a file from the next (each is a new file renamed into place): its inode,
+    modification time and size; None when there is none."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return (-1, -1, -1)  # read it: the read says what is wrong
+    return (found.st_ino, found.st_mtime_ns, found.st_size)

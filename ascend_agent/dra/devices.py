@@ -51,6 +51,38 @@ def device_name(chip: Chip) -> str:
 NPU_SMI_DOWN = "npu-smi-down"  # the taint value of a chip whose health is unknown
 
 
+_VNPU_NAME = re.compile(r"(npu-[0-9]+)-vnpu-[0-9]+")
+
+
+def overlap(first: str, second: str) -> bool:
+    """Whether the devices named ``first`` and ``second`` share hardware: the same device, or a whole chip
+    and a vNPU of it (two vNPUs of one chip do not).
+
+    >>> overlap("npu-3", "npu-3"), overlap("npu-3", "npu-3-vnpu-130")
+    (True, True)
+    >>> overlap("npu-3-vnpu-130", "npu-3-vnpu-131")
+    False
+    >>> overlap("npu-3", "npu-30-vnpu-130")
+    False
+    """
+    if first == second:
+        return True
+    chip_of_first, chip_of_second = chip_of(first), chip_of(second)
+    return (chip_of_first == first and chip_of_second == first) or (
+        chip_of_second == second and chip_of_first == second
+    )
+
+
+def chip_of(name: str) -> str:
+    """The device name of the whole chip a device is part of: a vNPU's chip, else the device itself.
+
+    >>> chip_of("npu-3-vnpu-130"), chip_of("npu-3")
+    ('npu-3', 'npu-3')
+    """
+    found = _VNPU_NAME.fullmatch(name)
+    return found.group(1) if found else name
+
+
 def taint_key(driver: str) -> str:
     """The key of the health taint: ``<driver>/unhealthy``."""
     return f"{driver}/unhealthy"

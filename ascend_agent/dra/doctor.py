@@ -9,6 +9,7 @@ Kubernetes API the node's ResourceSlices for the driver::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Collection
@@ -25,7 +26,8 @@ from ascend_agent.deviceplugin.transport import LocalChannel
 from ascend_agent.doctor import Check
 from ascend_agent.dra.claims import CheckpointError, UnusableCheckpoint, read_checkpoint, spec_file_name
 from ascend_agent.dra.devices import device_name
-from ascend_agent.dra.plugin import PLUGIN_TYPE, DraPaths
+from ascend_agent.dra.paths import DraPaths, other_pods
+from ascend_agent.dra.plugin import PLUGIN_TYPE
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:
@@ -47,12 +49,25 @@ def skipped_device_plugin_checks() -> list[Check]:
 
 async def kubelet_checks(settings: Settings, inventory: Inventory | None) -> list[Check]:
     """The registration socket, ``dra.sock`` and the checkpoint of prepared claims."""
-    paths = DraPaths.of(settings)
+    paths = pod_paths(settings)
     return [
         await _registration(paths, settings.dra_driver_name),
         await _plugin_socket(paths.socket),
         _checkpoint(paths, settings.dra_driver_name, inventory),
     ]
+
+
+def pod_paths(settings: Settings) -> DraPaths:
+    """The driver's paths. Outside the agent's pod (no ``$POD_UID``) and with no ``<driver>-reg.sock``: those
+    of the newest ``<driver>-<pod uid>-reg.sock``, the socket of the pod a rolling update made last."""
+    paths = DraPaths.of(settings)
+    if paths.lock is not None or os.path.lexists(paths.registration):
+        return paths
+    found: list[tuple[float, str]] = []
+    for registration, uid in other_pods(paths, settings.dra_driver_name):
+        with contextlib.suppress(OSError):
+            found.append((registration.lstat().st_mtime, uid))
+    return DraPaths.of(settings, pod=max(found)[1]) if found else paths
 
 
 def _missing_socket(name: str, path: Path) -> Check | None:

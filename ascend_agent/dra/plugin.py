@@ -1,7 +1,12 @@
 """The DRA kubelet plugin's life: serve ``dra.sock`` and the registration socket, and serve them again when
 either file goes (a kubelet that cleans its directories, an operator). The kubelet's plugin watcher finds the
-registration socket by itself, calls GetInfo (type ``DRAPlugin``, versions ``v1.DRAPlugin`` and
-``v1beta1.DRAPlugin``, endpoint ``dra.sock``) and then NotifyRegistrationStatus::
+registration socket by itself, calls GetInfo (type ``DRAPlugin``, the services of ``VERSIONS``, endpoint
+``dra.sock``) and then NotifyRegistrationStatus.
+
+With the pod's UID (``$POD_UID``, the downward API) the sockets are the pod's own,
+``<driver>-<pod uid>-reg.sock`` and ``dra-<pod uid>.sock``: during a DaemonSet's rolling update the kubelet
+(1.33 and later) keeps both instances registered and calls the newer one, so no call finds the driver gone;
+the two share the checkpoint, one call at a time (``serialize.CallLock``)::
 
     plugin = DraPlugin(DraPaths.of(settings), service)
     task_group.start_soon(plugin.run)
@@ -14,15 +19,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
-from ascend_agent.config import Settings
 from ascend_agent.deviceplugin.kubelet import WatcherRegistration
 from ascend_agent.deviceplugin.transport import BoundedServer, SocketIdentity, socket_identity
-from ascend_agent.dra.claims import BOOT_ID
+from ascend_agent.dra.paths import DraPaths, remove_stale
 from ascend_agent.dra.service import DraService
 from ascend_agent.files import make_dirs
 from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
@@ -30,31 +33,13 @@ from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The services dra.sock offers, newest DRAPlugin first (the kubelet takes the first it knows). Kubelets up
+# to 1.36 open v1alpha1.DRAResourceHealth whatever is listed; v1 is listed for the kubelets after them.
+VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 _RETRY = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class DraPaths:
-    """Where the DRA plugin lives on the node."""
-
-    socket: Path  # <kubelet plugins dir>/<driver>/dra.sock
-    registration: Path  # <plugins registry>/<driver>-reg.sock
-    checkpoint: Path  # beside dra.sock
-    cdi_dir: Path
-    boot_id: Path  # the kernel's boot id (not per container: the container's /proc has the host's)
-
-    @classmethod
-    def of(cls, settings: Settings, boot_id: Path = BOOT_ID) -> DraPaths:
-        driver = settings.dra_driver_name
-        plugin_dir = settings.kubelet_dir.parent / "plugins" / driver
-        return cls(
-            socket=plugin_dir / "dra.sock",
-            registration=settings.effective_plugins_registry_dir / f"{driver}-reg.sock",
-            checkpoint=plugin_dir / "checkpoint.json",
-            cdi_dir=settings.cdi_spec_dir or Path("/var/run/cdi"),
-            boot_id=boot_id,
-        )
+# At SIGTERM, how long a prepare or unprepare in flight may take to finish (within a pod's default 30 s
+# grace): its answer reaches the kubelet instead of a broken call the kubelet must retry.
+DRAIN = 10.0
 
 
 class DraPlugin:
@@ -93,7 +78,7 @@ class DraPlugin:
                         await poked.wait()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._stop()
+                await self._stop(drain=DRAIN)
 
     def _serving_ours(self) -> bool:
         return bool(self._servers) and all(socket_identity(p) == i for _, p, i in self._servers)
@@ -115,6 +100,14 @@ class DraPlugin:
         try:
             # The driver's own directory, in the kubelet's plugins directory (waited for, never made here).
             make_dirs(path.parent, 0o750, parents=False)
+            if self.paths.lock is not None:
+                gone = await anyio.to_thread.run_sync(remove_stale, self.paths, self.service.driver)
+                for uid in gone:
+                    log.info(
+                        "Removed the sockets pod %s of DRA driver %s left: nothing listens",
+                        uid,
+                        self.service.driver,
+                    )
             served: list[tuple[list[object], Path]] = [
                 (self.service.handlers(), self.paths.socket),
                 ([registration], self.paths.registration),
@@ -137,12 +130,26 @@ class DraPlugin:
         )
         return True
 
-    async def _stop(self) -> None:
+    async def _stop(self, drain: float = 0.0) -> None:
+        """Remove the socket files (the kubelet deregisters the driver and calls another instance, if any),
+        let the calls in flight finish for up to ``drain`` seconds, then close the servers."""
         servers, self._servers = self._servers, []
-        for server, path, identity in servers:
+        for _, path, identity in servers:
             if socket_identity(path) == identity:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+        if servers and drain and self.service.calls_in_flight:
+            log.info(
+                "DRA driver %s stopping: %d call(s) in flight, waiting up to %g s for them",
+                self.service.driver,
+                self.service.calls_in_flight,
+                drain,
+            )
+            if left := await self.service.drained(drain):
+                log.warning(
+                    "DRA driver %s: %d call(s) cut short; the kubelet retries", self.service.driver, left
+                )
+        for server, _, _ in servers:
             await server.shut()
 
     def _on_status(self, registered: bool, error: str) -> None:

@@ -1,5 +1,6 @@
 """The DRA kubelet plugin's gRPC services on ``dra.sock``: ``DRAPlugin`` (v1 and v1beta1: the same answers,
-v1beta1 without share IDs) and ``DRAResourceHealth`` (KEP-4680).
+v1beta1 without share IDs) and ``DRAResourceHealth`` (KEP-4680; v1alpha1, the one released kubelets call, and
+v1: the same messages).
 
     prepared, _ = Prepared.open(checkpoint, cdi_dir, "npu.huawei.com", read_boot_id())
     service = DraService("npu.huawei.com", pool="node-1", prepared=prepared, reader=reader)
@@ -7,28 +8,32 @@ v1beta1 without share IDs) and ``DRAResourceHealth`` (KEP-4680).
     handlers = service.handlers()           # for a grpclib server on dra.sock
 
 NodePrepareResources answers each claim on its own: a claim that cannot be prepared (a UID, namespace or
-name the API server would not give, among them) gets its ``error`` and the others are prepared. A claim
-prepared before gets the same answer again without any request, and without a write while its CDI spec is
-there and from this boot.
+name the API server would not give, a device another prepared claim holds, among them) gets its ``error`` and
+the others are prepared. A claim prepared before gets the same answer again without any request, and without
+a write while its CDI spec is there and from this boot. Prepare and unprepare run one call at a time
+(``calls``: with a pod UID, across the two pods of a rolling update).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 import anyio
 
-from ascend_agent._proto import v1 as health_api
+from ascend_agent._proto import v1 as health_v1
+from ascend_agent._proto import v1alpha1 as health_v1alpha1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from ascend_agent.container import device_order
 from ascend_agent.dra.claimread import ClaimError, ClaimReader, ClaimRef
 from ascend_agent.dra.claims import (
+    CheckpointError,
     Prepared,
     PreparedClaim,
     PreparedDevice,
@@ -36,7 +41,8 @@ from ascend_agent.dra.claims import (
     claim_spec,
     uid_problem,
 )
-from ascend_agent.dra.devices import device_name
+from ascend_agent.dra.devices import chip_of, device_name, overlap
+from ascend_agent.dra.serialize import CallLock, CallLockError
 from ascend_agent.model import Chip, ContainerSpec
 from ascend_agent.observability import log_fields
 
@@ -56,6 +62,7 @@ class DraService:
         prepared: Prepared,
         reader: ClaimReader | None,
         health_refresh: float = 10.0,
+        calls: CallLock | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -63,7 +70,9 @@ class DraService:
         self._reader = reader
         self._chips: dict[str, Chip] = {}
         self._spec_for: SpecFor | None = None
-        self._writing = anyio.Lock()
+        self.calls = calls or CallLock(None)
+        self.calls_in_flight = 0
+        self._idle = anyio.Event()
         self._health: tuple[tuple[str, bool, str], ...] = ()
         self._health_changed = anyio.Event()
         self.health_refresh = health_refresh
@@ -84,14 +93,36 @@ class DraService:
             self._health_changed = anyio.Event()
 
     def handlers(self) -> list[object]:
-        return [_PluginV1(self), _PluginV1beta1(self), _Health(self)]
+        return [_PluginV1(self), _PluginV1beta1(self), _HealthV1(self), _HealthV1alpha1(self)]
+
+    @contextlib.contextmanager
+    def serving_call(self) -> Iterator[None]:
+        """Around each prepare and unprepare the kubelet asks for: counted in ``calls_in_flight``."""
+        self.calls_in_flight += 1
+        try:
+            yield
+        finally:
+            self.calls_in_flight -= 1
+            if not self.calls_in_flight:
+                self._idle.set()
+                self._idle = anyio.Event()
+
+    async def drained(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the prepares and unprepares in flight; those still running."""
+        with anyio.move_on_after(timeout):
+            while self.calls_in_flight:
+                await self._idle.wait()
+        return self.calls_in_flight
 
     # preparing ------------------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
-        """Each claim's prepared devices, or the one line saying why not, by UID. The claims are read side
-        by side (with the API server hanging, a call waits one request timeout, not one per claim), then
-        their CDI specs and the checkpoint are written in one go. A claim prepared before is answered from
-        memory once its spec is seen written in this boot; else its spec is written again first."""
+        """Each claim's prepared devices, or the one line saying why not, by UID. The claims this instance
+        has not prepared are read first, side by side (with the API server hanging, a call waits one request
+        timeout, not one per claim); then, one call at a time (across both instances during a rolling
+        update, after reading what the other one wrote), their CDI specs and the checkpoint are written in one
+        go. A claim prepared before is answered from the checkpoint once its spec is seen written in this
+        boot; else its spec is written again first. A claim with a device another prepared claim holds is
+        refused."""
         answers: dict[str, PreparedClaim | str] = {}
         valid = []
         for claim in claims:
@@ -101,45 +132,93 @@ class DraService:
             else:
                 self._refuse(claim, problem)
                 answers[claim.uid] = problem
-        known = [claim.uid for claim in valid if self.prepared.get(claim.uid) is not None]
+        unread: dict[str, str] = {}
+
+        async def read(claim: ClaimRef) -> None:
+            assert self._reader is not None
+            try:
+                await self._reader.allocated(claim)  # kept by the reader for the build below
+            except ClaimError as exc:
+                unread[claim.uid] = str(exc)
+
+        if self._reader is not None:
+            async with anyio.create_task_group() as tasks:
+                for claim in valid:
+                    if self.prepared.get(claim.uid) is None:
+                        tasks.start_soon(read, claim)
+        try:
+            async with self.calls.held():
+                await self._reload()
+                answers.update(await self._prepare_held(valid, unread))
+        except (CallLockError, CheckpointError) as exc:
+            for claim in valid:
+                self._refuse(claim, str(exc))
+                answers[claim.uid] = str(exc)
+        return {claim.uid: answers[claim.uid] for claim in claims}
+
+    async def _prepare_held(
+        self, claims: Sequence[ClaimRef], unread: Mapping[str, str]
+    ) -> dict[str, PreparedClaim | str]:
+        answers: dict[str, PreparedClaim | str] = {}
+        known = [claim.uid for claim in claims if self.prepared.get(claim.uid) is not None]
         fresh = await anyio.to_thread.run_sync(self.prepared.fresh_claims, known) if known else {}
         answers.update(fresh)
+        held = _Holders(self.pool)
+        for other in self.prepared:
+            held.add(other)
         to_write: list[tuple[ClaimRef, PreparedClaim, dict[str, Any]]] = []
-
-        async def build(claim: ClaimRef) -> None:
+        for claim in claims:
+            if claim.uid in fresh:
+                continue
+            is_new = self.prepared.get(claim.uid) is None
             try:
-                to_write.append((claim, *await self._build(claim)))
+                if is_new and claim.uid in unread:
+                    raise ClaimError(unread[claim.uid])
+                prepared, document = await self._build(claim)
+                if is_new:
+                    held.check_free(prepared)
             except ClaimError as exc:
                 self._refuse(claim, str(exc))
                 answers[claim.uid] = str(exc)
+                continue
+            held.add(prepared)
+            to_write.append((claim, prepared, document))
+        if not to_write:
+            return answers
+        written = await anyio.to_thread.run_sync(
+            self.prepared.add, [(prepared, document) for _, prepared, document in to_write]
+        )
+        for claim, *_ in to_write:
+            result = written[claim.uid]
+            if isinstance(result, OSError):
+                failure = (
+                    f"cannot write the CDI spec {self.prepared.spec_path(claim.uid)} or the checkpoint: "
+                    f"{result.strerror or result}"
+                )
+                self._refuse(claim, failure)
+                answers[claim.uid] = failure
+                continue
+            answers[claim.uid] = result
+            log.info(
+                "Prepared claim %s: %s",
+                claim,
+                ", ".join(d.device_name for d in result.devices),
+                extra=log_fields(claim=str(claim), uid=claim.uid),
+            )
+        return answers
 
-        async with anyio.create_task_group() as tasks:
-            for claim in valid:
-                if claim.uid not in fresh:
-                    tasks.start_soon(build, claim)
-        if to_write:
-            async with self._writing:
-                written = await anyio.to_thread.run_sync(
-                    self.prepared.add, [(prepared, document) for _, prepared, document in to_write]
-                )
-            for claim, *_ in to_write:
-                result = written[claim.uid]
-                if isinstance(result, OSError):
-                    failure = (
-                        f"cannot write the CDI spec {self.prepared.spec_path(claim.uid)} or the checkpoint: "
-                        f"{result.strerror or result}"
-                    )
-                    self._refuse(claim, failure)
-                    answers[claim.uid] = failure
-                    continue
-                answers[claim.uid] = result
-                log.info(
-                    "Prepared claim %s: %s",
-                    claim,
-                    ", ".join(d.device_name for d in result.devices),
-                    extra=log_fields(claim=str(claim), uid=claim.uid),
-                )
-        return {claim.uid: answers[claim.uid] for claim in claims}
+    async def _reload(self) -> None:
+        """While another instance may have acted since this one's last call: read the checkpoint it wrote."""
+        if not self.calls.shared:
+            return
+        aside = await anyio.to_thread.run_sync(self.prepared.reload)
+        if aside is not None:
+            log.error(
+                "DRA driver %s: %s; kept as %s, no claims prepared until the kubelet asks again",
+                self.driver,
+                aside.reason,
+                aside.kept_as.name,
+            )
 
     @staticmethod
     def _refuse(claim: ClaimRef, reason: str) -> None:
@@ -203,40 +282,42 @@ class DraService:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Remove what was prepared for each claim (the checkpoint written once); an error line per claim,
         empty on success."""
-        answers: dict[str, str] = {}
-        ours: list[ClaimRef] = []
-        for claim in claims:
-            answers[claim.uid] = uid_problem(claim.uid) or ""
-            if not answers[claim.uid] and self.prepared.get(claim.uid) is not None:
-                ours.append(claim)
-        if ours:
-            async with self._writing:
-                removed = await anyio.to_thread.run_sync(self.prepared.remove, [c.uid for c in ours])
-            for claim in ours:
-                error = removed[claim.uid]
-                if error is not None:
-                    answers[claim.uid] = f"cannot remove the CDI spec of {claim}: {error.strerror or error}"
-                    continue
-                log.info("Unprepared claim %s", claim, extra=log_fields(claim=str(claim), uid=claim.uid))
+        answers = {claim.uid: uid_problem(claim.uid) or "" for claim in claims}
+        try:
+            async with self.calls.held():
+                await self._reload()
+                ours = [c for c in claims if not answers[c.uid] and self.prepared.get(c.uid) is not None]
+                removed = (
+                    await anyio.to_thread.run_sync(self.prepared.remove, [c.uid for c in ours])
+                    if ours
+                    else {}
+                )
+        except (CallLockError, CheckpointError) as exc:
+            return {claim.uid: answers[claim.uid] or str(exc) for claim in claims}
+        for claim in ours:
+            error = removed[claim.uid]
+            if error is not None:
+                answers[claim.uid] = f"cannot remove the CDI spec of {claim}: {error.strerror or error}"
+                continue
+            log.info("Unprepared claim %s", claim, extra=log_fields(claim=str(claim), uid=claim.uid))
         return {claim.uid: answers[claim.uid] for claim in claims}
 
     # health ---------------------------------------------------------------------------------------------
-    async def health_updates(self) -> AsyncIterator[health_api.NodeWatchResourcesResponse]:
+    async def health_updates(self, api: ModuleType) -> AsyncIterator[Any]:
         """The health of every device now, then again on each change, and every ``health_refresh`` seconds
-        so that the kubelet never takes a quiet device for one it has not heard of."""
+        so that the kubelet never takes a quiet device for one it has not heard of; as the
+        NodeWatchResourcesResponse of ``api`` (v1 and v1alpha1 share the messages)."""
         timeout = int(self.health_refresh * 3) + 1
         self.health_streams += 1
         try:
             while True:
                 changed = self._health_changed
                 now = int(time.time())
-                yield health_api.NodeWatchResourcesResponse(
+                yield api.NodeWatchResourcesResponse(
                     devices=[
-                        health_api.DeviceHealth(
-                            device=health_api.DeviceIdentifier(pool_name=self.pool, device_name=name),
-                            health=health_api.HealthStatus.HEALTHY
-                            if healthy
-                            else health_api.HealthStatus.UNHEALTHY,
+                        api.DeviceHealth(
+                            device=api.DeviceIdentifier(pool_name=self.pool, device_name=name),
+                            health=api.HealthStatus.HEALTHY if healthy else api.HealthStatus.UNHEALTHY,
                             last_updated_time=now,
                             health_check_timeout_seconds=timeout,
                             message=message,
@@ -248,6 +329,32 @@ class DraService:
                     await changed.wait()
         finally:
             self.health_streams -= 1
+
+
+class _Holders:
+    """The prepared claims of the pool by the chip their devices are part of."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self._by_chip: dict[str, list[tuple[str, PreparedClaim]]] = {}
+
+    def add(self, claim: PreparedClaim) -> None:
+        for device in claim.devices:
+            if device.pool_name == self.pool:
+                self._by_chip.setdefault(chip_of(device.device_name), []).append((device.device_name, claim))
+
+    def check_free(self, claim: PreparedClaim) -> None:
+        """ClaimError when a device of ``claim`` shares a chip with one another prepared claim holds: the
+        scheduler should never allocate it twice, and the driver is the last that can refuse."""
+        for device in claim.devices:
+            for name, other in self._by_chip.get(chip_of(device.device_name), ()):
+                if other.uid != claim.uid and overlap(device.device_name, name):
+                    shared = name if name == device.device_name else f"{name} (the same chip)"
+                    raise ClaimError(
+                        f"device {device.device_name} is in use: ResourceClaim {other.namespace}/"
+                        f"{other.name} (uid {other.uid}) holds {shared}; the kubelet retries, and the claim "
+                        "is prepared once that one is unprepared"
+                    )
 
 
 # A namespace is a DNS label; a claim's name a DNS subdomain.
@@ -310,17 +417,17 @@ class _PluginV1(dra_v1.DraPluginBase):
     async def node_prepare_resources(
         self, message: dra_v1.NodePrepareResourcesRequest
     ) -> dra_v1.NodePrepareResourcesResponse:
-        answer: dra_v1.NodePrepareResourcesResponse = _prepare_answer(
-            dra_v1, await self._service.prepare(_refs(message.claims))
-        )
+        with self._service.serving_call():
+            answers = await self._service.prepare(_refs(message.claims))
+        answer: dra_v1.NodePrepareResourcesResponse = _prepare_answer(dra_v1, answers)
         return answer
 
     async def node_unprepare_resources(
         self, message: dra_v1.NodeUnprepareResourcesRequest
     ) -> dra_v1.NodeUnprepareResourcesResponse:
-        answer: dra_v1.NodeUnprepareResourcesResponse = _unprepare_answer(
-            dra_v1, await self._service.unprepare(_refs(message.claims))
-        )
+        with self._service.serving_call():
+            answers = await self._service.unprepare(_refs(message.claims))
+        answer: dra_v1.NodeUnprepareResourcesResponse = _unprepare_answer(dra_v1, answers)
         return answer
 
 
@@ -331,26 +438,37 @@ class _PluginV1beta1(dra_v1beta1.DraPluginBase):
     async def node_prepare_resources(
         self, message: dra_v1beta1.NodePrepareResourcesRequest
     ) -> dra_v1beta1.NodePrepareResourcesResponse:
-        answer: dra_v1beta1.NodePrepareResourcesResponse = _prepare_answer(
-            dra_v1beta1, await self._service.prepare(_refs(message.claims))
-        )
+        with self._service.serving_call():
+            answers = await self._service.prepare(_refs(message.claims))
+        answer: dra_v1beta1.NodePrepareResourcesResponse = _prepare_answer(dra_v1beta1, answers)
         return answer
 
     async def node_unprepare_resources(
         self, message: dra_v1beta1.NodeUnprepareResourcesRequest
     ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
-        answer: dra_v1beta1.NodeUnprepareResourcesResponse = _unprepare_answer(
-            dra_v1beta1, await self._service.unprepare(_refs(message.claims))
-        )
+        with self._service.serving_call():
+            answers = await self._service.unprepare(_refs(message.claims))
+        answer: dra_v1beta1.NodeUnprepareResourcesResponse = _unprepare_answer(dra_v1beta1, answers)
         return answer
 
 
-class _Health(health_api.DraResourceHealthBase):
+class _HealthV1(health_v1.DraResourceHealthBase):
     def __init__(self, service: DraService) -> None:
         self._service = service
 
     async def node_watch_resources(
-        self, message: health_api.NodeWatchResourcesRequest
-    ) -> AsyncIterator[health_api.NodeWatchResourcesResponse]:
-        async for update in self._service.health_updates():
+        self, message: health_v1.NodeWatchResourcesRequest
+    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
+        async for update in self._service.health_updates(health_v1):
+            yield update
+
+
+class _HealthV1alpha1(health_v1alpha1.DraResourceHealthBase):
+    def __init__(self, service: DraService) -> None:
+        self._service = service
+
+    async def node_watch_resources(
+        self, message: health_v1alpha1.NodeWatchResourcesRequest
+    ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
+        async for update in self._service.health_updates(health_v1alpha1):
             yield update

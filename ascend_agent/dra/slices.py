@@ -18,7 +18,9 @@ Requests go through :meth:`KubeApi.call <ascend_agent.cluster.client.KubeApi.cal
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -57,10 +59,16 @@ class SlicePublisher:
     """Keeps the node's ResourceSlices equal to the chips: devices, attributes, capacity, health taints."""
 
     def __init__(
-        self, driver: str, taint_effect: str, cleanup: bool = False, refresh: float = REFRESH
+        self,
+        driver: str,
+        taint_effect: str,
+        cleanup: bool = False,
+        refresh: float = REFRESH,
+        others_serving: Callable[[], Sequence[Path]] = list,
     ) -> None:
         self.driver = driver
         self.cleanup = cleanup
+        self._others_serving = others_serving  # blocks: asked in a worker thread
         self._refresh = refresh
         self._taints = DeviceTaints(driver, taint_effect)
         self._writer: LatestWriter[Specs] | None = None
@@ -91,7 +99,16 @@ class SlicePublisher:
         finally:
             if self.cleanup:
                 with anyio.CancelScope(shield=True):
-                    await self._delete_all(api)
+                    others = await anyio.to_thread.run_sync(self._others_serving)
+                    if others:
+                        log.info(
+                            "ResourceSlices of %s kept (--dra-cleanup): another instance of %s serves on %s",
+                            api.node,
+                            self.driver,
+                            others[0],
+                        )
+                    else:
+                        await self._delete_all(api)
 
     async def _existing(self, api: KubeApi) -> dict[str, dict[str, Any]]:
         async def listed() -> list[Any]:

@@ -3,6 +3,8 @@ on its sockets, and the Kubernetes API emulator holding the Node, the ResourceCl
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -41,7 +43,7 @@ class _Host:
         self.apiserver = apiserver
         self.agents: list[AgentProcess] = []
 
-    def start(self, *extra: str) -> AgentProcess:
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> AgentProcess:
         agent = AgentProcess(
             [
                 "run",
@@ -56,7 +58,8 @@ class _Host:
                 f"--node-name={NODE}",
                 "--kubelet-api=dra",
                 *extra,
-            ]
+            ],
+            env,
         )
         self.agents.append(agent)
         return agent
@@ -118,7 +121,12 @@ async def test_registers_publishes_prepares_and_reports_health(host: _Host, apis
     kubelet = DraKubelet(host.registry)
     info = await kubelet.register(DRIVER)
     assert (info.type, info.name) == ("DRAPlugin", DRIVER)
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert info.endpoint == str(host.directory / "kubelet" / "plugins" / DRIVER / "dra.sock")
 
     # The slice: one pool named after the node, a device per chip, valid for resource.k8s.io/v1.
@@ -173,7 +181,8 @@ async def test_registers_publishes_prepares_and_reports_health(host: _Host, apis
     ]
     assert len([s for s in apiserver.seen() if s.resource == "resourceclaims"]) == reads
 
-    # Health: a chip going Unhealthy is a taint in the slice and UNHEALTHY on the stream; both clear.
+    # Health: a chip going Unhealthy is a taint in the slice and UNHEALTHY on the stream a released kubelet
+    # opens (v1alpha1); both clear.
     async with kubelet.watching() as updates:
         await updates.wait_for(lambda seen: seen.get("npu-1", ("",))[0] == "HEALTHY", "npu-1 HEALTHY")
         host.faults([1])
@@ -227,8 +236,9 @@ async def test_vnpus_are_devices_of_their_own_and_their_chip_is_not(
     env = cdi["containerEdits"]["env"]
     assert "ASCEND_VISIBLE_DEVICES=101" in env and "ASCEND_RUNTIME_OPTIONS=VIRTUAL" in env
 
-    # The vNPUs follow their chip's health, on the stream and as taints.
-    async with kubelet.watching() as updates:
+    # The vNPUs follow their chip's health, on the stream (v1, as a kubelet that knows it opens it) and as
+    # taints.
+    async with kubelet.watching("v1") as updates:
         await updates.wait_for(
             lambda seen: seen.get("npu-0-vnpu-101", ("",))[0] == "HEALTHY", "npu-0-vnpu-101 HEALTHY"
         )
@@ -461,3 +471,104 @@ async def test_a_claim_uid_cannot_steer_a_path_and_a_nul_fails_only_its_claim(
     assert not list(host.directory.rglob("escaped*"))
     done = await kubelet.unprepare([dra_v1.Claim(namespace="default", uid=steering, name="steer")])
     assert "is not a Kubernetes UID" in done.claims[steering].error
+
+
+async def test_a_rolling_update_keeps_every_claim_served_while_both_pods_run(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    old_pod, new_pod = str(uuid.uuid4()), str(uuid.uuid4())
+    plugin_dir = host.directory / "kubelet" / "plugins" / DRIVER
+    old = host.start(env={"POD_UID": old_pod})
+    to_old = DraKubelet(host.registry)
+    info = await to_old.register(DRIVER, old_pod)
+    assert info.endpoint == str(plugin_dir / f"dra-{old_pod}.sock")
+    assert not (host.registry / f"{DRIVER}-reg.sock").exists()
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)  # the client loaded
+    uid = _claim(apiserver, "train", ["npu-1"])
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
+    prepared = (await to_old.prepare([claim])).claims[uid]
+    assert prepared.error == ""
+
+    # The new pod starts while the old one runs (maxSurge): registered on sockets of its own at once.
+    new = host.start(env={"POD_UID": new_pod})
+    to_new = DraKubelet(host.registry)
+    assert (await to_new.register(DRIVER, new_pod)).endpoint == str(plugin_dir / f"dra-{new_pod}.sock")
+    # It answers the claim the old pod prepared, and refuses that claim's device to another claim.
+    assert (await to_new.prepare([claim])).claims[uid] == prepared
+    rival = _claim(apiserver, "rival", ["npu-1"])
+    await anyio.to_thread.run_sync(new.wait_log, "Cluster side on")
+    refused = (await to_new.prepare([dra_v1.Claim(namespace="default", uid=rival, name="rival")])).claims
+    assert "npu-1 is in use" in refused[rival].error
+    async with to_new.watching() as updates:
+        await updates.wait_for(lambda seen: seen.get("npu-1", ("",))[0] == "HEALTHY", "npu-1 HEALTHY")
+
+    # The old pod stops: its sockets go, the new pod's stay; the new pod unprepares what the old one wrote.
+    _stop(old)
+    assert not (host.registry / f"{DRIVER}-{old_pod}-reg.sock").exists()
+    assert not (plugin_dir / f"dra-{old_pod}.sock").exists()
+    assert (host.registry / f"{DRIVER}-{new_pod}-reg.sock").exists()
+    assert (await to_new.unprepare([claim])).claims[uid].error == ""
+    assert not (host.cdi / f"{DRIVER}-claim-{uid}.json").exists()
+    assert new.proc.poll() is None
+
+
+async def test_dra_cleanup_keeps_the_slices_while_the_other_pod_serves(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    old_pod, new_pod = str(uuid.uuid4()), str(uuid.uuid4())
+    old = host.start("--dra-cleanup", env={"POD_UID": old_pod})
+    await DraKubelet(host.registry).register(DRIVER, old_pod)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    new = host.start("--dra-cleanup", env={"POD_UID": new_pod})
+    await DraKubelet(host.registry).register(DRIVER, new_pod)
+    _stop(old)
+    assert "ResourceSlices of node-1 kept (--dra-cleanup): another instance" in old.output
+    assert len(_slices(apiserver)) == 1
+    _stop(new)
+    assert _slices(apiserver) == []
+
+
+async def test_a_prepare_in_flight_at_sigterm_is_answered_before_the_agent_exits(
+    host: _Host, apiserver: ApiServer
+) -> None:
+    pod = str(uuid.uuid4())
+    agent = host.start(env={"POD_UID": pod})
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER, pod)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    uid = _claim(apiserver, "train", ["npu-1"])
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
+    assert (await kubelet.prepare([claim])).claims[uid].error == ""  # its allocation read and kept
+    assert (await kubelet.unprepare([claim])).claims[uid].error == ""
+
+    lock = host.directory / "kubelet" / "plugins" / DRIVER / "serialize.lock"
+    descriptor = os.open(lock, os.O_RDWR)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)  # the other pod, in the middle of a call
+    answers: list[dra_v1.NodePrepareResourcesResponse] = []
+
+    async def prepare() -> None:
+        answers.append(await kubelet.prepare([claim], timeout=20.0))
+
+    def waits_for_the_lock() -> bool:
+        """Whether the agent has the lock file open: its call waits for the lock."""
+        for fd in Path(f"/proc/{agent.proc.pid}/fd").iterdir():
+            with contextlib.suppress(OSError):  # closed meanwhile
+                if os.readlink(fd) == str(lock):
+                    return True
+        return False
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(prepare)
+            with anyio.fail_after(10):
+                while not waits_for_the_lock():
+                    await anyio.sleep(0.01)
+            agent.proc.send_signal(signal.SIGTERM)
+            await anyio.to_thread.run_sync(agent.wait_log, r"stopping: 1 call\(s\) in flight")
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+    finally:
+        os.close(descriptor)
+    (answer,) = answers
+    assert answer.claims[uid].error == "" and [d.device_name for d in answer.claims[uid].devices] == ["npu-1"]
+    assert agent.proc.wait(10) == 0, agent.output
+    assert (host.cdi / f"{DRIVER}-claim-{uid}.json").exists()

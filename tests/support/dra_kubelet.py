@@ -1,8 +1,11 @@
 """The kubelet's DRA side, on grpclib: what its plugin watcher and DRA manager do with a DRA driver.
 
-It finds ``<plugins registry>/<driver>-reg.sock``, calls GetInfo and NotifyRegistrationStatus, dials the
-endpoint GetInfo named, prepares and unprepares claims (DRAPlugin v1 or v1beta1) and keeps a
-NodeWatchResources stream open, recording every message; tests wait on what it saw::
+It finds ``<plugins registry>/<driver>-reg.sock`` (``<driver>-<pod uid>-reg.sock`` for a driver that
+allows rolling updates), calls GetInfo and NotifyRegistrationStatus, dials the endpoint GetInfo named,
+prepares and unprepares claims (DRAPlugin v1 or v1beta1) and keeps a NodeWatchResources stream open,
+recording every message; tests wait on what it saw. As kubelets 1.34 to 1.36 do, the stream is
+``v1alpha1.DRAResourceHealth`` whatever GetInfo listed; ``health="v1"`` is a newer kubelet, which opens
+``v1.DRAResourceHealth`` only when GetInfo lists it::
 
     kubelet = DraKubelet(registry_dir)
     info = await kubelet.register("npu.huawei.com")
@@ -20,7 +23,8 @@ from pathlib import Path
 
 import anyio
 
-from ascend_agent._proto import v1 as health_api
+from ascend_agent._proto import v1 as health_v1
+from ascend_agent._proto import v1alpha1 as health_v1alpha1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from ascend_agent._proto.pluginregistration import (
@@ -42,7 +46,9 @@ class HealthUpdates:
         self.seen: list[dict[str, tuple[str, str]]] = []
         self._changed = anyio.Event()
 
-    def add(self, response: health_api.NodeWatchResourcesResponse) -> None:
+    def add(
+        self, response: health_v1.NodeWatchResourcesResponse | health_v1alpha1.NodeWatchResourcesResponse
+    ) -> None:
         self.seen.append(
             {d.device.device_name: (d.health.name or "", d.message) for d in response.devices if d.device}
         )
@@ -70,9 +76,10 @@ class DraKubelet:
         assert self.info is not None, "register first"
         return Path(self.info.endpoint)
 
-    async def register(self, driver: str, timeout: float = _TIMEOUT) -> PluginInfo:
-        """Find the driver's registration socket, ask GetInfo, and confirm the registration."""
-        socket = self.registry / f"{driver}-reg.sock"
+    async def register(self, driver: str, pod_uid: str = "", timeout: float = _TIMEOUT) -> PluginInfo:
+        """Find the driver's registration socket (the one of the pod ``pod_uid``, when given), ask GetInfo,
+        and confirm the registration."""
+        socket = self.registry / (f"{driver}-{pod_uid}-reg.sock" if pod_uid else f"{driver}-reg.sock")
         with anyio.fail_after(timeout):
             while not socket.exists():
                 await anyio.sleep(_LOOK_INTERVAL)
@@ -120,14 +127,21 @@ class DraKubelet:
             channel.close()
 
     @contextlib.asynccontextmanager
-    async def watching(self) -> AsyncIterator[HealthUpdates]:
-        """A NodeWatchResources stream, read in a task of its own while the block runs."""
+    async def watching(self, health: str = "v1alpha1") -> AsyncIterator[HealthUpdates]:
+        """A NodeWatchResources stream of the ``health`` version, read in a task of its own while the block
+        runs."""
+        assert self.info is not None, "register first"
+        if health == "v1":
+            assert "v1.DRAResourceHealth" in self.info.supported_versions, (
+                "a kubelet opens only what is listed"
+            )
+        api = health_v1 if health == "v1" else health_v1alpha1
         updates = HealthUpdates()
         channel = LocalChannel(self.endpoint)
 
         async def read() -> None:
-            stub = health_api.DraResourceHealthStub(channel)
-            async for response in stub.node_watch_resources(health_api.NodeWatchResourcesRequest()):
+            stub = api.DraResourceHealthStub(channel)
+            async for response in stub.node_watch_resources(api.NodeWatchResourcesRequest()):
                 updates.add(response)
 
         try:

@@ -267,6 +267,14 @@ def test_dra_mode() -> None:
     assert _verbs(docs, "", "pods") == {"list"} and "list" in _verbs(
         docs, "resource.k8s.io", "resourceslices"
     )
+    # Rolling updates: each pod's sockets named after its UID, the new pod serving before the old one stops.
+    (uid,) = [e for e in _container(docs)["env"] if e["name"] == "POD_UID"]
+    assert uid["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert _one(docs, "DaemonSet")["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert "POD_UID" not in {e["name"] for e in _container(default)["env"]}, "device plugins: one instance"
 
 
 def test_no_cluster_mode() -> None:

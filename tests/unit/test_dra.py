@@ -217,6 +217,7 @@ def test_the_method_paths_are_the_kubelets(short_dir: Path) -> None:
         "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources",
         "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources",
         "/v1.DRAResourceHealth/NodeWatchResources",
+        "/v1alpha1.DRAResourceHealth/NodeWatchResources",
     }
 
 

@@ -48,6 +48,17 @@ def test_the_daemonset_runs_the_dra_driver(tmp_path: Path) -> None:
     assert not loaded.device_info and not loaded.volcano
 
 
+def test_a_rolling_update_starts_the_new_pod_before_the_old_one_stops() -> None:
+    (daemonset,) = [d for _, d in DOCUMENTS if d["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    (uid,) = [e for e in container["env"] if e["name"] == "POD_UID"]
+    assert uid["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+
+
 def test_selectors_name_published_attributes() -> None:
     a3 = tuple(Chip.make(i, "910_9392", npu_id=i // 2, hbm_mb=65536) for i in range(4))
     rings = tuple(Chip.make(i, "910ProB") for i in range(8))

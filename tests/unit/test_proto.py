@@ -30,6 +30,7 @@ def test_checked_in_code_is_not_stale(tmp_path: Path, monkeypatch: pytest.Monkey
             "dra/v1/api.proto",
             "dra/v1beta1/api.proto",
             "dra-health/v1/api.proto",
+            "dra-health/v1alpha1/api.proto",
         ]
     )
     assert code == 0
