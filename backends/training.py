@@ -188,7 +188,11 @@ class TrainingProbe:
             if isinstance(read[index], _Unread):
                 continue
             value = _identity(read[index])
-            others = [p for p in holders.get(value, ()) if p != phys_id] if value is not None else []
+            # The chip that held the value already is named first, then by number (reads end in any order).
+            others = sorted(
+                (p for p in holders.get(value, ()) if p != phys_id),
+                key=lambda p: (_identity(getattr(self.facts(p), attribute)) != value, p),
+            )
             if others and _identity(getattr(self.facts(phys_id), attribute)) != value:
                 refused[phys_id] = (
                     f"hccn_tool or npu-smi named {_FIELDS[index]} {value}, which chip {others[0]} has: "
