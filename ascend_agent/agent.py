@@ -85,7 +85,7 @@ _CDI_RETRY_CAP = 60.0
 # The cluster side starts this long after the agent at the latest, registered or not.
 _CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
-_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "api_list_limit_mib")
+_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "api_list_limit_mib", "volcano_scheduler_name")
 # Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
 _KUBELET_API_SETTINGS = ("kubelet_api", "dra_driver_name", "dra_taint_effect", "dra_cleanup")
 # Settings the agent applies itself; a change to any other one means a new backend.

@@ -40,8 +40,9 @@ DRIVER_VERSION = "huawei.com/driver.version"
 CHIP_MEMORY = "mind-cluster/npu-chip-memory"
 NPU_PREFIX = "huawei.com/npu."
 _OWN_KEYS = frozenset({ACCELERATOR, CHIP_NAME, DRIVER_VERSION, CHIP_MEMORY})
-# Set from a chip model the agent has seen, never removed: the DaemonSet selects on it (README, install).
-_NEVER_REMOVED = frozenset({ACCELERATOR})
+# The shipped DaemonSet's nodeSelector (README, install): set from a chip model the agent has seen where the
+# node has none, never changed or removed, or the DaemonSet controller would take the agent off the node.
+_PLACING = frozenset({ACCELERATOR})
 
 _ACCELERATORS = {
     Generation.ASCEND910A: "huawei-Ascend910",
@@ -171,10 +172,21 @@ async def _patch_labels(api: KubeApi, labels: dict[str, str]) -> None:
     """One GET to see what is there, one merge patch for what differs (keys set to null are removed)."""
     node = await api.call("get", "nodes", api.client.get(Node, api.node), answers=frozenset())
     current = (node.metadata.labels if node.metadata else None) or {}
-    patch: dict[str, Any] = {key: value for key, value in labels.items() if current.get(key) != value}
+    patch: dict[str, Any] = {
+        key: value
+        for key, value in labels.items()
+        if current.get(key) != value and not (key in _PLACING and key in current)
+    }
     patch.update(
-        {key: None for key in current if is_own_key(key) and key not in labels and key not in _NEVER_REMOVED}
+        {key: None for key in current if is_own_key(key) and key not in labels and key not in _PLACING}
     )
+    for key in sorted(_PLACING & labels.keys()):
+        if key in current and current[key] != labels[key]:
+            log.info(
+                "Node label %s=%s kept though the chips say %s: the DaemonSet is placed by it (change it by "
+                "hand, with the DaemonSet's nodeSelector)",
+                key, current[key], labels[key],
+            )  # fmt: skip
     if not patch:
         return
     await api.call(

@@ -94,7 +94,7 @@ def test_labels_set_on_start_and_follow_the_chip_set(
     labels = apiserver.wait_for(
         lambda: _labels(apiserver), lambda got: got.get("huawei.com/npu.count") == "2", timeout=5
     )
-    assert labels["accelerator"] == "huawei-Ascend310P"
+    assert labels["accelerator"] == "huawei-Ascend910", "the DaemonSet's nodeSelector is never changed"
     assert labels["node.kubernetes.io/npu.chip.name"] == "310P3"
     assert "mind-cluster/npu-chip-memory" not in labels and "huawei.com/npu.memory" not in labels
     assert labels["kubernetes.io/hostname"] == NODE

@@ -181,3 +181,12 @@ def test_a_key_given_twice_is_not_applied_and_the_agent_keeps_running(
     agent.change(replicas=2)
     kubelet.wait_update(lambda u: len(u.devices) == 16, what="16 devices")
     assert agent.process.proc.poll() is None
+
+
+def test_a_start_only_setting_says_it_waits_for_the_next_start(
+    kubelet: KubeletStandin, short_dir: Path, configured: list[_Configured]
+) -> None:
+    agent = _start(configured, short_dir / "config.yaml", kubeletDir=str(kubelet.directory))
+    kubelet.wait_for(lambda: kubelet.latest() is not None, what="the chips advertised")
+    agent.change(volcanoSchedulerName="batch-scheduler")
+    agent.process.wait_log("volcano_scheduler_name changed: the cluster side takes it at the next start")

@@ -302,7 +302,7 @@ def test_label_values_are_made_valid_or_skipped_with_one_warning(caplog: pytest.
     assert node_labels(Inventory(), replicas=1) == {}
 
 
-async def test_accelerator_is_never_removed_and_changes_only_with_a_chip_seen(
+async def test_accelerator_is_never_removed_nor_changed_and_set_only_with_a_chip_seen(
     apiserver: ApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``accelerator`` is what the shipped DaemonSet selects on: removing it takes the agent off the node."""
@@ -323,8 +323,12 @@ async def test_accelerator_is_never_removed_and_changes_only_with_a_chip_seen(
         node = apiserver.get("nodes", "node-1")
     finally:
         await api.close()
-    assert node is not None and node["metadata"]["labels"]["accelerator"] == "huawei-Ascend310P"
+    assert node is not None and node["metadata"]["labels"]["accelerator"] == "huawei-Ascend910"
+    assert node["metadata"]["labels"]["huawei.com/npu.family"] == "310P"
     assert node["metadata"]["labels"]["team"] == "a"
+    assert (
+        "Node label accelerator=huawei-Ascend910 kept though the chips say huawei-Ascend310P" in caplog.text
+    )
 
 
 async def test_a_watch_through_stream_records_its_failures(apiserver: ApiServer) -> None:
