@@ -72,6 +72,10 @@ MISS_READ_TIMEOUT = 2.0
 LIST_CHUNK = 500
 
 
+class ChipHeld(LookupError):
+    """Volcano's choice names a chip another pod has, as far as the cache knows."""
+
+
 @dataclass(frozen=True, slots=True)
 class PodView:
     """What the choice needs of a pod."""
@@ -364,21 +368,40 @@ class VolcanoPods:
         if whole_node:
             real = kubelet_ids
         elif pod is None:
-            raise LookupError(
-                f"no pod on this node placed by Volcano asks for {count} {resource} "
-                f"(annotation {resource} with {count} chips, {PREDICATE_TIME} not taken) after {self._tries} "
-                "tries; the kubelet retries. Check that Volcano schedules the pod (schedulerName: volcano)"
-            )
+            raise LookupError(self._no_pod(resource, count))
         else:
-            try:
-                real = self._checked(pod, resource)
-            except LookupError:
-                # Refused once, never chosen again: a bad choice must not hold up the Allocates after it.
-                self._refused.add(pod.uid)
-                raise
+            pod, real = await self._accepted(pod, resource, count)
         if pod is not None:
             self._take(pod, resource, real, kubelet_ids)
         return real
+
+    async def _accepted(self, pod: PodView, resource: str, count: int) -> tuple[PodView, list[str]]:
+        """The pod this Allocate is for and its chips, checked; a pod refused is never chosen again (a bad
+        choice must not hold up the Allocates after it). A chip another pod holds is checked again after the
+        pods are read once more: Volcano may have seen that pod go before the watch did (an outage of the
+        watch, its back-off). Another Allocate may have taken the pod meanwhile: the choice is made again."""
+        try:
+            return pod, self._checked(pod, resource)
+        except ChipHeld:
+            await self._read_pods()
+        except LookupError:
+            self._refused.add(pod.uid)
+            raise
+        again = self._choose(resource, count)
+        if again is None:
+            raise LookupError(self._no_pod(resource, count))
+        try:
+            return again, self._checked(again, resource)
+        except LookupError:
+            self._refused.add(again.uid)
+            raise
+
+    def _no_pod(self, resource: str, count: int) -> str:
+        return (
+            f"no pod on this node placed by Volcano asks for {count} {resource} "
+            f"(annotation {resource} with {count} chips, {PREDICATE_TIME} not taken) after {self._tries} "
+            "tries; the kubelet retries. Check that Volcano schedules the pod (schedulerName: volcano)"
+        )
 
     def _choose(self, resource: str, count: int) -> PodView | None:
         """:func:`choose` over the cache, from the index: no scan of every pod on an Allocate."""
@@ -486,7 +509,7 @@ class VolcanoPods:
         held = self._holder(pod, resource, chosen)
         if held is not None:
             chip, holder = held
-            raise LookupError(
+            raise ChipHeld(
                 f"pod {pod.namespace}/{pod.name} names {chip} in its {resource} annotation, which pod "
                 f"{holder} has: refused; check who wrote that annotation (Volcano never picks a chip in use)"
             )

@@ -298,6 +298,7 @@ async def test_a_choice_naming_a_chip_another_pod_holds_is_refused_with_the_pod_
     mounted.kubelet_holders = lambda: Holders({(T, "Ascend910-4"): (Holder("team-b", "plain", "main"),)})
     pods = VolcanoPods(mounted=mounted)
     pods.observe(_eight_chips())
+    pods._first_read.set()  # no API server: reading the pods again finds nothing new
     pods._store(_placed("train-0", "Ascend910-3", "100"))
     pods._store(PodView("team-b", "plain", "uid-plain", {}, {T: 1}, scheduler="default-scheduler"))
     assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
@@ -506,3 +507,46 @@ async def test_only_the_marks_a_pod_had_when_the_agent_started_are_believed() ->
         await pods.remap(T, [["Ascend910-1"]])
     pods._store(_placed("wants-7", "Ascend910-7", "3"))
     assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-7"]]
+
+
+def _volcano_pod(name: str, chips: str, time: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"uid-{name}",
+            "annotations": {T: chips, "predicate-time": time},
+        },
+        "spec": {
+            "nodeName": "node-1",
+            "schedulerName": "volcano",
+            "containers": [{"name": "main", "resources": {"limits": {T: "1"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+async def test_a_chip_held_by_a_pod_the_watch_has_not_seen_go_is_checked_again_after_a_read() -> None:
+    """This agent gave chip 3 to ``first``; ``first`` went, and Volcano placed ``second`` on chip 3 before
+    the watch said so (an outage of the watch, its back-off). The Allocate reads the pods once more and
+    ``second`` gets chip 3, instead of being refused for good. A chip still held after the read is
+    refused."""
+    api = _PodsApi([_volcano_pod("first", "Ascend910-3", "100")])
+    pods = VolcanoPods(tries=1)
+    pods.observe(_eight_chips())
+    await pods._list(api)  # type: ignore[arg-type]
+    pods._api = api  # type: ignore[assignment]
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
+
+    second = _volcano_pod("second", "Ascend910-3", "200")
+    api.pods = [second]  # the API server's pods; the watch has not delivered the change
+    pods._store(PodView.of(Pod.from_dict(second)))
+    with anyio.fail_after(5):
+        assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-3"]]
+
+    third = _volcano_pod("third", "Ascend910-3", "300")
+    api.pods = [second, third]
+    pods._store(PodView.of(Pod.from_dict(third)))
+    with anyio.fail_after(5), pytest.raises(LookupError, match="which pod team-a/second has"):
+        await pods.remap(T, [["Ascend910-2"]])
+    assert "uid-third" in pods._refused
