@@ -29,7 +29,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.lowlevel
@@ -172,8 +172,10 @@ def mounted_from(pods: Iterable[PodView]) -> list[Mounted]:
 
 async def node_pods(api: KubeApi) -> list[PodView]:
     """The pods bound to the agent's node, read once."""
-    pods, _ = await _listed(api)
-    return pods
+    listed = await _listed(api)
+    for pod, problem in listed.unreadable.items():
+        log.warning("Pod %s is ignored: %s", pod, problem)
+    return listed.pods
 
 
 def follow_mounted(holders: Holders, mounted: Iterable[Mounted]) -> Holders:
@@ -304,6 +306,7 @@ class VolcanoPods:
         self._marks: dict[str, Mounted] | None = None
         self._refused: set[str] = set()  # pods whose choice was refused once: never chosen again
         self._ignored: set[str] = set()  # pods with a predicate-time that is none (logged once)
+        self._unreadable: set[str] = set()  # pods of the last list that could not be decoded (logged once)
         # (resource, chips) -> a heap of (predicate-time, namespace, name, uid) of the pods that may want
         # them; entries of pods since changed, taken or gone are dropped when they come to the top.
         self._queues: dict[tuple[str, int], list[tuple[int, str, str, str]]] = {}
@@ -568,12 +571,16 @@ class VolcanoPods:
         taken_before = set(self._taken)
         self._listing = listing = anyio.Event()
         try:
-            pods, version = await _listed(api)
+            pods, version, unreadable = await _listed(api)
         finally:
             self._first_read.set()
             listing.set()
             if self._listing is listing:
                 self._listing = None
+        for name, problem in unreadable.items():
+            if name not in self._unreadable:
+                log.warning("Pod %s is ignored: %s", name, problem)
+        self._unreadable = set(unreadable)
         listed = {pod.uid for pod in pods}
         if self._marks is None:
             self._marks = {pod.uid: mounted for pod in pods for mounted in mounted_from((pod,))}
@@ -663,8 +670,15 @@ def _queue(
     return queue
 
 
-async def _listed(api: KubeApi) -> tuple[list[PodView], str | None]:
-    """The pods bound to the agent's node that have not ended, and the list's resourceVersion. Read and
+class _Listed(NamedTuple):
+    pods: list[PodView]  # bound to the node, not ended
+    version: str | None  # the list's resourceVersion
+    unreadable: dict[str, str]  # namespace/name -> why the pod could not be decoded
+
+
+async def _listed(api: KubeApi) -> _Listed:
+    """The pods bound to the agent's node that have not ended, the list's resourceVersion, and the pods that
+    could not be decoded (left out: one pod's data never makes the list fail). Read and
     decoded in a worker thread, a page of :data:`LIST_CHUNK` pods at a time: an answer of many pods (an API
     server that ignores the field selector sends every pod of the cluster) does not hold up Allocate."""
     return await api.call_blocking("list", "pods", functools.partial(_list_in_thread, api.node))
@@ -697,18 +711,37 @@ def _pod_on(node: str, listed: _ListedPod) -> Pod | None:
     )
 
 
-def _list_in_thread(node: str, client: Client) -> tuple[list[PodView], str | None]:
+def _list_in_thread(node: str, client: Client) -> _Listed:
     listing = client.list(_ListedPod, namespace=ALL_NS, fields={"spec.nodeName": node}, chunk_size=LIST_CHUNK)
-    found = [
-        view
-        for listed in listing
-        if (pod := _pod_on(node, listed)) is not None and (view := _view(pod)) is not None and not view.ended
-    ]
+    found: list[PodView] = []
+    unreadable: dict[str, str] = {}
+    for listed in listing:
+        try:
+            pod = _pod_on(node, listed)
+        except msgspec.DecodeError as exc:  # the pod's own data (ValidationError is one too)
+            unreadable[_name_of(listed)] = f"{type(exc).__name__}: {exc}"
+            continue
+        if pod is not None and (view := _view(pod)) is not None and not view.ended:
+            found.append(view)
     try:
         version: str | None = listing.resourceVersion
     except Exception:  # an answer without one: the watch starts from now
         version = None
-    return found, version
+    return _Listed(found, version, unreadable)
+
+
+class _Name(msgspec.Struct):
+    namespace: str = ""
+    name: str = ""
+
+
+def _name_of(listed: _ListedPod) -> str:
+    """``namespace/name`` of a listed pod, as far as its metadata can be read."""
+    try:
+        meta = msgspec.json.decode(listed.metadata, type=_Name)
+    except msgspec.DecodeError:
+        return "without readable metadata"
+    return f"{meta.namespace}/{meta.name}"
 
 
 def _view(pod: Pod) -> PodView | None:

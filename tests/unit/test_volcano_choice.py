@@ -401,9 +401,29 @@ def test_a_list_keeps_only_this_nodes_pods_that_have_not_ended() -> None:
             items = msgspec.json.decode(msgspec.json.encode(listing), type=dict[str, list[resource]])  # type: ignore[valid-type]
             return _Listing(items["items"])
 
-    pods, version = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
+    pods, version, unreadable = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
     assert [(p.name, p.limits) for p in pods] == [("mine", {T: 1})]
     assert version == "1"
+    assert unreadable == {}
+
+
+async def test_a_pod_that_cannot_be_decoded_is_left_out_of_the_list_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pod whose spec does not decode as a pod's (here ``containers`` is not a list) is left out with one
+    line, once however many lists find it: the other pods are still listed and chosen."""
+    broken = _volcano_pod("broken", "Ascend910-2", "1")
+    broken["spec"]["containers"] = "main"
+    api = _PodsApi([broken, _volcano_pod("fine", "Ascend910-3", "100")])
+    pods = VolcanoPods(tries=1)
+    pods.observe(_eight_chips())
+    with caplog.at_level("WARNING", logger="ascend_agent.cluster"):
+        await pods._list(api)  # type: ignore[arg-type]
+        await pods._list(api)  # type: ignore[arg-type]
+    assert list(pods._names) == [("team-a", "fine")]
+    lines = [r.getMessage() for r in caplog.records if "team-a/broken" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("Pod team-a/broken is ignored: ValidationError"), lines
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
 
 
 @given(
