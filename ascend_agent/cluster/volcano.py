@@ -41,6 +41,7 @@ from lightkube.models.core_v1 import PodSpec, PodStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
+from prometheus_client import Gauge
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.deviceinfo import go_json
@@ -70,6 +71,11 @@ RELIST_INTERVAL = 60
 MISS_READ_TIMEOUT = 2.0
 # Pods per page of a list.
 LIST_CHUNK = 500
+
+CHIPS_TAKEN = Gauge(
+    "ascend_agent_volcano_chips_taken",
+    "Chips pods Volcano placed have, as the agent's pod watch knows (--volcano).",
+)
 
 
 class ChipHeld(LookupError):
@@ -482,6 +488,7 @@ class VolcanoPods:
             self._mounts[uid] = mounted
             for chip in mounted.real:
                 self._on_chip.setdefault((mounted.resource, chip), set()).add(uid)
+        CHIPS_TAKEN.set(len(self._on_chip))
 
     def _holder(self, pod: PodView, resource: str, chips: Sequence[str]) -> tuple[str, str] | None:
         """Another pod that has one of ``chips``: one this agent gave it to (or an earlier agent, by the
@@ -597,6 +604,7 @@ class VolcanoPods:
             self._store(pod)  # one that ended is forgotten, taken or not
         self._refused &= self._pods.keys()
         self._ignored &= self._pods.keys()
+        CHIPS_TAKEN.set(len(self._on_chip))
         self._tell_mounted()
         return version
 
