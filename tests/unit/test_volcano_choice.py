@@ -475,8 +475,10 @@ class _PodsApi(_BurstApi):
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         super().__init__(burst=0)
         self.pods = pods
+        self.lists = 0
 
     def list(self, resource: type[Any], *args: Any, **kwargs: Any) -> _Listing:
+        self.lists += 1
         return _Listing([msgspec.json.decode(msgspec.json.encode(pod), type=resource) for pod in self.pods])
 
 
@@ -570,3 +572,11 @@ async def test_a_chip_held_by_a_pod_the_watch_has_not_seen_go_is_checked_again_a
     with anyio.fail_after(5), pytest.raises(LookupError, match="which pod team-a/second has"):
         await pods.remap(T, [["Ascend910-2"]])
     assert "uid-third" in pods._refused
+
+    lists = api.lists
+    unknown = _volcano_pod("unknown", "Ascend910-99", "400")
+    api.pods = [second, unknown]
+    pods._store(PodView.of(Pod.from_dict(unknown)))
+    with pytest.raises(LookupError, match="which this node does not have"):
+        await pods.remap(T, [["Ascend910-2"]])
+    assert api.lists == lists, "a chip the node does not have is refused without reading the pods again"
