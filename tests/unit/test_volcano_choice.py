@@ -15,6 +15,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from lightkube.resources.core_v1 import Pod
+from prometheus_client import REGISTRY
 
 from ascend_agent.cluster.client import ApiUnavailable
 from ascend_agent.cluster.health import Failure
@@ -320,11 +321,13 @@ async def test_a_held_chip_is_free_again_once_its_pod_ended_or_went() -> None:
     pods.observe(_eight_chips())
     pods._store(_placed("first", "Ascend910-3", "100"))
     assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
+    assert REGISTRY.get_sample_value("ascend_agent_volcano_chips_taken") == 1
     ended = _placed("first", "Ascend910-3", TAKEN)
     pods._store(
         PodView(ended.namespace, ended.name, ended.uid, ended.annotations, ended.limits, True, ended=True)
     )
     assert "uid-first" not in pods._pods, "a pod that ended is not kept"
+    assert REGISTRY.get_sample_value("ascend_agent_volcano_chips_taken") == 0
     pods._store(_placed("second", "Ascend910-3", "200"))
     assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-3"]]
     pods._forget("uid-second")
