@@ -525,15 +525,20 @@ class Agent:
         self.handed_out.record(resource, device_ids)
         self.holders.poke()
 
+    def _by_chip(self, holders: Holders) -> Holders:
+        """PodResources' holders by the devices really handed over: with ``--volcano`` the chips mounted,
+        not the kubelet's IDs (what Allocate recorded in :attr:`handed_out` too)."""
+        return self.follow_mounted(holders) if self.follow_mounted is not None else holders
+
     def _observe_holders(self, holders: Holders, asked_at: float) -> None:
-        self.handed_out.observe(holders.by_device.keys(), asked_at)
+        self.handed_out.observe(self._by_chip(holders).by_device.keys(), asked_at)
 
     def _held_by_pods(self) -> frozenset[str] | None:
         """The device IDs pods hold, as PodResources last said, and what Allocate handed over that it has
         not shown freed yet; None while PodResources does not answer."""
         if self.holders.error is not None:
             return None
-        listed = frozenset(device_id for _, device_id in self.holders.holders.by_device)
+        listed = frozenset(device_id for _, device_id in self._by_chip(self.holders.holders).by_device)
         return listed | self.handed_out.device_ids()
 
     async def apply_vnpu_layout(self, *, fresh: bool = False, quiet: bool = False) -> tuple[ChipPlan, ...]:
@@ -732,9 +737,7 @@ class Agent:
         replicas are held by several."""
         inventory = self.inventory
         chip = next((c for c in (*inventory.chips, *inventory.vnpus) if c.device_id == device), None)
-        found = self.holders.holders
-        if self.follow_mounted is not None:
-            found = self.follow_mounted(found)
+        found = self._by_chip(self.holders.holders)
         replicas = 1 if chip is not None and chip.vnpu is not None else self.settings.replicas
         holders = found.of(chip, replicas) if chip is not None else ()
         return (

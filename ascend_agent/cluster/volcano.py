@@ -29,7 +29,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.lowlevel
@@ -41,6 +41,7 @@ from lightkube.models.core_v1 import PodSpec, PodStatus
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
+from prometheus_client import Gauge
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.deviceinfo import go_json
@@ -70,6 +71,15 @@ RELIST_INTERVAL = 60
 MISS_READ_TIMEOUT = 2.0
 # Pods per page of a list.
 LIST_CHUNK = 500
+
+CHIPS_TAKEN = Gauge(
+    "ascend_agent_volcano_chips_taken",
+    "Chips pods Volcano placed have, as the agent's pod watch knows (--volcano).",
+)
+
+
+class ChipHeld(LookupError):
+    """Volcano's choice names a chip another pod has, as far as the cache knows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +178,10 @@ def mounted_from(pods: Iterable[PodView]) -> list[Mounted]:
 
 async def node_pods(api: KubeApi) -> list[PodView]:
     """The pods bound to the agent's node, read once."""
-    pods, _ = await _listed(api)
-    return pods
+    listed = await _listed(api)
+    for pod, problem in listed.unreadable.items():
+        log.warning("Pod %s is ignored: %s", pod, problem)
+    return listed.pods
 
 
 def follow_mounted(holders: Holders, mounted: Iterable[Mounted]) -> Holders:
@@ -300,6 +312,7 @@ class VolcanoPods:
         self._marks: dict[str, Mounted] | None = None
         self._refused: set[str] = set()  # pods whose choice was refused once: never chosen again
         self._ignored: set[str] = set()  # pods with a predicate-time that is none (logged once)
+        self._unreadable: set[str] = set()  # pods of the last list that could not be decoded (logged once)
         # (resource, chips) -> a heap of (predicate-time, namespace, name, uid) of the pods that may want
         # them; entries of pods since changed, taken or gone are dropped when they come to the top.
         self._queues: dict[tuple[str, int], list[tuple[int, str, str, str]]] = {}
@@ -364,21 +377,40 @@ class VolcanoPods:
         if whole_node:
             real = kubelet_ids
         elif pod is None:
-            raise LookupError(
-                f"no pod on this node placed by Volcano asks for {count} {resource} "
-                f"(annotation {resource} with {count} chips, {PREDICATE_TIME} not taken) after {self._tries} "
-                "tries; the kubelet retries. Check that Volcano schedules the pod (schedulerName: volcano)"
-            )
+            raise LookupError(self._no_pod(resource, count))
         else:
-            try:
-                real = self._checked(pod, resource)
-            except LookupError:
-                # Refused once, never chosen again: a bad choice must not hold up the Allocates after it.
-                self._refused.add(pod.uid)
-                raise
+            pod, real = await self._accepted(pod, resource, count)
         if pod is not None:
             self._take(pod, resource, real, kubelet_ids)
         return real
+
+    async def _accepted(self, pod: PodView, resource: str, count: int) -> tuple[PodView, list[str]]:
+        """The pod this Allocate is for and its chips, checked; a pod refused is never chosen again (a bad
+        choice must not hold up the Allocates after it). A chip another pod holds is checked again after the
+        pods are read once more: Volcano may have seen that pod go before the watch did (an outage of the
+        watch, its back-off). Another Allocate may have taken the pod meanwhile: the choice is made again."""
+        try:
+            return pod, self._checked(pod, resource)
+        except ChipHeld:
+            await self._read_pods()
+        except LookupError:
+            self._refused.add(pod.uid)
+            raise
+        again = self._choose(resource, count)
+        if again is None:
+            raise LookupError(self._no_pod(resource, count))
+        try:
+            return again, self._checked(again, resource)
+        except LookupError:
+            self._refused.add(again.uid)
+            raise
+
+    def _no_pod(self, resource: str, count: int) -> str:
+        return (
+            f"no pod on this node placed by Volcano asks for {count} {resource} "
+            f"(annotation {resource} with {count} chips, {PREDICATE_TIME} not taken) after {self._tries} "
+            "tries; the kubelet retries. Check that Volcano schedules the pod (schedulerName: volcano)"
+        )
 
     def _choose(self, resource: str, count: int) -> PodView | None:
         """:func:`choose` over the cache, from the index: no scan of every pod on an Allocate."""
@@ -456,6 +488,7 @@ class VolcanoPods:
             self._mounts[uid] = mounted
             for chip in mounted.real:
                 self._on_chip.setdefault((mounted.resource, chip), set()).add(uid)
+        CHIPS_TAKEN.set(len(self._on_chip))
 
     def _holder(self, pod: PodView, resource: str, chips: Sequence[str]) -> tuple[str, str] | None:
         """Another pod that has one of ``chips``: one this agent gave it to (or an earlier agent, by the
@@ -486,7 +519,7 @@ class VolcanoPods:
         held = self._holder(pod, resource, chosen)
         if held is not None:
             chip, holder = held
-            raise LookupError(
+            raise ChipHeld(
                 f"pod {pod.namespace}/{pod.name} names {chip} in its {resource} annotation, which pod "
                 f"{holder} has: refused; check who wrote that annotation (Volcano never picks a chip in use)"
             )
@@ -545,12 +578,16 @@ class VolcanoPods:
         taken_before = set(self._taken)
         self._listing = listing = anyio.Event()
         try:
-            pods, version = await _listed(api)
+            pods, version, unreadable = await _listed(api)
         finally:
             self._first_read.set()
             listing.set()
             if self._listing is listing:
                 self._listing = None
+        for name, problem in unreadable.items():
+            if name not in self._unreadable:
+                log.warning("Pod %s is ignored: %s", name, problem)
+        self._unreadable = set(unreadable)
         listed = {pod.uid for pod in pods}
         if self._marks is None:
             self._marks = {pod.uid: mounted for pod in pods for mounted in mounted_from((pod,))}
@@ -567,6 +604,7 @@ class VolcanoPods:
             self._store(pod)  # one that ended is forgotten, taken or not
         self._refused &= self._pods.keys()
         self._ignored &= self._pods.keys()
+        CHIPS_TAKEN.set(len(self._on_chip))
         self._tell_mounted()
         return version
 
@@ -640,8 +678,15 @@ def _queue(
     return queue
 
 
-async def _listed(api: KubeApi) -> tuple[list[PodView], str | None]:
-    """The pods bound to the agent's node that have not ended, and the list's resourceVersion. Read and
+class _Listed(NamedTuple):
+    pods: list[PodView]  # bound to the node, not ended
+    version: str | None  # the list's resourceVersion
+    unreadable: dict[str, str]  # namespace/name -> why the pod could not be decoded
+
+
+async def _listed(api: KubeApi) -> _Listed:
+    """The pods bound to the agent's node that have not ended, the list's resourceVersion, and the pods that
+    could not be decoded (left out: one pod's data never makes the list fail). Read and
     decoded in a worker thread, a page of :data:`LIST_CHUNK` pods at a time: an answer of many pods (an API
     server that ignores the field selector sends every pod of the cluster) does not hold up Allocate."""
     return await api.call_blocking("list", "pods", functools.partial(_list_in_thread, api.node))
@@ -674,18 +719,37 @@ def _pod_on(node: str, listed: _ListedPod) -> Pod | None:
     )
 
 
-def _list_in_thread(node: str, client: Client) -> tuple[list[PodView], str | None]:
+def _list_in_thread(node: str, client: Client) -> _Listed:
     listing = client.list(_ListedPod, namespace=ALL_NS, fields={"spec.nodeName": node}, chunk_size=LIST_CHUNK)
-    found = [
-        view
-        for listed in listing
-        if (pod := _pod_on(node, listed)) is not None and (view := _view(pod)) is not None and not view.ended
-    ]
+    found: list[PodView] = []
+    unreadable: dict[str, str] = {}
+    for listed in listing:
+        try:
+            pod = _pod_on(node, listed)
+        except msgspec.DecodeError as exc:  # the pod's own data (ValidationError is one too)
+            unreadable[_name_of(listed)] = f"{type(exc).__name__}: {exc}"
+            continue
+        if pod is not None and (view := _view(pod)) is not None and not view.ended:
+            found.append(view)
     try:
         version: str | None = listing.resourceVersion
     except Exception:  # an answer without one: the watch starts from now
         version = None
-    return found, version
+    return _Listed(found, version, unreadable)
+
+
+class _Name(msgspec.Struct):
+    namespace: str = ""
+    name: str = ""
+
+
+def _name_of(listed: _ListedPod) -> str:
+    """``namespace/name`` of a listed pod, as far as its metadata can be read."""
+    try:
+        meta = msgspec.json.decode(listed.metadata, type=_Name)
+    except msgspec.DecodeError:
+        return "without readable metadata"
+    return f"{meta.namespace}/{meta.name}"
 
 
 def _view(pod: Pod) -> PodView | None:

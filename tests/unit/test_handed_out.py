@@ -3,7 +3,15 @@ until no answer listed it within the grace; an answer asked before the Allocate 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from ascend_agent.agent import Agent
+from ascend_agent.backends.fake import FakeBackend
+from ascend_agent.cluster.volcano import PodView, VolcanoPods
+from ascend_agent.config import Settings
 from ascend_agent.handed_out import HandedOut
+from ascend_agent.model import Chip, Inventory
+from ascend_agent.podresources import Holder, Holders
 
 TWO = "huawei.com/Ascend310P-2c"
 KEY = (TWO, "Ascend310P-2c-118-1")
@@ -52,3 +60,33 @@ def test_handed_out_again_counts_from_the_new_allocate() -> None:
     handed.observe(set(), 150.0)  # an answer from before the second Allocate
     handed.observe(set(), 200.1)
     assert handed.device_ids() == {"Ascend310P-2c-118-1"}
+
+
+async def test_with_volcano_what_was_handed_over_is_seen_under_the_chip_really_mounted(
+    short_dir: Path,
+) -> None:
+    """``--volcano``: the kubelet charged ``Ascend910-0`` and Allocate handed over chip 3, Volcano's choice.
+    PodResources lists the pod under ``Ascend910-0``; that is chip 3 being seen, and the pod gone from
+    PodResources frees chip 3 at once (not after the grace). The vNPU layout is told chip 3 is held, not
+    ``Ascend910-0``."""
+    t = "huawei.com/Ascend910"
+    pods = VolcanoPods()
+    pods.observe(Inventory(tuple(Chip.make(n, "910B3") for n in range(8))))
+    pods._store(PodView("team-a", "train", "uid-train", {t: "Ascend910-3", "predicate-time": "1"}, {t: 1}))
+    agent = Agent(Settings(kubelet_dir=short_dir / "kubelet", metrics_address=""), FakeBackend(Settings()))
+    agent.follow_mounted = pods.follow_mounted
+    clock = Clock()
+    agent.handed_out = HandedOut(clock=clock)
+
+    assert await pods.remap(t, [["Ascend910-0"]]) == [["Ascend910-3"]]
+    agent._allocated(t, ["Ascend910-3"])  # what the plugin layer calls with the devices handed over
+    clock.now += 1
+    listed = Holders({(t, "Ascend910-0"): (Holder("team-a", "train", "main"),)})
+    agent.holders.holders = listed
+    agent.holders.on_answer(listed, clock.now)
+    assert agent._held_by_pods() == {"Ascend910-3"}
+
+    clock.now += 1
+    agent.holders.holders = Holders()
+    agent.holders.on_answer(Holders(), clock.now)
+    assert agent.handed_out.device_ids() == frozenset(), "PodResources showed chip 3 freed"

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from lightkube.resources.core_v1 import Pod
+from prometheus_client import REGISTRY
 
 from ascend_agent.cluster.client import ApiUnavailable
 from ascend_agent.cluster.health import Failure
@@ -298,6 +299,7 @@ async def test_a_choice_naming_a_chip_another_pod_holds_is_refused_with_the_pod_
     mounted.kubelet_holders = lambda: Holders({(T, "Ascend910-4"): (Holder("team-b", "plain", "main"),)})
     pods = VolcanoPods(mounted=mounted)
     pods.observe(_eight_chips())
+    pods._first_read.set()  # no API server: reading the pods again finds nothing new
     pods._store(_placed("train-0", "Ascend910-3", "100"))
     pods._store(PodView("team-b", "plain", "uid-plain", {}, {T: 1}, scheduler="default-scheduler"))
     assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
@@ -319,11 +321,13 @@ async def test_a_held_chip_is_free_again_once_its_pod_ended_or_went() -> None:
     pods.observe(_eight_chips())
     pods._store(_placed("first", "Ascend910-3", "100"))
     assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
+    assert REGISTRY.get_sample_value("ascend_agent_volcano_chips_taken") == 1
     ended = _placed("first", "Ascend910-3", TAKEN)
     pods._store(
         PodView(ended.namespace, ended.name, ended.uid, ended.annotations, ended.limits, True, ended=True)
     )
     assert "uid-first" not in pods._pods, "a pod that ended is not kept"
+    assert REGISTRY.get_sample_value("ascend_agent_volcano_chips_taken") == 0
     pods._store(_placed("second", "Ascend910-3", "200"))
     assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-3"]]
     pods._forget("uid-second")
@@ -400,9 +404,29 @@ def test_a_list_keeps_only_this_nodes_pods_that_have_not_ended() -> None:
             items = msgspec.json.decode(msgspec.json.encode(listing), type=dict[str, list[resource]])  # type: ignore[valid-type]
             return _Listing(items["items"])
 
-    pods, version = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
+    pods, version, unreadable = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
     assert [(p.name, p.limits) for p in pods] == [("mine", {T: 1})]
     assert version == "1"
+    assert unreadable == {}
+
+
+async def test_a_pod_that_cannot_be_decoded_is_left_out_of_the_list_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pod whose spec does not decode as a pod's (here ``containers`` is not a list) is left out with one
+    line, once however many lists find it: the other pods are still listed and chosen."""
+    broken = _volcano_pod("broken", "Ascend910-2", "1")
+    broken["spec"]["containers"] = "main"
+    api = _PodsApi([broken, _volcano_pod("fine", "Ascend910-3", "100")])
+    pods = VolcanoPods(tries=1)
+    pods.observe(_eight_chips())
+    with caplog.at_level("WARNING", logger="ascend_agent.cluster"):
+        await pods._list(api)  # type: ignore[arg-type]
+        await pods._list(api)  # type: ignore[arg-type]
+    assert list(pods._names) == [("team-a", "fine")]
+    lines = [r.getMessage() for r in caplog.records if "team-a/broken" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("Pod team-a/broken is ignored: ValidationError"), lines
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
 
 
 @given(
@@ -454,8 +478,10 @@ class _PodsApi(_BurstApi):
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         super().__init__(burst=0)
         self.pods = pods
+        self.lists = 0
 
     def list(self, resource: type[Any], *args: Any, **kwargs: Any) -> _Listing:
+        self.lists += 1
         return _Listing([msgspec.json.decode(msgspec.json.encode(pod), type=resource) for pod in self.pods])
 
 
@@ -506,3 +532,54 @@ async def test_only_the_marks_a_pod_had_when_the_agent_started_are_believed() ->
         await pods.remap(T, [["Ascend910-1"]])
     pods._store(_placed("wants-7", "Ascend910-7", "3"))
     assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-7"]]
+
+
+def _volcano_pod(name: str, chips: str, time: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": f"uid-{name}",
+            "annotations": {T: chips, "predicate-time": time},
+        },
+        "spec": {
+            "nodeName": "node-1",
+            "schedulerName": "volcano",
+            "containers": [{"name": "main", "resources": {"limits": {T: "1"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+async def test_a_chip_held_by_a_pod_the_watch_has_not_seen_go_is_checked_again_after_a_read() -> None:
+    """This agent gave chip 3 to ``first``; ``first`` went, and Volcano placed ``second`` on chip 3 before
+    the watch said so (an outage of the watch, its back-off). The Allocate reads the pods once more and
+    ``second`` gets chip 3, instead of being refused for good. A chip still held after the read is
+    refused."""
+    api = _PodsApi([_volcano_pod("first", "Ascend910-3", "100")])
+    pods = VolcanoPods(tries=1)
+    pods.observe(_eight_chips())
+    await pods._list(api)  # type: ignore[arg-type]
+    pods._api = api  # type: ignore[assignment]
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
+
+    second = _volcano_pod("second", "Ascend910-3", "200")
+    api.pods = [second]  # the API server's pods; the watch has not delivered the change
+    pods._store(PodView.of(Pod.from_dict(second)))
+    with anyio.fail_after(5):
+        assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-3"]]
+
+    third = _volcano_pod("third", "Ascend910-3", "300")
+    api.pods = [second, third]
+    pods._store(PodView.of(Pod.from_dict(third)))
+    with anyio.fail_after(5), pytest.raises(LookupError, match="which pod team-a/second has"):
+        await pods.remap(T, [["Ascend910-2"]])
+    assert "uid-third" in pods._refused
+
+    lists = api.lists
+    unknown = _volcano_pod("unknown", "Ascend910-99", "400")
+    api.pods = [second, unknown]
+    pods._store(PodView.of(Pod.from_dict(unknown)))
+    with pytest.raises(LookupError, match="which this node does not have"):
+        await pods.remap(T, [["Ascend910-2"]])
+    assert api.lists == lists, "a chip the node does not have is refused without reading the pods again"
