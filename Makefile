@@ -12,7 +12,7 @@ PROTO := $(KUBELET_PROTO) protos/podresources/v1/api.proto
 DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run run-dra test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build image image-test clean helm-lint helm-render
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -113,6 +113,19 @@ $(INTEROP)/deviceinfo-decode: tests/interop/deviceinfo/main.go tests/interop/go.
 
 interop: $(STAMP) $(INTEROP)/kubelet-standin $(INTEROP)/deviceinfo-decode
 	INTEROP_REQUIRE_STANDIN=1 $(BIN)/pytest -q -s -m interop -o addopts='' tests/interop
+
+# A real single-node Kubernetes (tests/cluster/): one binary with kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, kubectl, embedded etcd and a recording CRI runtime, built from Kubernetes' own Go
+# modules (the version pinned in tests/cluster/go.mod) into a cache outside the clone keyed by that version and a
+# hash of the module's sources; a second build with the same sources is a cache hit. `make test` never builds it.
+e2e-build:
+	@command -v $(GO) >/dev/null || { echo "make e2e-build: no go on PATH; install Go 1.26 or newer (https://go.dev/dl/)"; exit 1; }
+	tests/cluster/build.sh
+
+e2e: $(STAMP)
+	@command -v $(GO) >/dev/null || { echo "make e2e: no go on PATH; install Go 1.26 or newer (https://go.dev/dl/)"; exit 1; }
+	binary=$$(tests/cluster/build.sh) && E2E_K8S_BINARY="$$binary" E2E_REQUIRE_CLUSTER=1 \
+		$(BIN)/pytest -q -m e2e_cluster -o addopts='' tests/cluster
 
 image:
 	@engine=$$(command -v podman || command -v docker || command -v buildah) || { echo "make image: no podman, docker or buildah here"; exit 1; }; \
