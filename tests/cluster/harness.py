@@ -1,7 +1,7 @@
 """A single-node Kubernetes cluster from the binary tests/cluster/build.sh makes: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, the recording CRI runtime and the kubelet, each a process of its own.
 
-Everything that speaks TCP runs inside a network namespace made here (``lo`` and a dummy interface carrying
+Everything that speaks TCP runs inside a network namespace made here (``lo`` and a veth pair, one end carrying
 the node IP), so nothing the cluster sends leaves it; kubectl joins it. Unix sockets (CRI, device plugin, DRA,
 PodResources) live in the filesystem. The kubelet's device-plugin socket is fixed at
 /var/lib/kubelet/device-plugins/kubelet.sock: the cluster does not start where a kubelet answers there.
@@ -161,7 +161,7 @@ class Cluster:
             ("scheduler", "system:kube-scheduler"),
             ("kubelet", f"system:node:{NODE_NAME}"),
         ):
-            self._kubeconfig(self.work / f"{name}.kubeconfig", self.tokens[user])
+            self.write_kubeconfig(self.work / f"{name}.kubeconfig", self.tokens[user])
         self._spawn(
             "kube-controller-manager",
             [
@@ -199,8 +199,10 @@ class Cluster:
         steps = [
             ["ip", "netns", "add", self.netns],
             ["ip", "-n", self.netns, "link", "set", "lo", "up"],
-            ["ip", "-n", self.netns, "link", "add", "e2e0", "type", "dummy"],
+            # A veth pair with both ends inside: this kernel has no dummy device type.
+            ["ip", "-n", self.netns, "link", "add", "e2e0", "type", "veth", "peer", "name", "e2e1"],
             ["ip", "-n", self.netns, "addr", "add", f"{NODE_IP}/24", "dev", "e2e0"],
+            ["ip", "-n", self.netns, "link", "set", "e2e1", "up"],
             ["ip", "-n", self.netns, "link", "set", "e2e0", "up"],
             ["ip", "-n", self.netns, "route", "add", "default", "dev", "e2e0"],
         ]
@@ -253,7 +255,7 @@ class Cluster:
             "--allow-privileged=true",
         ]
 
-    def _kubeconfig(self, path: Path, token: str) -> None:
+    def write_kubeconfig(self, path: Path, token: str) -> None:
         ca = self.work / "apiserver-certs" / "apiserver.crt"
         path.write_text(
             "apiVersion: v1\nkind: Config\n"
@@ -335,7 +337,7 @@ class Cluster:
         self._wait(name, f"log {text!r}", (text in log.read_text(errors="replace") for _ in iter(int, 1)))
 
     def _wait_api(self) -> None:
-        self._kubeconfig(self.admin_kubeconfig, self.tokens["admin"])
+        self.write_kubeconfig(self.admin_kubeconfig, self.tokens["admin"])
 
         def ready() -> Iterator[bool]:
             while True:

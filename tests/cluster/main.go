@@ -41,7 +41,8 @@ func runKubectl() int {
 }
 
 func main() {
-	name := filepath.Base(os.Args[0])
+	program := filepath.Base(os.Args[0])
+	name := program
 	if _, ok := components[name]; !ok && len(os.Args) > 1 {
 		// `k8s kubelet --flag`: the component reads os.Args as if it had been started by its own name.
 		name = os.Args[1]
@@ -55,7 +56,7 @@ func main() {
 		}
 		sort.Strings(names)
 		fmt.Fprintf(os.Stderr, "usage: %s COMPONENT ARGS... where COMPONENT is one of %s\n",
-			filepath.Base(os.Args[0]), strings.Join(names, ", "))
+			program, strings.Join(names, ", "))
 		os.Exit(2)
 	}
 	os.Exit(run())

@@ -1,0 +1,106 @@
+"""The operator's checks against the real kubelet, scheduler and API server: the agent as the chart deploys it
+(fake backend, eight 910B chips) advertises them, and a pod asking for one goes Running with one chip's
+device node, the management devices and the environment in what the kubelet asked the runtime to create."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.agent import apply_chart, start_agent
+from tests.cluster.harness import NODE_NAME, Cluster
+from tests.support.agent_process import AgentProcess
+
+pytestmark = pytest.mark.e2e_cluster
+
+RESOURCE = "huawei.com/Ascend910"
+# kubectl's JSONPath: the dot in the resource's name escaped.
+ALLOCATABLE_PATH = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
+MANAGEMENT_DEVICES = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
+
+
+@pytest.fixture(scope="module")
+def agent(cluster: Cluster) -> Iterator[AgentProcess]:
+    apply_chart(cluster)
+    process = start_agent(cluster)
+    try:
+        process.wait_log("registered|Registered", timeout=60)
+        yield process
+    finally:
+        process.terminate(timeout=20)
+        process.close()
+
+
+def node_resources(cluster: Cluster) -> tuple[dict[str, str], dict[str, str]]:
+    node = json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)
+    return node["status"].get("capacity", {}), node["status"].get("allocatable", {})
+
+
+def wait_capacity(cluster: Cluster, count: str) -> None:
+    cluster.kubectl(
+        "wait",
+        f"node/{NODE_NAME}",
+        f"--for=jsonpath={ALLOCATABLE_PATH}={count}",
+        "--timeout=60s",
+        timeout=90,
+    )
+
+
+def recorded_containers(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(Path(cluster.records).glob("*.json")):
+        request = json.loads(path.read_text())
+        if request.get("config", {}).get("metadata", {}).get("name") == name:
+            found.append(request)
+    return found
+
+
+def test_describe_node_shows_eight_chips(cluster: Cluster, agent: AgentProcess) -> None:
+    wait_capacity(cluster, "8")
+    capacity, allocatable = node_resources(cluster)
+    assert capacity[RESOURCE] == "8"
+    assert allocatable[RESOURCE] == "8"
+    described = cluster.kubectl("describe", "node", NODE_NAME).stdout
+    sections = re.findall(
+        rf"(Capacity|Allocatable):\n(?:  .*\n)*?  {re.escape(RESOURCE)}:\s+(\d+)", described
+    )
+    assert sections == [("Capacity", "8"), ("Allocatable", "8")], described
+
+
+def test_a_pod_with_one_chip_runs_with_its_device(cluster: Cluster, agent: AgentProcess) -> None:
+    wait_capacity(cluster, "8")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "one-chip", "namespace": "default"},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "npu",
+                    "image": "registry.invalid/ascend-smoke:1",
+                    "resources": {"limits": {RESOURCE: "1"}},
+                }
+            ],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    try:
+        cluster.kubectl(
+            "wait", "pod/one-chip", "--for=jsonpath={.status.phase}=Running", "--timeout=90s", timeout=120
+        )
+        (request,) = recorded_containers(cluster, "npu")
+        devices = {d["hostPath"] for d in request["config"].get("devices", [])}
+        chips = {d for d in devices if re.fullmatch(r"/dev/davinci\d+", d)}
+        assert len(chips) == 1, devices
+        assert devices >= MANAGEMENT_DEVICES, devices
+        envs = {e["key"]: e.get("value", "") for e in request["config"].get("envs", [])}
+        (chip,) = chips
+        assert envs.get("ASCEND_VISIBLE_DEVICES") == chip.removeprefix("/dev/davinci"), envs
+    finally:
+        cluster.kubectl("delete", "pod", "one-chip", "--wait=true", "--timeout=60s", check=False, timeout=90)
