@@ -40,7 +40,6 @@ def agent_settings(cluster: Cluster, **overrides: Any) -> dict[str, Any]:
         fakeChips=8,
         fakeModel="910B4",
         cdiSpecDir=str(cluster.work / "cdi"),
-        podResourcesSocket=str(cluster.kubelet_root / "pod-resources" / "kubelet.sock"),
         metricsAddress="127.0.0.1:9410",
     )
     settings.update(overrides)

@@ -71,6 +71,8 @@ func runRecordingRuntime() int {
 		{Type: runtimeapi.RuntimeReady, Status: true},
 		{Type: runtimeapi.NetworkReady, Status: true},
 	}}
+	// The kubelet refuses an image whose size is 0 ("Id or size of image ... is not set").
+	runtime.ImageService.SetFakeImageSize(1 << 20)
 	server := grpc.NewServer()
 	runtimeapi.RegisterRuntimeServiceServer(server, runtime)
 	runtimeapi.RegisterImageServiceServer(server, runtime.RemoteRuntime)

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import IO
 
 KUBELET_DIR = Path("/var/lib/kubelet")
+# What the kubelet makes on the host besides its root directory: removed at the end unless they were there.
+KUBELET_HOST_DIRS = (KUBELET_DIR, Path("/var/log/pods"), Path("/var/log/containers"))
 KUBELET_SOCKET = KUBELET_DIR / "device-plugins" / "kubelet.sock"
 NODE_NAME = "ascend-e2e"
 NODE_IP = "10.123.0.2"
@@ -107,7 +109,7 @@ class Cluster:
     components: dict[str, Component] = field(default_factory=dict)
     sysctls: dict[str, str] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
-    kubelet_dir_existed: bool = True
+    host_dirs_made: tuple[Path, ...] = ()
     _logs: list[IO[bytes]] = field(default_factory=list)
 
     @property
@@ -118,10 +120,6 @@ class Cluster:
     @property
     def admin_kubeconfig(self) -> Path:
         return self.work / "admin.kubeconfig"
-
-    @property
-    def kubelet_root(self) -> Path:
-        return self.work / "kubelet"
 
     def in_netns(self, argv: Sequence[str]) -> list[str]:
         return ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv]
@@ -148,7 +146,7 @@ class Cluster:
                 f"a kubelet already answers at {KUBELET_SOCKET}: the test cluster's kubelet needs that "
                 "socket; run the cluster tests on a machine without one"
             )
-        self.kubelet_dir_existed = KUBELET_DIR.exists()
+        self.host_dirs_made = tuple(path for path in KUBELET_HOST_DIRS if not path.exists())
         self.sysctls = read_sysctls()
         self._network()
         self._credentials()
@@ -192,6 +190,7 @@ class Cluster:
         self._wait_log("cri", "cri: serving")
         self._spawn("kubelet", self._kubelet_args())
         self.wait_node_ready()
+        self._wait_default_service_account()
         # The kubelet wrote its kernel settings at start; they are the machine's, not the cluster's.
         write_sysctls(self.sysctls)
 
@@ -296,7 +295,9 @@ class Cluster:
             "kubelet",
             f"--config={config}",
             f"--kubeconfig={self.work / 'kubelet.kubeconfig'}",
-            f"--root-dir={self.kubelet_root}",
+            # The default root: the agent finds the kubelet's plugins/, pod-resources/ and plugins_registry/
+            # where a node has them.
+            f"--root-dir={KUBELET_DIR}",
             f"--cert-dir={self.work / 'kubelet-certs'}",
             f"--hostname-override={NODE_NAME}",
             f"--node-ip={NODE_IP}",
@@ -345,6 +346,18 @@ class Cluster:
                 yield answer.returncode == 0 and answer.stdout.strip() == "ok"
 
         self._wait("kube-apiserver", "answer /readyz", ready())
+
+    def _wait_default_service_account(self) -> None:
+        """Until the controller-manager made the default ServiceAccount: pods are refused before it."""
+
+        def made() -> Iterator[bool]:
+            while True:
+                answer = self.kubectl(
+                    "get", "serviceaccount", "default", "-n", "default", check=False, timeout=20
+                )
+                yield answer.returncode == 0
+
+        self._wait("kube-controller-manager", "make the default ServiceAccount", made())
 
     def wait_node_ready(self, timeout: float = START_TIMEOUT) -> None:
         """Until the Node exists and is Ready (kubectl wait watches it)."""
@@ -408,8 +421,8 @@ class Cluster:
             changed = {k: v for k, v in read_sysctls().items() if v != self.sysctls[k]}
             if changed:
                 problems.append(f"kernel settings not put back: {changed} (were {self.sysctls})")
-        if not self.kubelet_dir_existed and KUBELET_DIR.exists():
-            shutil.rmtree(KUBELET_DIR, ignore_errors=True)
+        for path in self.host_dirs_made:
+            shutil.rmtree(path, ignore_errors=True)
         if os.environ.get("E2E_KEEP_WORK"):
             problems_note = f"work directory kept: {self.work}"
             print(problems_note)
@@ -429,8 +442,7 @@ class Cluster:
                     argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                     found.append(f"process {proc.name}: {argv}")
         found += [f"mount {point}" for point in _mounts_under(self.work, KUBELET_DIR)]
-        if not self.kubelet_dir_existed and KUBELET_DIR.exists():
-            found.append(f"{KUBELET_DIR} (it did not exist before)")
+        found += [f"{path} (it did not exist before)" for path in self.host_dirs_made if path.exists()]
         if Path(f"/run/netns/{self.netns}").exists():
             found.append(f"network namespace {self.netns}")
         if self.work.exists() and not os.environ.get("E2E_KEEP_WORK"):

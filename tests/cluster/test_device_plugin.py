@@ -4,6 +4,7 @@ device node, the management devices and the environment in what the kubelet aske
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ def agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster)
     process = start_agent(cluster)
     try:
-        process.wait_log("registered|Registered", timeout=60)
+        process.wait_log(f"Registered resource {RESOURCE}", timeout=60)
         yield process
     finally:
         process.terminate(timeout=20)
@@ -49,6 +50,27 @@ def wait_capacity(cluster: Cluster, count: str) -> None:
         "--timeout=60s",
         timeout=90,
     )
+
+
+def wait_running(cluster: Cluster, pod: str) -> None:
+    waited = cluster.kubectl(
+        "wait",
+        f"pod/{pod}",
+        "--for=jsonpath={.status.phase}=Running",
+        "--timeout=90s",
+        timeout=120,
+        check=False,
+    )
+    if waited.returncode != 0:
+        described = cluster.kubectl("describe", "pod", pod, check=False).stdout
+        raise AssertionError(f"pod {pod} is not Running: {waited.stderr.strip()}\n{described}")
+
+
+def recorded_envs(request: dict[str, Any]) -> dict[str, str]:
+    """A recorded container's environment (CRI's KeyValue.value is bytes: base64 in protobuf's JSON)."""
+    return {
+        e["key"]: base64.b64decode(e.get("value", "")).decode() for e in request["config"].get("envs", [])
+    }
 
 
 def recorded_containers(cluster: Cluster, name: str) -> list[dict[str, Any]]:
@@ -91,15 +113,13 @@ def test_a_pod_with_one_chip_runs_with_its_device(cluster: Cluster, agent: Agent
     }
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     try:
-        cluster.kubectl(
-            "wait", "pod/one-chip", "--for=jsonpath={.status.phase}=Running", "--timeout=90s", timeout=120
-        )
+        wait_running(cluster, "one-chip")
         (request,) = recorded_containers(cluster, "npu")
         devices = {d["hostPath"] for d in request["config"].get("devices", [])}
         chips = {d for d in devices if re.fullmatch(r"/dev/davinci\d+", d)}
         assert len(chips) == 1, devices
         assert devices >= MANAGEMENT_DEVICES, devices
-        envs = {e["key"]: e.get("value", "") for e in request["config"].get("envs", [])}
+        envs = recorded_envs(request)
         (chip,) = chips
         assert envs.get("ASCEND_VISIBLE_DEVICES") == chip.removeprefix("/dev/davinci"), envs
     finally:
