@@ -28,13 +28,20 @@ MANAGEMENT_DEVICES = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
 @pytest.fixture(scope="module")
 def agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster)
-    process = start_agent(cluster)
+    fake_state(cluster).write_text("{}")
+    process = start_agent(cluster, fakeState=str(fake_state(cluster)))
     try:
         process.wait_log(f"Registered resource {RESOURCE}", timeout=60)
         yield process
     finally:
         process.terminate(timeout=20)
         process.close()
+        (cluster.work / "logs" / "agent.log").write_text(process.output)
+
+
+def fake_state(cluster: Cluster) -> Path:
+    """The fake backend's state file: the faults it scripts are re-read at every discovery."""
+    return cluster.work / "fake-state.json"
 
 
 def node_resources(cluster: Cluster) -> tuple[dict[str, str], dict[str, str]]:
@@ -124,3 +131,19 @@ def test_a_pod_with_one_chip_runs_with_its_device(cluster: Cluster, agent: Agent
         assert envs.get("ASCEND_VISIBLE_DEVICES") == chip.removeprefix("/dev/davinci"), envs
     finally:
         cluster.kubectl("delete", "pod", "one-chip", "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def test_a_chip_turning_unhealthy_and_back(cluster: Cluster, agent: AgentProcess) -> None:
+    wait_capacity(cluster, "8")
+    fake_state(cluster).write_text(json.dumps({"unhealthy": [3]}))
+    try:
+        wait_capacity(cluster, "7")
+        capacity, allocatable = node_resources(cluster)
+        assert (capacity[RESOURCE], allocatable[RESOURCE]) == ("8", "7")
+        events = cluster.kubectl("describe", "node", NODE_NAME).stdout.split("Events:", 1)[-1]
+        assert re.search(r"Warning\s+NPUUnhealthy\s+.*Ascend910-3 is Unhealthy", events), events
+    finally:
+        fake_state(cluster).write_text("{}")
+    wait_capacity(cluster, "8")
+    events = cluster.kubectl("describe", "node", NODE_NAME).stdout.split("Events:", 1)[-1]
+    assert re.search(r"Normal\s+NPUHealthy\s+.*Ascend910-3 is Healthy again", events), events
