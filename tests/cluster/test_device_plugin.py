@@ -147,3 +147,59 @@ def test_a_chip_turning_unhealthy_and_back(cluster: Cluster, agent: AgentProcess
     wait_capacity(cluster, "8")
     events = cluster.kubectl("describe", "node", NODE_NAME).stdout.split("Events:", 1)[-1]
     assert re.search(r"Normal\s+NPUHealthy\s+.*Ascend910-3 is Healthy again", events), events
+
+
+def test_node_labels_in_show_labels(cluster: Cluster, agent: AgentProcess) -> None:
+    cluster.kubectl(
+        "wait",
+        f"node/{NODE_NAME}",
+        "--for=jsonpath={.metadata.labels.accelerator}=huawei-Ascend910",
+        "--timeout=60s",
+        timeout=90,
+    )
+    shown = cluster.kubectl("get", "node", NODE_NAME, "--show-labels").stdout
+    labels = dict(pair.split("=", 1) for pair in shown.split()[-1].split(","))
+    assert labels["accelerator"] == "huawei-Ascend910", labels
+    assert labels["node.kubernetes.io/npu.chip.name"] == "910B4", labels
+    assert labels["huawei.com/npu.count"] == "8", labels
+
+
+def test_with_the_chips_gone_a_pod_stays_pending_for_want_of_chips(
+    cluster: Cluster, agent: AgentProcess
+) -> None:
+    wait_capacity(cluster, "8")
+    fake_state(cluster).write_text(json.dumps({"absent": list(range(8))}))
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "no-chip-left", "namespace": "default"},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "npu",
+                    "image": "registry.invalid/ascend-smoke:1",
+                    "resources": {"limits": {RESOURCE: "1"}},
+                }
+            ],
+        },
+    }
+    try:
+        wait_capacity(cluster, "0")
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+        cluster.kubectl(
+            "wait",
+            "pod/no-chip-left",
+            "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
+            "--timeout=60s",
+            timeout=90,
+        )
+        described = cluster.kubectl("describe", "pod", "no-chip-left").stdout
+        assert "Pending" in described, described
+        assert f"Insufficient {RESOURCE}" in described, described
+    finally:
+        cluster.kubectl(
+            "delete", "pod", "no-chip-left", "--wait=true", "--timeout=60s", check=False, timeout=90
+        )
+        fake_state(cluster).write_text("{}")
+    wait_capacity(cluster, "8")
