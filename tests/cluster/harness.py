@@ -305,6 +305,10 @@ class Cluster:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = self.work / "logs" / f"{name}.log"
+        starts = 1
+        while log.exists():  # a component started again logs to a file of its own
+            starts += 1
+            log = self.work / "logs" / f"{name}-{starts}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         out = log.open("wb")
         self._logs.append(out)
@@ -379,6 +383,19 @@ class Cluster:
                 yield answer.returncode == 0
 
         self._wait("kubelet", "register a Ready node", ready(), timeout)
+
+    def restart_kubelet(self) -> None:
+        """The kubelet stopped (SIGTERM) and started again as before, until its socket answers."""
+        self.stop_component("kubelet")
+        self._spawn("kubelet", self._kubelet_args())
+
+        def answers() -> Iterator[bool]:
+            while True:
+                yield kubelet_answers()
+
+        self._wait("kubelet", f"answer at {KUBELET_SOCKET}", answers())
+        self.wait_node_ready()
+        write_sysctls(self.sysctls)
 
     # -- stop -----------------------------------------------------------------------------------------------
 

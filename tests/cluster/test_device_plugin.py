@@ -22,6 +22,7 @@ pytestmark = pytest.mark.e2e_cluster
 RESOURCE = "huawei.com/Ascend910"
 # kubectl's JSONPath: the dot in the resource's name escaped.
 ALLOCATABLE_PATH = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
+IMAGE = "registry.invalid/ascend-smoke:1"  # the recording runtime "pulls" any image at once
 MANAGEMENT_DEVICES = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
 
 
@@ -37,6 +38,26 @@ def agent(cluster: Cluster) -> Iterator[AgentProcess]:
         process.terminate(timeout=20)
         process.close()
         (cluster.work / "logs" / "agent.log").write_text(process.output)
+
+
+def one_pod_spec(name: str, container: str, chips: int) -> dict[str, Any]:
+    """A pod of one container asking for ``chips`` chips (the runtime fakes its image)."""
+    limits = {RESOURCE: str(chips)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "containers": [{"name": container, "image": IMAGE, "resources": {"limits": limits}}],
+        },
+    }
+
+
+def chip_devices(request: dict[str, Any]) -> set[str]:
+    """The chips' device nodes (/dev/davinciN) in a recorded CreateContainer request."""
+    devices = {d["hostPath"] for d in request["config"].get("devices", [])}
+    return {d for d in devices if re.fullmatch(r"/dev/davinci\d+", d)}
 
 
 def fake_state(cluster: Cluster) -> Path:
@@ -203,3 +224,30 @@ def test_with_the_chips_gone_a_pod_stays_pending_for_want_of_chips(
         )
         fake_state(cluster).write_text("{}")
     wait_capacity(cluster, "8")
+
+
+def test_the_kubelet_restarted_capacity_comes_back_and_the_pod_keeps_its_chip(
+    cluster: Cluster, agent: AgentProcess
+) -> None:
+    wait_capacity(cluster, "8")
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("keeps-chip", "keeper", 1)))
+    try:
+        wait_running(cluster, "keeps-chip")
+        (before,) = recorded_containers(cluster, "keeper")
+        registrations = len(agent.matching(f"Registered resource {RESOURCE}"))
+        cluster.restart_kubelet()
+        agent.wait_log(f"Registered resource {RESOURCE}", timeout=60, count=registrations + 1)
+        wait_capacity(cluster, "8")
+        capacity, _ = node_resources(cluster)
+        assert capacity[RESOURCE] == "8"
+        wait_running(cluster, "keeps-chip")
+        assert recorded_containers(cluster, "keeper") == [before], "the running container was created again"
+        # The kubelet still counts the running pod's chip as taken: seven more fit, none of them that one.
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("the-rest", "rest", 7)))
+        wait_running(cluster, "the-rest")
+        (others,) = recorded_containers(cluster, "rest")
+        kept, taken = chip_devices(before), chip_devices(others)
+        assert len(kept) == 1 and len(taken) == 7 and not kept & taken, (kept, taken)
+    finally:
+        for name in ("keeps-chip", "the-rest"):
+            cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)
