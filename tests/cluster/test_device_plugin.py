@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from ascend_agent.allocation import preferred, topology_for
+from ascend_agent.model import Chip
 from tests.cluster.agent import apply_chart, start_agent
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.support.agent_process import AgentProcess
@@ -251,3 +253,33 @@ def test_the_kubelet_restarted_capacity_comes_back_and_the_pod_keeps_its_chip(
     finally:
         for name in ("keeps-chip", "the-rest"):
             cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def test_pods_of_2_and_4_chips_get_the_sets_the_agent_prefers(cluster: Cluster, agent: AgentProcess) -> None:
+    """The kubelet asks GetPreferredAllocation and takes its answer: each pod's recorded chips are what the
+    agent's policy picks from the chips still free (910B: mesh, two NUMA nodes of four)."""
+    wait_capacity(cluster, "8")
+    chips = [
+        Chip.make(i, "910B4", numa_node=i * 2 // 8, npu_id=i, bus_id=f"0000:{0x10 + i:02x}:00.0")
+        for i in range(8)
+    ]
+    topology = topology_for(chips)
+    held: set[str] = set()
+    pods = [("one", 1), ("two", 2), ("four", 4)]
+    try:
+        for name, size in pods:
+            free = sorted(f"Ascend910-{i}" for i in range(8) if f"/dev/davinci{i}" not in held)
+            expected = {f"/dev/davinci{d.rsplit('-', 1)[1]}" for d in preferred(topology, free, [], size)}
+            cluster.kubectl(
+                "apply", "-f", "-", stdin=json.dumps(one_pod_spec(f"takes-{name}", f"c-{name}", size))
+            )
+            wait_running(cluster, f"takes-{name}")
+            (request,) = recorded_containers(cluster, f"c-{name}")
+            got = chip_devices(request)
+            assert got == expected, (name, sorted(got), sorted(expected), sorted(held))
+            held |= got
+    finally:
+        for name, _ in pods:
+            cluster.kubectl(
+                "delete", "pod", f"takes-{name}", "--wait=true", "--timeout=60s", check=False, timeout=90
+            )
