@@ -7,6 +7,9 @@ from __future__ import annotations
 import base64
 import json
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -283,3 +286,38 @@ def test_pods_of_2_and_4_chips_get_the_sets_the_agent_prefers(cluster: Cluster, 
             cluster.kubectl(
                 "delete", "pod", f"takes-{name}", "--wait=true", "--timeout=60s", check=False, timeout=90
             )
+
+
+def test_the_real_kubelets_podresources_name_the_holder(cluster: Cluster, agent: AgentProcess) -> None:
+    """PodResources from the real kubelet: the pod holding a chip is in /metrics' labels and in `list`."""
+    wait_capacity(cluster, "8")
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("holder", "holds", 1)))
+    try:
+        wait_running(cluster, "holder")
+        ((chip,),) = [chip_devices(r) for r in recorded_containers(cluster, "holds")]
+        device = "Ascend910-" + chip.removeprefix("/dev/davinci")
+        wanted = re.compile(rf'device="{device}"[^}}]*pod="holder"|pod="holder"[^}}]*device="{device}"')
+        deadline = time.monotonic() + 60
+        metrics = ""
+        while not wanted.search(metrics) and time.monotonic() < deadline:
+            metrics = subprocess.run(
+                cluster.in_netns(["curl", "-sf", "http://127.0.0.1:9410/metrics"]),
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            ).stdout
+            time.sleep(0.5)
+        assert wanted.search(metrics), [line for line in metrics.splitlines() if device in line][:5]
+        listed = subprocess.run(
+            [sys.executable, "-m", "ascend_agent", "list", "--config", str(cluster.work / "agent.yaml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert listed.returncode == 0, listed.stderr
+        lines = [line for line in listed.stdout.splitlines() if re.search(rf"\b{device}\b", line)]
+        assert lines and "holder" in lines[0], listed.stdout
+    finally:
+        cluster.kubectl("delete", "pod", "holder", "--wait=true", "--timeout=60s", check=False, timeout=90)
