@@ -28,6 +28,8 @@ def chart_object(kind: str) -> dict[str, Any]:
 
 
 def apply_chart(cluster: Cluster) -> None:
+    """The README's install: the node labelled for the DaemonSet's nodeSelector, then the chart's objects."""
+    cluster.kubectl("label", "node", NODE_NAME, "accelerator=huawei-Ascend910", "--overwrite")
     cluster.kubectl("apply", "-f", str(CHART_RENDER))
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.model import Chip
-from tests.cluster.agent import apply_chart, start_agent
+from tests.cluster.agent import apply_chart, chart_objects, start_agent
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.support.agent_process import AgentProcess
 
@@ -113,6 +113,31 @@ def recorded_containers(cluster: Cluster, name: str) -> list[dict[str, Any]]:
         if request.get("config", {}).get("metadata", {}).get("name") == name:
             found.append(request)
     return found
+
+
+def test_the_daemonset_its_pod_on_the_node_and_the_agents_log(cluster: Cluster, agent: AgentProcess) -> None:
+    """The guides' first checks: the DaemonSet, its pod on the node, the chips found and the resource
+    registered in the agent's log. (The pod's own container is the runtime's fake: the agent under test is
+    the host process.)"""
+    cluster.kubectl(
+        "wait",
+        "-n",
+        "kube-system",
+        "ds/ascend-device-plugin-daemonset",
+        "--for=jsonpath={.status.currentNumberScheduled}=1",
+        "--timeout=60s",
+        timeout=90,
+    )
+    shown = cluster.kubectl("get", "ds", "-n", "kube-system", "ascend-device-plugin-daemonset").stdout
+    assert re.search(r"ascend-device-plugin-daemonset\s+1\s", shown), shown
+    pods = json.loads(
+        cluster.kubectl(
+            "get", "pods", "-n", "kube-system", "-l", "app.kubernetes.io/name=ascend-agent", "-o", "json"
+        ).stdout
+    )["items"]
+    assert [pod["spec"].get("nodeName") for pod in pods] == [NODE_NAME], pods
+    agent.wait_log(r"Found device /dev/davinci\d", timeout=10, count=8)
+    agent.wait_log(f"Registered resource {RESOURCE}", timeout=10)
 
 
 def test_describe_node_shows_eight_chips(cluster: Cluster, agent: AgentProcess) -> None:
@@ -321,3 +346,43 @@ def test_the_real_kubelets_podresources_name_the_holder(cluster: Cluster, agent:
         assert lines and "holder" in lines[0], listed.stdout
     finally:
         cluster.kubectl("delete", "pod", "holder", "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def test_the_device_info_configmap_is_accepted(cluster: Cluster, agent: AgentProcess) -> None:
+    """The device-info ConfigMap through the real API server's validation and the chart's Role."""
+    name = f"mindx-dl-deviceinfo-{NODE_NAME}"
+    deadline = time.monotonic() + 60
+    answer = cluster.kubectl("get", "configmap", name, "-n", "kube-system", "-o", "json", check=False)
+    while answer.returncode != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        answer = cluster.kubectl("get", "configmap", name, "-n", "kube-system", "-o", "json", check=False)
+    assert answer.returncode == 0, answer.stderr
+    data = json.loads(answer.stdout)["data"]
+    assert "DeviceInfoCfg" in data, data
+
+
+def test_without_the_events_create_verb_the_agent_logs_the_403_once(
+    cluster: Cluster, agent: AgentProcess
+) -> None:
+    """Real RBAC: the chart's ClusterRole without `create` on events; two chip transitions, one log line."""
+    wait_capacity(cluster, "8")
+    (role,) = (doc for doc in chart_objects() if doc["kind"] == "ClusterRole")
+    (index,) = (i for i, rule in enumerate(role["rules"]) if rule["resources"] == ["events"])
+    verbs = role["rules"][index]["verbs"]
+    patch = [{"op": "replace", "path": f"/rules/{index}/verbs", "value": [v for v in verbs if v != "create"]}]
+    name = role["metadata"]["name"]
+    before = len(agent.lines)
+    cluster.kubectl("patch", "clusterrole", name, "--type=json", f"-p={json.dumps(patch)}")
+    try:
+        fake_state(cluster).write_text(json.dumps({"unhealthy": [5]}))
+        wait_capacity(cluster, "7")
+        agent.wait_log(r"(?i)forbidden|403", timeout=60)
+        fake_state(cluster).write_text("{}")
+        wait_capacity(cluster, "8")
+        agent.wait_log("Ascend910-5 is Healthy again", timeout=60)
+    finally:
+        restore = [{"op": "replace", "path": f"/rules/{index}/verbs", "value": verbs}]
+        cluster.kubectl("patch", "clusterrole", name, "--type=json", f"-p={json.dumps(restore)}")
+        fake_state(cluster).write_text("{}")
+    refused = [line for line in agent.lines[before:] if re.search(r"(?i)forbidden|403", line)]
+    assert len(refused) == 1, "\n".join(refused)
