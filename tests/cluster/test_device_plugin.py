@@ -32,17 +32,25 @@ MANAGEMENT_DEVICES = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
 
 
 @pytest.fixture(scope="module")
-def agent(cluster: Cluster) -> Iterator[AgentProcess]:
+def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
+    """Every agent process the module started, the running one last (a test may restart it)."""
     apply_chart(cluster)
     fake_state(cluster).write_text("{}")
-    process = start_agent(cluster, fakeState=str(fake_state(cluster)))
+    started = [start_agent(cluster, fakeState=str(fake_state(cluster)))]
     try:
-        process.wait_log(f"Registered resource {RESOURCE}", timeout=60)
-        yield process
+        started[0].wait_log(f"Registered resource {RESOURCE}", timeout=60)
+        yield started
     finally:
-        process.terminate(timeout=20)
-        process.close()
-        (cluster.work / "logs" / "agent.log").write_text(process.output)
+        for number, process in enumerate(started, 1):
+            if process.proc.poll() is None:
+                process.terminate(timeout=20)
+            process.close()
+            (cluster.work / "logs" / f"agent-{number}.log").write_text(process.output)
+
+
+@pytest.fixture
+def agent(agents: list[AgentProcess]) -> AgentProcess:
+    return agents[-1]
 
 
 def one_pod_spec(name: str, container: str, chips: int) -> dict[str, Any]:
@@ -386,3 +394,43 @@ def test_without_the_events_create_verb_the_agent_logs_the_403_once(
         fake_state(cluster).write_text("{}")
     refused = [line for line in agent.lines[before:] if re.search(r"(?i)forbidden|403", line)]
     assert len(refused) == 1, "\n".join(refused)
+
+
+def test_the_agent_restarted_allocatable_never_drops(cluster: Cluster, agents: list[AgentProcess]) -> None:
+    """Every Allocatable the API server holds for the node while the agent stops and starts again is 8."""
+    wait_capacity(cluster, "8")
+    watch = subprocess.Popen(
+        cluster.in_netns(
+            [
+                str(cluster.binary),
+                "kubectl",
+                f"--kubeconfig={cluster.admin_kubeconfig}",
+                "get",
+                "node",
+                NODE_NAME,
+                "--watch",
+                "-o",
+                f'jsonpath={ALLOCATABLE_PATH}{{"\\n"}}',
+            ]
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert watch.stdout is not None
+        assert watch.stdout.readline().strip() == "8"  # the watch's first line: the node as it is now
+        agents[-1].terminate(timeout=20)
+        agents.append(start_agent(cluster, fakeState=str(fake_state(cluster))))
+        agents[-1].wait_log(f"Registered resource {RESOURCE}", timeout=60)
+        # All eight allocatable after the restart: a pod of eight runs.
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("all-eight", "eight", 8)))
+        wait_running(cluster, "all-eight")
+        (request,) = recorded_containers(cluster, "eight")
+        assert len(chip_devices(request)) == 8
+    finally:
+        watch.terminate()
+        seen, _ = watch.communicate(timeout=20)
+        cluster.kubectl("delete", "pod", "all-eight", "--wait=true", "--timeout=60s", check=False, timeout=90)
+    values = [line.strip() for line in seen.splitlines() if line.strip()]
+    assert all(value == "8" for value in values), values
