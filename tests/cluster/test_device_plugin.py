@@ -4,7 +4,6 @@ device node, the management devices and the environment in what the kubelet aske
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import subprocess
@@ -12,7 +11,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,14 +18,20 @@ from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.model import Chip
 from tests.cluster.agent import apply_chart, chart_objects, start_agent
 from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.pods import (
+    RESOURCE,
+    chip_devices,
+    one_pod_spec,
+    recorded_containers,
+    recorded_envs,
+    wait_running,
+)
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
 
-RESOURCE = "huawei.com/Ascend910"
 # kubectl's JSONPath: the dot in the resource's name escaped.
 ALLOCATABLE_PATH = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
-IMAGE = "registry.invalid/ascend-smoke:1"  # the recording runtime "pulls" any image at once
 MANAGEMENT_DEVICES = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
 
 
@@ -53,26 +57,6 @@ def agent(agents: list[AgentProcess]) -> AgentProcess:
     return agents[-1]
 
 
-def one_pod_spec(name: str, container: str, chips: int) -> dict[str, Any]:
-    """A pod of one container asking for ``chips`` chips (the runtime fakes its image)."""
-    limits = {RESOURCE: str(chips)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "containers": [{"name": container, "image": IMAGE, "resources": {"limits": limits}}],
-        },
-    }
-
-
-def chip_devices(request: dict[str, Any]) -> set[str]:
-    """The chips' device nodes (/dev/davinciN) in a recorded CreateContainer request."""
-    devices = {d["hostPath"] for d in request["config"].get("devices", [])}
-    return {d for d in devices if re.fullmatch(r"/dev/davinci\d+", d)}
-
-
 def fake_state(cluster: Cluster) -> Path:
     """The fake backend's state file: the faults it scripts are re-read at every discovery."""
     return cluster.work / "fake-state.json"
@@ -91,36 +75,6 @@ def wait_capacity(cluster: Cluster, count: str) -> None:
         "--timeout=60s",
         timeout=90,
     )
-
-
-def wait_running(cluster: Cluster, pod: str) -> None:
-    waited = cluster.kubectl(
-        "wait",
-        f"pod/{pod}",
-        "--for=jsonpath={.status.phase}=Running",
-        "--timeout=90s",
-        timeout=120,
-        check=False,
-    )
-    if waited.returncode != 0:
-        described = cluster.kubectl("describe", "pod", pod, check=False).stdout
-        raise AssertionError(f"pod {pod} is not Running: {waited.stderr.strip()}\n{described}")
-
-
-def recorded_envs(request: dict[str, Any]) -> dict[str, str]:
-    """A recorded container's environment (CRI's KeyValue.value is bytes: base64 in protobuf's JSON)."""
-    return {
-        e["key"]: base64.b64decode(e.get("value", "")).decode() for e in request["config"].get("envs", [])
-    }
-
-
-def recorded_containers(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    found = []
-    for path in sorted(Path(cluster.records).glob("*.json")):
-        request = json.loads(path.read_text())
-        if request.get("config", {}).get("metadata", {}).get("name") == name:
-            found.append(request)
-    return found
 
 
 def test_the_daemonset_its_pod_on_the_node_and_the_agents_log(cluster: Cluster, agent: AgentProcess) -> None:
