@@ -28,7 +28,11 @@ DRIVER = "npu.huawei.com"
 def dra_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster, DRA_RENDER)
     cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
-    process = start_agent(cluster, DRA_RENDER, backend="fake", fakeChips=8, fakeModel="910B4")
+    state = cluster.work / "fake-state-dra.json"
+    state.write_text("{}")
+    process = start_agent(
+        cluster, DRA_RENDER, backend="fake", fakeChips=8, fakeModel="910B4", fakeState=str(state)
+    )
     try:
         process.wait_log(f"Registered DRA driver {DRIVER}", timeout=60)
         yield process
@@ -121,3 +125,59 @@ def test_a_pod_asking_for_the_extended_resource_runs_on_the_dra_node(
         assert len(cdi) == 1 and cdi[0].startswith(f"{DRIVER}/claim="), request["config"]
     finally:
         cluster.kubectl("delete", "pod", "extended", "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def claim_pod(cluster: Cluster, name: str, count: int) -> None:
+    """A ResourceClaimTemplate of ``count`` 910B4 chips and a pod of one container using it."""
+    request = {"deviceClassName": "ascend910b4", "allocationMode": "ExactCount", "count": count}
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "npus", "exactly": request}]}}},
+    }
+    pod = one_pod_spec(name, name, 1)
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "npus"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "npus", "resourceClaimTemplateName": name}]
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(template))
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+
+
+def test_a_tainted_chip_is_never_allocated(cluster: Cluster, dra_agent: AgentProcess) -> None:
+    """Chip 3 Unhealthy: its device in the ResourceSlice is tainted; a claim of eight cannot be allocated, a
+    claim of seven gets every chip but that one."""
+    (cluster.work / "fake-state-dra.json").write_text(json.dumps({"unhealthy": [3]}))
+    try:
+        deadline = time.monotonic() + 60
+        tainted: list[str] = []
+        while not tainted and time.monotonic() < deadline:
+            time.sleep(0.5)
+            tainted = [
+                d["name"]
+                for s in node_slices(cluster)
+                for d in s["spec"].get("devices", [])
+                if d.get("taints")
+            ]
+        assert len(tainted) == 1, node_slices(cluster)
+        claim_pod(cluster, "eight", 8)
+        cluster.kubectl(
+            "wait",
+            "pod/eight",
+            "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
+            "--timeout=60s",
+            timeout=90,
+        )
+        cluster.kubectl("delete", "pod", "eight", "--wait=true", "--timeout=60s", timeout=90)
+        claim_pod(cluster, "seven", 7)
+        wait_running(cluster, "seven")
+        (request,) = recorded_containers(cluster, "seven")
+        names = {d["name"].split("=", 1)[1] for d in request["config"].get("CDIDevices", [])}
+        specs = [yaml.safe_load(p.read_text()) for p in (cluster.work / "cdi").glob("*")]
+        edits = [d["containerEdits"] for spec in specs for d in spec.get("devices", []) if d["name"] in names]
+        nodes = {n["path"] for e in edits for n in e.get("deviceNodes", [])}
+        chips = {n for n in nodes if re.fullmatch(r"/dev/davinci\d+", n)}
+        assert len(chips) == 7 and "/dev/davinci3" not in chips, sorted(nodes)
+    finally:
+        for name in ("eight", "seven"):
+            cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)
+        (cluster.work / "fake-state-dra.json").write_text("{}")
