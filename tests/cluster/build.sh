@@ -9,7 +9,8 @@ kubernetes=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3} $1 == 
 [ -n "$kubernetes" ] || { echo "tests/cluster/go.mod requires no k8s.io/kubernetes version" >&2; exit 1; }
 minor=${kubernetes#v1.}; minor=${minor%%.*}
 sources=$(cat go.mod go.sum build.sh $(ls *.go | sort) | sha256sum | cut -c1-16)
-cache="${ASCEND_AGENT_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ascend-agent/e2e}/$kubernetes-$sources"
+root="${ASCEND_AGENT_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ascend-agent/e2e}"
+cache="$root/$kubernetes-$sources"
 binary="$cache/k8s"
 if [ -x "$binary" ]; then
 	echo "$binary"
@@ -23,4 +24,6 @@ ldflags="$ldflags -X $version.gitTreeState=clean -X $version.buildDate=$(date -u
 # Written under a temporary name: a build cut short leaves no binary that looks whole.
 nice -n 10 go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$binary.partial" . >&2
 mv "$binary.partial" "$binary"
+# The three newest builds of this version stay (about 180 MB each); older ones go.
+ls -dt "$root/$kubernetes-"* | tail -n +4 | xargs -r rm -rf
 echo "$binary"
