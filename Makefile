@@ -12,7 +12,7 @@ PROTO := $(KUBELET_PROTO) protos/podresources/v1/api.proto
 DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build image image-test clean helm-lint helm-render
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build bench-cluster image image-test clean helm-lint helm-render
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -126,6 +126,10 @@ e2e: $(STAMP)
 	@command -v $(GO) >/dev/null || { echo "make e2e: no go on PATH; install Go 1.26 or newer (https://go.dev/dl/)"; exit 1; }
 	binary=$$(tests/cluster/build.sh) && E2E_K8S_BINARY="$$binary" E2E_REQUIRE_CLUSTER=1 \
 		$(BIN)/pytest -q -m e2e_cluster -o addopts='' tests/cluster
+
+# How long the real cluster takes to see what the agent does (tests/cluster/bench.py); figures in the README.
+bench-cluster: $(STAMP)
+	binary=$$(tests/cluster/build.sh) && $(BIN)/python -m tests.cluster.bench "$$binary" 5
 
 image:
 	@engine=$$(command -v podman || command -v docker || command -v buildah) || { echo "make image: no podman, docker or buildah here"; exit 1; }; \
