@@ -351,9 +351,9 @@ def test_without_the_events_create_verb_the_agent_logs_the_403_once(
 
 
 def test_the_agent_restarted_allocatable_never_drops(cluster: Cluster, agents: list[AgentProcess]) -> None:
-    """Every Allocatable the API server holds for the node while the agent stops and starts again is 8. (The
-    kubelet marks the chips unhealthy when the agent's stream ends: an agent not back before the kubelet's next
-    node status update leaves Allocatable 0 in the API meanwhile.)"""
+    """Every Allocatable the API server holds for the node while the agent stops and starts again is 8.
+    (The kubelet marks the chips unhealthy when the agent's stream ends: an agent not back before the
+    kubelet's next node status update leaves Allocatable 0 in the API meanwhile.)"""
     wait_capacity(cluster, "8")
     watch = subprocess.Popen(
         cluster.in_netns(
