@@ -12,7 +12,7 @@ PROTO := $(KUBELET_PROTO) protos/podresources/v1/api.proto
 DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto protos/dra-health/v1alpha1/api.proto
 PYTEST_FLAGS ?= -q
 
-.PHONY: install run run-dra test lint proto bench soak interop interop-packages image image-test clean helm-lint helm-render
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build bench-cluster image image-test clean helm-lint helm-render
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -66,44 +66,70 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/pytest -q -s -m soak -o addopts=''
 
-# The grpc-go kubelet stand-in (tests/interop/kubelet/), built offline in GOPATH mode from Debian's Go
-# packages, with its Go code generated from protos/ into build/interop/gopath; then the interop tests.
+# The grpc-go kubelet stand-in (tests/interop/kubelet/) and the device-info decoder, a Go module of their own
+# (tests/interop/go.mod: the grpc-go and protobuf versions Kubernetes v1.36.3's kubelet uses). The stand-in's Go
+# code is generated from protos/ into build/interop/protos by protoc (Debian's protobuf-compiler) with
+# protoc-gen-go and protoc-gen-go-grpc installed by `go install` at pinned versions into a cache outside the clone.
 INTEROP := build/interop
-# grpc-go marshals through github.com/golang/protobuf: its 1.5 package (not 1.3) handles today's generated code.
-INTEROP_DEBS := golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev \
-	golang-golang-x-sys-dev protoc-gen-go protoc-gen-go-grpc protobuf-compiler
-INTEROP_GO_SOURCES := $(wildcard tests/interop/kubelet/*.go)
-INTEROP_PROTO_MAP := Mdeviceplugin/v1beta1/api.proto=ascend-agent/protos/deviceplugin/v1beta1
-INTEROP_GO_ENV := GO111MODULE=off GOFLAGS= GOPATH="$(CURDIR)/$(INTEROP)/gopath:/usr/share/gocode" \
-	GOCACHE="$(CURDIR)/$(INTEROP)/gocache"
+GO ?= go
+GO_CACHE_DIR := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ascend-agent
+# protoc-gen-go at the protobuf module the stand-in links; protoc-gen-go-grpc at the version the kubelet's own
+# api_grpc.pb.go names.
+PROTOC_GEN_GO_VERSION := $(shell awk '$$1 == "google.golang.org/protobuf" {print $$2}' tests/interop/go.mod)
+PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+PROTOC_GEN_GO := $(GO_CACHE_DIR)/tools/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
+PROTOC_GEN_GO_GRPC := $(GO_CACHE_DIR)/tools/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
+INTEROP_GO_SOURCES := $(wildcard tests/interop/kubelet/*.go) tests/interop/go.mod tests/interop/go.sum
+INTEROP_PROTO_OPT = module=ascend-agent/protos,Mdeviceplugin/v1beta1/api.proto=ascend-agent/protos/deviceplugin/v1beta1
 
 interop-packages:
-	@missing=; for tool in go protoc protoc-gen-go protoc-gen-go-grpc; do \
-		command -v $$tool >/dev/null || missing=yes; done; \
-	for package in google.golang.org/grpc google.golang.org/protobuf golang.org/x/sys/unix; do \
-		test -d /usr/share/gocode/src/$$package || missing=yes; done; \
-	test -f /usr/share/gocode/src/github.com/golang/protobuf/proto/registry.go || missing=yes; \
-	if [ -n "$$missing" ]; then \
-		[ "$$(id -u)" = 0 ] || { echo "make interop: install the Debian packages $(INTEROP_DEBS) (as root), then run it again"; exit 1; }; \
-		echo "make interop: installing $(INTEROP_DEBS)"; \
+	@command -v $(GO) >/dev/null || { echo "make interop: no go on PATH; install Go 1.26 or newer (https://go.dev/dl/)"; exit 1; }
+	@command -v protoc >/dev/null || { \
+		[ "$$(id -u)" = 0 ] || { echo "make interop: install Debian's protobuf-compiler (as root), then run it again"; exit 1; }; \
+		echo "make interop: installing protobuf-compiler"; \
 		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get install -y -qq $(INTEROP_DEBS) >/dev/null || \
-			{ apt-get update -qq && apt-get install -y -qq $(INTEROP_DEBS) >/dev/null; }; \
-	fi
+		apt-get install -y -qq protobuf-compiler >/dev/null || \
+			{ apt-get update -qq && apt-get install -y -qq protobuf-compiler >/dev/null; }; }
 
-$(INTEROP)/kubelet-standin: $(INTEROP_GO_SOURCES) $(KUBELET_PROTO) | interop-packages
-	rm -rf $(INTEROP)/gopath && mkdir -p $(INTEROP)/gopath/src
-	protoc -I protos --go_out=$(INTEROP)/gopath/src --go_opt=$(INTEROP_PROTO_MAP) \
-		--go-grpc_out=$(INTEROP)/gopath/src --go-grpc_opt=$(INTEROP_PROTO_MAP) $(KUBELET_PROTO)
-	cd tests/interop/kubelet && $(INTEROP_GO_ENV) go build -o "$(CURDIR)/$@" .
+$(PROTOC_GEN_GO): | interop-packages
+	GOBIN="$(dir $@)" nice -n 10 $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(PROTOC_GEN_GO_GRPC): | interop-packages
+	GOBIN="$(dir $@)" nice -n 10 $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+$(INTEROP)/protos/go.mod: $(KUBELET_PROTO) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) | interop-packages
+	rm -rf $(INTEROP)/protos && mkdir -p $(INTEROP)/protos
+	protoc -I protos --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --plugin=protoc-gen-go-grpc=$(PROTOC_GEN_GO_GRPC) \
+		--go_out=$(INTEROP)/protos --go_opt=$(INTEROP_PROTO_OPT) \
+		--go-grpc_out=$(INTEROP)/protos --go-grpc_opt=$(INTEROP_PROTO_OPT) $(KUBELET_PROTO)
+	printf 'module ascend-agent/protos\n\ngo 1.26.0\n' > $@
+
+$(INTEROP)/kubelet-standin: $(INTEROP_GO_SOURCES) $(INTEROP)/protos/go.mod
+	cd tests/interop && nice -n 10 $(GO) build -mod=readonly -o "$(CURDIR)/$@" ./kubelet
 
 # The device-info ConfigMap decoded by Go's encoding/json into ascend-for-volcano's types (standard library only).
-$(INTEROP)/deviceinfo-decode: tests/interop/deviceinfo/main.go | interop-packages
-	mkdir -p $(INTEROP)
-	cd tests/interop/deviceinfo && $(INTEROP_GO_ENV) go build -o "$(CURDIR)/$@" .
+$(INTEROP)/deviceinfo-decode: tests/interop/deviceinfo/main.go tests/interop/go.mod $(INTEROP)/protos/go.mod
+	cd tests/interop && nice -n 10 $(GO) build -mod=readonly -o "$(CURDIR)/$@" ./deviceinfo
 
 interop: $(STAMP) $(INTEROP)/kubelet-standin $(INTEROP)/deviceinfo-decode
 	INTEROP_REQUIRE_STANDIN=1 $(BIN)/pytest -q -s -m interop -o addopts='' tests/interop
+
+# A real single-node Kubernetes (tests/cluster/): one binary with kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, kubectl, embedded etcd and a recording CRI runtime, built from Kubernetes' own Go
+# modules (the version pinned in tests/cluster/go.mod) into a cache outside the clone keyed by that version and a
+# hash of the module's sources; a second build with the same sources is a cache hit. `make test` never builds it.
+e2e-build:
+	@command -v $(GO) >/dev/null || { echo "make e2e-build: no go on PATH; install Go 1.26 or newer (https://go.dev/dl/)"; exit 1; }
+	tests/cluster/build.sh
+
+e2e: $(STAMP)
+	@command -v $(GO) >/dev/null || { echo "make e2e: no go on PATH; install Go 1.26 or newer (https://go.dev/dl/)"; exit 1; }
+	binary=$$(tests/cluster/build.sh) && E2E_K8S_BINARY="$$binary" E2E_REQUIRE_CLUSTER=1 \
+		$(BIN)/pytest -q -m e2e_cluster -o addopts='' tests/cluster
+
+# How long the real cluster takes to see what the agent does (tests/cluster/bench.py); figures in the README.
+bench-cluster: $(STAMP)
+	binary=$$(tests/cluster/build.sh) && $(BIN)/python -m tests.cluster.bench "$$binary" 5
 
 image:
 	@engine=$$(command -v podman || command -v docker || command -v buildah) || { echo "make image: no podman, docker or buildah here"; exit 1; }; \

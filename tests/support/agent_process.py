@@ -14,8 +14,11 @@ from pathlib import Path
 
 
 class AgentProcess:
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
-        self.args = [sys.executable, "-m", "ascend_agent", *args]
+    def __init__(
+        self, args: Sequence[str], env: dict[str, str] | None = None, wrapper: Sequence[str] = ()
+    ) -> None:
+        """``wrapper`` goes before the command, e.g. nsenter to run the agent in a network namespace."""
+        self.args = [*wrapper, sys.executable, "-m", "ascend_agent", *args]
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self.proc = subprocess.Popen(

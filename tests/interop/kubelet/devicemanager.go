@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	pb "ascend-agent/protos/deviceplugin/v1beta1"
 )
@@ -128,7 +129,7 @@ func (m *deviceManager) connect(
 	dialCtx, cancelDial := context.WithTimeout(ctx, dialTimeout)
 	defer cancelDial()
 	conn, err := grpc.DialContext(dialCtx, socket,
-		grpc.WithInsecure(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithBlock(),
 		grpc.WithAuthority("localhost"),
 		grpc.WithContextDialer(countedDialer(m.events, resource)),

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	reg "ascend-agent/protos/pluginregistration/v1"
 )
@@ -137,7 +138,7 @@ func (w *registryWatcher) register(path string, generation int) error {
 	defer cancel()
 	outcome := fields{"via": "plugin-watcher", "registry": path}
 	conn, err := grpc.DialContext(ctx, path,
-		grpc.WithInsecure(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithBlock(),
 		grpc.WithAuthority("localhost"),
 		grpc.WithContextDialer(countedDialer(w.events, path)),

@@ -1,0 +1,64 @@
+"""The agent as the chart deploys it, against the real cluster: the chart's objects (its render by Helm's
+engine, tests/fixtures/helm/default.yaml, which ``make helm-render`` writes and tests/unit/test_chart.py keeps
+true to the chart) applied with kubectl, and the agent run as a host process with a token of the chart's
+ServiceAccount, so that real RBAC decides every request it makes. The fake backend stands in for the chips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster.harness import NODE_NAME, Cluster
+from tests.support.agent_process import AgentProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+RENDERS = ROOT / "tests" / "fixtures" / "helm"
+CHART_RENDER = RENDERS / "default.yaml"
+DRA_RENDER = RENDERS / "dra.yaml"  # the chart with its DRA values
+NAMESPACE = "kube-system"
+
+
+def chart_objects(render: Path = CHART_RENDER) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(render.read_text()) if doc]
+
+
+def chart_object(kind: str, render: Path = CHART_RENDER) -> dict[str, Any]:
+    (found,) = (doc for doc in chart_objects(render) if doc["kind"] == kind)
+    return found
+
+
+def apply_chart(cluster: Cluster, render: Path = CHART_RENDER) -> None:
+    """The README's install: the node labelled for the DaemonSet's nodeSelector, then the chart's objects."""
+    cluster.kubectl("label", "node", NODE_NAME, "accelerator=huawei-Ascend910", "--overwrite")
+    cluster.kubectl("apply", "-f", str(render))
+
+
+def agent_settings(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) -> dict[str, Any]:
+    """The chart's ConfigMap settings, with the fake backend's eight 910B chips, and the host paths that would
+    outlive the cluster moved into its work directory."""
+    settings: dict[str, Any] = yaml.safe_load(chart_object("ConfigMap", render)["data"]["config.yaml"])
+    settings.update(
+        backend="fake",
+        fakeChips=8,
+        fakeModel="910B4",
+        cdiSpecDir=str(cluster.work / "cdi"),
+        metricsAddress="127.0.0.1:9410",
+    )
+    settings.update(overrides)
+    return settings
+
+
+def start_agent(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) -> AgentProcess:
+    """The agent with the chart's ServiceAccount token, in the cluster's network namespace."""
+    account = chart_object("ServiceAccount", render)["metadata"]["name"]
+    token = cluster.kubectl("create", "token", account, "-n", NAMESPACE, "--duration=2h").stdout.strip()
+    kubeconfig = cluster.work / "agent.kubeconfig"
+    cluster.write_kubeconfig(kubeconfig, token)
+    config = cluster.work / "agent.yaml"
+    config.write_text(yaml.safe_dump(agent_settings(cluster, render, **overrides)))
+    return AgentProcess(
+        ["run", "--config", str(config), "--kubeconfig", str(kubeconfig), "--node-name", NODE_NAME],
+        wrapper=cluster.in_netns([]),
+    )

@@ -1,0 +1,45 @@
+"""The real single-node cluster for the ``e2e_cluster`` tests (``make e2e`` builds its binary and runs them).
+
+Without the binary (``E2E_K8S_BINARY``) these tests skip, so a plain ``pytest`` stays green; under
+``make e2e`` (``E2E_REQUIRE_CLUSTER=1``) they fail instead. Where a kubelet already answers at
+/var/lib/kubelet/device-plugins/kubelet.sock the run stops at once with exit status 2.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.harness import Cluster, KubeletPresent
+
+
+@pytest.fixture(scope="session")
+def k8s_binary() -> Path:
+    binary = Path(os.environ.get("E2E_K8S_BINARY", ""))
+    if binary.name and binary.is_file() and os.access(binary, os.X_OK):
+        return binary
+    reason = "the test cluster's binary is not built (E2E_K8S_BINARY): `make e2e` builds it and runs these"
+    if os.environ.get("E2E_REQUIRE_CLUSTER"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def cluster(k8s_binary: Path) -> Iterator[Cluster]:
+    started = Cluster(k8s_binary)
+    try:
+        started.start()
+    except KubeletPresent as refusal:
+        started.stop()
+        pytest.exit(str(refusal), returncode=2)
+    except BaseException:
+        problems = started.stop()
+        if problems:
+            print("\n".join(problems))
+        raise
+    yield started
+    problems = started.stop() + started.leftovers()
+    assert not problems, "the cluster left things behind:\n" + "\n".join(problems)

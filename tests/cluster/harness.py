@@ -1,0 +1,467 @@
+"""A single-node Kubernetes cluster from the binary tests/cluster/build.sh makes: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, the recording CRI runtime and the kubelet, each a process of its own.
+
+Everything that speaks TCP runs inside a network namespace made here (``lo`` and a veth pair, one end carrying
+the node IP), so nothing the cluster sends leaves it; kubectl joins it. Unix sockets (CRI, device plugin, DRA,
+PodResources) live in the filesystem. The kubelet's device-plugin socket is fixed at
+/var/lib/kubelet/device-plugins/kubelet.sock: the cluster does not start where a kubelet answers there.
+The kernel settings the kubelet writes at start are put back as soon as it is up, and again at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+KUBELET_DIR = Path("/var/lib/kubelet")
+# What the kubelet makes on the host besides its root directory: removed at the end unless they were there.
+KUBELET_HOST_DIRS = (KUBELET_DIR, Path("/var/log/pods"), Path("/var/log/containers"))
+KUBELET_SOCKET = KUBELET_DIR / "device-plugins" / "kubelet.sock"
+NODE_NAME = "ascend-e2e"
+NODE_IP = "10.123.0.2"
+API_PORT = 6443
+API_SERVER = f"https://{NODE_IP}:{API_PORT}"
+# The kubelet's setupKernelTunables (pkg/kubelet/cm/container_manager_linux.go) writes these.
+KUBELET_SYSCTLS = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+START_TIMEOUT = 120.0
+STOP_TIMEOUT = 30.0
+
+
+class ClusterError(Exception):
+    """The cluster could not start: the message names the component and where its log is."""
+
+
+class KubeletPresent(ClusterError):
+    """A kubelet already answers at /var/lib/kubelet/device-plugins/kubelet.sock."""
+
+
+def kubelet_answers(path: Path = KUBELET_SOCKET) -> bool:
+    """Whether something accepts connections on the kubelet's device-plugin socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def read_sysctls() -> dict[str, str]:
+    return {name: (Path("/proc/sys") / name).read_text().strip() for name in KUBELET_SYSCTLS}
+
+
+def write_sysctls(values: dict[str, str]) -> None:
+    for name, value in values.items():
+        path = Path("/proc/sys") / name
+        if path.read_text().strip() != value:
+            path.write_text(value)
+
+
+def _mounts_under(*roots: Path) -> list[str]:
+    """Mount points under any of roots, deepest first (the order they can be unmounted in)."""
+    points: list[str] = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if any(point == str(root) or point.startswith(f"{root}/") for root in roots):
+            points.append(point)
+    return sorted(points, key=lambda p: p.count("/"), reverse=True)
+
+
+@dataclass
+class Component:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+@dataclass
+class Cluster:
+    """One cluster: call start(), then stop() (always, also after a failed start)."""
+
+    binary: Path
+    work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ae2e-", dir="/tmp")))
+    netns: str = field(default_factory=lambda: f"ascend-e2e-{os.getpid()}")
+    components: dict[str, Component] = field(default_factory=dict)
+    sysctls: dict[str, str] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+    host_dirs_made: tuple[Path, ...] = ()
+    _logs: list[IO[bytes]] = field(default_factory=list)
+
+    @property
+    def records(self) -> Path:
+        """Where the CRI runtime writes each CreateContainer request, one JSON file each."""
+        return self.work / "cri-records"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.work / "admin.kubeconfig"
+
+    def in_netns(self, argv: Sequence[str]) -> list[str]:
+        return ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv]
+
+    def kubectl(
+        self, *args: str, timeout: float = 60.0, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """kubectl as the cluster's admin, inside the network namespace."""
+        argv = self.in_netns([str(self.binary), "kubectl", f"--kubeconfig={self.admin_kubeconfig}", *args])
+        answer = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, input=stdin, check=False
+        )
+        if check and answer.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} exited {answer.returncode}: {answer.stderr.strip()}"
+            )
+        return answer
+
+    # -- start ----------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if kubelet_answers():
+            raise KubeletPresent(
+                f"a kubelet already answers at {KUBELET_SOCKET}: the test cluster's kubelet needs that "
+                "socket; run the cluster tests on a machine without one"
+            )
+        self.host_dirs_made = tuple(path for path in KUBELET_HOST_DIRS if not path.exists())
+        self.sysctls = read_sysctls()
+        self._network()
+        self._credentials()
+        self._spawn("etcd", ["etcd", f"--data-dir={self.work / 'etcd'}"])
+        self._wait_log("etcd", "etcd: ready at")
+        self._spawn("kube-apiserver", self._apiserver_args())
+        self._wait_api()
+        for name, user in (
+            ("controller-manager", "system:kube-controller-manager"),
+            ("scheduler", "system:kube-scheduler"),
+            ("kubelet", f"system:node:{NODE_NAME}"),
+        ):
+            self.write_kubeconfig(self.work / f"{name}.kubeconfig", self.tokens[user])
+        self._spawn(
+            "kube-controller-manager",
+            [
+                "kube-controller-manager",
+                f"--kubeconfig={self.work / 'controller-manager.kubeconfig'}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={self.work / 'sa.key'}",
+                f"--root-ca-file={self.work / 'apiserver-certs' / 'apiserver.crt'}",
+                "--use-service-account-credentials=true",
+                f"--cert-dir={self.work / 'controller-manager-certs'}",
+                "--bind-address=127.0.0.1",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                "kube-scheduler",
+                f"--kubeconfig={self.work / 'scheduler.kubeconfig'}",
+                "--leader-elect=false",
+                f"--cert-dir={self.work / 'scheduler-certs'}",
+                "--bind-address=127.0.0.1",
+            ],
+        )
+        self._spawn(
+            "cri",
+            ["cri", f"--listen=unix://{self.work / 'cri.sock'}", f"--record-dir={self.records}"],
+        )
+        self._wait_log("cri", "cri: serving")
+        self._spawn("kubelet", self._kubelet_args())
+        self.wait_node_ready()
+        self._wait_default_service_account()
+        # The kubelet wrote its kernel settings at start; they are the machine's, not the cluster's.
+        write_sysctls(self.sysctls)
+
+    def _network(self) -> None:
+        steps = [
+            ["ip", "netns", "add", self.netns],
+            ["ip", "-n", self.netns, "link", "set", "lo", "up"],
+            # A veth pair with both ends inside: this kernel has no dummy device type.
+            ["ip", "-n", self.netns, "link", "add", "e2e0", "type", "veth", "peer", "name", "e2e1"],
+            ["ip", "-n", self.netns, "addr", "add", f"{NODE_IP}/24", "dev", "e2e0"],
+            ["ip", "-n", self.netns, "link", "set", "e2e1", "up"],
+            ["ip", "-n", self.netns, "link", "set", "e2e0", "up"],
+            ["ip", "-n", self.netns, "route", "add", "default", "dev", "e2e0"],
+        ]
+        for step in steps:
+            answer = subprocess.run(step, capture_output=True, text=True, timeout=20, check=False)
+            if answer.returncode != 0:
+                raise ClusterError(f"{' '.join(step)}: {answer.stderr.strip()}")
+
+    def _credentials(self) -> None:
+        key = self.work / "sa.key"
+        answer = subprocess.run(
+            ["openssl", "genrsa", "-out", str(key), "2048"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if answer.returncode != 0:
+            raise ClusterError(f"openssl genrsa: {answer.stderr.strip()}")
+        groups = {
+            "admin": "system:masters",
+            "system:kube-controller-manager": "",
+            "system:kube-scheduler": "",
+            f"system:node:{NODE_NAME}": "system:nodes",
+        }
+        lines = []
+        for user, group in groups.items():
+            self.tokens[user] = secrets.token_hex(16)
+            line = f"{self.tokens[user]},{user},{user}"
+            lines.append(f'{line},"{group}"' if group else line)
+        (self.work / "tokens.csv").write_text("\n".join(lines) + "\n")
+
+    def _apiserver_args(self) -> list[str]:
+        key = self.work / "sa.key"
+        return [
+            "kube-apiserver",
+            "--etcd-servers=http://127.0.0.1:2379",
+            f"--cert-dir={self.work / 'apiserver-certs'}",
+            f"--bind-address={NODE_IP}",
+            f"--advertise-address={NODE_IP}",
+            f"--secure-port={API_PORT}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--token-auth-file={self.work / 'tokens.csv'}",
+            "--anonymous-auth=false",
+            f"--service-account-key-file={key}",
+            f"--service-account-signing-key-file={key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.96.0.0/24",
+            "--allow-privileged=true",
+        ]
+
+    def write_kubeconfig(self, path: Path, token: str) -> None:
+        ca = self.work / "apiserver-certs" / "apiserver.crt"
+        path.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            f"clusters:\n- name: e2e\n  cluster:\n    server: {API_SERVER}\n    certificate-authority: {ca}\n"
+            f"users:\n- name: user\n  user:\n    token: {token}\n"
+            "contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: user\n"
+            "current-context: e2e\n"
+        )
+
+    def _kubelet_args(self) -> list[str]:
+        config = self.work / "kubelet.yaml"
+        config.write_text(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\n"
+            "kind: KubeletConfiguration\n"
+            # This machine mounts cgroup v1 hierarchies; 1.35+ refuses them unless told not to.
+            "failCgroupV1: false\n"
+            "cgroupDriver: cgroupfs\n"
+            # No pod cgroups: nothing made under /sys/fs/cgroup that would outlive the cluster.
+            "cgroupsPerQOS: false\n"
+            "enforceNodeAllocatable: []\n"
+            f"containerRuntimeEndpoint: unix://{self.work / 'cri.sock'}\n"
+            "authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: false\n"
+            "authorization:\n  mode: AlwaysAllow\n"
+            f"address: {NODE_IP}\n"
+            "readOnlyPort: 0\n"
+            "healthzBindAddress: 127.0.0.1\n"
+            "failSwapOn: false\n"
+            "registerNode: true\n"
+            # A shared test machine's disk and memory say nothing about the node under test.
+            "evictionHard:\n  memory.available: 1Mi\n  nodefs.available: 1%\n  imagefs.available: 1%\n"
+            "  nodefs.inodesFree: 1%\n"
+            "imageGCHighThresholdPercent: 100\n"
+            "imageGCLowThresholdPercent: 99\n"
+            "nodeStatusUpdateFrequency: 2s\n"
+            "syncFrequency: 5s\n"
+        )
+        return [
+            "kubelet",
+            f"--config={config}",
+            f"--kubeconfig={self.work / 'kubelet.kubeconfig'}",
+            # The default root: the agent finds the kubelet's plugins/, pod-resources/ and plugins_registry/
+            # where a node has them.
+            f"--root-dir={KUBELET_DIR}",
+            f"--cert-dir={self.work / 'kubelet-certs'}",
+            f"--hostname-override={NODE_NAME}",
+            f"--node-ip={NODE_IP}",
+        ]
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = self.work / "logs" / f"{name}.log"
+        starts = 1
+        while log.exists():  # a component started again logs to a file of its own
+            starts += 1
+            log = self.work / "logs" / f"{name}-{starts}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = log.open("wb")
+        self._logs.append(out)
+        process = subprocess.Popen(
+            self.in_netns([str(self.binary), *args]),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.components[name] = Component(name, process, log)
+
+    def _failed(self, name: str, what: str) -> ClusterError:
+        component = self.components[name]
+        return ClusterError(f"{name} {what} (log {component.log}):\n{component.tail()}")
+
+    def _wait(self, name: str, what: str, ready: Iterator[bool], timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        component = self.components[name]
+        for ok in ready:
+            if ok:
+                return
+            if component.process.poll() is not None:
+                raise self._failed(name, f"exited {component.process.returncode}")
+            if time.monotonic() > deadline:
+                raise self._failed(name, f"did not {what} within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def _wait_log(self, name: str, text: str) -> None:
+        log = self.components[name].log
+        self._wait(name, f"log {text!r}", (text in log.read_text(errors="replace") for _ in iter(int, 1)))
+
+    def _wait_api(self) -> None:
+        self.write_kubeconfig(self.admin_kubeconfig, self.tokens["admin"])
+
+        def ready() -> Iterator[bool]:
+            while True:
+                answer = self.kubectl("get", "--raw=/readyz", timeout=20, check=False)
+                yield answer.returncode == 0 and answer.stdout.strip() == "ok"
+
+        self._wait("kube-apiserver", "answer /readyz", ready())
+
+    def _wait_default_service_account(self) -> None:
+        """Until the controller-manager made the default ServiceAccount: pods are refused before it."""
+
+        def made() -> Iterator[bool]:
+            while True:
+                answer = self.kubectl(
+                    "get", "serviceaccount", "default", "-n", "default", check=False, timeout=20
+                )
+                yield answer.returncode == 0
+
+        self._wait("kube-controller-manager", "make the default ServiceAccount", made())
+
+    def wait_node_ready(self, timeout: float = START_TIMEOUT) -> None:
+        """Until the Node exists and is Ready (kubectl wait watches it)."""
+
+        def ready() -> Iterator[bool]:
+            while True:
+                exists = self.kubectl("get", "node", NODE_NAME, "-o", "name", check=False, timeout=20)
+                if exists.returncode != 0:
+                    yield False
+                    continue
+                answer = self.kubectl(
+                    "wait",
+                    f"node/{NODE_NAME}",
+                    "--for=condition=Ready",
+                    "--timeout=10s",
+                    check=False,
+                    timeout=30,
+                )
+                yield answer.returncode == 0
+
+        self._wait("kubelet", "register a Ready node", ready(), timeout)
+
+    def restart_kubelet(self) -> None:
+        """The kubelet stopped (SIGTERM) and started again as before, until its socket answers."""
+        self.stop_component("kubelet")
+        self._spawn("kubelet", self._kubelet_args())
+
+        def answers() -> Iterator[bool]:
+            while True:
+                yield kubelet_answers()
+
+        self._wait("kubelet", f"answer at {KUBELET_SOCKET}", answers())
+        self.wait_node_ready()
+        write_sysctls(self.sysctls)
+
+    # -- stop -----------------------------------------------------------------------------------------------
+
+    def stop_component(self, name: str) -> None:
+        component = self.components.pop(name, None)
+        if component is None or component.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(component.process.pid, signal.SIGTERM)
+        try:
+            component.process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(component.process.pid, signal.SIGKILL)
+            component.process.wait(STOP_TIMEOUT)
+
+    def stop(self) -> list[str]:
+        """Stops everything and removes what the cluster made; returns what could not be put back."""
+        for name in ("kubelet", "cri", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+            self.stop_component(name)
+        for name in list(self.components):
+            self.stop_component(name)
+        for out in self._logs:
+            out.close()
+        problems: list[str] = []
+        for point in _mounts_under(self.work, KUBELET_DIR):
+            answer = subprocess.run(
+                ["umount", point], capture_output=True, text=True, timeout=20, check=False
+            )
+            if answer.returncode != 0:
+                problems.append(f"umount {point}: {answer.stderr.strip()}")
+        if Path(f"/run/netns/{self.netns}").exists():
+            answer = subprocess.run(
+                ["ip", "netns", "delete", self.netns], capture_output=True, text=True, timeout=20, check=False
+            )
+            if answer.returncode != 0:
+                problems.append(f"ip netns delete {self.netns}: {answer.stderr.strip()}")
+        if self.sysctls:
+            write_sysctls(self.sysctls)
+            changed = {k: v for k, v in read_sysctls().items() if v != self.sysctls[k]}
+            if changed:
+                problems.append(f"kernel settings not put back: {changed} (were {self.sysctls})")
+        for path in self.host_dirs_made:
+            shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get("E2E_KEEP_WORK"):
+            problems_note = f"work directory kept: {self.work}"
+            print(problems_note)
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)
+        return problems
+
+    def leftovers(self) -> list[str]:
+        """What the cluster left on the machine after stop(): processes, mounts, files, the namespace."""
+        found: list[str] = []
+        binary = str(self.binary)
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace") == binary:
+                    argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    found.append(f"process {proc.name}: {argv}")
+        found += [f"mount {point}" for point in _mounts_under(self.work, KUBELET_DIR)]
+        found += [f"{path} (it did not exist before)" for path in self.host_dirs_made if path.exists()]
+        if Path(f"/run/netns/{self.netns}").exists():
+            found.append(f"network namespace {self.netns}")
+        if self.work.exists() and not os.environ.get("E2E_KEEP_WORK"):
+            found.append(f"work directory {self.work}")
+        return found

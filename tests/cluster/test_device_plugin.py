@@ -1,0 +1,392 @@
+"""The operator's checks against the real kubelet, scheduler and API server: the agent as the chart deploys it
+(fake backend, eight 910B chips) advertises them, and a pod asking for one goes Running with one chip's
+device node, the management devices and the environment in what the kubelet asked the runtime to create."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ascend_agent.allocation import preferred, topology_for
+from ascend_agent.model import Chip
+from tests.cluster.agent import apply_chart, chart_objects, start_agent
+from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.pods import (
+    RESOURCE,
+    chip_devices,
+    one_pod_spec,
+    recorded_containers,
+    recorded_envs,
+    wait_running,
+)
+from tests.support.agent_process import AgentProcess
+
+pytestmark = pytest.mark.e2e_cluster
+
+# kubectl's JSONPath: the dot in the resource's name escaped.
+ALLOCATABLE_PATH = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
+MANAGEMENT_DEVICES = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
+
+
+@pytest.fixture(scope="module")
+def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
+    """Every agent process the module started, the running one last (a test may restart it)."""
+    apply_chart(cluster)
+    fake_state(cluster).write_text("{}")
+    started = [start_agent(cluster, fakeState=str(fake_state(cluster)))]
+    try:
+        started[0].wait_log(f"Registered resource {RESOURCE}", timeout=60)
+        yield started
+    finally:
+        for number, process in enumerate(started, 1):
+            if process.proc.poll() is None:
+                process.terminate(timeout=20)
+            process.close()
+            (cluster.work / "logs" / f"agent-{number}.log").write_text(process.output)
+
+
+@pytest.fixture
+def agent(agents: list[AgentProcess]) -> AgentProcess:
+    return agents[-1]
+
+
+def fake_state(cluster: Cluster) -> Path:
+    """The fake backend's state file: the faults it scripts are re-read at every discovery."""
+    return cluster.work / "fake-state.json"
+
+
+def node_resources(cluster: Cluster) -> tuple[dict[str, str], dict[str, str]]:
+    node = json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)
+    return node["status"].get("capacity", {}), node["status"].get("allocatable", {})
+
+
+def wait_capacity(cluster: Cluster, count: str) -> None:
+    cluster.kubectl(
+        "wait",
+        f"node/{NODE_NAME}",
+        f"--for=jsonpath={ALLOCATABLE_PATH}={count}",
+        "--timeout=60s",
+        timeout=90,
+    )
+
+
+def test_the_daemonset_its_pod_on_the_node_and_the_agents_log(cluster: Cluster, agent: AgentProcess) -> None:
+    """The guides' first checks: the DaemonSet, its pod on the node, the chips found and the resource
+    registered in the agent's log. (The pod's own container is the runtime's fake: the agent under test is
+    the host process.)"""
+    cluster.kubectl(
+        "wait",
+        "-n",
+        "kube-system",
+        "ds/ascend-device-plugin-daemonset",
+        "--for=jsonpath={.status.currentNumberScheduled}=1",
+        "--timeout=60s",
+        timeout=90,
+    )
+    shown = cluster.kubectl("get", "ds", "-n", "kube-system", "ascend-device-plugin-daemonset").stdout
+    assert re.search(r"ascend-device-plugin-daemonset\s+1\s", shown), shown
+    pods = json.loads(
+        cluster.kubectl(
+            "get", "pods", "-n", "kube-system", "-l", "app.kubernetes.io/name=ascend-agent", "-o", "json"
+        ).stdout
+    )["items"]
+    assert [pod["spec"].get("nodeName") for pod in pods] == [NODE_NAME], pods
+    agent.wait_log(r"Found device /dev/davinci\d", timeout=10, count=8)
+    agent.wait_log(f"Registered resource {RESOURCE}", timeout=10)
+
+
+def test_describe_node_shows_eight_chips(cluster: Cluster, agent: AgentProcess) -> None:
+    wait_capacity(cluster, "8")
+    capacity, allocatable = node_resources(cluster)
+    assert capacity[RESOURCE] == "8"
+    assert allocatable[RESOURCE] == "8"
+    described = cluster.kubectl("describe", "node", NODE_NAME).stdout
+    sections = re.findall(
+        rf"(Capacity|Allocatable):\n(?:  .*\n)*?  {re.escape(RESOURCE)}:\s+(\d+)", described
+    )
+    assert sections == [("Capacity", "8"), ("Allocatable", "8")], described
+
+
+def test_a_pod_with_one_chip_runs_with_its_device(cluster: Cluster, agent: AgentProcess) -> None:
+    wait_capacity(cluster, "8")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "one-chip", "namespace": "default"},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "npu",
+                    "image": "registry.invalid/ascend-smoke:1",
+                    "resources": {"limits": {RESOURCE: "1"}},
+                }
+            ],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    try:
+        wait_running(cluster, "one-chip")
+        (request,) = recorded_containers(cluster, "npu")
+        devices = {d["hostPath"] for d in request["config"].get("devices", [])}
+        chips = {d for d in devices if re.fullmatch(r"/dev/davinci\d+", d)}
+        assert len(chips) == 1, devices
+        assert devices >= MANAGEMENT_DEVICES, devices
+        envs = recorded_envs(request)
+        (chip,) = chips
+        assert envs.get("ASCEND_VISIBLE_DEVICES") == chip.removeprefix("/dev/davinci"), envs
+    finally:
+        cluster.kubectl("delete", "pod", "one-chip", "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def test_a_chip_turning_unhealthy_and_back(cluster: Cluster, agent: AgentProcess) -> None:
+    wait_capacity(cluster, "8")
+    fake_state(cluster).write_text(json.dumps({"unhealthy": [3]}))
+    try:
+        wait_capacity(cluster, "7")
+        capacity, allocatable = node_resources(cluster)
+        assert (capacity[RESOURCE], allocatable[RESOURCE]) == ("8", "7")
+        events = cluster.kubectl("describe", "node", NODE_NAME).stdout.split("Events:", 1)[-1]
+        assert re.search(r"Warning\s+NPUUnhealthy\s+.*Ascend910-3 is Unhealthy", events), events
+    finally:
+        fake_state(cluster).write_text("{}")
+    wait_capacity(cluster, "8")
+    events = cluster.kubectl("describe", "node", NODE_NAME).stdout.split("Events:", 1)[-1]
+    assert re.search(r"Normal\s+NPUHealthy\s+.*Ascend910-3 is Healthy again", events), events
+
+
+def test_node_labels_in_show_labels(cluster: Cluster, agent: AgentProcess) -> None:
+    cluster.kubectl(
+        "wait",
+        f"node/{NODE_NAME}",
+        "--for=jsonpath={.metadata.labels.accelerator}=huawei-Ascend910",
+        "--timeout=60s",
+        timeout=90,
+    )
+    shown = cluster.kubectl("get", "node", NODE_NAME, "--show-labels").stdout
+    labels = dict(pair.split("=", 1) for pair in shown.split()[-1].split(","))
+    assert labels["accelerator"] == "huawei-Ascend910", labels
+    assert labels["node.kubernetes.io/npu.chip.name"] == "910B4", labels
+    assert labels["huawei.com/npu.count"] == "8", labels
+
+
+def test_with_the_chips_gone_a_pod_stays_pending_for_want_of_chips(
+    cluster: Cluster, agent: AgentProcess
+) -> None:
+    wait_capacity(cluster, "8")
+    fake_state(cluster).write_text(json.dumps({"absent": list(range(8))}))
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "no-chip-left", "namespace": "default"},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "npu",
+                    "image": "registry.invalid/ascend-smoke:1",
+                    "resources": {"limits": {RESOURCE: "1"}},
+                }
+            ],
+        },
+    }
+    try:
+        wait_capacity(cluster, "0")
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+        cluster.kubectl(
+            "wait",
+            "pod/no-chip-left",
+            "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
+            "--timeout=60s",
+            timeout=90,
+        )
+        described = cluster.kubectl("describe", "pod", "no-chip-left").stdout
+        assert "Pending" in described, described
+        assert f"Insufficient {RESOURCE}" in described, described
+    finally:
+        cluster.kubectl(
+            "delete", "pod", "no-chip-left", "--wait=true", "--timeout=60s", check=False, timeout=90
+        )
+        fake_state(cluster).write_text("{}")
+    wait_capacity(cluster, "8")
+
+
+def test_the_kubelet_restarted_capacity_comes_back_and_the_pod_keeps_its_chip(
+    cluster: Cluster, agent: AgentProcess
+) -> None:
+    wait_capacity(cluster, "8")
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("keeps-chip", "keeper", 1)))
+    try:
+        wait_running(cluster, "keeps-chip")
+        (before,) = recorded_containers(cluster, "keeper")
+        registrations = len(agent.matching(f"Registered resource {RESOURCE}"))
+        cluster.restart_kubelet()
+        agent.wait_log(f"Registered resource {RESOURCE}", timeout=60, count=registrations + 1)
+        wait_capacity(cluster, "8")
+        capacity, _ = node_resources(cluster)
+        assert capacity[RESOURCE] == "8"
+        wait_running(cluster, "keeps-chip")
+        assert recorded_containers(cluster, "keeper") == [before], "the running container was created again"
+        # The kubelet still counts the running pod's chip as taken: seven more fit, none of them that one.
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("the-rest", "rest", 7)))
+        wait_running(cluster, "the-rest")
+        (others,) = recorded_containers(cluster, "rest")
+        kept, taken = chip_devices(before), chip_devices(others)
+        assert len(kept) == 1 and len(taken) == 7 and not kept & taken, (kept, taken)
+    finally:
+        for name in ("keeps-chip", "the-rest"):
+            cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def test_pods_of_2_and_4_chips_get_the_sets_the_agent_prefers(cluster: Cluster, agent: AgentProcess) -> None:
+    """The kubelet asks GetPreferredAllocation and takes its answer: each pod's recorded chips are what the
+    agent's policy picks from the chips still free (910B: mesh, two NUMA nodes of four)."""
+    wait_capacity(cluster, "8")
+    chips = [
+        Chip.make(i, "910B4", numa_node=i * 2 // 8, npu_id=i, bus_id=f"0000:{0x10 + i:02x}:00.0")
+        for i in range(8)
+    ]
+    topology = topology_for(chips)
+    held: set[str] = set()
+    pods = [("one", 1), ("two", 2), ("four", 4)]
+    try:
+        for name, size in pods:
+            free = sorted(f"Ascend910-{i}" for i in range(8) if f"/dev/davinci{i}" not in held)
+            expected = {f"/dev/davinci{d.rsplit('-', 1)[1]}" for d in preferred(topology, free, [], size)}
+            cluster.kubectl(
+                "apply", "-f", "-", stdin=json.dumps(one_pod_spec(f"takes-{name}", f"c-{name}", size))
+            )
+            wait_running(cluster, f"takes-{name}")
+            (request,) = recorded_containers(cluster, f"c-{name}")
+            got = chip_devices(request)
+            assert got == expected, (name, sorted(got), sorted(expected), sorted(held))
+            held |= got
+    finally:
+        for name, _ in pods:
+            cluster.kubectl(
+                "delete", "pod", f"takes-{name}", "--wait=true", "--timeout=60s", check=False, timeout=90
+            )
+
+
+def test_the_real_kubelets_podresources_name_the_holder(cluster: Cluster, agent: AgentProcess) -> None:
+    """PodResources from the real kubelet: the pod holding a chip is in /metrics' labels and in `list`."""
+    wait_capacity(cluster, "8")
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("holder", "holds", 1)))
+    try:
+        wait_running(cluster, "holder")
+        ((chip,),) = [chip_devices(r) for r in recorded_containers(cluster, "holds")]
+        device = "Ascend910-" + chip.removeprefix("/dev/davinci")
+        wanted = re.compile(rf'device="{device}"[^}}]*pod="holder"|pod="holder"[^}}]*device="{device}"')
+        deadline = time.monotonic() + 60
+        metrics = ""
+        while not wanted.search(metrics) and time.monotonic() < deadline:
+            metrics = subprocess.run(
+                cluster.in_netns(["curl", "-sf", "http://127.0.0.1:9410/metrics"]),
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+            ).stdout
+            time.sleep(0.5)
+        assert wanted.search(metrics), [line for line in metrics.splitlines() if device in line][:5]
+        listed = subprocess.run(
+            [sys.executable, "-m", "ascend_agent", "list", "--config", str(cluster.work / "agent.yaml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert listed.returncode == 0, listed.stderr
+        lines = [line for line in listed.stdout.splitlines() if re.search(rf"\b{device}\b", line)]
+        assert lines and "holder" in lines[0], listed.stdout
+    finally:
+        cluster.kubectl("delete", "pod", "holder", "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def test_the_device_info_configmap_is_accepted(cluster: Cluster, agent: AgentProcess) -> None:
+    """The device-info ConfigMap through the real API server's validation and the chart's Role."""
+    name = f"mindx-dl-deviceinfo-{NODE_NAME}"
+    deadline = time.monotonic() + 60
+    answer = cluster.kubectl("get", "configmap", name, "-n", "kube-system", "-o", "json", check=False)
+    while answer.returncode != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        answer = cluster.kubectl("get", "configmap", name, "-n", "kube-system", "-o", "json", check=False)
+    assert answer.returncode == 0, answer.stderr
+    data = json.loads(answer.stdout)["data"]
+    assert "DeviceInfoCfg" in data, data
+
+
+def test_without_the_events_create_verb_the_agent_logs_the_403_once(
+    cluster: Cluster, agent: AgentProcess
+) -> None:
+    """Real RBAC: the chart's ClusterRole without `create` on events; two chip transitions, one log line."""
+    wait_capacity(cluster, "8")
+    (role,) = (doc for doc in chart_objects() if doc["kind"] == "ClusterRole")
+    (index,) = (i for i, rule in enumerate(role["rules"]) if rule["resources"] == ["events"])
+    verbs = role["rules"][index]["verbs"]
+    patch = [{"op": "replace", "path": f"/rules/{index}/verbs", "value": [v for v in verbs if v != "create"]}]
+    name = role["metadata"]["name"]
+    before = len(agent.lines)
+    cluster.kubectl("patch", "clusterrole", name, "--type=json", f"-p={json.dumps(patch)}")
+    try:
+        fake_state(cluster).write_text(json.dumps({"unhealthy": [5]}))
+        wait_capacity(cluster, "7")
+        agent.wait_log(r"(?i)forbidden|403", timeout=60)
+        fake_state(cluster).write_text("{}")
+        wait_capacity(cluster, "8")
+        agent.wait_log("Ascend910-5 is Healthy again", timeout=60)
+    finally:
+        restore = [{"op": "replace", "path": f"/rules/{index}/verbs", "value": verbs}]
+        cluster.kubectl("patch", "clusterrole", name, "--type=json", f"-p={json.dumps(restore)}")
+        fake_state(cluster).write_text("{}")
+    refused = [line for line in agent.lines[before:] if re.search(r"(?i)forbidden|403", line)]
+    assert len(refused) == 1, "\n".join(refused)
+
+
+def test_the_agent_restarted_allocatable_never_drops(cluster: Cluster, agents: list[AgentProcess]) -> None:
+    """Every Allocatable the API server holds for the node while the agent stops and starts again is 8.
+    (The kubelet marks the chips unhealthy when the agent's stream ends: an agent not back before the
+    kubelet's next node status update leaves Allocatable 0 in the API meanwhile.)"""
+    wait_capacity(cluster, "8")
+    watch = subprocess.Popen(
+        cluster.in_netns(
+            [
+                str(cluster.binary),
+                "kubectl",
+                f"--kubeconfig={cluster.admin_kubeconfig}",
+                "get",
+                "node",
+                NODE_NAME,
+                "--watch",
+                "-o",
+                f'jsonpath={ALLOCATABLE_PATH}{{"\\n"}}',
+            ]
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert watch.stdout is not None
+        assert watch.stdout.readline().strip() == "8"  # the watch's first line: the node as it is now
+        agents[-1].terminate(timeout=20)
+        agents.append(start_agent(cluster, fakeState=str(fake_state(cluster))))
+        agents[-1].wait_log(f"Registered resource {RESOURCE}", timeout=60)
+        # All eight allocatable after the restart: a pod of eight runs.
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("all-eight", "eight", 8)))
+        wait_running(cluster, "all-eight")
+        (request,) = recorded_containers(cluster, "eight")
+        assert len(chip_devices(request)) == 8
+    finally:
+        watch.terminate()
+        seen, _ = watch.communicate(timeout=20)
+        cluster.kubectl("delete", "pod", "all-eight", "--wait=true", "--timeout=60s", check=False, timeout=90)
+    values = [line.strip() for line in seen.splitlines() if line.strip()]
+    assert all(value == "8" for value in values), values
