@@ -572,7 +572,9 @@ class Agent:
         # A chip npu-smi could not read is asked again at the next health interval; a layout the chips
         # cannot hold waits for a reload.
         by_layout = any(plan.refused and not plan.unread for plan in plans)
-        self._vnpu_pending = not by_layout and any(plan.in_use or plan.waiting or plan.unread for plan in plans)
+        self._vnpu_pending = not by_layout and any(
+            plan.in_use or plan.waiting or plan.unread for plan in plans
+        )
         commands = sum(len(plan.commands()) for plan in plans)
         if commands:
             log.info("vnpu: layout applied with %d npu-smi commands", commands)
