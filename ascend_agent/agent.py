@@ -538,10 +538,10 @@ class Agent:
 
     async def apply_vnpu_layout(self, *, fresh: bool = False, quiet: bool = False) -> tuple[ChipPlan, ...]:
         """Make the chips hold the ``vnpu:`` layout (at start, on reload, and each health interval while a
-        vNPU it would destroy is held or a chip's vNPUs could not be read); with ``fresh``, npu-smi is asked for the vNPUs again first even
-        without a layout (SIGHUP). A refused layout is logged once and nothing runs (at start,
-        ``process.run_agent`` refuses it before: exit status 2); ``quiet`` leaves out the line that says
-        nothing needed to run."""
+        vNPU it would destroy is held or a chip's vNPUs could not be read); with ``fresh``, npu-smi is asked
+        for the vNPUs again first even without a layout (SIGHUP). A refused layout is logged once and
+        nothing runs (at start, ``process.run_agent`` refuses it before: exit status 2); ``quiet`` leaves out
+        the line that says nothing needed to run."""
         backend = self.backend
         layout = self.settings.vnpu
         if not isinstance(backend, VnpuLayoutBackend):

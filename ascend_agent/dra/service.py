@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
@@ -43,6 +42,7 @@ from ascend_agent.dra.claims import (
 )
 from ascend_agent.dra.devices import chip_of, device_name, overlap
 from ascend_agent.dra.serialize import CallLock, CallLockError
+from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
 from ascend_agent.model import Chip, ContainerSpec
 from ascend_agent.observability import log_fields
 
@@ -357,18 +357,13 @@ class _Holders:
                     )
 
 
-# A namespace is a DNS label; a claim's name a DNS subdomain.
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
 def _claim_problem(claim: ClaimRef) -> str | None:
     """Why the kubelet's ``claim`` cannot be a ResourceClaim of the API server, or None."""
     if (problem := uid_problem(claim.uid)) is not None:
         return problem
-    if not _NAMESPACE.fullmatch(claim.namespace):
+    if not is_dns_label(claim.namespace):
         return f"claim namespace {claim.namespace[:80]!r} is not a Kubernetes namespace"
-    if len(claim.name) > 253 or not _NAME.fullmatch(claim.name):
+    if not is_dns_subdomain(claim.name):
         return f"claim name {claim.name[:80]!r} is not a Kubernetes object name"
     return None
 

@@ -371,7 +371,7 @@ async def test_a_chip_npu_smi_could_not_read_is_read_again_when_the_layout_is_ap
 def test_a_layout_refused_for_a_failed_read_is_applied_once_npu_smi_answers(
     kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path, podresources: Any
 ) -> None:
-    """A refusal for a table npu-smi could not give is no verdict on the layout: the health timer tries again."""
+    """A refusal for a table npu-smi could not give says nothing of the layout: the health timer retries."""
     config = _config(short_dir, '{"1": [vir04, vir02]}')
     process = AgentProcess(
         ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),

@@ -48,5 +48,5 @@ async def test_a_wildcard_address_is_asked_on_loopback(port: int, host: str) -> 
 
 
 async def test_no_agent_is_one_reason() -> None:
-    with pytest.raises(NoAnswer, match="^connection refused$"):
+    with pytest.raises(NoAnswer, match=r"^connection refused$"):
         await http_get(f"127.0.0.1:{free_port()}", "/readyz")
