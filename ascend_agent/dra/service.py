@@ -39,6 +39,7 @@ from ascend_agent.dra.claims import (
     cdi_device_id,
     claim_spec,
     uid_problem,
+    valid_uid,
 )
 from ascend_agent.dra.devices import chip_of, device_name, overlap
 from ascend_agent.dra.serialize import CallLock, CallLockError
@@ -281,19 +282,20 @@ class DraService:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Remove what was prepared for each claim (the checkpoint written once); an error line per claim,
-        empty on success."""
-        answers = {claim.uid: uid_problem(claim.uid) or "" for claim in claims}
+        empty on success. A claim never prepared is success: so is a UID that is no UID (nothing was ever
+        written for it)."""
+        answers = dict.fromkeys((claim.uid for claim in claims), "")
         try:
             async with self.calls.held():
                 await self._reload()
-                ours = [c for c in claims if not answers[c.uid] and self.prepared.get(c.uid) is not None]
+                ours = [c for c in claims if valid_uid(c.uid) and self.prepared.get(c.uid) is not None]
                 removed = (
                     await anyio.to_thread.run_sync(self.prepared.remove, [c.uid for c in ours])
                     if ours
                     else {}
                 )
         except (CallLockError, CheckpointError) as exc:
-            return {claim.uid: answers[claim.uid] or str(exc) for claim in claims}
+            return {claim.uid: str(exc) if valid_uid(claim.uid) else "" for claim in claims}
         for claim in ours:
             error = removed[claim.uid]
             if error is not None:
