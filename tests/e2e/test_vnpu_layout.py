@@ -391,6 +391,27 @@ def test_a_layout_refused_for_a_failed_read_is_applied_once_npu_smi_answers(
         process.close()
 
 
+def test_a_chip_npu_smi_cannot_read_at_start_does_not_stop_the_agent(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path, podresources: Any
+) -> None:
+    """No verdict on the layout, so no exit status 2: the agent serves, and the layout runs once it can."""
+    npu_smi.set_error("info -t info-vnpu -i 2 -c 0", "Error: dcmi get vnpu info failed, ret = -8020\n")
+    process = AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--kubelet-dir", str(kubelet.directory), "--metrics-address", "", "--health-interval", "1",
+         "--config", str(_config(short_dir, '{"2": [vir02]}')),
+         "--pod-resources-socket", str(podresources.path), "--no-cluster"]
+    )  # fmt: skip
+    try:
+        process.wait_log(r"vnpu: the vNPUs of chip 2 \(310P3\) are unknown \(")
+        process.wait_log("Registered resource huawei.com/Ascend310P$")
+        npu_smi.clear_error("info -t info-vnpu -i 2 -c 0")
+        npu_smi.wait_count("set -t create-vnpu -i 2 -c 0 -f vir02", 1)
+        assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 2 -c 0 -f vir02"]
+    finally:
+        process.close()
+
+
 async def test_a_vnpu_id_on_two_chips_is_one_device(
     host: HostTree, npu_smi: FakeNpuSmi, caplog: pytest.LogCaptureFixture
 ) -> None:
