@@ -543,10 +543,10 @@ class Agent:
 
     async def apply_vnpu_layout(self, *, fresh: bool = False, quiet: bool = False) -> tuple[ChipPlan, ...]:
         """Make the chips hold the ``vnpu:`` layout (at start, on reload, and each health interval while a
-        vNPU it would destroy is held); with ``fresh``, npu-smi is asked for the vNPUs again first even
-        without a layout (SIGHUP). A refused layout is logged once and nothing runs (at start,
-        ``process.run_agent`` refuses it before: exit status 2); ``quiet`` leaves out the line that says
-        nothing needed to run."""
+        vNPU it would destroy is held or a chip's vNPUs could not be read); with ``fresh``, npu-smi is asked
+        for the vNPUs again first even without a layout (SIGHUP). A refused layout is logged once and
+        nothing runs (at start, ``process.run_agent`` refuses it before: exit status 2); ``quiet`` leaves out
+        the line that says nothing needed to run."""
         backend = self.backend
         layout = self.settings.vnpu
         if not isinstance(backend, VnpuLayoutBackend):
@@ -574,7 +574,12 @@ class Agent:
             for line in refused:
                 log.error("%s", line)
             self._vnpu_refused = refused
-        self._vnpu_pending = not refused and any(plan.in_use or plan.waiting for plan in plans)
+        # A chip npu-smi could not read is asked again at the next health interval; a layout the chips
+        # cannot hold waits for a reload.
+        by_layout = any(plan.refused and not plan.unread for plan in plans)
+        self._vnpu_pending = not by_layout and any(
+            plan.in_use or plan.waiting or plan.unread for plan in plans
+        )
         commands = sum(len(plan.commands()) for plan in plans)
         if commands:
             log.info("vnpu: layout applied with %d npu-smi commands", commands)

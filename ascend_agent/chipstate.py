@@ -4,6 +4,7 @@
 
     document = chip_states(agent.inventory, hold.release_in, hold.reason(), now=time.time())
     view = await ask_agent("127.0.0.1:9410")      # an AgentView, or a line saying why there is none
+    status, body = await http_get("0.0.0.0:9410", "/readyz")   # any path; NoAnswer says why not
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from ascend_agent.model import Inventory
 CHIPS_PATH = "/chips"
 _TIMEOUT = 3.0
 _MAX_ANSWER = 4 * 1024 * 1024
+_READ_CHUNK = 64 * 1024
+# An HTTP address that listens on every interface is asked on loopback.
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "[::]", "::"})
 
 
 def chip_states(
@@ -82,26 +86,48 @@ class AgentView:
         return {device: state for device, state in self.chips.items() if state.held}
 
 
-async def ask_agent(address: str) -> AgentView | str:
-    """The running agent's ``/chips`` at ``address`` (``metricsAddress``; 0.0.0.0 is asked on loopback), or
-    one line saying why it cannot be asked."""
-    if not address:
-        return "no running agent can be asked: metricsAddress is empty"
+class NoAnswer(Exception):
+    """The agent's HTTP address gave no whole answer; the message says why, in a few words."""
+
+
+async def http_get(address: str, path: str, timeout: float = _TIMEOUT) -> tuple[str, bytes]:
+    """(status line, body) of ``GET path`` at the agent's HTTP ``address`` (``metricsAddress``; a wildcard
+    host is asked on loopback), read until the agent closes it (HTTP/1.0), at most 4 MiB.
+    :class:`NoAnswer` when there is no whole answer."""
     host, _, port = address.rpartition(":")
-    host = "127.0.0.1" if host in ("0.0.0.0", "", "[::]") else host.strip("[]")
+    host = "127.0.0.1" if host in _WILDCARD_HOSTS else host.strip("[]")
+    answer = bytearray()
     try:
-        async with asyncio.timeout(_TIMEOUT):
+        async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host, int(port))
             try:
-                writer.write(f"GET {CHIPS_PATH} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
-                answer = await reader.read(_MAX_ANSWER)
+                writer.write(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+                while chunk := await reader.read(_READ_CHUNK):
+                    answer += chunk
+                    if len(answer) > _MAX_ANSWER:
+                        raise NoAnswer(f"an answer over {_MAX_ANSWER // (1024 * 1024)} MiB")
             finally:
                 writer.close()
-    except (OSError, TimeoutError, ValueError) as exc:
-        why = os.strerror(exc.errno).lower() if isinstance(exc, OSError) and exc.errno else "no answer"
-        return f"no running agent answers on {address} ({why}): the hold and npu-smi's state are unknown"
-    head, _, body = answer.partition(b"\r\n\r\n")
-    if b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
+    except OSError as exc:
+        raise NoAnswer(os.strerror(exc.errno).lower() if exc.errno else "no answer") from None
+    except TimeoutError:
+        raise NoAnswer(f"no whole answer within {timeout:g} s") from None
+    except ValueError:
+        raise NoAnswer(f"{address} is not HOST:PORT") from None
+    head, _, body = bytes(answer).partition(b"\r\n\r\n")
+    return head.split(b"\r\n", 1)[0].decode("latin-1"), body
+
+
+async def ask_agent(address: str) -> AgentView | str:
+    """The running agent's ``/chips`` at ``address`` (``metricsAddress``), or one line saying why it cannot
+    be asked."""
+    if not address:
+        return "no running agent can be asked: metricsAddress is empty"
+    try:
+        status, body = await http_get(address, CHIPS_PATH)
+    except NoAnswer as exc:
+        return f"no running agent answers on {address} ({exc}): the hold and npu-smi's state are unknown"
+    if " 200 " not in status + " ":
         return f"the agent on {address} does not serve {CHIPS_PATH}: is it an older version?"
     try:
         return _view(address, json.loads(body))

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from ascend_agent.faults import VERDICTS
+from ascend_agent.kube_names import is_dns_subdomain
 from ascend_agent.model import UnknownModelError, classify
 from ascend_agent.naming import NAMING_SCHEMES
 from ascend_agent.vnpu_layout import Layout, is_chip_id, parse_layout
@@ -61,7 +62,6 @@ DEVICE_PLUGIN_API = "device-plugin"
 DRA_API = "dra"
 KUBELET_APIS = (DEVICE_PLUGIN_API, DRA_API)
 DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 DEFAULT_API_LIST_LIMIT_MIB = 64
@@ -299,7 +299,7 @@ def _text_list(value: Any) -> tuple[str, ...]:
 
 
 def _dns_subdomain(value: str) -> str:
-    if len(value) > 63 or not _DNS_SUBDOMAIN.match(value):
+    if not is_dns_subdomain(value, most=63):
         raise ValueError("must be a lower-case DNS subdomain of at most 63 characters, e.g. npu.huawei.com")
     return value
 

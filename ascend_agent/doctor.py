@@ -25,7 +25,7 @@ from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
 from ascend_agent.backends.training import trains
-from ascend_agent.chipstate import ask_agent
+from ascend_agent.chipstate import NoAnswer, ask_agent, http_get
 from ascend_agent.config import DRA_API, ConfigError, Settings
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.transport import LocalChannel
@@ -410,18 +410,11 @@ async def _holders(settings: Settings, unhealthy: list[tuple[str, str]]) -> Chec
 
 async def _get(address: str, path: str) -> tuple[str, str] | str:
     """(status line, body) of ``GET path`` on the agent's HTTP address; a string saying why not."""
-    host, _, port = address.rpartition(":")
-    host = "127.0.0.1" if host in ("0.0.0.0", "") else host.strip("[]")
     try:
-        async with asyncio.timeout(_DIAL_TIMEOUT):
-            reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
-            answer = (await reader.read()).decode("latin-1")
-            writer.close()
-    except (OSError, TimeoutError) as exc:
-        return f"nothing answers on {address}: {exc.strerror if isinstance(exc, OSError) else 'timeout'}"
-    status, _, body = answer.partition("\r\n\r\n")
-    return status.split("\r\n")[0], body
+        status, body = await http_get(address, path, _DIAL_TIMEOUT)
+    except NoAnswer as exc:
+        return f"nothing answers on {address}: {exc}"
+    return status, body.decode("latin-1")
 
 
 async def _agent_chips(address: str) -> list[Check]:

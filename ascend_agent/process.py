@@ -79,9 +79,10 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         )
     if settings.vnpu is not None and isinstance(backend, VnpuLayoutBackend):
         await backend.query()
-        # A layout the chips cannot hold stops the start before anything else is asked or run.
+        # A layout the chips cannot hold stops the start before anything else is asked or run (a chip npu-smi
+        # cannot read now does not: the layout waits for it).
         try:
-            await _vnpu_plans(backend, settings.vnpu)
+            await _vnpu_plans(backend, settings.vnpu, unread_ok=True)
         except ConfigError:
             await backend.close()
             raise
@@ -161,13 +162,16 @@ async def print_vnpu_plan(settings: Settings) -> int:
     return 0
 
 
-async def _vnpu_plans(backend: VnpuLayoutBackend, layout: Layout) -> tuple[ChipPlan, ...]:
-    """The layout's plans against the chips now, nothing run; :class:`ConfigError` with the first refusal."""
+async def _vnpu_plans(
+    backend: VnpuLayoutBackend, layout: Layout, *, unread_ok: bool = False
+) -> tuple[ChipPlan, ...]:
+    """The layout's plans against the chips now, nothing run; :class:`ConfigError` with the first refusal
+    (with ``unread_ok``, not for a chip whose vNPUs npu-smi could not give)."""
     try:
         plans = await backend.apply_vnpu_layout(layout, nothing_held, run=False)
     except LayoutRefused as exc:
         raise ConfigError(str(exc)) from None
-    refused = next((plan.refused for plan in plans if plan.refused), "")
+    refused = next((plan.refused for plan in plans if plan.refused and not (unread_ok and plan.unread)), "")
     if refused:
         raise ConfigError(refused)
     return plans

@@ -207,7 +207,8 @@ class ChipState:
 class ChipPlan:
     """What makes one chip hold its layout: vNPUs to destroy, templates to create, vNPUs that stay because a
     container holds them, templates that wait for those; ``refused`` (one line) when the layout cannot be
-    held at all, and then nothing else is set."""
+    held at all, and then nothing else is set. ``unread``: refused because npu-smi could not say what the
+    chip holds now, not because of the layout (asked again the next time the layout is applied)."""
 
     chip: Chip
     destroy: tuple[VNpu, ...] = ()
@@ -215,6 +216,7 @@ class ChipPlan:
     in_use: tuple[VNpu, ...] = ()
     waiting: tuple[str, ...] = ()
     refused: str = ""
+    unread: bool = False
 
     @property
     def empty(self) -> bool:

@@ -199,13 +199,16 @@ class VnpuProbe:
     ) -> tuple[ChipPlan, ...]:
         """Plan every chip the layout names against what npu-smi says now (asked again unless nothing
         changed since it was last asked: :meth:`forget` makes it ask), and with ``run`` carry the plans
-        out; when any chip refuses its entry, nothing runs anywhere. :class:`LayoutRefused` when the layout
-        names a chip id the node does not have."""
+        out; when any chip refuses its entry, nothing runs anywhere. A chip whose last read failed is read
+        again first. :class:`LayoutRefused` when the layout names a chip id the node does not have."""
         absent = absent_chips(layout, chips)
         if absent:
             raise LayoutRefused(absent)
         if self.stale(chips, nodes) or not self._states:
             await self.refresh(chips, nodes, always=True)
+        elif self._failures:
+            # A table that failed to read is not planned on, and nothing else would read it again.
+            await self.refresh(chips, nodes, always=True, only=frozenset(self._failures))
         held_now = held()
         held_ids = None if held_now is None else frozenset(held_now)
         async with self._lock:
@@ -240,7 +243,9 @@ class VnpuProbe:
         if state is None or chip.phys_id in self._failures:
             # A table npu-smi could not give, or gave wrong, is not planned on: what was known may be stale.
             why = self._failures.get(chip.phys_id, "npu-smi did not say")
-            return ChipPlan(chip, refused=f"vnpu: the vNPUs of {name} are unknown ({why}); nothing created")
+            return ChipPlan(
+                chip, refused=f"vnpu: the vNPUs of {name} are unknown ({why}); nothing created", unread=True
+            )
         templates = await self._templates_of(chip)
         if not templates and wanted:
             return ChipPlan(

@@ -128,8 +128,8 @@ class DevicePluginService:
         self.kubelet_streams_opened = 0
         self._allocated = ALLOCATIONS.labels(resource=resource, code="OK")
         self._refusals = RepeatLimiter("allocate_refused", _REFUSAL_LOG_INTERVAL)
-        # Told the device IDs each Allocate handed over, once answered (the agent counts them as held, and
-        # asks the kubelet which pod got them).
+        # Told the device IDs each Allocate hands over, before the answer is sent (the agent counts them as
+        # held, and asks the kubelet which pod got them).
         self.on_allocated: Callable[[Sequence[str]], None] = lambda device_ids: None
         # None: the kubelet's IDs are the chips handed over (no I/O on Allocate's path).
         self.remap_ids: DeviceIdRemapper | None = None
@@ -263,8 +263,10 @@ class DevicePluginService:
             ALLOCATE_SECONDS.observe(time.perf_counter() - started)
         self._allocated.inc()
         log.info("Allocated %s", ids, extra=log_fields(resource=self.resource, devices=ids.split(",")))
-        await stream.send_message(answer)
+        # Recorded before the answer goes out: a layout run while it is sent must see them held (if the send
+        # fails, the record expires unseen).
         self.on_allocated([device_id for container in containers for device_id in container])
+        await stream.send_message(answer)
 
     def allocate(self, request: bytes) -> tuple[bytes, str]:
         """The encoded AllocateResponse to an encoded AllocateRequest, and the IDs it hands over; GRPCError

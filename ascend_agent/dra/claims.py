@@ -24,7 +24,6 @@ import errno
 import json
 import logging
 import os
-import re
 import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -35,6 +34,7 @@ from typing import Any
 from ascend_agent.cdi import CDI_VERSION, chip_edits, shared_edits
 from ascend_agent.container import device_order
 from ascend_agent.files import open_no_follow, replace_file, sync_directory
+from ascend_agent.kube_names import is_dns_label
 from ascend_agent.model import Chip, ContainerSpec
 
 log = logging.getLogger(__name__)
@@ -43,13 +43,12 @@ CHECKPOINT_VERSION = 2  # 1: without boot ids, with each spec's path
 MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
-# A Kubernetes UID as it may appear in a file name: lower-case letters, digits and '-', at most 63.
-_UID = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _SHOWN = 80  # characters of a refused value shown in a message
 
 
 def valid_uid(uid: str) -> bool:
-    return _UID.fullmatch(uid) is not None
+    """A Kubernetes UID as it may appear in a file name: a DNS label."""
+    return is_dns_label(uid)
 
 
 def uid_problem(uid: str) -> str | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
@@ -40,9 +39,11 @@ from ascend_agent.dra.claims import (
     cdi_device_id,
     claim_spec,
     uid_problem,
+    valid_uid,
 )
 from ascend_agent.dra.devices import chip_of, device_name, overlap
 from ascend_agent.dra.serialize import CallLock, CallLockError
+from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
 from ascend_agent.model import Chip, ContainerSpec
 from ascend_agent.observability import log_fields
 
@@ -281,19 +282,20 @@ class DraService:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Remove what was prepared for each claim (the checkpoint written once); an error line per claim,
-        empty on success."""
-        answers = {claim.uid: uid_problem(claim.uid) or "" for claim in claims}
+        empty on success. A claim never prepared is success: so is a UID that is no UID (nothing was ever
+        written for it)."""
+        answers = dict.fromkeys((claim.uid for claim in claims), "")
         try:
             async with self.calls.held():
                 await self._reload()
-                ours = [c for c in claims if not answers[c.uid] and self.prepared.get(c.uid) is not None]
+                ours = [c for c in claims if valid_uid(c.uid) and self.prepared.get(c.uid) is not None]
                 removed = (
                     await anyio.to_thread.run_sync(self.prepared.remove, [c.uid for c in ours])
                     if ours
                     else {}
                 )
         except (CallLockError, CheckpointError) as exc:
-            return {claim.uid: answers[claim.uid] or str(exc) for claim in claims}
+            return {claim.uid: str(exc) if valid_uid(claim.uid) else "" for claim in claims}
         for claim in ours:
             error = removed[claim.uid]
             if error is not None:
@@ -357,18 +359,13 @@ class _Holders:
                     )
 
 
-# A namespace is a DNS label; a claim's name a DNS subdomain.
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
 def _claim_problem(claim: ClaimRef) -> str | None:
     """Why the kubelet's ``claim`` cannot be a ResourceClaim of the API server, or None."""
     if (problem := uid_problem(claim.uid)) is not None:
         return problem
-    if not _NAMESPACE.fullmatch(claim.namespace):
+    if not is_dns_label(claim.namespace):
         return f"claim namespace {claim.namespace[:80]!r} is not a Kubernetes namespace"
-    if len(claim.name) > 253 or not _NAME.fullmatch(claim.name):
+    if not is_dns_subdomain(claim.name):
         return f"claim name {claim.name[:80]!r} is not a Kubernetes object name"
     return None
 

@@ -315,6 +315,103 @@ async def test_a_vnpu_id_listed_twice_refuses_that_chip_and_destroys_nothing(
     assert len(warned) == 1 and "Cannot read the vNPUs of chip 1" in warned[0], warned
 
 
+async def test_a_chip_whose_table_was_listed_wrong_is_read_again_when_the_layout_is_applied(
+    host: HostTree, npu_smi: FakeNpuSmi
+) -> None:
+    """The wrong table leaves no trace once npu-smi answers right, though no /dev/vdavinci* node changed."""
+    wrong = {
+        (1, 0): _chip(1, [{"id": 116, "template": "vir04"}, {"id": 116, "template": "vir02"}]),
+        (2, 0): _chip(2, []),
+    }
+    npu_smi.set_vnpu_state(host.dev, wrong, TEMPLATES_310P)
+    backend = _backend(host, npu_smi)
+    await backend.query()
+    layout = parse_layout({"1": ["vir04", "vir02"], "2": ["vir02"]})
+    plans = await backend.apply_vnpu_layout(layout, frozenset, run=True)
+    assert "lists vNPU id 116 twice" in plans[0].refused and plans[0].unread
+    _state(npu_smi, host)
+    for _ in range(3):
+        await backend.query()
+        await backend.discover()
+    plans = await backend.apply_vnpu_layout(layout, frozenset, run=True)
+    assert [plan.refused for plan in plans] == ["", ""]
+    assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 2 -c 0 -f vir02"]
+
+
+@pytest.mark.parametrize(
+    "error",
+    ["Error: dcmi get vnpu info failed, ret = -8020\n", None],
+    ids=["-8020", "timeout"],
+)
+async def test_a_chip_npu_smi_could_not_read_is_read_again_when_the_layout_is_applied(
+    host: HostTree, npu_smi: FakeNpuSmi, error: str | None
+) -> None:
+    """A table read once, then not: a reload's read that failed does not block the layout after it."""
+    backend = DevfsBackend(Settings(host_root=host.root, npu_smi=str(npu_smi.path), npu_smi_timeout=1))
+    await backend.query()
+    await backend.discover()
+    backend.forget_vnpus()
+    if error is None:
+        npu_smi.set_mode("hang")
+    else:
+        npu_smi.set_error("info -t info-vnpu -i 2 -c 0", error)
+    layout = parse_layout({"2": ["vir02"]})
+    plans = await backend.apply_vnpu_layout(layout, frozenset, run=True)
+    assert plans[0].refused.startswith("vnpu: the vNPUs of chip 2 (310P3) are unknown (") and plans[0].unread
+    if error is None:
+        npu_smi.set_mode("ok")
+    else:
+        npu_smi.clear_error("info -t info-vnpu -i 2 -c 0")
+    await backend.query()
+    plans = await backend.apply_vnpu_layout(layout, frozenset, run=True)
+    assert plans[0].refused == ""
+    assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 2 -c 0 -f vir02"]
+
+
+def test_a_layout_refused_for_a_failed_read_is_applied_once_npu_smi_answers(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path, podresources: Any
+) -> None:
+    """A refusal for a table npu-smi could not give says nothing of the layout: the health timer retries."""
+    config = _config(short_dir, '{"1": [vir04, vir02]}')
+    process = AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--kubelet-dir", str(kubelet.directory), "--metrics-address", "", "--health-interval", "1",
+         "--config", str(config), "--pod-resources-socket", str(podresources.path), "--no-cluster"]
+    )  # fmt: skip
+    try:
+        process.wait_log("vnpu: every chip holds its layout; nothing to run")
+        process.wait_log("Registered resource huawei.com/Ascend310P$")  # the config file is watched
+        npu_smi.set_error("info -t info-vnpu -i 2 -c 0", "Error: dcmi get vnpu info failed, ret = -8020\n")
+        _config(short_dir, '{"1": [vir04, vir02], "2": [vir02]}')
+        process.wait_log(r"vnpu: the vNPUs of chip 2 \(310P3\) are unknown \(")
+        npu_smi.clear_error("info -t info-vnpu -i 2 -c 0")
+        npu_smi.wait_count("set -t create-vnpu -i 2 -c 0 -f vir02", 1)
+        assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 2 -c 0 -f vir02"]
+    finally:
+        process.close()
+
+
+def test_a_chip_npu_smi_cannot_read_at_start_does_not_stop_the_agent(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path, podresources: Any
+) -> None:
+    """No verdict on the layout, so no exit status 2: the agent serves, and the layout runs once it can."""
+    npu_smi.set_error("info -t info-vnpu -i 2 -c 0", "Error: dcmi get vnpu info failed, ret = -8020\n")
+    process = AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--kubelet-dir", str(kubelet.directory), "--metrics-address", "", "--health-interval", "1",
+         "--config", str(_config(short_dir, '{"2": [vir02]}')),
+         "--pod-resources-socket", str(podresources.path), "--no-cluster"]
+    )  # fmt: skip
+    try:
+        process.wait_log(r"vnpu: the vNPUs of chip 2 \(310P3\) are unknown \(")
+        process.wait_log("Registered resource huawei.com/Ascend310P$")
+        npu_smi.clear_error("info -t info-vnpu -i 2 -c 0")
+        npu_smi.wait_count("set -t create-vnpu -i 2 -c 0 -f vir02", 1)
+        assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 2 -c 0 -f vir02"]
+    finally:
+        process.close()
+
+
 async def test_a_vnpu_id_on_two_chips_is_one_device(
     host: HostTree, npu_smi: FakeNpuSmi, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -36,6 +36,10 @@ class FakeNpuSmi:
         (self.directory / "err").mkdir(exist_ok=True)
         (self.directory / "err" / (args.replace(" ", "_") + ".txt")).write_text(text)
 
+    def clear_error(self, args: str) -> None:
+        """npu-smi ``args`` answers again as before :meth:`set_error`."""
+        (self.directory / "err" / (args.replace(" ", "_") + ".txt")).unlink()
+
     def set_vnpu_state(self, dev: Path, chips: Mapping[tuple[int, int], Mapping[str, Any]],
                        templates: Mapping[str, Sequence[int]], **options: Any) -> None:  # fmt: skip
         """Answer the vNPU commands from state: ``chips`` by (npu id, chip) with ``phys``, ``aicore``,

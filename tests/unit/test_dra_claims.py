@@ -258,7 +258,13 @@ async def test_a_uid_that_is_no_uid_fails_its_claim_and_writes_nothing_outside(
     for claim in bad[2:4]:
         (answer,) = (await service.prepare([claim])).values()
         assert "is not a Kubernetes" in str(answer)
-    assert (await service.unprepare([bad[1], good])) == {"ab\x00cd": answers["ab\x00cd"], good.uid: ""}
+    # Nothing was ever written for a UID that is no UID: unpreparing it is success (a kubelet retries an
+    # error for good), and it removes nothing.
+    unknown = {claim.uid: "" for claim in (*bad[:2], *bad[4:])}
+    assert (await service.unprepare([*bad[:2], *bad[4:]])) == unknown
+    assert sorted(p.name for p in cdi.iterdir()) == [f"{DRIVER}-claim-{good.uid}.json"]
+    assert (await service.unprepare([bad[1], good])) == {"ab\x00cd": "", good.uid: ""}
+    assert list(cdi.iterdir()) == []
     await api.close()
 
 

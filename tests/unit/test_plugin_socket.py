@@ -203,6 +203,41 @@ async def test_a_client_that_stops_reading_is_disconnected_when_the_server_shuts
         await server.shut()
 
 
+async def test_what_allocate_hands_over_is_recorded_before_the_answer_is_sent(short_dir: Path) -> None:
+    """The answer waits on a client that opens no window: the IDs are recorded before it goes out, so a
+    layout run in between already counts them as held."""
+    service, _ = _service()
+    recorded = anyio.Event()
+    handed: list[Sequence[str]] = []
+
+    def on_allocated(device_ids: Sequence[str]) -> None:
+        handed.append(device_ids)
+        recorded.set()
+
+    service.on_allocated = on_allocated
+    server = BoundedServer([service], codec=BytesCodec())
+    path = short_dir / "Ascend910.sock"
+    await server.serve(path)
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    stream_id = conn.get_next_available_stream_id()
+    conn.send_headers(stream_id, request_headers(ALLOCATE))
+    conn.send_data(stream_id, grpc_message(_allocate_request([["Ascend910-3"]])), end_stream=True)
+    loop = asyncio.get_running_loop()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.setblocking(False)
+    try:
+        await loop.sock_connect(client, str(path))
+        await loop.sock_sendall(client, conn.data_to_send())
+        with anyio.move_on_after(5):
+            await recorded.wait()
+        assert handed == [["Ascend910-3"]], "not recorded while the answer waits to be sent"
+    finally:
+        client.close()
+        await server.shut()
+
+
 async def test_the_request_cap_is_64_kib(socket_path: Path) -> None:
     channel = Channel(path=str(socket_path), codec=BytesCodec())
     allocate = UnaryUnaryMethod(channel, ALLOCATE, bytes, bytes)
