@@ -83,7 +83,7 @@ INTEROP_GO_SOURCES := $(wildcard tests/interop/kubelet/*.go) tests/interop/go.mo
 INTEROP_PROTO_OPT = module=ascend-agent/protos,Mdeviceplugin/v1beta1/api.proto=ascend-agent/protos/deviceplugin/v1beta1
 
 interop-packages:
-	@command -v $(GO) >/dev/null || { echo "make interop: no go on PATH; install Go 1.26 or newer (https://go.dev/dl/)"; exit 1; }
+	@command -v $(GO) >/dev/null || { echo "make interop: no go on PATH; install Go 1.26 or newer"; exit 1; }
 	@command -v protoc >/dev/null || { \
 		[ "$$(id -u)" = 0 ] || { echo "make interop: install Debian's protobuf-compiler (as root), then run it again"; exit 1; }; \
 		echo "make interop: installing protobuf-compiler"; \
@@ -119,11 +119,11 @@ interop: $(STAMP) $(INTEROP)/kubelet-standin $(INTEROP)/deviceinfo-decode
 # modules (the version pinned in tests/cluster/go.mod) into a cache outside the clone keyed by that version and a
 # hash of the module's sources; a second build with the same sources is a cache hit. `make test` never builds it.
 e2e-build:
-	@command -v $(GO) >/dev/null || { echo "make e2e-build: no go on PATH; install Go 1.26 or newer (https://go.dev/dl/)"; exit 1; }
+	@command -v $(GO) >/dev/null || { echo "make e2e-build: no go on PATH; install Go 1.26 or newer"; exit 1; }
 	tests/cluster/build.sh
 
 e2e: $(STAMP)
-	@command -v $(GO) >/dev/null || { echo "make e2e: no go on PATH; install Go 1.26 or newer (https://go.dev/dl/)"; exit 1; }
+	@command -v $(GO) >/dev/null || { echo "make e2e: no go on PATH; install Go 1.26 or newer"; exit 1; }
 	binary=$$(tests/cluster/build.sh) && E2E_K8S_BINARY="$$binary" E2E_REQUIRE_CLUSTER=1 \
 		$(BIN)/pytest -q -m e2e_cluster -o addopts='' tests/cluster
 

@@ -48,6 +48,7 @@ def test_the_chips_volcano_chose_and_the_marks_written_back(
     cluster.kubectl("wait", f"node/{NODE_NAME}", f"--for=jsonpath={path}=8", "--timeout=60s", timeout=90)
     pod = one_pod_spec("placed", "placed", 2)
     pod["metadata"]["annotations"] = {RESOURCE: "Ascend910-3,Ascend910-5", "predicate-time": "1700000000000"}
+    pod["spec"]["schedulerName"] = "volcano"  # only pods Volcano placed name their chips
     pod["spec"]["nodeName"] = NODE_NAME  # bound as Volcano binds it
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     try:
