@@ -129,7 +129,8 @@ e2e: $(STAMP)
 
 # How long the real cluster takes to see what the agent does (tests/cluster/bench.py); figures in the README.
 bench-cluster: $(STAMP)
-	binary=$$(tests/cluster/build.sh) && $(BIN)/python -m tests.cluster.bench "$$binary" 5
+	binary=$$(tests/cluster/build.sh) && generic=$$(tests/cluster/goplugin/build.sh) && \
+	$(BIN)/python -m tests.cluster.bench "$$binary" "$$generic" 5 60
 
 image:
 	@engine=$$(command -v podman || command -v docker || command -v buildah) || { echo "make image: no podman, docker or buildah here"; exit 1; }; \

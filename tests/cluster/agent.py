@@ -50,15 +50,23 @@ def agent_settings(cluster: Cluster, render: Path = CHART_RENDER, **overrides: A
     return settings
 
 
-def start_agent(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) -> AgentProcess:
-    """The agent with the chart's ServiceAccount token, in the cluster's network namespace."""
+def agent_user(render: Path = CHART_RENDER) -> str:
+    """The API server's name for the chart's ServiceAccount, which the agent's requests carry."""
+    account = chart_object("ServiceAccount", render)["metadata"]
+    return f"system:serviceaccount:{account['namespace']}:{account['name']}"
+
+
+def agent_args(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) -> list[str]:
+    """`ascend-agent run` with a token of the chart's ServiceAccount and the chart's settings."""
     account = chart_object("ServiceAccount", render)["metadata"]["name"]
     token = cluster.kubectl("create", "token", account, "-n", NAMESPACE, "--duration=2h").stdout.strip()
     kubeconfig = cluster.work / "agent.kubeconfig"
     cluster.write_kubeconfig(kubeconfig, token)
     config = cluster.work / "agent.yaml"
     config.write_text(yaml.safe_dump(agent_settings(cluster, render, **overrides)))
-    return AgentProcess(
-        ["run", "--config", str(config), "--kubeconfig", str(kubeconfig), "--node-name", NODE_NAME],
-        wrapper=cluster.in_netns([]),
-    )
+    return ["run", "--config", str(config), "--kubeconfig", str(kubeconfig), "--node-name", NODE_NAME]
+
+
+def start_agent(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) -> AgentProcess:
+    """The agent with the chart's ServiceAccount token, in the cluster's network namespace."""
+    return AgentProcess(agent_args(cluster, render, **overrides), wrapper=cluster.in_netns([]))

@@ -11,6 +11,7 @@ The kernel settings the kubelet writes at start are put back as soon as it is up
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -110,12 +111,18 @@ class Cluster:
     sysctls: dict[str, str] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
     host_dirs_made: tuple[Path, ...] = ()
+    # The users whose requests the API server writes to audit.log (one JSON line per stage, Metadata level).
+    audited_users: tuple[str, ...] = ()
     _logs: list[IO[bytes]] = field(default_factory=list)
 
     @property
     def records(self) -> Path:
         """Where the CRI runtime writes each CreateContainer request, one JSON file each."""
         return self.work / "cri-records"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.work / "audit.log"
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -252,7 +259,19 @@ class Cluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.96.0.0/24",
             "--allow-privileged=true",
+            *self._audit_args(),
         ]
+
+    def _audit_args(self) -> list[str]:
+        if not self.audited_users:
+            return []
+        policy = self.work / "audit-policy.yaml"
+        users = "".join(f"  - {json.dumps(user)}\n" for user in self.audited_users)
+        policy.write_text(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n"
+            f"- level: Metadata\n  users:\n{users}- level: None\n"
+        )
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}"]
 
     def write_kubeconfig(self, path: Path, token: str) -> None:
         ca = self.work / "apiserver-certs" / "apiserver.crt"
