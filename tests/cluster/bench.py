@@ -229,8 +229,12 @@ def at_rest(cluster: Cluster, agent: AgentProcess, user: str, window: float) -> 
 
 
 def side_by_side(
-    cluster: Cluster, generic_binary: Path, agent_argv: list[str], rounds: int
-) -> tuple[dict[str, dict[str, list[float]]], AgentProcess]:
+    cluster: Cluster, generic_binary: Path, agent_argv: list[str], rounds: int, agents: list[AgentProcess]
+) -> dict[str, dict[str, list[float]]]:
+    """The figures of each plugin; every agent started is appended to ``agents`` (the caller stops them)."""
+    api_dir = cluster.work / "api"
+    api_dir.mkdir()
+    api = compile_api(api_dir)
     devices = cluster.work / "generic-devices"
     devices.mkdir()
     for index in range(CHIPS):
@@ -245,7 +249,8 @@ def side_by_side(
 
     def spawn(resource: str) -> AgentProcess | GenericPlugin:
         if resource == RESOURCE:
-            return AgentProcess(agent_argv, wrapper=cluster.in_netns([]))
+            agents.append(AgentProcess(agent_argv, wrapper=cluster.in_netns([])))
+            return agents[-1]
         return GenericPlugin(generic_binary, cluster, devices, log)
 
     try:
@@ -256,8 +261,6 @@ def side_by_side(
                     old = running.pop(resource)
                     old.proc.send_signal(signal.SIGKILL)
                     old.proc.wait(20)
-                    if isinstance(old, AgentProcess):
-                        old.close()
                 # The first round too: the agent of the rounds before was stopped, the generic one never ran.
                 watches[resource].until(lambda line: line in ("", "0"))
                 started_wall, started = time.time(), time.monotonic()
@@ -278,7 +281,6 @@ def side_by_side(
                     kubelet_registered(cluster, resource, restarted) - restarted
                 )
             settle(cluster, watches)
-        api = compile_api(cluster.work / "api")
         plugins = KUBELET_DIR / "device-plugins"
         newest_generic = max(plugins.glob("gdp-*.sock"), key=lambda path: path.stat().st_mtime)
         for name, socket in (
@@ -297,9 +299,7 @@ def side_by_side(
         log.close()
         for watch in watches.values():
             watch.close()
-    agent = running[RESOURCE]
-    assert isinstance(agent, AgentProcess)
-    return figures, agent
+    return figures
 
 
 def rest_figures(cluster: Cluster, window: float) -> dict[str, Counter[str]]:
@@ -366,11 +366,10 @@ def run(
         nodes.close()
         agents[-1].terminate(timeout=20)
 
-        beside, agent = side_by_side(
-            cluster, generic_binary, agent_args(cluster, fakeState=str(state)), rounds
+        beside = side_by_side(
+            cluster, generic_binary, agent_args(cluster, fakeState=str(state)), rounds, agents
         )
-        agents.append(agent)
-        agent.terminate(timeout=20)
+        agents[-1].terminate(timeout=20)
         rest = rest_figures(cluster, window)
     finally:
         for agent in agents:
