@@ -50,8 +50,11 @@ def agent_settings(cluster: Cluster, render: Path = CHART_RENDER, **overrides: A
     return settings
 
 
-def start_agent(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) -> AgentProcess:
-    """The agent with the chart's ServiceAccount token, in the cluster's network namespace."""
+def start_agent(
+    cluster: Cluster, render: Path = CHART_RENDER, env: dict[str, str] | None = None, **overrides: Any
+) -> AgentProcess:
+    """The agent with the chart's ServiceAccount token, in the cluster's network namespace; ``env`` adds to
+    its environment (``POD_UID``, as the downward API gives the chart's pod)."""
     account = chart_object("ServiceAccount", render)["metadata"]["name"]
     token = cluster.kubectl("create", "token", account, "-n", NAMESPACE, "--duration=2h").stdout.strip()
     kubeconfig = cluster.work / "agent.kubeconfig"
@@ -60,5 +63,6 @@ def start_agent(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any)
     config.write_text(yaml.safe_dump(agent_settings(cluster, render, **overrides)))
     return AgentProcess(
         ["run", "--config", str(config), "--kubeconfig", str(kubeconfig), "--node-name", NODE_NAME],
+        env=env,
         wrapper=cluster.in_netns([]),
     )
