@@ -60,7 +60,11 @@ def start_agent(
     kubeconfig = cluster.work / "agent.kubeconfig"
     cluster.write_kubeconfig(kubeconfig, token)
     config = cluster.work / "agent.yaml"
-    config.write_text(yaml.safe_dump(agent_settings(cluster, render, **overrides)))
+    # Renamed into place: an agent still running reloads the file when it changes (a rolling update's
+    # old process shares it, as two pods of a DaemonSet share its ConfigMap) and must never read half of it.
+    written = config.with_suffix(".new")
+    written.write_text(yaml.safe_dump(agent_settings(cluster, render, **overrides)))
+    written.replace(config)
     return AgentProcess(
         ["run", "--config", str(config), "--kubeconfig", str(kubeconfig), "--node-name", NODE_NAME],
         env=env,

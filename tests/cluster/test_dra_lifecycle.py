@@ -201,7 +201,7 @@ def test_a_rolling_update_of_the_driver_prepares_a_claim_made_during_the_overlap
         first_line = watch.stdout.readline().split()
         assert first_line[:1] == ["ADDED"] and NODE_NAME in first_line, first_line
         old = agents[-1]
-        agents.append(start_dra_agent(cluster, str(uuid.uuid4()), metricsAddress="127.0.0.1:9411"))
+        agents.append(start_dra_agent(cluster, str(uuid.uuid4())))
         new = agents[-1]
         new.wait_log(REGISTERED, timeout=60)
         assert old.proc.poll() is None
