@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.agent import apply_chart, start_agent
+from tests.cluster.agent import ROOT, apply_chart, start_agent
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.pods import RESOURCE, chip_devices, one_pod_spec, recorded_containers, wait_running
 from tests.support import FIXTURES
@@ -48,6 +48,16 @@ def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
     """Every agent process the module started (the devfs backend on the host tree); a test may stop one or
     start another."""
     apply_chart(cluster)
+    # A device-plugin cluster: no DeviceClass with extendedResourceName huawei.com/Ascend910 (the DRA
+    # modules apply examples/dra's). With one, the scheduler serves such a pod through DRA, and a pod with no
+    # chip left is Pending for "cannot allocate all claims", not "Insufficient huawei.com/Ascend910".
+    cluster.kubectl(
+        "delete",
+        "--ignore-not-found",
+        "-f",
+        str(ROOT / "examples" / "dra" / "deviceclasses.yaml"),
+        timeout=90,
+    )
     host(cluster).add_driver().add_management().add_chips(range(8))
     npu_smi(cluster).set_output("info", B4_INFO)
     started = [start_agent(cluster, **host_settings(cluster))]
