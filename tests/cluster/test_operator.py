@@ -179,7 +179,7 @@ def test_the_chips_gone_a_pod_stays_pending_and_the_doctor_names_the_cause(
     wait_allocatable(cluster, "8")
 
 
-def test_the_agent_rolled_to_a_new_process_allocatable_stays_8(
+def test_the_agent_rolled_to_a_new_process_capacity_stays_and_the_gap_is_short(
     cluster: Cluster, agents: list[AgentProcess]
 ) -> None:
     """The DaemonSet's update with a surge: the new agent starts while the old one serves (it waits on the
