@@ -63,10 +63,17 @@ def agent_args(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) 
     kubeconfig = cluster.work / "agent.kubeconfig"
     cluster.write_kubeconfig(kubeconfig, token)
     config = cluster.work / "agent.yaml"
-    config.write_text(yaml.safe_dump(agent_settings(cluster, render, **overrides)))
+    # Renamed into place: an agent still running reloads the file when it changes (a rolling update's
+    # old process shares it, as two pods of a DaemonSet share its ConfigMap) and must never read half of it.
+    written = config.with_suffix(".new")
+    written.write_text(yaml.safe_dump(agent_settings(cluster, render, **overrides)))
+    written.replace(config)
     return ["run", "--config", str(config), "--kubeconfig", str(kubeconfig), "--node-name", NODE_NAME]
 
 
-def start_agent(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) -> AgentProcess:
-    """The agent with the chart's ServiceAccount token, in the cluster's network namespace."""
-    return AgentProcess(agent_args(cluster, render, **overrides), wrapper=cluster.in_netns([]))
+def start_agent(
+    cluster: Cluster, render: Path = CHART_RENDER, env: dict[str, str] | None = None, **overrides: Any
+) -> AgentProcess:
+    """The agent with the chart's ServiceAccount token, in the cluster's network namespace; ``env`` adds to
+    its environment (``POD_UID``, as the downward API gives the chart's pod)."""
+    return AgentProcess(agent_args(cluster, render, **overrides), env=env, wrapper=cluster.in_netns([]))

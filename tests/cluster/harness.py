@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -415,6 +416,27 @@ class Cluster:
         self._wait("kubelet", f"answer at {KUBELET_SOCKET}", answers())
         self.wait_node_ready()
         write_sysctls(self.sysctls)
+
+    def device_plugin_gaps(self) -> list[float]:
+        """Seconds from each end of a device plugin's ListAndWatch stream to the next registration, from the
+        kubelet's own log (every kubelet started so far): while one lasts, the kubelet counts every device of
+        the resource Unhealthy (its PluginDisconnected)."""
+        stamp = re.compile(r"^[IEW]\d{4} (\d\d):(\d\d):(\d\d\.\d+)")
+        ended: float | None = None
+        gaps = []
+        for log in sorted((self.work / "logs").glob("kubelet*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                found = stamp.match(line)
+                if not found:
+                    continue
+                hours, minutes, seconds = found.groups()
+                at = int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+                if "ListAndWatch ended unexpectedly" in line:
+                    ended = at
+                elif "Got registration request from device plugin" in line and ended is not None:
+                    gaps.append(at - ended)
+                    ended = None
+        return gaps
 
     # -- stop -----------------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ pytestmark = pytest.mark.e2e_cluster
 
 # kubectl's JSONPath: the dot in the resource's name escaped.
 ALLOCATABLE_PATH = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
+CAPACITY_PATH = "{.status.capacity." + RESOURCE.replace(".", "\\.") + "}"
 MANAGEMENT_DEVICES = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
 
 
@@ -350,11 +351,17 @@ def test_without_the_events_create_verb_the_agent_logs_the_403_once(
     assert len(refused) == 1, "\n".join(refused)
 
 
-def test_the_agent_restarted_allocatable_never_drops(cluster: Cluster, agents: list[AgentProcess]) -> None:
-    """Every Allocatable the API server holds for the node while the agent stops and starts again is 8.
-    (The kubelet marks the chips unhealthy when the agent's stream ends: an agent not back before the
-    kubelet's next node status update leaves Allocatable 0 in the API meanwhile.)"""
+def test_the_agent_restarted_capacity_stays_and_allocatable_comes_back(
+    cluster: Cluster, agents: list[AgentProcess]
+) -> None:
+    """The agent stopped and started again (the DaemonSet's update with maxUnavailable 1). The kubelet marks
+    every chip Unhealthy when the agent's ListAndWatch stream ends and keeps Capacity for its grace period:
+    every (Capacity, Allocatable) the API server holds meanwhile is (8, 8), or (8, 0) when a node status
+    update fell between the old process's end and the new one's registration (the gap is printed, from the
+    kubelet's log: a new Python process's start, about half a second here, so with the harness's 2 s status
+    period the API shows the dip in about one restart in four)."""
     wait_capacity(cluster, "8")
+    before = len(cluster.device_plugin_gaps())
     watch = subprocess.Popen(
         cluster.in_netns(
             [
@@ -366,7 +373,7 @@ def test_the_agent_restarted_allocatable_never_drops(cluster: Cluster, agents: l
                 NODE_NAME,
                 "--watch",
                 "-o",
-                f'jsonpath={ALLOCATABLE_PATH}{{"\\n"}}',
+                f'jsonpath={CAPACITY_PATH} {ALLOCATABLE_PATH}{{"\\n"}}',
             ]
         ),
         stdout=subprocess.PIPE,
@@ -375,7 +382,7 @@ def test_the_agent_restarted_allocatable_never_drops(cluster: Cluster, agents: l
     )
     try:
         assert watch.stdout is not None
-        assert watch.stdout.readline().strip() == "8"  # the watch's first line: the node as it is now
+        assert watch.stdout.readline().split() == ["8", "8"]  # the watch's first line: the node as it is now
         agents[-1].terminate(timeout=20)
         agents.append(start_agent(cluster, fakeState=str(fake_state(cluster))))
         agents[-1].wait_log(f"Registered resource {RESOURCE}", timeout=60)
@@ -388,5 +395,7 @@ def test_the_agent_restarted_allocatable_never_drops(cluster: Cluster, agents: l
         watch.terminate()
         seen, _ = watch.communicate(timeout=20)
         cluster.kubectl("delete", "pod", "all-eight", "--wait=true", "--timeout=60s", check=False, timeout=90)
-    values = [line.strip() for line in seen.splitlines() if line.strip()]
-    assert all(value == "8" for value in values), values
+    (gap,) = cluster.device_plugin_gaps()[before:]
+    pairs = [line.split() for line in seen.splitlines() if line.strip()]
+    print(f"kubelet gap {gap * 1000:.0f} ms; (Capacity, Allocatable) seen {pairs}")
+    assert all(pair[0] == "8" and pair[1] in ("8", "0") for pair in pairs), pairs

@@ -1,0 +1,226 @@
+"""The DRA driver's life under the real kubelet: a chip's health carried by the health stream
+(v1alpha1.DRAResourceHealth) into the pod's status, the agent restarted while a claim is prepared, and a
+rolling update of the driver (a second process with another pod UID while the first still serves)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent
+from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.pods import one_pod_spec, recorded_containers, wait_running
+from tests.support.agent_process import AgentProcess
+
+pytestmark = pytest.mark.e2e_cluster
+
+DRIVER = "npu.huawei.com"
+REGISTERED = f"Registered DRA driver {DRIVER}"
+
+
+def fake_state(cluster: Cluster) -> Path:
+    return cluster.work / "fake-state-dra-lifecycle.json"
+
+
+# The pod UID each agent process was started with.
+POD_UIDS: dict[AgentProcess, str] = {}
+
+
+def start_dra_agent(cluster: Cluster, pod_uid: str, **overrides: Any) -> AgentProcess:
+    # NoSchedule, not the chart's NoExecute: with NoExecute the device taint eviction controller deletes the
+    # pod as soon as its chip is Unhealthy, and its status could not be seen to recover.
+    process = start_agent(
+        cluster,
+        DRA_RENDER,
+        env={"POD_UID": pod_uid},
+        draTaintEffect="NoSchedule",
+        backend="fake",
+        fakeChips=8,
+        fakeModel="910B4",
+        fakeState=str(fake_state(cluster)),
+        **overrides,
+    )
+    POD_UIDS[process] = pod_uid
+    return process
+
+
+@pytest.fixture(scope="module")
+def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
+    """Every agent process the module started, the one serving last; each with a pod UID, as the chart
+    runs it."""
+    apply_chart(cluster, DRA_RENDER)
+    cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
+    fake_state(cluster).write_text("{}")
+    started = [start_dra_agent(cluster, str(uuid.uuid4()))]
+    try:
+        started[0].wait_log(REGISTERED, timeout=60)
+        yield started
+    finally:
+        for number, process in enumerate(started, 1):
+            if process.proc.poll() is None:
+                process.terminate(timeout=20)
+            process.close()
+            (cluster.work / "logs" / f"agent-dra-lifecycle-{number}.log").write_text(process.output)
+
+
+def claim_pod(cluster: Cluster, name: str, device_class: str = "ascend910b4", count: int = 1) -> None:
+    """A ResourceClaimTemplate of ``count`` devices of ``device_class`` and a pod of one container using it
+    through the pod claim ``npus``."""
+    request = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "npus", "exactly": request}]}}},
+    }
+    pod = one_pod_spec(name, name, 1)
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "npus"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "npus", "resourceClaimTemplateName": name}]
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(template))
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+
+
+def get_json(cluster: Cluster, *what: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(cluster.kubectl("get", *what, "-o", "json").stdout)
+    return found
+
+
+def pod_claim(cluster: Cluster, pod: str) -> dict[str, Any]:
+    """The ResourceClaim the controller made for the pod's claim ``npus``."""
+    statuses = get_json(cluster, "pod", pod)["status"]["resourceClaimStatuses"]
+    (name,) = [s["resourceClaimName"] for s in statuses if s["name"] == "npus"]
+    return get_json(cluster, "resourceclaim", name)
+
+
+def allocated_devices(claim: dict[str, Any]) -> list[str]:
+    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def delete_pod(cluster: Cluster, name: str) -> None:
+    cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def wait_resource_health(cluster: Cluster, pod: str, health: str, timeout: float = 90) -> dict[str, Any]:
+    """Until the pod's container status carries ``claim:npus`` with every device's health ``health``."""
+    deadline = time.monotonic() + timeout
+    statuses: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        containers = get_json(cluster, "pod", pod)["status"].get("containerStatuses", [])
+        statuses = [s for c in containers for s in c.get("allocatedResourcesStatus") or []]
+        entries = [s for s in statuses if s["name"] == "claim:npus"]
+        resources = entries[0]["resources"] if entries else []
+        if resources and all(r["health"] == health for r in resources):
+            return entries[0]
+        time.sleep(0.5)
+    raise AssertionError(f"pod {pod}: no claim:npus with health {health} in {statuses}")
+
+
+def test_an_unhealthy_chip_reaches_the_pods_status_and_recovers(
+    cluster: Cluster, agents: list[AgentProcess]
+) -> None:
+    claim_pod(cluster, "health")
+    try:
+        wait_running(cluster, "health")
+        claim = pod_claim(cluster, "health")
+        (device,) = allocated_devices(claim)
+        resource_id = f"{DRIVER}/claim={claim['metadata']['uid']}-{device}"
+        healthy = wait_resource_health(cluster, "health", "Healthy")
+        assert [r["resourceID"] for r in healthy["resources"]] == [resource_id], healthy
+        fake_state(cluster).write_text(json.dumps({"unhealthy": [int(device.removeprefix("npu-"))]}))
+        unhealthy = wait_resource_health(cluster, "health", "Unhealthy")
+        (entry,) = unhealthy["resources"]
+        assert entry["resourceID"] == resource_id, unhealthy
+        assert entry.get("message"), unhealthy  # the reason (ResourceHealthStatusMessage, on in 1.36)
+        fake_state(cluster).write_text("{}")
+        wait_resource_health(cluster, "health", "Healthy")
+    finally:
+        fake_state(cluster).write_text("{}")
+        delete_pod(cluster, "health")
+
+
+def cdi_specs_naming(cluster: Cluster, claim_uid: str) -> list[str]:
+    return [p.name for p in (cluster.work / "cdi").glob("*") if claim_uid in p.name]
+
+
+def test_the_agent_restarted_with_a_claim_prepared_unprepare_removes_its_spec(
+    cluster: Cluster, agents: list[AgentProcess]
+) -> None:
+    claim_pod(cluster, "across-restart")
+    try:
+        wait_running(cluster, "across-restart")
+        uid = pod_claim(cluster, "across-restart")["metadata"]["uid"]
+        assert cdi_specs_naming(cluster, uid), list((cluster.work / "cdi").glob("*"))
+        # The container restarted in its pod: the same pod UID, a new process.
+        agents[-1].terminate(timeout=20)
+        agents.append(start_dra_agent(cluster, POD_UIDS[agents[-1]]))
+        agents[-1].wait_log(REGISTERED, timeout=60)
+    finally:
+        delete_pod(cluster, "across-restart")
+    agents[-1].wait_log("Unprepared claim default/across-restart-npus", timeout=60)
+    assert not cdi_specs_naming(cluster, uid)
+
+
+def slice_events(cluster: Cluster) -> subprocess.Popen[str]:
+    """A watch of the ResourceSlices printing each event's type and slice name, one a line."""
+    return subprocess.Popen(
+        cluster.in_netns(
+            [
+                str(cluster.binary),
+                "kubectl",
+                f"--kubeconfig={cluster.admin_kubeconfig}",
+                "get",
+                "resourceslices",
+                "--watch",
+                "--output-watch-events",
+                "-o",
+                'jsonpath={.type} {.object.metadata.name} {.object.spec.nodeName}{"\\n"}',
+            ]
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_rolling_update_of_the_driver_prepares_a_claim_made_during_the_overlap(
+    cluster: Cluster, agents: list[AgentProcess]
+) -> None:
+    """The DaemonSet's maxSurge update: a second process with another pod UID starts while the first serves;
+    a claim pod created while both run is prepared; the first stops; the pod is deleted and its claim
+    unprepared by the second. The node's ResourceSlice is never deleted."""
+    watch = slice_events(cluster)
+    try:
+        assert watch.stdout is not None
+        first_line = watch.stdout.readline().split()
+        assert first_line[:1] == ["ADDED"] and NODE_NAME in first_line, first_line
+        old = agents[-1]
+        agents.append(start_dra_agent(cluster, str(uuid.uuid4())))
+        new = agents[-1]
+        new.wait_log(REGISTERED, timeout=60)
+        assert old.proc.poll() is None
+        claim_pod(cluster, "overlap")
+        wait_running(cluster, "overlap")
+        (request,) = recorded_containers(cluster, "overlap")
+        assert request["config"].get("CDIDevices"), request["config"]
+        uid = pod_claim(cluster, "overlap")["metadata"]["uid"]
+        old.terminate(timeout=20)
+        # The kubelet goes on with the second instance: the pod deleted, its claim unprepared by it.
+        delete_pod(cluster, "overlap")
+        new.wait_log("Unprepared claim default/overlap-npus", timeout=60)
+        assert not cdi_specs_naming(cluster, uid)
+        claim_pod(cluster, "after-roll")
+        wait_running(cluster, "after-roll")
+    finally:
+        delete_pod(cluster, "overlap")
+        delete_pod(cluster, "after-roll")
+        watch.terminate()
+        seen, _ = watch.communicate(timeout=20)
+    events = [line.split() for line in seen.splitlines() if line.strip()]
+    assert not [e for e in events if e[:1] == ["DELETED"]], events

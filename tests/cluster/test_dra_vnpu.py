@@ -1,0 +1,94 @@
+"""Static vNPUs on a DRA node under the real scheduler: the fake 310P3 with chip 0 split into two vir02 vNPUs
+publishes chip 1 whole and chip 0 only as its vNPUs. The whole-chip DeviceClasses of examples/dra leave vNPUs
+out (`!("vnpuId" in ...)`, evaluated by the scheduler), the vNPU class selects them."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent
+from tests.cluster.harness import Cluster
+from tests.cluster.pods import one_pod_spec, recorded_containers, wait_running
+from tests.support.agent_process import AgentProcess
+
+pytestmark = pytest.mark.e2e_cluster
+
+DRIVER = "npu.huawei.com"
+
+
+@pytest.fixture(scope="module")
+def vnpu_dra_agent(cluster: Cluster) -> Iterator[AgentProcess]:
+    apply_chart(cluster, DRA_RENDER)
+    cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
+    process = start_agent(
+        cluster, DRA_RENDER, backend="fake", fakeModel="310P3", fakeChips=2, fakeVnpus="0:vir02,0:vir02"
+    )
+    try:
+        process.wait_log(f"Registered DRA driver {DRIVER}", timeout=60)
+        yield process
+    finally:
+        process.terminate(timeout=20)
+        process.close()
+        (cluster.work / "logs" / "agent-dra-vnpu.log").write_text(process.output)
+
+
+def claim_pod(cluster: Cluster, name: str, device_class: str, count: int) -> None:
+    request = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "npus", "exactly": request}]}}},
+    }
+    pod = one_pod_spec(name, name, 1)
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "npus"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "npus", "resourceClaimTemplateName": name}]
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(template))
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+
+
+def allocated(cluster: Cluster, pod: str) -> list[str]:
+    statuses = json.loads(cluster.kubectl("get", "pod", pod, "-o", "json").stdout)["status"]
+    (name,) = [s["resourceClaimName"] for s in statuses["resourceClaimStatuses"]]
+    claim: dict[str, Any] = json.loads(cluster.kubectl("get", "resourceclaim", name, "-o", "json").stdout)
+    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def delete_pod(cluster: Cluster, name: str) -> None:
+    cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def test_the_whole_chip_classes_never_get_a_vnpu_and_the_vnpu_class_does(
+    cluster: Cluster, vnpu_dra_agent: AgentProcess
+) -> None:
+    names = ("two-whole", "one-whole", "one-vnpu")
+    try:
+        # Three devices match ascend310p's deviceType/generation (chip 1 and chip 0's two vNPUs); the clause
+        # leaves one: a claim of two whole chips cannot be allocated.
+        claim_pod(cluster, "two-whole", "ascend310p", 2)
+        cluster.kubectl(
+            "wait",
+            "pod/two-whole",
+            "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
+            "--timeout=60s",
+            timeout=90,
+        )
+        delete_pod(cluster, "two-whole")
+        claim_pod(cluster, "one-whole", "ascend310p", 1)
+        wait_running(cluster, "one-whole")
+        assert allocated(cluster, "one-whole") == ["npu-1"]
+        claim_pod(cluster, "one-vnpu", "ascend-vnpu", 1)
+        wait_running(cluster, "one-vnpu")
+        (device,) = allocated(cluster, "one-vnpu")
+        assert re.fullmatch(r"npu-0-vnpu-\d+", device), device
+        (request,) = recorded_containers(cluster, "one-vnpu")
+        cdi = [d["name"] for d in request["config"].get("CDIDevices", [])]
+        assert len(cdi) == 1 and cdi[0].startswith(f"{DRIVER}/claim="), request["config"]
+    finally:
+        for name in names:
+            delete_pod(cluster, name)
