@@ -77,3 +77,12 @@ def start_agent(
     """The agent with the chart's ServiceAccount token, in the cluster's network namespace; ``env`` adds to
     its environment (``POD_UID``, as the downward API gives the chart's pod)."""
     return AgentProcess(agent_args(cluster, render, **overrides), env=env, wrapper=cluster.in_netns([]))
+
+
+def stop_agents(cluster: Cluster, started: list[AgentProcess], log_name: str) -> None:
+    """Every agent process a module started stopped, its output kept as ``logs/<log_name>-<n>.log``."""
+    for number, process in enumerate(started, 1):
+        if process.proc.poll() is None:
+            process.terminate(timeout=20)
+        process.close()
+        (cluster.work / "logs" / f"{log_name}-{number}.log").write_text(process.output)

@@ -16,8 +16,9 @@ import pytest
 
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.model import Chip
-from tests.cluster.agent import apply_chart, chart_objects, start_agent
+from tests.cluster.agent import apply_chart, chart_objects, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.node import wait_allocatable, watch_capacity
 from tests.cluster.pods import (
     RESOURCE,
     chip_devices,
@@ -30,9 +31,6 @@ from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
 
-# kubectl's JSONPath: the dot in the resource's name escaped.
-ALLOCATABLE_PATH = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
-CAPACITY_PATH = "{.status.capacity." + RESOURCE.replace(".", "\\.") + "}"
 MANAGEMENT_DEVICES = {"/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"}
 
 
@@ -46,11 +44,7 @@ def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
         started[0].wait_log(f"Registered resource {RESOURCE}", timeout=60)
         yield started
     finally:
-        for number, process in enumerate(started, 1):
-            if process.proc.poll() is None:
-                process.terminate(timeout=20)
-            process.close()
-            (cluster.work / "logs" / f"agent-{number}.log").write_text(process.output)
+        stop_agents(cluster, started, "agent")
 
 
 @pytest.fixture
@@ -66,16 +60,6 @@ def fake_state(cluster: Cluster) -> Path:
 def node_resources(cluster: Cluster) -> tuple[dict[str, str], dict[str, str]]:
     node = json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)
     return node["status"].get("capacity", {}), node["status"].get("allocatable", {})
-
-
-def wait_capacity(cluster: Cluster, count: str) -> None:
-    cluster.kubectl(
-        "wait",
-        f"node/{NODE_NAME}",
-        f"--for=jsonpath={ALLOCATABLE_PATH}={count}",
-        "--timeout=60s",
-        timeout=90,
-    )
 
 
 def test_the_daemonset_its_pod_on_the_node_and_the_agents_log(cluster: Cluster, agent: AgentProcess) -> None:
@@ -104,7 +88,7 @@ def test_the_daemonset_its_pod_on_the_node_and_the_agents_log(cluster: Cluster, 
 
 
 def test_describe_node_shows_eight_chips(cluster: Cluster, agent: AgentProcess) -> None:
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     capacity, allocatable = node_resources(cluster)
     assert capacity[RESOURCE] == "8"
     assert allocatable[RESOURCE] == "8"
@@ -116,7 +100,7 @@ def test_describe_node_shows_eight_chips(cluster: Cluster, agent: AgentProcess) 
 
 
 def test_a_pod_with_one_chip_runs_with_its_device(cluster: Cluster, agent: AgentProcess) -> None:
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -148,17 +132,17 @@ def test_a_pod_with_one_chip_runs_with_its_device(cluster: Cluster, agent: Agent
 
 
 def test_a_chip_turning_unhealthy_and_back(cluster: Cluster, agent: AgentProcess) -> None:
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     fake_state(cluster).write_text(json.dumps({"unhealthy": [3]}))
     try:
-        wait_capacity(cluster, "7")
+        wait_allocatable(cluster, "7")
         capacity, allocatable = node_resources(cluster)
         assert (capacity[RESOURCE], allocatable[RESOURCE]) == ("8", "7")
         events = cluster.kubectl("describe", "node", NODE_NAME).stdout.split("Events:", 1)[-1]
         assert re.search(r"Warning\s+NPUUnhealthy\s+.*Ascend910-3 is Unhealthy", events), events
     finally:
         fake_state(cluster).write_text("{}")
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     events = cluster.kubectl("describe", "node", NODE_NAME).stdout.split("Events:", 1)[-1]
     assert re.search(r"Normal\s+NPUHealthy\s+.*Ascend910-3 is Healthy again", events), events
 
@@ -181,7 +165,7 @@ def test_node_labels_in_show_labels(cluster: Cluster, agent: AgentProcess) -> No
 def test_with_the_chips_gone_a_pod_stays_pending_for_want_of_chips(
     cluster: Cluster, agent: AgentProcess
 ) -> None:
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     fake_state(cluster).write_text(json.dumps({"absent": list(range(8))}))
     pod = {
         "apiVersion": "v1",
@@ -199,7 +183,7 @@ def test_with_the_chips_gone_a_pod_stays_pending_for_want_of_chips(
         },
     }
     try:
-        wait_capacity(cluster, "0")
+        wait_allocatable(cluster, "0")
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
         cluster.kubectl(
             "wait",
@@ -216,13 +200,13 @@ def test_with_the_chips_gone_a_pod_stays_pending_for_want_of_chips(
             "delete", "pod", "no-chip-left", "--wait=true", "--timeout=60s", check=False, timeout=90
         )
         fake_state(cluster).write_text("{}")
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
 
 
 def test_the_kubelet_restarted_capacity_comes_back_and_the_pod_keeps_its_chip(
     cluster: Cluster, agent: AgentProcess
 ) -> None:
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("keeps-chip", "keeper", 1)))
     try:
         wait_running(cluster, "keeps-chip")
@@ -230,7 +214,7 @@ def test_the_kubelet_restarted_capacity_comes_back_and_the_pod_keeps_its_chip(
         registrations = len(agent.matching(f"Registered resource {RESOURCE}"))
         cluster.restart_kubelet()
         agent.wait_log(f"Registered resource {RESOURCE}", timeout=60, count=registrations + 1)
-        wait_capacity(cluster, "8")
+        wait_allocatable(cluster, "8")
         capacity, _ = node_resources(cluster)
         assert capacity[RESOURCE] == "8"
         wait_running(cluster, "keeps-chip")
@@ -249,7 +233,7 @@ def test_the_kubelet_restarted_capacity_comes_back_and_the_pod_keeps_its_chip(
 def test_pods_of_2_and_4_chips_get_the_sets_the_agent_prefers(cluster: Cluster, agent: AgentProcess) -> None:
     """The kubelet asks GetPreferredAllocation and takes its answer: each pod's recorded chips are what the
     agent's policy picks from the chips still free (910B: mesh, two NUMA nodes of four)."""
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     chips = [
         Chip.make(i, "910B4", numa_node=i * 2 // 8, npu_id=i, bus_id=f"0000:{0x10 + i:02x}:00.0")
         for i in range(8)
@@ -278,7 +262,7 @@ def test_pods_of_2_and_4_chips_get_the_sets_the_agent_prefers(cluster: Cluster, 
 
 def test_the_real_kubelets_podresources_name_the_holder(cluster: Cluster, agent: AgentProcess) -> None:
     """PodResources from the real kubelet: the pod holding a chip is in /metrics' labels and in `list`."""
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("holder", "holds", 1)))
     try:
         wait_running(cluster, "holder")
@@ -328,7 +312,7 @@ def test_without_the_events_create_verb_the_agent_logs_the_403_once(
     cluster: Cluster, agent: AgentProcess
 ) -> None:
     """Real RBAC: the chart's ClusterRole without `create` on events; two chip transitions, one log line."""
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     (role,) = (doc for doc in chart_objects() if doc["kind"] == "ClusterRole")
     (index,) = (i for i, rule in enumerate(role["rules"]) if rule["resources"] == ["events"])
     verbs = role["rules"][index]["verbs"]
@@ -338,10 +322,10 @@ def test_without_the_events_create_verb_the_agent_logs_the_403_once(
     cluster.kubectl("patch", "clusterrole", name, "--type=json", f"-p={json.dumps(patch)}")
     try:
         fake_state(cluster).write_text(json.dumps({"unhealthy": [5]}))
-        wait_capacity(cluster, "7")
+        wait_allocatable(cluster, "7")
         agent.wait_log(r"(?i)forbidden|403", timeout=60)
         fake_state(cluster).write_text("{}")
-        wait_capacity(cluster, "8")
+        wait_allocatable(cluster, "8")
         agent.wait_log("Ascend910-5 is Healthy again", timeout=60)
     finally:
         restore = [{"op": "replace", "path": f"/rules/{index}/verbs", "value": verbs}]
@@ -360,26 +344,9 @@ def test_the_agent_restarted_capacity_stays_and_allocatable_comes_back(
     update fell between the old process's end and the new one's registration (the gap is printed, from the
     kubelet's log: a new Python process's start, about half a second here, so with the harness's 2 s status
     period the API shows the dip in about one restart in four)."""
-    wait_capacity(cluster, "8")
+    wait_allocatable(cluster, "8")
     before = len(cluster.device_plugin_gaps())
-    watch = subprocess.Popen(
-        cluster.in_netns(
-            [
-                str(cluster.binary),
-                "kubectl",
-                f"--kubeconfig={cluster.admin_kubeconfig}",
-                "get",
-                "node",
-                NODE_NAME,
-                "--watch",
-                "-o",
-                f'jsonpath={CAPACITY_PATH} {ALLOCATABLE_PATH}{{"\\n"}}',
-            ]
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    watch = watch_capacity(cluster)
     try:
         assert watch.stdout is not None
         assert watch.stdout.readline().split() == ["8", "8"]  # the watch's first line: the node as it is now

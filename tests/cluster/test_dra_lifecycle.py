@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent
+from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.pods import one_pod_spec, recorded_containers, wait_running
 from tests.support.agent_process import AgentProcess
@@ -63,11 +63,7 @@ def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
         started[0].wait_log(REGISTERED, timeout=60)
         yield started
     finally:
-        for number, process in enumerate(started, 1):
-            if process.proc.poll() is None:
-                process.terminate(timeout=20)
-            process.close()
-            (cluster.work / "logs" / f"agent-dra-lifecycle-{number}.log").write_text(process.output)
+        stop_agents(cluster, started, "agent-dra-lifecycle")
 
 
 def claim_pod(cluster: Cluster, name: str, device_class: str = "ascend910b4", count: int = 1) -> None:

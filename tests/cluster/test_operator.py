@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.agent import ROOT, apply_chart, start_agent
+from tests.cluster.agent import ROOT, apply_chart, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.node import wait_allocatable, watch_capacity
 from tests.cluster.pods import RESOURCE, chip_devices, one_pod_spec, recorded_containers, wait_running
 from tests.support import FIXTURES
 from tests.support.agent_process import AgentProcess
@@ -22,10 +23,6 @@ from tests.support.host_tree import HostTree
 from tests.support.npusmi_fake import FakeNpuSmi
 
 pytestmark = pytest.mark.e2e_cluster
-
-ALLOCATABLE_PATH = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
-CAPACITY_PATH = "{.status.capacity." + RESOURCE.replace(".", "\\.") + "}"
-
 
 B4_INFO = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
 
@@ -65,21 +62,7 @@ def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
         started[0].wait_log(f"Registered resource {RESOURCE}", timeout=60)
         yield started
     finally:
-        for number, process in enumerate(started, 1):
-            if process.proc.poll() is None:
-                process.terminate(timeout=20)
-            process.close()
-            (cluster.work / "logs" / f"agent-operator-{number}.log").write_text(process.output)
-
-
-def wait_allocatable(cluster: Cluster, count: str) -> None:
-    cluster.kubectl(
-        "wait",
-        f"node/{NODE_NAME}",
-        f"--for=jsonpath={ALLOCATABLE_PATH}={count}",
-        "--timeout=60s",
-        timeout=90,
-    )
+        stop_agents(cluster, started, "agent-operator")
 
 
 def doctor(cluster: Cluster) -> tuple[int, list[dict[str, Any]], str]:
@@ -192,24 +175,7 @@ def test_the_agent_rolled_to_a_new_process_capacity_stays_and_the_gap_is_short(
     that gap; the test asserts the gap stays far below one status period and prints it."""
     wait_allocatable(cluster, "8")
     before = len(cluster.device_plugin_gaps())
-    watch = subprocess.Popen(
-        cluster.in_netns(
-            [
-                str(cluster.binary),
-                "kubectl",
-                f"--kubeconfig={cluster.admin_kubeconfig}",
-                "get",
-                "node",
-                NODE_NAME,
-                "--watch",
-                "-o",
-                f'jsonpath={CAPACITY_PATH} {ALLOCATABLE_PATH}{{"\\n"}}',
-            ]
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    watch = watch_capacity(cluster)
     try:
         assert watch.stdout is not None
         assert watch.stdout.readline().split() == ["8", "8"]  # the node as it is now
