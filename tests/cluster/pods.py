@@ -28,6 +28,23 @@ def one_pod_spec(name: str, container: str, chips: int) -> dict[str, Any]:
     }
 
 
+def claim_pod(cluster: Cluster, name: str, device_class: str = "ascend910b4", count: int = 1) -> None:
+    """A ResourceClaimTemplate of ``count`` devices of ``device_class`` and a pod of one container using it
+    through the pod claim ``npus``."""
+    request = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "npus", "exactly": request}]}}},
+    }
+    pod = one_pod_spec(name, name, 1)
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "npus"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "npus", "resourceClaimTemplateName": name}]
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(template))
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+
+
 def chip_devices(request: dict[str, Any]) -> set[str]:
     """The chips' device nodes (/dev/davinciN) in a recorded CreateContainer request."""
     devices = {d["hostPath"] for d in request["config"].get("devices", [])}

@@ -16,7 +16,7 @@ import yaml
 
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent
 from tests.cluster.harness import NODE_NAME, Cluster
-from tests.cluster.pods import IMAGE, one_pod_spec, recorded_containers, wait_running
+from tests.cluster.pods import IMAGE, claim_pod, one_pod_spec, recorded_containers, wait_running
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
@@ -127,22 +127,6 @@ def test_a_pod_asking_for_the_extended_resource_runs_on_the_dra_node(
         cluster.kubectl("delete", "pod", "extended", "--wait=true", "--timeout=60s", check=False, timeout=90)
 
 
-def claim_pod(cluster: Cluster, name: str, count: int) -> None:
-    """A ResourceClaimTemplate of ``count`` 910B4 chips and a pod of one container using it."""
-    request = {"deviceClassName": "ascend910b4", "allocationMode": "ExactCount", "count": count}
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [{"name": "npus", "exactly": request}]}}},
-    }
-    pod = one_pod_spec(name, name, 1)
-    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "npus"}]}
-    pod["spec"]["resourceClaims"] = [{"name": "npus", "resourceClaimTemplateName": name}]
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(template))
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-
-
 def test_a_tainted_chip_is_never_allocated(cluster: Cluster, dra_agent: AgentProcess) -> None:
     """Chip 3 Unhealthy: its device in the ResourceSlice is tainted; a claim of eight cannot be allocated, a
     claim of seven gets every chip but that one."""
@@ -159,7 +143,7 @@ def test_a_tainted_chip_is_never_allocated(cluster: Cluster, dra_agent: AgentPro
                 if d.get("taints")
             ]
         assert len(tainted) == 1, node_slices(cluster)
-        claim_pod(cluster, "eight", 8)
+        claim_pod(cluster, "eight", count=8)
         cluster.kubectl(
             "wait",
             "pod/eight",
@@ -168,7 +152,7 @@ def test_a_tainted_chip_is_never_allocated(cluster: Cluster, dra_agent: AgentPro
             timeout=90,
         )
         cluster.kubectl("delete", "pod", "eight", "--wait=true", "--timeout=60s", timeout=90)
-        claim_pod(cluster, "seven", 7)
+        claim_pod(cluster, "seven", count=7)
         wait_running(cluster, "seven")
         (request,) = recorded_containers(cluster, "seven")
         names = {d["name"].split("=", 1)[1] for d in request["config"].get("CDIDevices", [])}

@@ -16,7 +16,7 @@ import pytest
 
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
-from tests.cluster.pods import one_pod_spec, recorded_containers, wait_running
+from tests.cluster.pods import claim_pod, recorded_containers, wait_running
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
@@ -64,23 +64,6 @@ def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
         yield started
     finally:
         stop_agents(cluster, started, "agent-dra-lifecycle")
-
-
-def claim_pod(cluster: Cluster, name: str, device_class: str = "ascend910b4", count: int = 1) -> None:
-    """A ResourceClaimTemplate of ``count`` devices of ``device_class`` and a pod of one container using it
-    through the pod claim ``npus``."""
-    request = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [{"name": "npus", "exactly": request}]}}},
-    }
-    pod = one_pod_spec(name, name, 1)
-    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "npus"}]}
-    pod["spec"]["resourceClaims"] = [{"name": "npus", "resourceClaimTemplateName": name}]
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(template))
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
 
 
 def get_json(cluster: Cluster, *what: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent
 from tests.cluster.harness import Cluster
-from tests.cluster.pods import one_pod_spec, recorded_containers, wait_running
+from tests.cluster.pods import claim_pod, recorded_containers, wait_running
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
@@ -35,21 +35,6 @@ def vnpu_dra_agent(cluster: Cluster) -> Iterator[AgentProcess]:
         process.terminate(timeout=20)
         process.close()
         (cluster.work / "logs" / "agent-dra-vnpu.log").write_text(process.output)
-
-
-def claim_pod(cluster: Cluster, name: str, device_class: str, count: int) -> None:
-    request = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [{"name": "npus", "exactly": request}]}}},
-    }
-    pod = one_pod_spec(name, name, 1)
-    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "npus"}]}
-    pod["spec"]["resourceClaims"] = [{"name": "npus", "resourceClaimTemplateName": name}]
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(template))
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
 
 
 def allocated(cluster: Cluster, pod: str) -> list[str]:
