@@ -5,6 +5,8 @@ ServiceAccount, so that real RBAC decides every request it makes. The fake backe
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +81,33 @@ def start_agent(
     return AgentProcess(agent_args(cluster, render, **overrides), env=env, wrapper=cluster.in_netns([]))
 
 
+def stop_agent(cluster: Cluster, process: AgentProcess, log_name: str) -> None:
+    """The agent process stopped, its output kept as ``logs/<log_name>.log``."""
+    if process.proc.poll() is None:
+        process.terminate(timeout=20)
+    process.close()
+    (cluster.work / "logs" / f"{log_name}.log").write_text(process.output)
+
+
 def stop_agents(cluster: Cluster, started: list[AgentProcess], log_name: str) -> None:
     """Every agent process a module started stopped, its output kept as ``logs/<log_name>-<n>.log``."""
     for number, process in enumerate(started, 1):
-        if process.proc.poll() is None:
-            process.terminate(timeout=20)
-        process.close()
-        (cluster.work / "logs" / f"{log_name}-{number}.log").write_text(process.output)
+        stop_agent(cluster, process, f"{log_name}-{number}")
+
+
+@contextmanager
+def running_agent(
+    cluster: Cluster,
+    log_name: str,
+    render: Path = CHART_RENDER,
+    registered: str | None = None,
+    **overrides: Any,
+) -> Iterator[AgentProcess]:
+    """``start_agent``'s process, waited for until it logs ``registered`` (when given), stopped at the end."""
+    process = start_agent(cluster, render, **overrides)
+    try:
+        if registered is not None:
+            process.wait_log(registered, timeout=60)
+        yield process
+    finally:
+        stop_agent(cluster, process, log_name)

@@ -8,15 +8,19 @@ from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.pods import RESOURCE
 
 # kubectl's JSONPath: the dot in the resource's name escaped.
-ALLOCATABLE_PATH = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
 CAPACITY_PATH = "{.status.capacity." + RESOURCE.replace(".", "\\.") + "}"
 
 
-def wait_allocatable(cluster: Cluster, count: str) -> None:
+def allocatable_path(resource: str) -> str:
+    """kubectl's JSONPath of the node's allocatable ``resource``: the dot in its name escaped."""
+    return "{.status.allocatable." + resource.replace(".", "\\.") + "}"
+
+
+def wait_allocatable(cluster: Cluster, count: str, resource: str = RESOURCE) -> None:
     cluster.kubectl(
         "wait",
         f"node/{NODE_NAME}",
-        f"--for=jsonpath={ALLOCATABLE_PATH}={count}",
+        f"--for=jsonpath={allocatable_path(resource)}={count}",
         "--timeout=60s",
         timeout=90,
     )
@@ -35,7 +39,7 @@ def watch_capacity(cluster: Cluster) -> subprocess.Popen[str]:
                 NODE_NAME,
                 "--watch",
                 "-o",
-                f'jsonpath={CAPACITY_PATH} {ALLOCATABLE_PATH}{{"\\n"}}',
+                f'jsonpath={CAPACITY_PATH} {allocatable_path(RESOURCE)}{{"\\n"}}',
             ]
         ),
         stdout=subprocess.PIPE,

@@ -101,21 +101,7 @@ def test_describe_node_shows_eight_chips(cluster: Cluster, agent: AgentProcess) 
 
 def test_a_pod_with_one_chip_runs_with_its_device(cluster: Cluster, agent: AgentProcess) -> None:
     wait_allocatable(cluster, "8")
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "one-chip", "namespace": "default"},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "npu",
-                    "image": "registry.invalid/ascend-smoke:1",
-                    "resources": {"limits": {RESOURCE: "1"}},
-                }
-            ],
-        },
-    }
+    pod = one_pod_spec("one-chip", "npu", 1)
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     try:
         wait_running(cluster, "one-chip")
@@ -167,21 +153,7 @@ def test_with_the_chips_gone_a_pod_stays_pending_for_want_of_chips(
 ) -> None:
     wait_allocatable(cluster, "8")
     fake_state(cluster).write_text(json.dumps({"absent": list(range(8))}))
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "no-chip-left", "namespace": "default"},
-        "spec": {
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "npu",
-                    "image": "registry.invalid/ascend-smoke:1",
-                    "resources": {"limits": {RESOURCE: "1"}},
-                }
-            ],
-        },
-    }
+    pod = one_pod_spec("no-chip-left", "npu", 1)
     try:
         wait_allocatable(cluster, "0")
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent
+from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, running_agent
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.pods import IMAGE, claim_pod, one_pod_spec, recorded_containers, wait_running
 from tests.support.agent_process import AgentProcess
@@ -30,16 +30,17 @@ def dra_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
     state = cluster.work / "fake-state-dra.json"
     state.write_text("{}")
-    process = start_agent(
-        cluster, DRA_RENDER, backend="fake", fakeChips=8, fakeModel="910B4", fakeState=str(state)
-    )
-    try:
-        process.wait_log(f"Registered DRA driver {DRIVER}", timeout=60)
+    with running_agent(
+        cluster,
+        "agent-dra",
+        DRA_RENDER,
+        registered=f"Registered DRA driver {DRIVER}",
+        backend="fake",
+        fakeChips=8,
+        fakeModel="910B4",
+        fakeState=str(state),
+    ) as process:
         yield process
-    finally:
-        process.terminate(timeout=20)
-        process.close()
-        (cluster.work / "logs" / "agent-dra.log").write_text(process.output)
 
 
 def node_slices(cluster: Cluster) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent
+from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, running_agent
 from tests.cluster.harness import Cluster
 from tests.cluster.pods import claim_pod, recorded_containers, wait_running
 from tests.support.agent_process import AgentProcess
@@ -25,16 +25,17 @@ DRIVER = "npu.huawei.com"
 def vnpu_dra_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster, DRA_RENDER)
     cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
-    process = start_agent(
-        cluster, DRA_RENDER, backend="fake", fakeModel="310P3", fakeChips=2, fakeVnpus="0:vir02,0:vir02"
-    )
-    try:
-        process.wait_log(f"Registered DRA driver {DRIVER}", timeout=60)
+    with running_agent(
+        cluster,
+        "agent-dra-vnpu",
+        DRA_RENDER,
+        registered=f"Registered DRA driver {DRIVER}",
+        backend="fake",
+        fakeModel="310P3",
+        fakeChips=2,
+        fakeVnpus="0:vir02,0:vir02",
+    ) as process:
         yield process
-    finally:
-        process.terminate(timeout=20)
-        process.close()
-        (cluster.work / "logs" / "agent-dra-vnpu.log").write_text(process.output)
 
 
 def allocated(cluster: Cluster, pod: str) -> list[str]:

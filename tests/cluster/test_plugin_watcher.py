@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.agent import RENDERS, apply_chart, start_agent
-from tests.cluster.harness import KUBELET_DIR, NODE_NAME, Cluster
+from tests.cluster.agent import RENDERS, apply_chart, running_agent
+from tests.cluster.harness import KUBELET_DIR, Cluster
+from tests.cluster.node import wait_allocatable
 from tests.cluster.pods import RESOURCE, chip_devices, one_pod_spec, recorded_containers, wait_running
 from tests.support.agent_process import AgentProcess
 
@@ -21,21 +22,17 @@ RENDER = RENDERS / "plugin-watcher.yaml"
 @pytest.fixture(scope="module")
 def watched_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster, RENDER)
-    process = start_agent(cluster, RENDER, backend="fake", fakeChips=8, fakeModel="910B4")
-    try:
+    with running_agent(
+        cluster, "agent-plugin-watcher", RENDER, backend="fake", fakeChips=8, fakeModel="910B4"
+    ) as process:
         yield process
-    finally:
-        process.terminate(timeout=20)
-        process.close()
-        (cluster.work / "logs" / "agent-plugin-watcher.log").write_text(process.output)
 
 
 def test_registered_by_the_plugin_watcher_a_pod_runs(cluster: Cluster, watched_agent: AgentProcess) -> None:
     watched_agent.wait_log(f"Registered resource {RESOURCE}", timeout=60)
     # The kubelet found the agent's registration socket in its plugins registry.
     assert list((KUBELET_DIR / "plugins_registry").glob("*.sock"))
-    path = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
-    cluster.kubectl("wait", f"node/{NODE_NAME}", f"--for=jsonpath={path}=8", "--timeout=60s", timeout=90)
+    wait_allocatable(cluster, "8")
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("watched", "watched", 1)))
     try:
         wait_running(cluster, "watched")

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.agent import apply_chart, start_agent
-from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.agent import apply_chart, running_agent
+from tests.cluster.harness import Cluster
+from tests.cluster.node import wait_allocatable
 from tests.cluster.pods import one_pod_spec, recorded_containers, recorded_envs, wait_running
 from tests.support.agent_process import AgentProcess
 
@@ -22,19 +23,19 @@ VNPU_RESOURCE = "huawei.com/Ascend310P-2c"
 @pytest.fixture(scope="module")
 def vnpu_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster)
-    process = start_agent(cluster, fakeModel="310P3", fakeChips=2, fakeVnpus="0:vir02,0:vir02")
-    try:
-        process.wait_log(f"Registered resource {VNPU_RESOURCE}", timeout=60)
+    with running_agent(
+        cluster,
+        "agent-vnpu",
+        registered=f"Registered resource {VNPU_RESOURCE}",
+        fakeModel="310P3",
+        fakeChips=2,
+        fakeVnpus="0:vir02,0:vir02",
+    ) as process:
         yield process
-    finally:
-        process.terminate(timeout=20)
-        process.close()
-        (cluster.work / "logs" / "agent-vnpu.log").write_text(process.output)
 
 
 def test_a_pod_asking_for_a_vnpu_runs_with_it(cluster: Cluster, vnpu_agent: AgentProcess) -> None:
-    path = "{.status.allocatable." + VNPU_RESOURCE.replace(".", "\\.") + "}"
-    cluster.kubectl("wait", f"node/{NODE_NAME}", f"--for=jsonpath={path}=2", "--timeout=60s", timeout=90)
+    wait_allocatable(cluster, "2", VNPU_RESOURCE)
     pod = one_pod_spec("vnpu", "on-vnpu", 1)
     pod["spec"]["containers"][0]["resources"]["limits"] = {VNPU_RESOURCE: "1"}
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))

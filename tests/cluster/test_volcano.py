@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.agent import RENDERS, apply_chart, start_agent
+from tests.cluster.agent import RENDERS, apply_chart, running_agent
 from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.node import wait_allocatable
 from tests.cluster.pods import (
     RESOURCE,
     chip_devices,
@@ -31,21 +32,22 @@ RENDER = RENDERS / "volcano.yaml"
 @pytest.fixture(scope="module")
 def volcano_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster, RENDER)
-    process = start_agent(cluster, RENDER, backend="fake", fakeChips=8, fakeModel="910B4")
-    try:
-        process.wait_log(f"Registered resource {RESOURCE}", timeout=60)
+    with running_agent(
+        cluster,
+        "agent-volcano",
+        RENDER,
+        registered=f"Registered resource {RESOURCE}",
+        backend="fake",
+        fakeChips=8,
+        fakeModel="910B4",
+    ) as process:
         yield process
-    finally:
-        process.terminate(timeout=20)
-        process.close()
-        (cluster.work / "logs" / "agent-volcano.log").write_text(process.output)
 
 
 def test_the_chips_volcano_chose_and_the_marks_written_back(
     cluster: Cluster, volcano_agent: AgentProcess
 ) -> None:
-    path = "{.status.allocatable." + RESOURCE.replace(".", "\\.") + "}"
-    cluster.kubectl("wait", f"node/{NODE_NAME}", f"--for=jsonpath={path}=8", "--timeout=60s", timeout=90)
+    wait_allocatable(cluster, "8")
     pod = one_pod_spec("placed", "placed", 2)
     pod["metadata"]["annotations"] = {RESOURCE: "Ascend910-3,Ascend910-5", "predicate-time": "1700000000000"}
     pod["spec"]["schedulerName"] = "volcano"  # only pods Volcano placed name their chips
