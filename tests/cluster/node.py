@@ -1,4 +1,4 @@
-"""The node's chip count as the API server holds it: waited for, and watched line by line."""
+"""The node's chip count as the API server holds it, waited for; kubectl watches read line by line."""
 
 from __future__ import annotations
 
@@ -26,23 +26,25 @@ def wait_allocatable(cluster: Cluster, count: str, resource: str = RESOURCE) -> 
     )
 
 
-def watch_capacity(cluster: Cluster) -> subprocess.Popen[str]:
-    """``kubectl get node --watch``: one line ``CAPACITY ALLOCATABLE`` per change, the node as it is first."""
+def kubectl_watch(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
+    """``kubectl get ARGS`` as a process in the cluster's network namespace, its output read line by line."""
     return subprocess.Popen(
         cluster.in_netns(
-            [
-                str(cluster.binary),
-                "kubectl",
-                f"--kubeconfig={cluster.admin_kubeconfig}",
-                "get",
-                "node",
-                NODE_NAME,
-                "--watch",
-                "-o",
-                f'jsonpath={CAPACITY_PATH} {allocatable_path(RESOURCE)}{{"\\n"}}',
-            ]
+            [str(cluster.binary), "kubectl", f"--kubeconfig={cluster.admin_kubeconfig}", "get", *args]
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+    )
+
+
+def watch_capacity(cluster: Cluster) -> subprocess.Popen[str]:
+    """``kubectl get node --watch``: one line ``CAPACITY ALLOCATABLE`` per change, the node as it is first."""
+    return kubectl_watch(
+        cluster,
+        "node",
+        NODE_NAME,
+        "--watch",
+        "-o",
+        f'jsonpath={CAPACITY_PATH} {allocatable_path(RESOURCE)}{{"\\n"}}',
     )

@@ -16,6 +16,7 @@ import pytest
 
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.node import kubectl_watch
 from tests.cluster.pods import claim_pod, recorded_containers, wait_running
 from tests.support.agent_process import AgentProcess
 
@@ -148,23 +149,13 @@ def test_the_agent_restarted_with_a_claim_prepared_unprepare_removes_its_spec(
 
 def slice_events(cluster: Cluster) -> subprocess.Popen[str]:
     """A watch of the ResourceSlices printing each event's type and slice name, one a line."""
-    return subprocess.Popen(
-        cluster.in_netns(
-            [
-                str(cluster.binary),
-                "kubectl",
-                f"--kubeconfig={cluster.admin_kubeconfig}",
-                "get",
-                "resourceslices",
-                "--watch",
-                "--output-watch-events",
-                "-o",
-                'jsonpath={.type} {.object.metadata.name} {.object.spec.nodeName}{"\\n"}',
-            ]
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    return kubectl_watch(
+        cluster,
+        "resourceslices",
+        "--watch",
+        "--output-watch-events",
+        "-o",
+        'jsonpath={.type} {.object.metadata.name} {.object.spec.nodeName}{"\\n"}',
     )
 
 
