@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,34 +10,22 @@ from typing import Any
 
 from inotify_simple import INotify, flags
 
+from tests.support.fake_executable import FakeExecutable
+
 _SCRIPT = Path(__file__).parent / "fakes" / "npu_smi.py"
 
 
-class FakeNpuSmi:
+class FakeNpuSmi(FakeExecutable):
     """``FakeNpuSmi(dir).path`` is an executable; ``set_output`` and ``set_mode`` change what it does next."""
 
+    modes = (*FakeExecutable.modes, "flood", "orphan")
+
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        (directory / "out").mkdir(parents=True, exist_ok=True)
-        self.path = directory / "npu-smi"
-        self.path.write_text(f"#!{sys.executable}\n" + _SCRIPT.read_text())
-        self.path.chmod(0o755)
-        self.set_mode("ok")
-
-    def set_output(self, args: str, text: str) -> None:
-        target = self.directory / "out" / (args.replace(" ", "_") + ".txt")
-        temporary = target.with_suffix(".tmp")
-        temporary.write_text(text)
-        temporary.replace(target)
-
-    def set_error(self, args: str, text: str) -> None:
-        """npu-smi ``args`` prints ``text`` on stderr and exits 1."""
-        (self.directory / "err").mkdir(exist_ok=True)
-        (self.directory / "err" / (args.replace(" ", "_") + ".txt")).write_text(text)
+        super().__init__(directory, "npu-smi", _SCRIPT)
 
     def clear_error(self, args: str) -> None:
         """npu-smi ``args`` answers again as before :meth:`set_error`."""
-        (self.directory / "err" / (args.replace(" ", "_") + ".txt")).unlink()
+        self.answer("err", args).unlink()
 
     def set_vnpu_state(self, dev: Path, chips: Mapping[tuple[int, int], Mapping[str, Any]],
                        templates: Mapping[str, Sequence[int]], **options: Any) -> None:  # fmt: skip
@@ -68,21 +55,6 @@ class FakeNpuSmi:
         log = self.directory / "calls.log"
         lines = log.read_text().splitlines() if log.exists() else []
         return [line for line in lines if line.startswith(prefix)]
-
-    def set_mode(self, mode: str) -> None:
-        assert mode in ("ok", "fail", "hang", "garbage", "flood", "orphan"), mode
-        temporary = self.directory / "mode.tmp"
-        temporary.write_text(mode)
-        temporary.replace(self.directory / "mode")
-
-    def calls(self) -> int:
-        log = self.directory / "calls.log"
-        return len(log.read_text().splitlines()) if log.exists() else 0
-
-    def count(self, args: str) -> int:
-        """How often npu-smi ran with exactly ``args`` (``"info -t health -i 1 -c 1"``)."""
-        log = self.directory / "calls.log"
-        return log.read_text().splitlines().count(args) if log.exists() else 0
 
     def wait_count(self, args: str, count: int, timeout: float = 10.0) -> None:
         """Wait until npu-smi ran with ``args`` ``count`` times in all, woken by inotify on its call log."""
