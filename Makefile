@@ -10,7 +10,8 @@ KUBELET_PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration
 PROTO := $(KUBELET_PROTO) protos/podresources/v1/api.proto
 # The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
 DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto protos/dra-health/v1alpha1/api.proto
-PYTEST_FLAGS ?= -q
+# Two workers (pytest-xdist): the suite's tests mostly wait on the agent processes they start.
+PYTEST_FLAGS ?= -q -n 2
 
 .PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build bench-cluster image image-test clean helm-lint helm-render
 
