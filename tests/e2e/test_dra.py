@@ -80,27 +80,21 @@ def host(short_dir: Path, apiserver: ApiServer) -> Iterator[_Host]:
 
 
 def _claim(apiserver: ApiServer, name: str, devices: list[str], pool: str = NODE) -> str:
-    uid = str(uuid.uuid4())
-    apiserver.put(
-        "resourceclaims",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default", "uid": uid},
-            "spec": {"devices": {"requests": [{"name": "npus", "exactly": {"deviceClassName": "npu"}}]}},
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [
-                            {"request": "npus", "driver": DRIVER, "pool": pool, "device": device}
-                            for device in devices
-                        ]
-                    }
-                }
-            },
-        },
-    )
-    return uid
+    return apiserver.put_claim(name, devices, driver=DRIVER, pool=pool)
+
+
+async def _prepared(
+    host: _Host, apiserver: ApiServer, devices: list[str]
+) -> tuple[AgentProcess, DraKubelet, dra_v1.Claim, dra_v1.NodePrepareResourceResponse]:
+    """The agent started and registered, and a claim ``train`` of ``devices`` prepared: the agent, the
+    kubelet, the claim and its answer."""
+    agent = host.start()
+    kubelet = DraKubelet(host.registry)
+    await kubelet.register(DRIVER)
+    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+    uid = _claim(apiserver, "train", devices)
+    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
+    return agent, kubelet, claim, (await kubelet.prepare([claim])).claims[uid]
 
 
 def _stop(agent: AgentProcess) -> None:
@@ -255,13 +249,8 @@ async def test_vnpus_are_devices_of_their_own_and_their_chip_is_not(
 async def test_a_restart_keeps_the_slices_and_unprepares_what_was_written(
     host: _Host, apiserver: ApiServer
 ) -> None:
-    agent = host.start()
-    kubelet = DraKubelet(host.registry)
-    await kubelet.register(DRIVER)
-    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
-    uid = _claim(apiserver, "train", ["npu-2", "npu-3"])
-    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
-    first = (await kubelet.prepare([claim])).claims[uid]
+    agent, kubelet, claim, first = await _prepared(host, apiserver, ["npu-2", "npu-3"])
+    uid = claim.uid
     spec_file = host.cdi / f"{DRIVER}-claim-{uid}.json"
     assert spec_file.exists()
 
@@ -294,13 +283,8 @@ def test_dra_mode_without_the_kubernetes_api_stops_with_one_line(host: _Host) ->
 async def test_a_claim_read_once_is_prepared_while_the_api_server_hangs(
     host: _Host, apiserver: ApiServer
 ) -> None:
-    host.start()
-    kubelet = DraKubelet(host.registry)
-    await kubelet.register(DRIVER)
-    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
-    uid = _claim(apiserver, "train", ["npu-0", "npu-1"])
-    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
-    first = (await kubelet.prepare([claim])).claims[uid]
+    _, kubelet, claim, first = await _prepared(host, apiserver, ["npu-0", "npu-1"])
+    uid = claim.uid
     assert (await kubelet.unprepare([claim])).claims[uid].error == ""
 
     apiserver.fail(403, verb="get", resource="resourceclaims")
@@ -376,13 +360,8 @@ async def test_the_doctor_checks_the_dra_driver_not_the_device_plugin(
 async def test_a_reboot_that_emptied_the_cdi_directory_writes_the_specs_again(
     host: _Host, apiserver: ApiServer
 ) -> None:
-    agent = host.start()
-    kubelet = DraKubelet(host.registry)
-    await kubelet.register(DRIVER)
-    apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
-    uid = _claim(apiserver, "train", ["npu-2", "npu-3"])
-    claim = dra_v1.Claim(namespace="default", uid=uid, name="train")
-    first = (await kubelet.prepare([claim])).claims[uid]
+    agent, kubelet, claim, first = await _prepared(host, apiserver, ["npu-2", "npu-3"])
+    uid = claim.uid
     spec_file = host.cdi / f"{DRIVER}-claim-{uid}.json"
     written = spec_file.read_text()
 
@@ -439,23 +418,7 @@ async def test_a_claim_uid_cannot_steer_a_path_and_a_nul_fails_only_its_claim(
     good = _claim(apiserver, "good", ["npu-0"])
     steering = "../../../escaped"
     for name, uid in (("steer", steering), ("nul", "a\x00b")):  # as an API server would never give them
-        apiserver.put(
-            "resourceclaims",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name, "namespace": "default", "uid": uid},
-                "status": {
-                    "allocation": {
-                        "devices": {
-                            "results": [
-                                {"request": "npus", "driver": DRIVER, "pool": NODE, "device": "npu-1"}
-                            ]
-                        }
-                    }
-                },
-            },
-        )
+        apiserver.put_claim(name, ["npu-1"], driver=DRIVER, pool=NODE, uid=uid)
     answer = await kubelet.prepare(
         [
             dra_v1.Claim(namespace="default", uid=steering, name="steer"),

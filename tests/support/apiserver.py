@@ -28,6 +28,7 @@ import contextlib
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -250,6 +251,25 @@ class ApiServer:
         self._call(clear())
 
     # objects -----------------------------------------------------------------------------------------------
+    def put_claim(
+        self, name: str, devices: list[str], *, driver: str, pool: str, uid: str | None = None
+    ) -> str:
+        """A ResourceClaim in ``default`` whose allocation gives ``devices`` of ``pool`` to ``driver``, as the
+        scheduler leaves it; its UID (a new one unless given)."""
+        uid = uid if uid is not None else str(uuid.uuid4())
+        results = [{"request": "npus", "driver": driver, "pool": pool, "device": d} for d in devices]
+        self.put(
+            "resourceclaims",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default", "uid": uid},
+                "spec": {"devices": {"requests": [{"name": "npus", "exactly": {"deviceClassName": "npu"}}]}},
+                "status": {"allocation": {"devices": {"results": results}}},
+            },
+        )
+        return uid
+
     def put(self, resource: str, obj: dict[str, Any]) -> None:
         """Store ``obj`` (a dict with ``metadata.name``) as if someone had created it."""
         group, version, plural, _ = _KNOWN[resource]

@@ -46,26 +46,7 @@ CHIPS = [Chip.make(i, "910B4") for i in range(4)]
 
 
 def _put_claim(apiserver: ApiServer, name: str, devices: list[str]) -> ClaimRef:
-    uid = str(uuid.uuid4())
-    apiserver.put(
-        "resourceclaims",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default", "uid": uid},
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [
-                            {"request": "npus", "driver": DRIVER, "pool": "node-1", "device": device}
-                            for device in devices
-                        ]
-                    }
-                }
-            },
-        },
-    )
-    return ClaimRef("default", name, uid)
+    return ClaimRef("default", name, apiserver.put_claim(name, devices, driver=DRIVER, pool="node-1"))
 
 
 def _service(prepared: Prepared, api: KubeApi | None) -> DraService:

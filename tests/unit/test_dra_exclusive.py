@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 import socket
-import uuid
 from pathlib import Path
 
 import pytest
@@ -32,18 +31,7 @@ VNPU = Chip.make(3, "310P3").slice(VNpu(130, "vir02"))
 
 
 def _put_claim(apiserver: ApiServer, name: str, devices: list[str]) -> ClaimRef:
-    uid = str(uuid.uuid4())
-    results = [{"request": "npus", "driver": DRIVER, "pool": "node-1", "device": d} for d in devices]
-    apiserver.put(
-        "resourceclaims",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default", "uid": uid},
-            "status": {"allocation": {"devices": {"results": results}}},
-        },
-    )
-    return ClaimRef("default", name, uid)
+    return ClaimRef("default", name, apiserver.put_claim(name, devices, driver=DRIVER, pool="node-1"))
 
 
 def _service(directory: Path, api: KubeApi, calls: CallLock | None = None) -> DraService:
