@@ -9,34 +9,16 @@ import signal
 from pathlib import Path
 
 from tests.support.agent_process import AgentProcess
-from tests.support.kubelet_standin import KubeletStandin, Update
+from tests.support.files import write_state
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.scripted_chips import ScriptedChips
 
 
-def _state(path: Path, unhealthy: list[int]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps({"unhealthy": unhealthy}))
-    os.replace(temporary, path)
-
-
-class _Node:
-    """Scripts chips 1 and 3; each step also turns one more marker chip Unhealthy for good (a marker turns
-    once, so it is never held), and the device list showing that marker is the one of that step."""
+class _Node(ScriptedChips):
+    """Scripts chips 1 and 3 (the others are the steps' markers)."""
 
     def __init__(self, kubelet: KubeletStandin, state: Path) -> None:
-        self.kubelet, self.state, self.seen = kubelet, state, 0
-        self.markers: list[int] = []
-
-    def script(self, unhealthy: list[int]) -> Update:
-        marker = next(i for i in (0, 2, 4, 5, 6, 7) if i not in self.markers)
-        self.markers.append(marker)
-        _state(self.state, [*unhealthy, *self.markers])
-        update = self.kubelet.wait_update(
-            lambda u: u.health().get(f"Ascend910-{marker}") == "Unhealthy",
-            after=self.seen,
-            what=f"step {marker}",
-        )
-        self.seen = self.kubelet.updates.index(update) + 1
-        return update
+        super().__init__(kubelet, state, markers=(0, 2, 4, 5, 6, 7))
 
     def flap_chip_3(self) -> None:
         """Chip 3 turns Unhealthy twice: with --flap-threshold 2 it is held."""
@@ -61,7 +43,7 @@ def _config(path: Path, kubelet: KubeletStandin, state: Path, **extra: str) -> P
 
 def test_the_fake_backend_holds_a_flapping_chip(kubelet: KubeletStandin, short_dir: Path) -> None:
     state = short_dir / "state.json"
-    _state(state, [])
+    write_state(state, {"unhealthy": []})
     agent = _agent(kubelet, _config(short_dir / "c.yaml", kubelet, state))
     try:
         node = _Node(kubelet, state)
@@ -76,7 +58,7 @@ def test_the_fake_backend_holds_a_flapping_chip(kubelet: KubeletStandin, short_d
 
 def test_a_reload_keeps_held_chips_and_their_history(kubelet: KubeletStandin, short_dir: Path) -> None:
     state = short_dir / "state.json"
-    _state(state, [])
+    write_state(state, {"unhealthy": []})
     config = _config(short_dir / "c.yaml", kubelet, state)
     agent = _agent(kubelet, config)
     try:

@@ -4,41 +4,15 @@ held, why and until when, or that no agent answers; a held chip flipping underne
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from tests.support.agent_process import AgentProcess
 from tests.support.cli import run_cli
+from tests.support.files import write_state
 from tests.support.http_probe import free_port
-from tests.support.kubelet_standin import KubeletStandin, Update
-
-
-def _state(path: Path, unhealthy: list[int]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps({"unhealthy": unhealthy}))
-    os.replace(temporary, path)
-
-
-class _Node:
-    """Scripts chip 3; each step also turns one more marker chip Unhealthy for good (a marker turns once, so
-    it is never held), and the device list showing that marker is the one of that step."""
-
-    def __init__(self, kubelet: KubeletStandin, state: Path) -> None:
-        self.kubelet, self.state, self.seen = kubelet, state, 0
-        self.markers: list[int] = []
-
-    def script(self, unhealthy: list[int]) -> Update:
-        marker = next(i for i in (0, 1, 2, 4, 5, 6, 7) if i not in self.markers)
-        self.markers.append(marker)
-        _state(self.state, [*unhealthy, *self.markers])
-        update = self.kubelet.wait_update(
-            lambda u: u.health().get(f"Ascend910-{marker}") == "Unhealthy",
-            after=self.seen,
-            what=f"step {marker}",
-        )
-        self.seen = self.kubelet.updates.index(update) + 1
-        return update
+from tests.support.kubelet_standin import KubeletStandin
+from tests.support.scripted_chips import ScriptedChips
 
 
 def _list(state: Path, address: str, *extra: str) -> Any:
@@ -61,14 +35,14 @@ def _doctor_check(kubelet: KubeletStandin, short_dir: Path, address: str, name: 
 
 def test_list_and_doctor_show_the_agents_hold(kubelet: KubeletStandin, short_dir: Path) -> None:
     state = short_dir / "state.json"
-    _state(state, [])
+    write_state(state, {"unhealthy": []})
     address = f"127.0.0.1:{free_port()}"
     agent = AgentProcess(
         ["run", "--backend", "fake", "--fake-state", str(state), "--kubelet-dir", str(kubelet.directory),
          "--metrics-address", address, "--flap-threshold", "2", "--flap-window", "600", "--flap-quiet", "600"]
     )  # fmt: skip
     try:
-        node = _Node(kubelet, state)
+        node = ScriptedChips(kubelet, state, markers=(0, 1, 2, 4, 5, 6, 7))
         kubelet.wait_registrations(1)
         node.script([3])
         node.script([])
