@@ -8,7 +8,7 @@ RUN_STAMP := $(VENV)/.run-stamp
 # The device plugin and registration APIs: the grpc-go kubelet stand-in (make interop) is built from these too.
 KUBELET_PROTO := protos/deviceplugin/v1beta1/api.proto protos/pluginregistration/v1/api.proto
 PROTO := $(KUBELET_PROTO) protos/podresources/v1/api.proto
-# The DRA kubelet plugin's APIs (ascend_agent.dra); not part of the grpc-go device plugin stand-in.
+# The DRA kubelet plugin's APIs (ascend_agent.kubelet.dra); not part of the grpc-go device plugin stand-in.
 DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-health/v1/api.proto protos/dra-health/v1alpha1/api.proto
 # Two workers (pytest-xdist): the suite's tests mostly wait on the agent processes they start.
 PYTEST_FLAGS ?= -q -n 2

@@ -23,9 +23,9 @@ from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Setti
 from ascend_agent.stopping import catch_early
 
 if TYPE_CHECKING:
-    from ascend_agent.chipstate import AgentView
+    from ascend_agent.kubelet.podresources import Holder
     from ascend_agent.model import Chip, Inventory
-    from ascend_agent.podresources import Holder
+    from ascend_agent.observability.chipstate import AgentView
 
 app = typer.Typer(
     add_completion=False,
@@ -444,8 +444,8 @@ def list_chips(
     overrides.pop("json_output")
     _, settings = _settings(overrides)
     from ascend_agent.backends import discover_once
-    from ascend_agent.chipstate import ask_agent
-    from ascend_agent.podresources import Holders, PodResourcesError, list_holders
+    from ascend_agent.kubelet.podresources import Holders, PodResourcesError, list_holders
+    from ascend_agent.observability.chipstate import ask_agent
 
     async def discover() -> tuple[Inventory, Holders, str | None, AgentView | str]:
         inventory, holders, problem = await with_holders()
@@ -663,7 +663,7 @@ def kubelet_sim(
         raise _fail(
             "kubelet-sim needs --kubelet-dir DIR, a scratch directory (it has no default)", EXIT_USAGE
         )
-    from ascend_agent.sim.kubelet import run_simulator
+    from ascend_agent.kubelet.sim import run_simulator
 
     try:
         code = asyncio.run(run_simulator(kubelet_dir, allocate=allocate))

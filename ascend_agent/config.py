@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from ascend_agent.faults import VERDICTS
+from ascend_agent.health.faults import VERDICTS
 from ascend_agent.kube_names import is_dns_subdomain
 from ascend_agent.model import UnknownModelError, classify
 from ascend_agent.naming import NAMING_SCHEMES
@@ -57,7 +57,7 @@ MODES = (PLAIN_MODE, ASCEND_RUNTIME_MODE)
 KUBELET_REGISTRATION = "kubelet"
 PLUGIN_WATCHER_REGISTRATION = "plugin-watcher"
 REGISTRATIONS = (KUBELET_REGISTRATION, PLUGIN_WATCHER_REGISTRATION)
-# What the agent is to the kubelet: a device plugin per resource, or a DRA driver (ascend_agent.dra).
+# What the agent is to the kubelet: a device plugin per resource, or a DRA driver (ascend_agent.kubelet.dra).
 DEVICE_PLUGIN_API = "device-plugin"
 DRA_API = "dra"
 KUBELET_APIS = (DEVICE_PLUGIN_API, DRA_API)
@@ -91,7 +91,7 @@ class Settings:
     health_interval: float = 5.0
     health_failure_threshold: int = 3
     healthy_states: tuple[str, ...] = ("OK", "Warning")
-    # Error codes (or prefixes) -> healthy/unhealthy, asked before the defaults in ascend_agent.faults.
+    # Error codes (or prefixes) -> healthy/unhealthy, asked before the defaults in ascend_agent.health.faults.
     fault_policy: tuple[tuple[str, str], ...] = ()
     flap_threshold: int = 3
     flap_window: float = 600.0

@@ -1,5 +1,5 @@
 """The ``run`` command as a process: logging, the backend, the HTTP endpoint, the instance lock and the
-signals around one :class:`~ascend_agent.agent.Agent`; its exit status::
+signals around one :class:`~ascend_agent.reconciler.Agent`; its exit status::
 
     sys.exit(asyncio.run(run_agent(source, settings)))
 
@@ -18,15 +18,16 @@ import sys
 
 import anyio
 
-from ascend_agent import __version__, cluster, kubelet_dirs
-from ascend_agent.agent import Agent, log_configuration, nothing_held
+from ascend_agent import __version__, cluster
 from ascend_agent.backends import VnpuLayoutBackend, backend_for
 from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
-from ascend_agent.deviceplugin.lifecycle import ServeFailed
+from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.instance import exclusive
-from ascend_agent.kubelet_view import MountedChips
+from ascend_agent.kubelet import dirs as kubelet_dirs
+from ascend_agent.kubelet.deviceplugin.lifecycle import ServeFailed
+from ascend_agent.kubelet.mounted import MountedChips
 from ascend_agent.observability import configure_logging, log_accept_failures_briefly, serve_http
-from ascend_agent.separation import ManualSeparation
+from ascend_agent.reconciler import Agent, log_configuration, nothing_held
 from ascend_agent.stopping import ignore_while_stopping, stop_requested
 from ascend_agent.vnpu_layout import ChipPlan, Layout, LayoutRefused
 

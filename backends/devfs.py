@@ -47,7 +47,7 @@ from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.backends.training import TrainingProbe, TrainingTarget
 from ascend_agent.backends.vnpu import VNPU_NODE, VnpuProbe
 from ascend_agent.config import ConfigError, Settings
-from ascend_agent.faults import FaultPolicy, describe
+from ascend_agent.health.faults import FaultPolicy, describe
 from ascend_agent.model import (
     Chip,
     DeviceNode,

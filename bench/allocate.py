@@ -23,7 +23,7 @@ from grpclib.exceptions import GRPCError
 
 from ascend_agent._proto.v1beta1 import AllocateRequest, ContainerAllocateRequest
 from ascend_agent.backends._container import container_base
-from ascend_agent.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService
+from ascend_agent.kubelet.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService
 from ascend_agent.model import Chip, DeviceNode
 from bench._common import ROOT, Row, grpc_api, kubelet, quick, report, start_agent, stats
 from tests.support.apiserver import ApiServer

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import anyio
 
-from ascend_agent.dra.claimread import Allocated, ClaimReader, ClaimRef
-from ascend_agent.dra.claims import Prepared, PreparedClaim
-from ascend_agent.dra.service import DraService
+from ascend_agent.kubelet.dra.claimread import Allocated, ClaimReader, ClaimRef
+from ascend_agent.kubelet.dra.claims import Prepared, PreparedClaim
+from ascend_agent.kubelet.dra.service import DraService
 from ascend_agent.model import Chip, ContainerSpec
 from bench._common import Row, quick, report
 

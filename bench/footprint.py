@@ -92,13 +92,13 @@ def main() -> None:
     imports = []
     for _ in range(5):
         result = subprocess.run(
-            [sys.executable, "-X", "importtime", "-c", "import ascend_agent.agent"],
+            [sys.executable, "-X", "importtime", "-c", "import ascend_agent.reconciler"],
             capture_output=True,
             text=True,
             check=True,
         )
         imports.append(int(result.stderr.strip().splitlines()[-1].split("|")[1]) / 1000)
-    rows.append(Row("import ascend_agent.agent", *stats(imports), "ms"))
+    rows.append(Row("import ascend_agent.reconciler", *stats(imports), "ms"))
     versions = []
     for _ in range(5):
         started = time.monotonic()

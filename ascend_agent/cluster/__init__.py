@@ -51,14 +51,14 @@ from typing import TYPE_CHECKING, cast
 import anyio
 
 from ascend_agent.cluster.credentials import ClusterTarget, find_target, node_name
-from ascend_agent.separation import ManualSeparation
+from ascend_agent.health.separation import ManualSeparation
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
     from ascend_agent.cluster.volcano import VolcanoPods
     from ascend_agent.config import Settings
-    from ascend_agent.kubelet_view import MountedChips
-    from ascend_agent.podresources import Holders
+    from ascend_agent.kubelet.mounted import MountedChips
+    from ascend_agent.kubelet.podresources import Holders
 
 __all__ = [
     "ClusterTarget",
@@ -135,8 +135,8 @@ def _features(
         features.append(VolcanoPods(mounted=mounted, scheduler=settings.volcano_scheduler_name))
 
     if settings.kubelet_api == "dra":
-        from ascend_agent.dra.paths import DraPaths, others_serving
-        from ascend_agent.dra.slices import SlicePublisher
+        from ascend_agent.kubelet.dra.paths import DraPaths, others_serving
+        from ascend_agent.kubelet.dra.slices import SlicePublisher
 
         paths, driver = DraPaths.of(settings), settings.dra_driver_name
         features.append(

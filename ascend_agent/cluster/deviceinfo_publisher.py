@@ -1,6 +1,6 @@
 """The cluster feature that makes the node visible to Volcano's ``ascend-for-volcano``: the device-info
 ConfigMap ``kube-system/mindx-dl-deviceinfo-<node>`` and the Node annotation ``baseDeviceInfos``; it reads
-back the admin's ``ManuallySeparateNPU`` into :class:`~ascend_agent.separation.ManualSeparation`.
+back the admin's ``ManuallySeparateNPU`` into :class:`~ascend_agent.health.separation.ManualSeparation`.
 
     publisher = DeviceInfoPublisher(separation, read_interval=5.0)
     publisher.observe(inventory)         # after each reconcile: the lists to write, if they changed
@@ -27,8 +27,8 @@ from lightkube.types import PatchType
 from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.writer import LatestWriter
+from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Inventory
-from ascend_agent.separation import ManualSeparation
 
 log = logging.getLogger("ascend_agent.cluster")
 

@@ -46,9 +46,9 @@ from prometheus_client import Gauge
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.deviceinfo import go_json
 from ascend_agent.cluster.writer import api_backoff
-from ascend_agent.kubelet_view import MountedChips
+from ascend_agent.kubelet.mounted import MountedChips
+from ascend_agent.kubelet.podresources import Holder, Holders
 from ascend_agent.model import UNKNOWN_SUPER_POD, Chip, Generation, Inventory
-from ascend_agent.podresources import Holder, Holders
 
 log = logging.getLogger("ascend_agent.cluster")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Inventory
-from ascend_agent.separation import ManualSeparation
 from tests.support import ROOT
 from tests.support.apiserver import ApiServer
 from tests.unit.test_volcano_deviceinfo import NAME, SAMPLE, _chips, _Clock, _publishing, _wait

@@ -33,7 +33,7 @@ from ascend_agent._proto.pluginregistration import (
     RegistrationStatus,
     RegistrationStub,
 )
-from ascend_agent.deviceplugin.transport import LocalChannel
+from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
 
 _TIMEOUT = 10.0
 _LOOK_INTERVAL = 0.01  # the kubelet's plugin watcher is told by fsnotify; this stand-in looks this often

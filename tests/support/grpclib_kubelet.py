@@ -27,8 +27,8 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.server import Server
 
 from ascend_agent._proto.v1beta1 import DevicePluginStub, Empty, RegisterRequest, RegistrationBase
-from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
-from ascend_agent.deviceplugin.transport import LocalChannel
+from ascend_agent.kubelet.deviceplugin.kubelet import KUBELET_SOCKET
+from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
 
 _DIAL_TIMEOUT = 10.0
 

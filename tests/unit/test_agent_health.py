@@ -9,9 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from ascend_agent.agent import Agent
 from ascend_agent.config import Settings
 from ascend_agent.model import Chip, Inventory
+from ascend_agent.reconciler import Agent
 
 
 class _FlakyBackend:
@@ -51,7 +51,7 @@ async def test_a_query_that_raises_does_not_end_health_checking(
 ) -> None:
     backend = _FlakyBackend()
     agent = Agent(Settings(kubelet_dir=short_dir / "kubelet", metrics_address=""), backend)
-    with caplog.at_level(logging.ERROR, logger="ascend_agent.agent"):
+    with caplog.at_level(logging.ERROR, logger="ascend_agent.reconciler"):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
             with anyio.fail_after(10):

@@ -13,11 +13,11 @@ import anyio
 import pytest
 import yaml
 
-from ascend_agent import agent as agent_module
-from ascend_agent.agent import Agent
+from ascend_agent import reconciler as agent_module
 from ascend_agent.backends import Backend, backend_for
 from ascend_agent.config import Settings, SettingsSource
 from ascend_agent.model import Inventory
+from ascend_agent.reconciler import Agent
 
 
 def _write_config(path: Path, settings: dict[str, Any]) -> None:
@@ -101,7 +101,7 @@ async def test_an_edit_between_the_reload_and_the_new_watch_is_applied(
     agent = Agent(settings, backend_for(settings), source)
     replicas_applied = anyio.Event()
     handler = _Applied("replicas", replicas_applied)
-    logging.getLogger("ascend_agent.agent").addHandler(handler)
+    logging.getLogger("ascend_agent.reconciler").addHandler(handler)
     try:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(agent.run)
@@ -111,6 +111,6 @@ async def test_an_edit_between_the_reload_and_the_new_watch_is_applied(
                 await replicas_applied.wait()
             tasks.cancel_scope.cancel()
     finally:
-        logging.getLogger("ascend_agent.agent").removeHandler(handler)
+        logging.getLogger("ascend_agent.reconciler").removeHandler(handler)
     assert agent.settings.fake_chips == 4
     assert agent.settings.replicas == 2

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ascend_agent import doctor
-from ascend_agent.chipstate import CHIPS_PATH, NoAnswer, ask_agent, chip_states, http_get
+from ascend_agent.doctor import agent as doctor
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import serve_http, serve_json
+from ascend_agent.observability.chipstate import CHIPS_PATH, NoAnswer, ask_agent, chip_states, http_get
 from tests.support.http_probe import free_port
 
 # A chip list of about 1.6 MB: far more than one read of a socket gives.

@@ -93,7 +93,7 @@ async def test_a_kubeconfig_that_does_not_parse_turns_the_cluster_side_off_in_on
 
 def test_agent_without_cluster_side_never_imports_the_client() -> None:
     code = (
-        "import sys; import ascend_agent.agent, ascend_agent.cli, ascend_agent.cluster\n"
+        "import sys; import ascend_agent.reconciler, ascend_agent.cli, ascend_agent.cluster\n"
         "from ascend_agent.config import Settings\n"
         "assert ascend_agent.cluster.open_side(Settings(cluster=False)) is None\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2')))"

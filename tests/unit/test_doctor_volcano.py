@@ -5,7 +5,7 @@ stand-in)."""
 from __future__ import annotations
 
 from ascend_agent.config import Settings
-from ascend_agent.doctor import _holders
+from ascend_agent.doctor.deviceplugin import _holders
 from tests.support.apiserver import ApiServer
 from tests.support.podresources import PodResourcesStandin
 

@@ -23,20 +23,20 @@ from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.side import ClusterSide
 from ascend_agent.config import ConfigError, Settings, SettingsSource
 from ascend_agent.container import container_spec
-from ascend_agent.dra import DraDriver
-from ascend_agent.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
-from ascend_agent.dra.claims import (
+from ascend_agent.doctor.dra import kubelet_checks, slices_check
+from ascend_agent.files import replace_file
+from ascend_agent.kubelet.dra import DraDriver
+from ascend_agent.kubelet.dra.claimread import Allocated, ClaimError, ClaimReader, ClaimRef
+from ascend_agent.kubelet.dra.claims import (
     Prepared,
     PreparedClaim,
     PreparedDevice,
     claim_spec,
     read_checkpoint,
 )
-from ascend_agent.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
-from ascend_agent.dra.doctor import kubelet_checks, slices_check
-from ascend_agent.dra.service import DraService
-from ascend_agent.dra.slices import ResourceSlice, SlicePublisher, slice_name
-from ascend_agent.files import replace_file
+from ascend_agent.kubelet.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
+from ascend_agent.kubelet.dra.service import DraService
+from ascend_agent.kubelet.dra.slices import ResourceSlice, SlicePublisher, slice_name
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory, VNpu
 from tests.support.apiserver import ApiServer
 
@@ -375,7 +375,7 @@ def test_the_dra_driver_starts_without_loading_the_client(short_dir: Path) -> No
         "import sys\n"
         "from pathlib import Path\n"
         "from ascend_agent.config import Settings\n"
-        "from ascend_agent.dra import DraDriver\n"
+        "from ascend_agent.kubelet.dra import DraDriver\n"
         f"settings = Settings(kubelet_dir=Path({str(short_dir / 'device-plugins')!r}), kubelet_api='dra')\n"
         "DraDriver.open(settings, None)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2')))"

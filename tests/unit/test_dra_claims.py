@@ -22,10 +22,11 @@ from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.events import NodeEvents
 from ascend_agent.cluster.side import ClusterSide
 from ascend_agent.config import Settings
-from ascend_agent.dra import CHECKPOINT_UNUSABLE, DraDriver
-from ascend_agent.dra import claims as claims_module
-from ascend_agent.dra.claimread import ClaimReader, ClaimRef
-from ascend_agent.dra.claims import (
+from ascend_agent.doctor.dra import kubelet_checks
+from ascend_agent.kubelet.dra import CHECKPOINT_UNUSABLE, DraDriver
+from ascend_agent.kubelet.dra import claims as claims_module
+from ascend_agent.kubelet.dra.claimread import ClaimReader, ClaimRef
+from ascend_agent.kubelet.dra.claims import (
     BOOT_ID,
     Prepared,
     PreparedClaim,
@@ -35,9 +36,8 @@ from ascend_agent.dra.claims import (
     read_boot_id,
     valid_uid,
 )
-from ascend_agent.dra.doctor import kubelet_checks
-from ascend_agent.dra.paths import DraPaths
-from ascend_agent.dra.service import DraService
+from ascend_agent.kubelet.dra.paths import DraPaths
+from ascend_agent.kubelet.dra.service import DraService
 from ascend_agent.model import Chip, ContainerSpec
 from tests.support.apiserver import ApiServer
 

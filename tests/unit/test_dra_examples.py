@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from ascend_agent.config import DRA_API, SettingsSource
-from ascend_agent.dra.devices import DeviceTaints, pool_slices
+from ascend_agent.kubelet.dra.devices import DeviceTaints, pool_slices
 from ascend_agent.model import Chip, Inventory, VNpu
 from tests.support import ROOT
 from tests.support.manifests import documents

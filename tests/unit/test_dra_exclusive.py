@@ -16,12 +16,12 @@ import pytest
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.config import ConfigError, Settings
-from ascend_agent.dra.claimread import ClaimReader, ClaimRef
-from ascend_agent.dra.claims import Prepared, PreparedClaim
-from ascend_agent.dra.doctor import pod_paths
-from ascend_agent.dra.paths import DraPaths, pod_uid, remove_stale
-from ascend_agent.dra.serialize import CallLock
-from ascend_agent.dra.service import DraService
+from ascend_agent.doctor.dra import pod_paths
+from ascend_agent.kubelet.dra.claimread import ClaimReader, ClaimRef
+from ascend_agent.kubelet.dra.claims import Prepared, PreparedClaim
+from ascend_agent.kubelet.dra.paths import DraPaths, pod_uid, remove_stale
+from ascend_agent.kubelet.dra.serialize import CallLock
+from ascend_agent.kubelet.dra.service import DraService
 from ascend_agent.model import Chip, ContainerSpec, VNpu
 from tests.support.apiserver import ApiServer
 

@@ -415,7 +415,7 @@ def _grants(namespace: str | None, group: str, resource: str, verb: str, name: s
 
 
 def test_rbac_covers_the_doctors_reads() -> None:
-    from ascend_agent import doctor
+    from ascend_agent.doctor import check as doctor
 
     assert _one("DaemonSet")["metadata"]["name"] == doctor.DAEMONSET
     assert _grants(None, "", "nodes", "get", "npu-node-1")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ascend_agent import faults
 from ascend_agent.config import ConfigError, SettingsSource, read_config_file
-from ascend_agent.faults import DEFAULT_FAULT_POLICY, FaultPolicy, describe
+from ascend_agent.health import faults
+from ascend_agent.health.faults import DEFAULT_FAULT_POLICY, FaultPolicy, describe
 from ascend_agent.model import Fault
 
 

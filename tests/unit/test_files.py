@@ -13,10 +13,10 @@ import pytest
 from ascend_agent import cdi
 from ascend_agent.backends._container import container_base
 from ascend_agent.config import ConfigError
-from ascend_agent.deviceplugin.service import DevicePluginService
-from ascend_agent.deviceplugin.transport import BoundedServer
-from ascend_agent.deviceplugin.wire import BytesCodec
 from ascend_agent.instance import LOCK_FILE, exclusive
+from ascend_agent.kubelet.deviceplugin.service import DevicePluginService
+from ascend_agent.kubelet.deviceplugin.transport import BoundedServer
+from ascend_agent.kubelet.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip, ContainerBase, DeviceNode
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import doctest
 
-from ascend_agent import flaphold
-from ascend_agent.flaphold import FlapHold, HoldEvent, HoldStep
+from ascend_agent.health import flaphold
+from ascend_agent.health.flaphold import FlapHold, HoldEvent, HoldStep
 
 
 class Clock:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ascend_agent.agent import Agent
 from ascend_agent.backends.fake import FakeBackend
 from ascend_agent.cluster.volcano import PodView, VolcanoPods
 from ascend_agent.config import Settings
-from ascend_agent.handed_out import HandedOut
+from ascend_agent.kubelet.handed_out import HandedOut
+from ascend_agent.kubelet.podresources import Holder, Holders
 from ascend_agent.model import Chip, Inventory
-from ascend_agent.podresources import Holder, Holders
+from ascend_agent.reconciler import Agent
 
 TWO = "huawei.com/Ascend310P-2c"
 KEY = (TWO, "Ascend310P-2c-118-1")

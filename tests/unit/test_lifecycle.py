@@ -18,9 +18,9 @@ from anyio.abc import TaskGroup
 
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.config import Settings
-from ascend_agent.deviceplugin import lifecycle
-from ascend_agent.deviceplugin.lifecycle import BACKOFF_START, STREAM_GRACE, ResourcePlugin
-from ascend_agent.deviceplugin.transport import LocalChannel
+from ascend_agent.kubelet.deviceplugin import lifecycle
+from ascend_agent.kubelet.deviceplugin.lifecycle import BACKOFF_START, STREAM_GRACE, ResourcePlugin
+from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
 from ascend_agent.model import Chip, ContainerBase, Health
 from tests.support.grpclib_kubelet import AsyncKubelet
 

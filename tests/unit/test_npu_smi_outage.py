@@ -9,7 +9,7 @@ from pathlib import Path
 from ascend_agent.backends.devfs import DevfsBackend
 from ascend_agent.cluster.deviceinfo import device_lists
 from ascend_agent.config import Settings
-from ascend_agent.flaphold import ChipHold
+from ascend_agent.health.flaphold import ChipHold
 from ascend_agent.model import Inventory
 from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.host_tree import HostTree

@@ -21,11 +21,11 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from ascend_agent._proto.v1beta1 import AllocateResponse
-from ascend_agent.deviceplugin import wire
-from ascend_agent.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService
-from ascend_agent.deviceplugin.transport import SERVER_CONFIG as _SERVER_CONFIG
-from ascend_agent.deviceplugin.transport import BoundedServer
-from ascend_agent.deviceplugin.wire import BytesCodec
+from ascend_agent.kubelet.deviceplugin import wire
+from ascend_agent.kubelet.deviceplugin.service import MAX_CONTAINERS, MAX_REQUEST, DevicePluginService
+from ascend_agent.kubelet.deviceplugin.transport import SERVER_CONFIG as _SERVER_CONFIG
+from ascend_agent.kubelet.deviceplugin.transport import BoundedServer
+from ascend_agent.kubelet.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip, ContainerBase, DeviceNode, HostMount
 from tests.support.h2_client import RawGrpcClient, grpc_message, request_headers
 

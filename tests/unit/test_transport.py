@@ -14,11 +14,11 @@ import h2.errors
 import pytest
 from grpclib.const import Status
 
-from ascend_agent.deviceplugin import wire
-from ascend_agent.deviceplugin.kubelet import WatcherRegistration
-from ascend_agent.deviceplugin.service import DevicePluginService
-from ascend_agent.deviceplugin.transport import BoundedServer, Limits
-from ascend_agent.deviceplugin.wire import BytesCodec
+from ascend_agent.kubelet.deviceplugin import wire
+from ascend_agent.kubelet.deviceplugin.kubelet import WatcherRegistration
+from ascend_agent.kubelet.deviceplugin.service import DevicePluginService
+from ascend_agent.kubelet.deviceplugin.transport import BoundedServer, Limits
+from ascend_agent.kubelet.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip, ContainerBase
 from tests.support.h2_client import RawGrpcClient, grpc_message, request_headers
 

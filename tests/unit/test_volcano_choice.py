@@ -29,9 +29,9 @@ from ascend_agent.cluster.volcano import (
     choose,
     predicate_time,
 )
-from ascend_agent.kubelet_view import MountedChips
+from ascend_agent.kubelet.mounted import MountedChips
+from ascend_agent.kubelet.podresources import Holder, Holders
 from ascend_agent.model import Chip, Inventory
-from ascend_agent.podresources import Holder, Holders
 
 T = "huawei.com/Ascend910"
 P = "huawei.com/Ascend310P"

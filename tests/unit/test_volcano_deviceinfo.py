@@ -19,8 +19,8 @@ from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
+from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Chip, Fault, Health, Inventory
-from ascend_agent.separation import ManualSeparation
 from tests.support import ROOT, volcano_types
 from tests.support.apiserver import ApiServer
 

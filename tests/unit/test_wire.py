@@ -18,7 +18,7 @@ from ascend_agent._proto.v1beta1 import (
     PreferredAllocationResponse,
     TopologyInfo,
 )
-from ascend_agent.deviceplugin import wire
+from ascend_agent.kubelet.deviceplugin import wire
 from ascend_agent.model import Chip, Health
 
 _IDS = st.lists(st.text(min_size=1, max_size=20), max_size=6)

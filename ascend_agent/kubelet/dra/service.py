@@ -30,8 +30,9 @@ from ascend_agent._proto import v1alpha1 as health_v1alpha1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from ascend_agent.container import device_order
-from ascend_agent.dra.claimread import ClaimError, ClaimReader, ClaimRef
-from ascend_agent.dra.claims import (
+from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
+from ascend_agent.kubelet.dra.claimread import ClaimError, ClaimReader, ClaimRef
+from ascend_agent.kubelet.dra.claims import (
     CheckpointError,
     Prepared,
     PreparedClaim,
@@ -41,9 +42,8 @@ from ascend_agent.dra.claims import (
     uid_problem,
     valid_uid,
 )
-from ascend_agent.dra.devices import chip_of, device_name, overlap
-from ascend_agent.dra.serialize import CallLock, CallLockError
-from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
+from ascend_agent.kubelet.dra.devices import chip_of, device_name, overlap
+from ascend_agent.kubelet.dra.serialize import CallLock, CallLockError
 from ascend_agent.model import Chip, ContainerSpec
 from ascend_agent.observability import log_fields
 

@@ -1,5 +1,5 @@
 """The reconciler: events wake it; it discovers the chips, derives what each resource must advertise, and
-publishes that to one :class:`~ascend_agent.deviceplugin.lifecycle.ResourcePlugin` per resource.
+publishes that to one :class:`~ascend_agent.kubelet.deviceplugin.lifecycle.ResourcePlugin` per resource.
 
 Everything runs in one anyio task group: the inotify watcher, the health timer, the HTTP endpoint and every
 resource's lifecycle, so no task outlives the agent::
@@ -32,7 +32,6 @@ from ascend_agent import cdi, naming
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.backends import Backend, VnpuLayoutBackend, backend_for
 from ascend_agent.backoff import Backoff
-from ascend_agent.chipstate import CHIPS_PATH, chip_states
 from ascend_agent.config import (
     DRA_API,
     PLUGIN_WATCHER_REGISTRATION,
@@ -41,12 +40,14 @@ from ascend_agent.config import (
     Settings,
     SettingsSource,
 )
-from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
-from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
-from ascend_agent.flaphold import ChipHold
-from ascend_agent.handed_out import HandedOut
-from ascend_agent.kubelet_dirs import waiting_reason
-from ascend_agent.kubelet_view import MountedChips
+from ascend_agent.health.flaphold import ChipHold
+from ascend_agent.health.separation import ManualSeparation
+from ascend_agent.kubelet.deviceplugin.kubelet import KUBELET_SOCKET
+from ascend_agent.kubelet.deviceplugin.lifecycle import ResourcePlugin
+from ascend_agent.kubelet.dirs import waiting_reason
+from ascend_agent.kubelet.handed_out import HandedOut
+from ascend_agent.kubelet.mounted import MountedChips
+from ascend_agent.kubelet.podresources import Holders, PodHolders
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import (
     CHIP_TRAINING,
@@ -61,15 +62,14 @@ from ascend_agent.observability import (
     serve_http,
     serve_json,
 )
-from ascend_agent.podresources import Holders, PodHolders
-from ascend_agent.separation import ManualSeparation
+from ascend_agent.observability.chipstate import CHIPS_PATH, chip_states
 from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout, LayoutRefused
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
     from ascend_agent.cluster import VolcanoRemapper
     from ascend_agent.cluster.side import ClusterSide
-    from ascend_agent.dra import DraDriver
+    from ascend_agent.kubelet.dra import DraDriver
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class Agent:
         self._http_scope = anyio.CancelScope()
         self._dra: DraDriver | None = None
         if settings.kubelet_api == DRA_API:  # the DRA driver in place of the device plugins
-            from ascend_agent.dra import DraDriver
+            from ascend_agent.kubelet.dra import DraDriver
 
             self._dra = DraDriver.open(settings, cluster)
             self._dra.plugin.on_registered = self._registered.set

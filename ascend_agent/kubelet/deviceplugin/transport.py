@@ -53,7 +53,7 @@ from h2.events import DataReceived, RequestReceived, StreamReset
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 
-from ascend_agent.deviceplugin import wire
+from ascend_agent.kubelet.deviceplugin import wire
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from lightkube.types import PatchType
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.writer import LatestWriter
-from ascend_agent.dra.devices import DeviceTaints, pool_slices
+from ascend_agent.kubelet.dra.devices import DeviceTaints, pool_slices
 from ascend_agent.model import Inventory
 from ascend_agent.naming import object_name
 

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.container import container_spec
-from ascend_agent.dra.claimread import ClaimReader
-from ascend_agent.dra.claims import CheckpointError, Prepared, read_boot_id
-from ascend_agent.dra.paths import DraPaths
-from ascend_agent.dra.plugin import DraPlugin
-from ascend_agent.dra.serialize import CallLock
-from ascend_agent.dra.service import DraService
+from ascend_agent.kubelet.dra.claimread import ClaimReader
+from ascend_agent.kubelet.dra.claims import CheckpointError, Prepared, read_boot_id
+from ascend_agent.kubelet.dra.paths import DraPaths
+from ascend_agent.kubelet.dra.plugin import DraPlugin
+from ascend_agent.kubelet.dra.serialize import CallLock
+from ascend_agent.kubelet.dra.service import DraService
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:

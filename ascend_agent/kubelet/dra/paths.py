@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ascend_agent.config import ConfigError, Settings
-from ascend_agent.dra.claims import BOOT_ID, valid_uid
-from ascend_agent.dra.serialize import LOCK_FILE
+from ascend_agent.kubelet.dra.claims import BOOT_ID, valid_uid
+from ascend_agent.kubelet.dra.serialize import LOCK_FILE
 
 _POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 

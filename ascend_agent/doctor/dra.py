@@ -5,6 +5,7 @@ Kubernetes API the node's ResourceSlices for the driver::
 
     checks = await kubelet_checks(settings, inventory)
     checks.append(await slices_check(api, settings.dra_driver_name, inventory))
+    MODE.kubelet(settings, inventory, daemonset)   # the device plugin's checks skipped, then the above
 """
 
 from __future__ import annotations
@@ -19,21 +20,27 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
+from ascend_agent import naming
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from ascend_agent._proto.pluginregistration import InfoRequest, PluginInfo, RegistrationStub
 from ascend_agent.config import Settings
-from ascend_agent.deviceplugin.transport import LocalChannel
-from ascend_agent.doctor import Check
-from ascend_agent.dra.claims import CheckpointError, UnusableCheckpoint, read_checkpoint, spec_file_name
-from ascend_agent.dra.devices import device_name
-from ascend_agent.dra.paths import DraPaths, other_pods
-from ascend_agent.dra.plugin import PLUGIN_TYPE
+from ascend_agent.doctor.check import DIAL_TIMEOUT as _DIAL_TIMEOUT
+from ascend_agent.doctor.check import AgentDaemonSet, Check, Mode
+from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
+from ascend_agent.kubelet.dra.claims import (
+    CheckpointError,
+    UnusableCheckpoint,
+    read_checkpoint,
+    spec_file_name,
+)
+from ascend_agent.kubelet.dra.devices import device_name
+from ascend_agent.kubelet.dra.paths import DraPaths, other_pods
+from ascend_agent.kubelet.dra.plugin import PLUGIN_TYPE
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.client import KubeApi
 
-_DIAL_TIMEOUT = 3.0
 _AS_ROOT = "run the doctor as root, as the agent runs: it reads the kubelet's directories"
 _AGENT_LOGS = "the agent is stuck or gone: check its logs, then restart its pod"
 
@@ -199,7 +206,7 @@ def _checkpoint(paths: DraPaths, driver: str, inventory: Inventory | None) -> Ch
 
 async def slices_check(api: KubeApi, driver: str, inventory: Inventory | None) -> Check:
     """The node's ResourceSlices for ``driver``: one device per chip, the tainted ones named."""
-    from ascend_agent.dra.slices import ResourceSlice
+    from ascend_agent.kubelet.dra.slices import ResourceSlice
 
     name = "resource slices"
 
@@ -262,3 +269,24 @@ _OUR_DEVICE = re.compile(r"npu-\d+(-vnpu-\d+)?")
 
 def _plural(items: Collection[object], word: str) -> str:
     return f"{len(items)} {word}{'' if len(items) == 1 else 's'}"
+
+
+async def _kubelet_checks(
+    settings: Settings, inventory: Inventory | None, daemonset: AgentDaemonSet
+) -> tuple[list[Check], list[Check]]:
+    return [*skipped_device_plugin_checks(), *await kubelet_checks(settings, inventory)], []
+
+
+async def _capacity_checks(api: KubeApi, settings: Settings, inventory: Inventory | None) -> list[Check]:
+    return [
+        Check("node capacity", None, "skipped: a DRA driver's chips are ResourceSlices"),
+        await slices_check(api, settings.dra_driver_name, inventory),
+    ]
+
+
+MODE = Mode(
+    daemonset=naming.DRA_DAEMONSET_NAME,
+    kubelet=_kubelet_checks,
+    capacity=_capacity_checks,
+    look=lambda node: f"kubectl get resourceslices --field-selector spec.nodeName={node}",
+)

@@ -33,10 +33,20 @@ from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginOptions, DevicePluginStub, PreStartContainerRequest
 from ascend_agent.backoff import Backoff
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, Settings
-from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET, RegistrationError, WatcherRegistration, register
-from ascend_agent.deviceplugin.service import DevicePluginService, Preference
-from ascend_agent.deviceplugin.transport import BoundedServer, LocalChannel, SocketIdentity, socket_identity
-from ascend_agent.deviceplugin.wire import BytesCodec
+from ascend_agent.kubelet.deviceplugin.kubelet import (
+    KUBELET_SOCKET,
+    RegistrationError,
+    WatcherRegistration,
+    register,
+)
+from ascend_agent.kubelet.deviceplugin.service import DevicePluginService, Preference
+from ascend_agent.kubelet.deviceplugin.transport import (
+    BoundedServer,
+    LocalChannel,
+    SocketIdentity,
+    socket_identity,
+)
+from ascend_agent.kubelet.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip, ContainerBase
 from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
 

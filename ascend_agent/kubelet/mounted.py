@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from ascend_agent.kubelet.podresources import Holders
 from ascend_agent.model import Chip
-from ascend_agent.podresources import Holders
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.volcano import Mounted

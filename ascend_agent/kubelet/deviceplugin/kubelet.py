@@ -20,7 +20,7 @@ from ascend_agent._proto.pluginregistration import (
     RegistrationStatusResponse,
 )
 from ascend_agent._proto.v1beta1 import DevicePluginOptions, RegisterRequest, RegistrationStub
-from ascend_agent.deviceplugin.transport import LocalChannel
+from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"

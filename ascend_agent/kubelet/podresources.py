@@ -24,8 +24,8 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from ascend_agent import naming
 from ascend_agent._proto.v1 import ListPodResourcesResponse
-from ascend_agent.deviceplugin.transport import LocalChannel
-from ascend_agent.deviceplugin.wire import BytesCodec
+from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
+from ascend_agent.kubelet.deviceplugin.wire import BytesCodec
 from ascend_agent.model import Chip
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from ascend_agent.container import container_spec
-from ascend_agent.deviceplugin import wire
-from ascend_agent.deviceplugin.transport import DEFAULT_LIMITS, connection_of
+from ascend_agent.kubelet.deviceplugin import wire
+from ascend_agent.kubelet.deviceplugin.transport import DEFAULT_LIMITS, connection_of
 from ascend_agent.model import Chip, ContainerBase
 from ascend_agent.naming import MAX_DEVICE_ID_LENGTH
 from ascend_agent.observability import (

@@ -37,8 +37,8 @@ from ascend_agent._proto.v1beta1 import (
     RegistrationBase,
 )
 from ascend_agent.config import ConfigError
-from ascend_agent.deviceplugin.kubelet import API_VERSION, KUBELET_SOCKET
-from ascend_agent.deviceplugin.transport import LocalChannel, socket_identity
+from ascend_agent.kubelet.deviceplugin.kubelet import API_VERSION, KUBELET_SOCKET
+from ascend_agent.kubelet.deviceplugin.transport import LocalChannel, socket_identity
 
 _DIAL_TIMEOUT = 10.0
 _PROBE_TIMEOUT = 2.0
