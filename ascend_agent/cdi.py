@@ -14,19 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import yaml
 
+from ascend_agent.backoff import Backoff
 from ascend_agent.container import container_spec
 from ascend_agent.files import replace_file
-from ascend_agent.model import Chip, ContainerBase, ContainerSpec
+from ascend_agent.model import Chip, ContainerBase, ContainerSpec, Inventory
 from ascend_agent.naming import CDI_KIND
 
 CDI_VERSION = "0.6.0"
 SPEC_FILE = "huawei.com-npu.yaml"
+# A failed write is tried again after these many seconds, doubling up to the cap, until it works.
+_RETRY_START = 1.0
+_RETRY_CAP = 60.0
+
+log = logging.getLogger(__name__)
 
 
 def build_spec(chips: Sequence[Chip], container: ContainerBase) -> dict[str, Any]:
@@ -110,3 +119,57 @@ def _write(directory: Path, text: str) -> Path:
 def remove_spec(directory: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         (directory / SPEC_FILE).unlink()
+
+
+class SpecWriter:
+    """The node's CDI spec kept in step with the chips: written when it changes, and after a failed write
+    tried again after a back-off (1 s doubling to 60 s) that the reconcile loop waits for
+    (:meth:`seconds_to_retry`); a full or read-only spec directory may be fixed meanwhile::
+
+        writer = SpecWriter()
+        await writer.write(Path("/var/run/cdi"), inventory)     # after each reconcile
+        writer.problem                  # "cannot write the CDI spec in /var/run/cdi: ..." while it fails
+
+    The spec stays when the agent stops: containers that restart while the agent is down resolve their CDI
+    devices from it."""
+
+    def __init__(self) -> None:
+        self.problem = ""
+        self._document: dict[str, Any] | None = None
+        self._backoff = Backoff(_RETRY_START, _RETRY_CAP, jitter=False)
+        self._retry_at = math.inf
+
+    async def write(self, directory: Path | None, inventory: Inventory) -> None:
+        """Write the spec of ``inventory``'s chips and vNPUs in ``directory`` (None: none) if it changed."""
+        if directory is None or not inventory.chips:
+            # No chips at all (npu-smi failing at start, say) must not empty the spec containers rely on.
+            return
+        document = build_spec((*inventory.chips, *inventory.vnpus), inventory.container)
+        if document == self._document:
+            return
+        try:
+            path = await write_spec(directory, document)
+        except OSError as exc:
+            problem = f"cannot write the CDI spec in {directory}: {exc.strerror or exc}"
+            if problem != self.problem:
+                log.error("%s; retrying with back-off", problem[0].upper() + problem[1:])
+            self.problem = problem
+            if self._retry_at <= anyio.current_time() or self._retry_at == math.inf:
+                self._retry_at = anyio.current_time() + self._backoff.next()
+            return
+        self.problem = ""
+        self._backoff.reset()
+        self._retry_at = math.inf
+        self._document = document
+        log.info("Wrote CDI spec %s with %d devices", path, len(document["devices"]))
+
+    def seconds_to_retry(self) -> float:
+        """Seconds until a failed write is tried again; infinity when none failed."""
+        return max(0.0, self._retry_at - anyio.current_time())
+
+    def moved(self, old: Path | None) -> None:
+        """The spec directory changed: the spec in ``old`` is removed, and the next write writes it anew."""
+        if old is not None:
+            remove_spec(old)
+        self.problem = ""
+        self._document = None

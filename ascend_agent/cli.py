@@ -23,8 +23,7 @@ from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Setti
 from ascend_agent.stopping import catch_early
 
 if TYPE_CHECKING:
-    from ascend_agent.kubelet.podresources import Holder
-    from ascend_agent.model import Chip, Inventory
+    from ascend_agent.model import Chip, Holder, Inventory
     from ascend_agent.observability.chipstate import AgentView
 
 app = typer.Typer(
@@ -444,7 +443,8 @@ def list_chips(
     overrides.pop("json_output")
     _, settings = _settings(overrides)
     from ascend_agent.backends import discover_once
-    from ascend_agent.kubelet.podresources import Holders, PodResourcesError, list_holders
+    from ascend_agent.kubelet.podresources import PodResourcesError, list_holders
+    from ascend_agent.model import Holders
     from ascend_agent.observability.chipstate import ask_agent
 
     async def discover() -> tuple[Inventory, Holders, str | None, AgentView | str]:

@@ -320,3 +320,30 @@ class Inventory:
             ): chips
             for resource, chips in self.by_resource().items()
         }
+
+
+# Which pod holds which chip: the kubelet's PodResources view, kept by the agent, moved by --volcano's marks.
+@dataclass(frozen=True, slots=True, order=True)
+class Holder:
+    namespace: str
+    pod: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
+@dataclass(frozen=True, slots=True)
+class Holders:
+    """Who holds each advertised device, by (resource, device ID) as the kubelet names them."""
+
+    by_device: Mapping[tuple[str, str], tuple[Holder, ...]] = field(default_factory=dict)
+
+    def of(self, chip: Chip, replicas: int) -> tuple[Holder, ...]:
+        """The containers holding ``chip`` (through any of its replicas), sorted."""
+        found = {
+            holder
+            for device_id in naming.replica_ids(chip.device_id, replicas)
+            for holder in self.by_device.get((chip.resource, device_id), ())
+        }
+        return tuple(sorted(found))

@@ -10,26 +10,36 @@ config file.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 import anyio
 
 from ascend_agent import __version__, cluster
-from ascend_agent.backends import VnpuLayoutBackend, backend_for
+from ascend_agent.backends import Backend, VnpuLayoutBackend, backend_for
+from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper, plans_now
 from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.instance import exclusive
 from ascend_agent.kubelet import dirs as kubelet_dirs
 from ascend_agent.kubelet.deviceplugin.lifecycle import ServeFailed
+from ascend_agent.kubelet.deviceplugin.plugins import DevicePlugins
+from ascend_agent.kubelet.holders import Holdings
 from ascend_agent.kubelet.mounted import MountedChips
-from ascend_agent.observability import configure_logging, log_accept_failures_briefly, serve_http
-from ascend_agent.reconciler import Agent, log_configuration, nothing_held
+from ascend_agent.kubelet.podresources import PodHolders
+from ascend_agent.live_settings import log_configuration
+from ascend_agent.model import Chip
+from ascend_agent.observability import configure_logging, log_accept_failures_briefly
+from ascend_agent.reconciler import Agent
 from ascend_agent.stopping import ignore_while_stopping, stop_requested
-from ascend_agent.vnpu_layout import ChipPlan, Layout, LayoutRefused
+
+if TYPE_CHECKING:
+    from ascend_agent.cluster.side import Feature
 
 log = logging.getLogger(__name__)
 
@@ -62,52 +72,24 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.kubelet_dir,
     )
     log_configuration(source.load_effective())
-    separation = ManualSeparation()
-    mounted = MountedChips() if settings.volcano else None
-    side = cluster.open_side(settings, separation, mounted)
-    if side is None and settings.kubelet_api == DRA_API:
-        raise ConfigError(
-            "--kubelet-api dra needs the Kubernetes API (claims, ResourceSlices): give --kubeconfig or run "
-            "in a pod with a service account, and do not set --no-cluster"
-        )
-    agent = Agent(settings, backend, source, side, separation, mounted if side is not None else None)
-    agent.device_ids_for = cluster.volcano_remapper(side, settings)
-    agent.follow_mounted = cluster.volcano_holders(side, settings)
-    if settings.volcano and agent.device_ids_for is None:
-        log.warning(
-            "--volcano needs the cluster side (--kubeconfig or a service account, and not --no-cluster): "
-            "Allocate hands over the kubelet's IDs"
-        )
+    agent = _build(source, settings, backend)
     if settings.vnpu is not None and isinstance(backend, VnpuLayoutBackend):
         await backend.query()
         # A layout the chips cannot hold stops the start before anything else is asked or run (a chip npu-smi
         # cannot read now does not: the layout waits for it).
         try:
-            await _vnpu_plans(backend, settings.vnpu, unread_ok=True)
+            await plans_now(backend, settings.vnpu, unread_ok=True)
         except ConfigError:
             await backend.close()
             raise
-        await agent.holders.refresh()  # which vNPUs and chips pods hold, before anything is destroyed
-        await agent.apply_vnpu_layout()
+        await agent.holdings.pods.refresh()  # which vNPUs and chips pods hold, before anything is destroyed
+        await agent.vnpu.apply(backend, settings)
     elif settings.vnpu is not None:
-        await agent.apply_vnpu_layout()  # says that this backend ignores it
-    http = None
-    if settings.metrics_address:
-        try:
-            http = await serve_http(settings.metrics_address, agent.ready, agent.health_detail)
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise ConfigError(
-                    f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}"
-                ) from None
-            # Another agent (waiting for it below), or another program: /metrics must not decide who runs.
-            log.warning(
-                "Cannot serve /metrics on %s yet (%s); trying again once this agent runs",
-                settings.metrics_address,
-                exc.strerror or exc,
-            )
-        else:
-            log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
+        await agent.vnpu.apply(backend, settings)  # says that this backend ignores it
+    try:
+        await agent.endpoint.open()
+    except OSError as exc:
+        raise ConfigError(f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}") from None
     failures: list[BaseException] = []
     bad_usage: list[BaseException] = []
     try:
@@ -119,10 +101,10 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
             if agent.side_by_side:
                 # A rolling update's new pod serves before the old one stops: no instance lock to wait for.
                 log.info("DRA driver with its pod's UID: serving beside any other instance of it")
-                await agent.run(http)
+                await agent.run()
             else:
                 async with exclusive(settings.effective_plugin_dir, agent.standby, make_parents):
-                    await agent.run(http)
+                    await agent.run()
     except* ServeFailed as failed:
         failures.extend(_leaves(failed))
     except* ConfigError as bad:
@@ -134,6 +116,61 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         return 1
     log.info("Stopped; sockets removed")
     return 0
+
+
+def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agent:
+    """Each part once, handed what it needs: the cluster side, the kubelet side (device plugins, or the DRA
+    driver in their place), who holds which chip, the vNPU layout, and the agent over them."""
+    separation = ManualSeparation()
+    mounted = MountedChips() if settings.volcano else None
+    dra = settings.kubelet_api == DRA_API
+    more: list[Callable[[], Feature]] = []
+    if dra:
+        from ascend_agent.kubelet.dra import slice_publisher
+
+        more.append(partial(slice_publisher, settings))
+    side = cluster.open_side(settings, separation, mounted, more)
+    if side is None and dra:
+        raise ConfigError(
+            "--kubelet-api dra needs the Kubernetes API (claims, ResourceSlices): give --kubeconfig or run "
+            "in a pod with a service account, and do not set --no-cluster"
+        )
+    if side is None:
+        mounted = None
+    pods = PodHolders(settings.pod_resources_socket, backend.health_interval or settings.health_interval)
+    holdings = Holdings(pods, cluster.volcano_holders(side, settings))
+    remap_ids = cluster.volcano_remapper(side, settings)
+    if settings.volcano and remap_ids is None:
+        log.warning(
+            "--volcano needs the cluster side (--kubeconfig or a service account, and not --no-cluster): "
+            "Allocate hands over the kubelet's IDs"
+        )
+    listed = None
+    if mounted is not None:
+        view = mounted
+        view.kubelet_holders = lambda: pods.holders
+
+        def listed(resource: str, devices: dict[str, Chip]) -> dict[str, Chip] | None:
+            return view.listed(resource, devices, pods.holders, pods.error is None)
+
+    plugins = DevicePlugins(settings, holdings.allocated, remap_ids, listed)
+    driver = None
+    if dra:  # the DRA driver in place of the device plugins
+        from ascend_agent.kubelet.dra import DraDriver
+
+        driver = DraDriver.open(settings, side)
+    return Agent(
+        settings,
+        backend,
+        source,
+        cluster=side,
+        separation=separation,
+        holdings=holdings,
+        plugins=plugins,
+        dra=driver,
+        mounted=mounted,
+        vnpu=VnpuLayoutKeeper(holdings.held_devices),
+    )
 
 
 async def print_vnpu_plan(settings: Settings) -> int:
@@ -148,7 +185,7 @@ async def print_vnpu_plan(settings: Settings) -> int:
     try:
         await backend.start()
         await backend.query()
-        plans = await _vnpu_plans(backend, settings.vnpu)
+        plans = await plans_now(backend, settings.vnpu)
     finally:
         await backend.close()
     for plan in plans:
@@ -161,21 +198,6 @@ async def print_vnpu_plan(settings: Settings) -> int:
     if all(plan.empty and not plan.in_use for plan in plans):
         print("# nothing to do: every chip the layout names holds it")
     return 0
-
-
-async def _vnpu_plans(
-    backend: VnpuLayoutBackend, layout: Layout, *, unread_ok: bool = False
-) -> tuple[ChipPlan, ...]:
-    """The layout's plans against the chips now, nothing run; :class:`ConfigError` with the first refusal
-    (with ``unread_ok``, not for a chip whose vNPUs npu-smi could not give)."""
-    try:
-        plans = await backend.apply_vnpu_layout(layout, nothing_held, run=False)
-    except LayoutRefused as exc:
-        raise ConfigError(str(exc)) from None
-    refused = next((plan.refused for plan in plans if plan.refused and not (unread_ok and plan.unread)), "")
-    if refused:
-        raise ConfigError(refused)
-    return plans
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

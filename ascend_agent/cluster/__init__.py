@@ -55,10 +55,9 @@ from ascend_agent.health.separation import ManualSeparation
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
-    from ascend_agent.cluster.volcano import VolcanoPods
+    from ascend_agent.cluster.volcano import MountedView, VolcanoPods
     from ascend_agent.config import Settings
-    from ascend_agent.kubelet.mounted import MountedChips
-    from ascend_agent.kubelet.podresources import Holders
+    from ascend_agent.model import Holders
 
 __all__ = [
     "ClusterTarget",
@@ -81,12 +80,16 @@ _STARTING_WAIT = 3.0
 
 
 def open_side(
-    settings: Settings, separation: ManualSeparation | None = None, mounted: MountedChips | None = None
+    settings: Settings,
+    separation: ManualSeparation | None = None,
+    mounted: MountedView | None = None,
+    more: Sequence[Callable[[], Feature]] = (),
 ) -> ClusterSide | None:
     """The cluster side for ``settings``, or None when it is off. Imports no client library and makes no
     request; raises :class:`~ascend_agent.config.ConfigError` for a kubeconfig that cannot be read.
     ``separation`` receives the chips an admin separates in the device-info ConfigMap; ``mounted``, with
-    ``--volcano``, the chips each pod got under the kubelet's IDs."""
+    ``--volcano``, the chips each pod got under the kubelet's IDs; ``more`` makes the features of other parts
+    (the DRA driver's ResourceSlice publisher), after this package's own, once the side loads."""
     if not settings.cluster:
         return None
     target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
@@ -108,7 +111,7 @@ def open_side(
     def replicas() -> int:  # the agent replaces side.settings on a config reload
         return (side.settings or settings).replicas
 
-    features = partial(_features, settings, separation or ManualSeparation(), replicas, mounted)
+    features = partial(_features, settings, separation or ManualSeparation(), replicas, mounted, more)
     side = ClusterSide(target, node_name(settings.node_name), features, settings)
     return side
 
@@ -117,7 +120,8 @@ def _features(
     settings: Settings,
     separation: ManualSeparation,
     replicas: Callable[[], int],
-    mounted: MountedChips | None = None,
+    mounted: MountedView | None = None,
+    more: Sequence[Callable[[], Feature]] = (),
 ) -> list[Feature]:
     """Every feature of the cluster side, in the order their tasks start. ``settings`` are those of the
     start; ``replicas`` gives the running setting (a config reload changes it)."""
@@ -134,19 +138,7 @@ def _features(
 
         features.append(VolcanoPods(mounted=mounted, scheduler=settings.volcano_scheduler_name))
 
-    if settings.kubelet_api == "dra":
-        from ascend_agent.kubelet.dra.paths import DraPaths, others_serving
-        from ascend_agent.kubelet.dra.slices import SlicePublisher
-
-        paths, driver = DraPaths.of(settings), settings.dra_driver_name
-        features.append(
-            SlicePublisher(
-                driver,
-                settings.dra_taint_effect,
-                cleanup=settings.dra_cleanup,
-                others_serving=lambda: others_serving(paths, driver),
-            )
-        )
+    features.extend(make() for make in more)
     return features
 
 
@@ -197,7 +189,8 @@ async def on_mounted_chips(settings: Settings, holders: Holders, timeout: float)
         )
     from ascend_agent.cluster.bounded import MIB
     from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
-    from ascend_agent.cluster.volcano import follow_mounted, mounted_from, node_pods
+    from ascend_agent.cluster.podlist import node_pods
+    from ascend_agent.cluster.volcano_marks import follow_mounted, mounted_from
 
     try:
         api = KubeApi.connect(

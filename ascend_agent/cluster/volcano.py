@@ -2,7 +2,7 @@
 places (``huawei.com/Ascend910: Ascend910-3,Ascend910-5`` and a ``predicate-time``); on Allocate the agent
 answers with those chips instead of the kubelet's IDs and marks the pod as Huawei's device plugin does.
 
-    pods = VolcanoPods(mounted=MountedChips(on_change=agent.wake))   # told what each pod got
+    pods = VolcanoPods(mounted=MountedChips(on_change=agent.wake))   # told what each pod got (MountedView)
     pods.observe(inventory)                          # the chips, to check Volcano's choice against
     tasks.start_soon(pods.run, api)                  # the node's pods, watched; the pods' patches
     await pods.remap("huawei.com/Ascend910", [["Ascend910-0", "Ascend910-1"]])   # [["Ascend910-3", ...]]
@@ -26,248 +26,52 @@ from __future__ import annotations
 import functools
 import heapq
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
 import httpx2
-import msgspec
 from lightkube import ALL_NS, ApiError, Client
-from lightkube.core.resource import NamespacedResourceG
-from lightkube.models.core_v1 import PodSpec, PodStatus
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 from prometheus_client import Gauge
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
-from ascend_agent.cluster.deviceinfo import go_json
+from ascend_agent.cluster.podlist import bound_to, list_node_pods, view_of
+from ascend_agent.cluster.volcano_marks import (
+    CONFIGURATION_910,
+    CONFIGURATION_NPU,
+    KUBELET_IDS,
+    PREDICATE_TIME,
+    REAL,
+    TAKEN,
+    VOLCANO_SCHEDULER,
+    ChipHeld,
+    Mounted,
+    PodView,
+    choose,
+    configuration,
+    follow_mounted,
+    mounted_from,
+)
 from ascend_agent.cluster.writer import api_backoff
-from ascend_agent.kubelet.mounted import MountedChips
-from ascend_agent.kubelet.podresources import Holder, Holders
-from ascend_agent.model import UNKNOWN_SUPER_POD, Chip, Generation, Inventory
+from ascend_agent.model import Chip, Generation, Holders, Inventory
 
 log = logging.getLogger("ascend_agent.cluster")
 
-PREDICATE_TIME = "predicate-time"
-TAKEN = "18446744073709551615"  # MaxUint64: the pod has its chips
-MAX_PREDICATE_TIME = 2**64 - 1
-# The scheduler whose pods' choices count (``spec.schedulerName``; ``--volcano-scheduler-name``).
-VOLCANO_SCHEDULER = "volcano"
-# What a pod without ``spec.schedulerName`` gets from the API server.
-DEFAULT_SCHEDULER = "default-scheduler"
-REAL = "huawei.com/AscendReal"
-KUBELET_IDS = "huawei.com/kltDev"
-CONFIGURATION_910 = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
-CONFIGURATION_NPU = "ascend.kubectl.kubernetes.io/ascend-npu-configuration"
 TRIES = 3
 TRY_INTERVAL = 1.0
 # A watch that silently stopped delivering cannot leave the cache older than this.
 RELIST_INTERVAL = 60
 # A cache miss reads the pods once; it waits at most this long for them.
 MISS_READ_TIMEOUT = 2.0
-# Pods per page of a list.
-LIST_CHUNK = 500
 
 CHIPS_TAKEN = Gauge(
     "ascend_agent_volcano_chips_taken",
     "Chips pods Volcano placed have, as the agent's pod watch knows (--volcano).",
 )
-
-
-class ChipHeld(LookupError):
-    """Volcano's choice names a chip another pod has, as far as the cache knows."""
-
-
-@dataclass(frozen=True, slots=True)
-class PodView:
-    """What the choice needs of a pod."""
-
-    namespace: str
-    name: str
-    uid: str
-    annotations: Mapping[str, str]
-    limits: Mapping[str, int]  # resource -> chips asked for, over the pod's containers
-    terminating: bool = False  # being deleted, or ended
-    scheduler: str = VOLCANO_SCHEDULER  # spec.schedulerName
-    ended: bool = False  # Succeeded or Failed: the kubelet freed its chips
-    # Volcano's ``predicate-time``; None when it is missing, says taken, or is not a predicate time.
-    predicate_time: int | None = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "predicate_time", predicate_time(self.annotations.get(PREDICATE_TIME, "")))
-
-    @classmethod
-    def of(cls, pod: Pod) -> PodView:
-        meta = pod.metadata
-        assert meta is not None
-        limits: dict[str, int] = {}
-        for container in (pod.spec.containers if pod.spec else None) or []:
-            asked = (container.resources.limits if container.resources else None) or {}
-            for resource, value in asked.items():
-                try:
-                    limits[resource] = limits.get(resource, 0) + int(str(value))
-                except ValueError:
-                    continue
-        phase = pod.status.phase if pod.status else None
-        ended = phase in ("Succeeded", "Failed")
-        return cls(
-            namespace=meta.namespace or "",
-            name=meta.name or "",
-            uid=meta.uid or f"{meta.namespace}/{meta.name}",
-            annotations=dict(meta.annotations or {}),
-            limits=limits,
-            terminating=meta.deletionTimestamp is not None or ended,
-            scheduler=(pod.spec.schedulerName if pod.spec else None) or DEFAULT_SCHEDULER,
-            ended=ended,
-        )
-
-    def chosen(self, resource: str) -> list[str]:
-        return list(_split(self.annotations.get(resource, "")))
-
-    @property
-    def bad_predicate_time(self) -> bool:
-        """A ``predicate-time`` that is there but is no predicate time (the pod is ignored)."""
-        value = self.annotations.get(PREDICATE_TIME)
-        return value is not None and value != TAKEN and self.predicate_time is None
-
-
-def predicate_time(value: str) -> int | None:
-    """Volcano's ``predicate-time``: ASCII digits of a number within uint64; None for anything else, and
-    for ``18446744073709551615`` (taken).
-
-    >>> predicate_time("1700000000000"), predicate_time("18446744073709551615"), predicate_time("\u00b2")
-    (1700000000000, None, None)
-    >>> predicate_time("18446744073709551616"), predicate_time("9" * 5000), predicate_time("-1")
-    (None, None, None)
-    """
-    if not value or not value.isascii() or not value.isdigit():
-        return None
-    digits = value.lstrip("0") or "0"
-    if len(digits) > len(TAKEN):
-        return None
-    number = int(digits)
-    return number if number < MAX_PREDICATE_TIME else None
-
-
-@dataclass(frozen=True, slots=True)
-class Mounted:
-    """A pod that got Volcano's choice: the kubelet's IDs for it and the chips really mounted."""
-
-    namespace: str
-    pod: str
-    resource: str
-    kubelet_ids: tuple[str, ...]
-    real: tuple[str, ...]
-
-
-def mounted_from(pods: Iterable[PodView]) -> list[Mounted]:
-    """What the pods' marks (``huawei.com/AscendReal``, ``huawei.com/kltDev``) say they got."""
-    found = []
-    for pod in pods:
-        if REAL in pod.annotations and KUBELET_IDS in pod.annotations:
-            resource = next((r for r in pod.limits if r in pod.annotations), None)
-            if resource is not None:
-                real, kubelet_ids = _split(pod.annotations[REAL]), _split(pod.annotations[KUBELET_IDS])
-                found.append(Mounted(pod.namespace, pod.name, resource, kubelet_ids, real))
-    return found
-
-
-async def node_pods(api: KubeApi) -> list[PodView]:
-    """The pods bound to the agent's node, read once."""
-    listed = await _listed(api)
-    for pod, problem in listed.unreadable.items():
-        log.warning("Pod %s is ignored: %s", pod, problem)
-    return listed.pods
-
-
-def follow_mounted(holders: Holders, mounted: Iterable[Mounted]) -> Holders:
-    """The holders by the chips really mounted: a pod that got Volcano's choice holds its ``AscendReal``
-    chips, not the kubelet's IDs for it.
-
-    >>> T = "huawei.com/Ascend910"
-    >>> kubelets = Holders({(T, "Ascend910-0"): (Holder("ns", "p", "main"),)})
-    >>> moved = follow_mounted(kubelets, [Mounted("ns", "p", T, ("Ascend910-0",), ("Ascend910-5",))])
-    >>> moved.by_device
-    {('huawei.com/Ascend910', 'Ascend910-5'): (Holder(namespace='ns', pod='p', container='main'),)}
-    """
-    by_device = {key: set(found) for key, found in holders.by_device.items()}
-    for pod in mounted:
-        containers: set[str] = set()
-        for device in pod.kubelet_ids:
-            found = by_device.get((pod.resource, device), set())
-            mine = {holder for holder in found if (holder.namespace, holder.pod) == (pod.namespace, pod.pod)}
-            containers.update(holder.container for holder in mine)
-            found -= mine
-        for device in pod.real:
-            by_device.setdefault((pod.resource, device), set()).update(
-                Holder(pod.namespace, pod.pod, container) for container in containers
-            )
-    return Holders({key: tuple(sorted(found)) for key, found in by_device.items() if found})
-
-
-def _split(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-def choose(
-    pods: Iterable[PodView],
-    resource: str,
-    count: int,
-    skipped: AbstractSet[str] = frozenset(),
-    scheduler: str = VOLCANO_SCHEDULER,
-) -> PodView | None:
-    """The pod this Allocate of ``count`` chips of ``resource`` is for: among the pods ``scheduler`` placed
-    that ask for ``count`` chips and whose choice names as many, the smallest ``predicate-time``. Pods
-    whose uid is in ``skipped`` (taken, or refused once) are left out.
-
-    >>> T = "huawei.com/Ascend910"
-    >>> a = PodView("ns", "a", "1", {T: "Ascend910-3", "predicate-time": "20"}, {T: 1})
-    >>> b = PodView("ns", "b", "2", {T: "Ascend910-5", "predicate-time": "10"}, {T: 1})
-    >>> by_hand = PodView("ns", "c", "3", {T: "Ascend910-6", "predicate-time": "0"}, {T: 1}, scheduler="x")
-    >>> choose([a, b, by_hand], T, 1).name, choose([a, b], T, 2)
-    ('b', None)
-    """
-    candidates = [
-        pod
-        for pod in pods
-        if pod.predicate_time is not None
-        and not pod.terminating
-        and pod.scheduler == scheduler
-        and pod.uid not in skipped
-        and pod.limits.get(resource, 0) == count
-        and len(pod.chosen(resource)) == count
-    ]
-    return min(candidates, key=lambda pod: (pod.predicate_time or 0, pod.namespace, pod.name), default=None)
-
-
-def configuration(pod: PodView, chips: Sequence[Chip]) -> str:
-    """The rank-table input Huawei's plugin writes: the pod, its uid, the super pod (A3; -2 elsewhere), each
-    chip's physical ID, device IP (empty when it has none, ``127.0.0.1`` for a vNPU) and, on A3, SDID as
-    ``super_device_id``; the server index. Keys in the order of Huawei's struct."""
-    super_pod_id, server_index = UNKNOWN_SUPER_POD, UNKNOWN_SUPER_POD
-    known = next((chip.super_pod for chip in chips if chip.super_pod is not None), None)
-    if known is not None:
-        super_pod_id, server_index = known.super_pod_id, known.server_index
-    return go_json(
-        {
-            "pod_name": pod.name,
-            "server_id": pod.uid,
-            "super_pod_id": super_pod_id,
-            "devices": [_configured_device(chip) for chip in chips],
-            "server_index": str(server_index),
-        }
-    )
-
-
-def _configured_device(chip: Chip) -> dict[str, str]:
-    device = {"device_id": str(chip.phys_id), "device_ip": chip.rank_ip or ""}
-    if chip.super_pod is not None:
-        device["super_device_id"] = str(chip.super_pod.sdid)
-    return device
 
 
 @dataclass(slots=True)
@@ -282,6 +86,16 @@ class _Patches:
         self.wake.set()
 
 
+class MountedView(Protocol):
+    """Who is told what the pods got (the kubelet side's ``MountedChips``), and who knows the kubelet's own
+    view of which pod holds which of its IDs."""
+
+    kubelet_holders: Callable[[], Holders]
+
+    def update(self, mounted: Iterable[Mounted]) -> None:
+        """The pods that got Volcano's choice now."""
+
+
 class VolcanoPods:
     """The cluster feature of ``--volcano``: the node's pods, Volcano's choice on Allocate, the pods'
     marks."""
@@ -290,7 +104,7 @@ class VolcanoPods:
         self,
         tries: int = TRIES,
         try_interval: float = TRY_INTERVAL,
-        mounted: MountedChips | None = None,
+        mounted: MountedView | None = None,
         scheduler: str = VOLCANO_SCHEDULER,
     ) -> None:
         # Told what the pods got whenever it may have changed: the health the kubelet sees follows it. Its
@@ -578,7 +392,7 @@ class VolcanoPods:
         taken_before = set(self._taken)
         self._listing = listing = anyio.Event()
         try:
-            pods, version, unreadable = await _listed(api)
+            pods, version, unreadable = await list_node_pods(api)
         finally:
             self._first_read.set()
             listing.set()
@@ -621,10 +435,10 @@ class VolcanoPods:
                     server_timeout=RELIST_INTERVAL,
                 )
                 async for kind, pod in api.stream("pods", watch):
-                    view = _view(pod)
+                    view = view_of(pod)
                     if view is None:
                         continue
-                    if kind == "DELETED" or not _on(api.node, pod):
+                    if kind == "DELETED" or not bound_to(api.node, pod):
                         self._forget(view.uid)
                     else:
                         self._store(view)
@@ -676,93 +490,3 @@ def _queue(
     ]
     heapq.heapify(queue)
     return queue
-
-
-class _Listed(NamedTuple):
-    pods: list[PodView]  # bound to the node, not ended
-    version: str | None  # the list's resourceVersion
-    unreadable: dict[str, str]  # namespace/name -> why the pod could not be decoded
-
-
-async def _listed(api: KubeApi) -> _Listed:
-    """The pods bound to the agent's node that have not ended, the list's resourceVersion, and the pods that
-    could not be decoded (left out: one pod's data never makes the list fail). Read and
-    decoded in a worker thread, a page of :data:`LIST_CHUNK` pods at a time: an answer of many pods (an API
-    server that ignores the field selector sends every pod of the cluster) does not hold up Allocate."""
-    return await api.call_blocking("list", "pods", functools.partial(_list_in_thread, api.node))
-
-
-class _ListedPod(NamespacedResourceG, msgspec.Struct, kw_only=True):
-    """A pod of a list, its parts kept as the JSON they came as: the list is split into pods in one quick
-    pass (an API server that ignores the field selector sends every pod of the cluster: 37 MB for 100,000,
-    which decoded whole held the interpreter for about a second), and only this node's pods are decoded,
-    one at a time."""
-
-    _api_info = Pod._api_info
-    metadata: msgspec.Raw = msgspec.Raw(b"null")
-    spec: msgspec.Raw = msgspec.Raw(b"null")
-    status: msgspec.Raw = msgspec.Raw(b"null")
-
-
-class _Node(msgspec.Struct):
-    nodeName: str | None = None
-
-
-def _pod_on(node: str, listed: _ListedPod) -> Pod | None:
-    """The listed pod, decoded, when it is bound to ``node``."""
-    if msgspec.json.decode(listed.spec, type=_Node | None) != _Node(node):
-        return None
-    return Pod(
-        metadata=msgspec.json.decode(listed.metadata, type=ObjectMeta | None),
-        spec=msgspec.json.decode(listed.spec, type=PodSpec),
-        status=msgspec.json.decode(listed.status, type=PodStatus | None),
-    )
-
-
-def _list_in_thread(node: str, client: Client) -> _Listed:
-    listing = client.list(_ListedPod, namespace=ALL_NS, fields={"spec.nodeName": node}, chunk_size=LIST_CHUNK)
-    found: list[PodView] = []
-    unreadable: dict[str, str] = {}
-    for listed in listing:
-        try:
-            pod = _pod_on(node, listed)
-        except msgspec.DecodeError as exc:  # the pod's own data (ValidationError is one too)
-            unreadable[_name_of(listed)] = f"{type(exc).__name__}: {exc}"
-            continue
-        if pod is not None and (view := _view(pod)) is not None and not view.ended:
-            found.append(view)
-    try:
-        version: str | None = listing.resourceVersion
-    except Exception:  # an answer without one: the watch starts from now
-        version = None
-    return _Listed(found, version, unreadable)
-
-
-class _Name(msgspec.Struct):
-    namespace: str = ""
-    name: str = ""
-
-
-def _name_of(listed: _ListedPod) -> str:
-    """``namespace/name`` of a listed pod, as far as its metadata can be read."""
-    try:
-        meta = msgspec.json.decode(listed.metadata, type=_Name)
-    except msgspec.DecodeError:
-        return "without readable metadata"
-    return f"{meta.namespace}/{meta.name}"
-
-
-def _view(pod: Pod) -> PodView | None:
-    """What the choice needs of ``pod``; None, with one line, for a pod that cannot be read."""
-    try:
-        return PodView.of(pod)
-    except Exception as exc:  # the pod's own data: never an error of Allocate
-        meta = pod.metadata
-        name = f"{meta.namespace}/{meta.name}" if meta is not None else "without metadata"
-        log.warning("Pod %s is ignored: %s: %s", name, type(exc).__name__, exc)
-        return None
-
-
-def _on(node: str, pod: Pod) -> bool:
-    """Bound to this node (an API server that ignores the field selector lists every pod)."""
-    return pod.spec is not None and pod.spec.nodeName == node

@@ -23,11 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from ascend_agent.kubelet.podresources import Holders
-from ascend_agent.model import Chip
+from ascend_agent.model import Chip, Holders
 
 if TYPE_CHECKING:
-    from ascend_agent.cluster.volcano import Mounted
+    from ascend_agent.cluster.volcano_marks import Mounted
 
 
 def shown_chips(mounted_under: Iterable[tuple[str, str]], ids: Collection[str]) -> dict[str, str]:

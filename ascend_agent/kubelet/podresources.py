@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -22,11 +21,10 @@ import anyio.to_thread
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from ascend_agent import naming
 from ascend_agent._proto.v1 import ListPodResourcesResponse
 from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
 from ascend_agent.kubelet.deviceplugin.wire import BytesCodec
-from ascend_agent.model import Chip
+from ascend_agent.model import Holder, Holders
 
 log = logging.getLogger(__name__)
 
@@ -34,32 +32,6 @@ LIST_TIMEOUT = 2.0
 _LIST = "/v1.PodResourcesLister/List"
 # The kubelet records an allocation as the pod is admitted; give it that long after Allocate answered.
 AFTER_ALLOCATE = 0.5
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Holder:
-    namespace: str
-    pod: str
-    container: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.pod}/{self.container}"
-
-
-@dataclass(frozen=True, slots=True)
-class Holders:
-    """Who holds each advertised device, by (resource, device ID) as the kubelet names them."""
-
-    by_device: Mapping[tuple[str, str], tuple[Holder, ...]] = field(default_factory=dict)
-
-    def of(self, chip: Chip, replicas: int) -> tuple[Holder, ...]:
-        """The containers holding ``chip`` (through any of its replicas), sorted."""
-        found = {
-            holder
-            for device_id in naming.replica_ids(chip.device_id, replicas)
-            for holder in self.by_device.get((chip.resource, device_id), ())
-        }
-        return tuple(sorted(found))
 
 
 class PodResourcesError(Exception):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ascend_agent.backends.fake import FakeBackend
-from ascend_agent.cluster.volcano import PodView, VolcanoPods
-from ascend_agent.config import Settings
+from ascend_agent.cluster.volcano import VolcanoPods
+from ascend_agent.cluster.volcano_marks import PodView
 from ascend_agent.kubelet.handed_out import HandedOut
-from ascend_agent.kubelet.podresources import Holder, Holders
-from ascend_agent.model import Chip, Inventory
-from ascend_agent.reconciler import Agent
+from ascend_agent.kubelet.holders import Holdings
+from ascend_agent.kubelet.podresources import PodHolders
+from ascend_agent.model import Chip, Holder, Holders, Inventory
 
 TWO = "huawei.com/Ascend310P-2c"
 KEY = (TWO, "Ascend310P-2c-118-1")
@@ -73,20 +72,19 @@ async def test_with_volcano_what_was_handed_over_is_seen_under_the_chip_really_m
     pods = VolcanoPods()
     pods.observe(Inventory(tuple(Chip.make(n, "910B3") for n in range(8))))
     pods._store(PodView("team-a", "train", "uid-train", {t: "Ascend910-3", "predicate-time": "1"}, {t: 1}))
-    agent = Agent(Settings(kubelet_dir=short_dir / "kubelet", metrics_address=""), FakeBackend(Settings()))
-    agent.follow_mounted = pods.follow_mounted
+    holdings = Holdings(PodHolders(short_dir / "pod-resources.sock", 5.0), pods.follow_mounted)
     clock = Clock()
-    agent.handed_out = HandedOut(clock=clock)
+    holdings.handed_out = HandedOut(clock=clock)
 
     assert await pods.remap(t, [["Ascend910-0"]]) == [["Ascend910-3"]]
-    agent._allocated(t, ["Ascend910-3"])  # what the plugin layer calls with the devices handed over
+    holdings.allocated(t, ["Ascend910-3"])  # what the plugin layer calls with the devices handed over
     clock.now += 1
     listed = Holders({(t, "Ascend910-0"): (Holder("team-a", "train", "main"),)})
-    agent.holders.holders = listed
-    agent.holders.on_answer(listed, clock.now)
-    assert agent._held_by_pods() == {"Ascend910-3"}
+    holdings.pods.holders = listed
+    holdings.pods.on_answer(listed, clock.now)
+    assert holdings.held_devices() == {"Ascend910-3"}
 
     clock.now += 1
-    agent.holders.holders = Holders()
-    agent.holders.on_answer(Holders(), clock.now)
-    assert agent.handed_out.device_ids() == frozenset(), "PodResources showed chip 3 freed"
+    holdings.pods.holders = Holders()
+    holdings.pods.on_answer(Holders(), clock.now)
+    assert holdings.handed_out.device_ids() == frozenset(), "PodResources showed chip 3 freed"

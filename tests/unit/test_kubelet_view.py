@@ -6,10 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ascend_agent.cluster.volcano import Mounted
+from ascend_agent.cluster.volcano_marks import Mounted
 from ascend_agent.kubelet.mounted import MountedChips, shown_chips
-from ascend_agent.kubelet.podresources import Holder, Holders
-from ascend_agent.model import Chip, Health
+from ascend_agent.model import Chip, Health, Holder, Holders
 
 T = "huawei.com/Ascend910"
 IDS = [f"Ascend910-{i}" for i in range(8)]

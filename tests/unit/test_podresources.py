@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ascend_agent.kubelet.podresources import Holder, PodHolders, PodResourcesError, list_holders
-from ascend_agent.model import Chip
+from ascend_agent.kubelet.podresources import PodHolders, PodResourcesError, list_holders
+from ascend_agent.model import Chip, Holder
 from tests.support.podresources import PodResourcesStandin
 
 

@@ -12,12 +12,12 @@ from prometheus_client import REGISTRY
 
 from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.labels import node_labels
-from ascend_agent.cluster.volcano import PodView, configuration
+from ascend_agent.cluster.volcano_marks import PodView, configuration
 from ascend_agent.doctor.node import _device_ips
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.kubelet.dra.devices import DeviceTaints, NodeChips, slice_device
 from ascend_agent.model import Chip, Inventory, SuperPod, VNpu
-from ascend_agent.reconciler import _training_info
+from ascend_agent.observability.report import training_info as _training_info
 from tests.support.apiserver import ApiServer
 from tests.support.training_fixtures import per_chip, read
 from tests.support.volcano_types import base_device_infos, node_device_info_cache

@@ -19,19 +19,11 @@ from prometheus_client import REGISTRY
 
 from ascend_agent.cluster.client import ApiUnavailable
 from ascend_agent.cluster.health import Failure
-from ascend_agent.cluster.volcano import (
-    TAKEN,
-    Mounted,
-    PodView,
-    VolcanoPods,
-    _list_in_thread,
-    _view,
-    choose,
-    predicate_time,
-)
+from ascend_agent.cluster.podlist import _list_in_thread, view_of
+from ascend_agent.cluster.volcano import VolcanoPods
+from ascend_agent.cluster.volcano_marks import TAKEN, Mounted, PodView, choose, predicate_time
 from ascend_agent.kubelet.mounted import MountedChips
-from ascend_agent.kubelet.podresources import Holder, Holders
-from ascend_agent.model import Chip, Inventory
+from ascend_agent.model import Chip, Holder, Holders, Inventory
 
 T = "huawei.com/Ascend910"
 P = "huawei.com/Ascend310P"
@@ -461,7 +453,7 @@ async def test_no_pod_data_makes_an_allocate_fail_but_with_its_refusal(
     pods = VolcanoPods(tries=1)
     pods.observe(_eight_chips())
     pods._first_read.set()  # no API server: a miss reads nothing
-    view = _view(pod)
+    view = view_of(pod)
     assert view is not None
     pods._store(view)
     count = max(1, min(len(view.chosen(T)), 8))

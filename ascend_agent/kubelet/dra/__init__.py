@@ -35,15 +35,30 @@ from ascend_agent.kubelet.dra.service import DraService
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:
-    from ascend_agent.cluster.side import ClusterSide
+    from ascend_agent.cluster.side import ClusterSide, Feature
 
-__all__ = ["DraDriver"]
+__all__ = ["DraDriver", "slice_publisher"]
 
 log = logging.getLogger(__name__)
 
 # The reason of the Event on the Node for a checkpoint kept aside.
 CHECKPOINT_UNUSABLE = "DRACheckpointUnusable"
 _EVENT_MESSAGE = 1024
+
+
+def slice_publisher(settings: Settings) -> Feature:
+    """The node's ResourceSlice pool for ``settings``' driver: a cluster feature, made when the cluster side
+    loads (``cluster.open_side(..., more=[partial(slice_publisher, settings)])``)."""
+    from ascend_agent.kubelet.dra.paths import others_serving
+    from ascend_agent.kubelet.dra.slices import SlicePublisher
+
+    paths, driver = DraPaths.of(settings), settings.dra_driver_name
+    return SlicePublisher(
+        driver,
+        settings.dra_taint_effect,
+        cleanup=settings.dra_cleanup,
+        others_serving=lambda: others_serving(paths, driver),
+    )
 
 
 class DraDriver:
