@@ -1,0 +1,283 @@
+"""The command line: ``ascend-agent run | list | doctor | kubelet-sim | version``.
+
+Every flag is also read from ``ASCEND_AGENT_<NAME>``; a YAML file given with ``--config`` sits under both.
+Exit status: 0 after SIGTERM/SIGINT, 2 for bad usage or configuration (one line on stderr), 1 otherwise.
+Commands import what they need when they run, so ``version`` and ``--help`` stay fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+from click.core import ParameterSource
+
+from ascend_agent import __version__, naming
+from ascend_agent.cli.flags import (
+    Backend,
+    CdiSpecDir,
+    Cluster,
+    ConfigFile,
+    DaemonSetName,
+    DaemonSetNamespace,
+    DeviceInfo,
+    DevRoot,
+    DraCleanup,
+    DraDriverName,
+    DraTaintEffect,
+    DryRunVnpu,
+    FakeChips,
+    FakeModel,
+    FakeState,
+    FakeTraining,
+    FakeVnpus,
+    FlapQuiet,
+    FlapThreshold,
+    FlapWindow,
+    HccnTool,
+    HealthInterval,
+    HealthThreshold,
+    HostRoot,
+    Json,
+    Kubeconfig,
+    KubeletApi,
+    KubeletDir,
+    LogFormat,
+    LogLevel,
+    MetricsAddress,
+    Mode,
+    NodeName,
+    NpuSmi,
+    NpuSmiTimeout,
+    PluginDir,
+    PluginsRegistryDir,
+    PodResourcesSocket,
+    Registration,
+    Replicas,
+    ServeTimeout,
+    SysRoot,
+    Volcano,
+    VolcanoSchedulerName,
+)
+from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.stopping import catch_early
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    # Help text is rich markup: a literal [ is written \[.
+    rich_markup_mode="rich",
+    help="Kubernetes device plugin for Huawei Ascend NPUs.",
+)
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    print(f"ascend-agent: {message}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+def _settings(overrides: dict[str, Any]) -> tuple[SettingsSource, Settings]:
+    config_file = overrides.pop("config", None)
+    context = click.get_current_context()
+    from_environment = frozenset(
+        name for name in overrides if context.get_parameter_source(name) is ParameterSource.ENVIRONMENT
+    )
+    source = SettingsSource(overrides=overrides, config_file=config_file, from_environment=from_environment)
+    try:
+        return source, source.load()
+    except ConfigError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+
+
+@app.command()
+def run(
+    backend: Backend = None,
+    kubelet_dir: KubeletDir = None,
+    registration: Registration = None,
+    plugins_registry_dir: PluginsRegistryDir = None,
+    plugin_dir: PluginDir = None,
+    serve_timeout: ServeTimeout = None,
+    config: ConfigFile = None,
+    log_level: LogLevel = None,
+    log_format: LogFormat = None,
+    host_root: HostRoot = None,
+    dev_root: DevRoot = None,
+    sys_root: SysRoot = None,
+    npu_smi: NpuSmi = None,
+    npu_smi_timeout: NpuSmiTimeout = None,
+    hccn_tool: HccnTool = None,
+    health_interval: HealthInterval = None,
+    health_failure_threshold: HealthThreshold = None,
+    flap_threshold: FlapThreshold = None,
+    flap_window: FlapWindow = None,
+    flap_quiet: FlapQuiet = None,
+    mode: Mode = None,
+    replicas: Replicas = None,
+    cdi_spec_dir: CdiSpecDir = None,
+    metrics_address: MetricsAddress = None,
+    fake_chips: FakeChips = None,
+    fake_model: FakeModel = None,
+    fake_state: FakeState = None,
+    cluster: Cluster = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
+    pod_resources_socket: PodResourcesSocket = None,
+    device_info: DeviceInfo = None,
+    volcano: Volcano = None,
+    volcano_scheduler_name: VolcanoSchedulerName = None,
+    kubelet_api: KubeletApi = None,
+    dra_driver_name: DraDriverName = None,
+    dra_taint_effect: DraTaintEffect = None,
+    dra_cleanup: DraCleanup = None,
+    fake_vnpus: FakeVnpus = None,
+    fake_training: FakeTraining = None,
+    dry_run_vnpu: DryRunVnpu = False,
+) -> None:
+    """Serve the device plugin API until SIGTERM or SIGINT."""
+    catch_early()
+    overrides = dict(locals())
+    overrides.pop("dry_run_vnpu")
+    source, settings = _settings(overrides)
+    from ascend_agent.process import print_vnpu_plan, run_agent
+
+    try:
+        code = asyncio.run(print_vnpu_plan(settings) if dry_run_vnpu else run_agent(source, settings))
+    except ConfigError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    raise typer.Exit(code)
+
+
+@app.command("list")
+def list_chips(
+    backend: Backend = None,
+    config: ConfigFile = None,
+    host_root: HostRoot = None,
+    dev_root: DevRoot = None,
+    sys_root: SysRoot = None,
+    npu_smi: NpuSmi = None,
+    npu_smi_timeout: NpuSmiTimeout = None,
+    hccn_tool: HccnTool = None,
+    replicas: Replicas = None,
+    fake_chips: FakeChips = None,
+    fake_model: FakeModel = None,
+    fake_state: FakeState = None,
+    fake_vnpus: FakeVnpus = None,
+    fake_training: FakeTraining = None,
+    pod_resources_socket: PodResourcesSocket = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
+    volcano: Volcano = None,
+    metrics_address: MetricsAddress = None,
+    json_output: Json = False,
+) -> None:
+    """Print the chips the backend sees, their vNPUs under them, and the pod holding each (the kubelet's
+    PodResources socket; with --volcano on the chips the pods' marks say were mounted). The running agent,
+    asked at its --metrics-address, adds what only it knows: the flap hold and whether npu-smi is down.
+    Exit 1 when no chip can be listed because of a problem (npu-smi fails, no device files)."""
+    overrides = dict(locals())
+    overrides.pop("json_output")
+    _, settings = _settings(overrides)
+    from ascend_agent.cli.listing import chip_rows, gather, print_table
+
+    try:
+        inventory, holders, holders_problem, agent = asyncio.run(gather(settings))
+    except ConfigError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    if not inventory.chips and inventory.problems:
+        if json_output:
+            print("[]")
+        for problem in inventory.problems:
+            print(f"ascend-agent: {problem}", file=sys.stderr)
+        raise typer.Exit(EXIT_FAILURE)
+    rows = chip_rows(inventory, holders, settings.replicas, agent)
+    if json_output:
+        print(json.dumps(rows, indent=2))
+    else:
+        print_table(rows)
+    # --json says "no agent" as held null on each chip; a person reading the table gets the line.
+    agent_problems = [agent] if isinstance(agent, str) and rows and not json_output else []
+    if not isinstance(agent, str) and agent.npu_smi_down:
+        agent_problems.append(f"the agent on {agent.address} sees npu-smi down: {agent.npu_smi_down}")
+    for problem in (*inventory.problems, *([holders_problem] if holders_problem else []), *agent_problems):
+        print(f"ascend-agent: {problem}", file=sys.stderr)
+
+
+@app.command()
+def doctor(
+    config: ConfigFile = None,
+    host_root: HostRoot = None,
+    dev_root: DevRoot = None,
+    sys_root: SysRoot = None,
+    npu_smi: NpuSmi = None,
+    npu_smi_timeout: NpuSmiTimeout = None,
+    hccn_tool: HccnTool = None,
+    kubelet_dir: KubeletDir = None,
+    registration: Registration = None,
+    plugin_dir: PluginDir = None,
+    metrics_address: MetricsAddress = None,
+    daemonset_name: DaemonSetName = None,
+    daemonset_namespace: DaemonSetNamespace = naming.DAEMONSET_NAMESPACE,
+    pod_resources_socket: PodResourcesSocket = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
+    volcano: Volcano = None,
+    kubelet_api: KubeletApi = None,
+    dra_driver_name: DraDriverName = None,
+    json_output: Json = False,
+) -> None:
+    """Check this node in order: device files, driver, npu-smi, kubelet, agent. Exit 1 if any failed."""
+    overrides = dict(locals())
+    for option in ("json_output", "daemonset_name", "daemonset_namespace"):
+        overrides.pop(option)
+    _, settings = _settings(overrides)
+    from ascend_agent.doctor import AgentDaemonSet, as_json, render, run_checks
+
+    checks = asyncio.run(run_checks(settings, AgentDaemonSet(daemonset_name or "", daemonset_namespace)))
+    print(as_json(checks) if json_output else render(checks))
+    raise typer.Exit(EXIT_FAILURE if any(check.ok is False for check in checks) else 0)
+
+
+@app.command("kubelet-sim")
+def kubelet_sim(
+    kubelet_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubelet-dir",
+            help="Required: a scratch directory to serve kubelet.sock in (never a live kubelet's).",
+        ),
+    ] = None,
+    allocate: Annotated[
+        int, typer.Option("--allocate", help="After the first device list, allocate N chips.")
+    ] = 1,
+) -> None:
+    """A kubelet stand-in for local development: serves Registration, dials back, prints what it sees."""
+    if kubelet_dir is None:
+        raise _fail(
+            "kubelet-sim needs --kubelet-dir DIR, a scratch directory (it has no default)", EXIT_USAGE
+        )
+    from ascend_agent.kubelet.sim import run_simulator
+
+    try:
+        code = asyncio.run(run_simulator(kubelet_dir, allocate=allocate))
+    except ConfigError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    print(f"ascend-agent {__version__}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,393 @@
+"""The command line's flags, each also ``ASCEND_AGENT_<NAME>``, with its help and the default
+:class:`~ascend_agent.config.Settings` gives: one ``Annotated`` type per flag, which each command lists::
+
+    def run(backend: Backend = None, kubelet_dir: KubeletDir = None, ...) -> None: ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ascend_agent import naming
+from ascend_agent.config import Settings
+
+_DEFAULTS = Settings()
+
+
+def _option(*names: str, env: str, help: str, unset: str | None = None, **kwargs: Any) -> Any:
+    """A flag that is also ``ASCEND_AGENT_<env>``; ``--help`` shows the default from :class:`Settings`, or
+    ``unset``, which says what happens when a setting whose default is None is not given."""
+    setting = names[0].split("/")[0].removeprefix("--").replace("-", "_")
+    default = getattr(_DEFAULTS, setting, None)
+    shown = unset if default is None else str(default)
+    assert shown is not None, f"{names[0]}: say what an unset value means"
+    return typer.Option(
+        *names,
+        envvar=f"ASCEND_AGENT_{env}",
+        help=f"{help} \\[default: {shown}]",
+        show_default=False,
+        **kwargs,
+    )
+
+
+Backend = Annotated[str | None, _option("--backend", env="BACKEND", help="devfs (real chips) or fake.")]
+
+
+KubeletDir = Annotated[
+    Path | None,
+    _option("--kubelet-dir", env="KUBELET_DIR", help="The kubelet's device plugin directory."),
+]
+
+
+Registration = Annotated[
+    str | None,
+    _option(
+        "--registration",
+        env="REGISTRATION",
+        help="kubelet (Register on kubelet.sock) or plugin-watcher (the kubelet's plugins registry).",
+    ),
+]
+
+
+PluginsRegistryDir = Annotated[
+    Path | None,
+    _option(
+        "--plugins-registry-dir",
+        env="PLUGINS_REGISTRY_DIR",
+        help="The kubelet's plugin-watcher directory.",
+        unset="<kubelet-dir>/../plugins_registry",
+    ),
+]
+
+
+PluginDir = Annotated[
+    Path | None,
+    _option(
+        "--plugin-dir",
+        env="PLUGIN_DIR",
+        help="The agent's lock and plugin-watcher endpoints.",
+        unset="<kubelet-dir>/../plugins/ascend-agent",
+    ),
+]
+
+
+ServeTimeout = Annotated[
+    float | None,
+    _option(
+        "--serve-timeout",
+        env="SERVE_TIMEOUT",
+        help="Seconds serving may keep failing (an unusable kubelet directory) before exit 1.",
+    ),
+]
+
+
+ConfigFile = Annotated[
+    Path | None,
+    _option(
+        "--config",
+        env="CONFIG",
+        help="YAML config file; keys are the flag names in camelCase.",
+        unset="none",
+    ),
+]
+
+
+LogLevel = Annotated[str | None, _option("--log-level", env="LOG_LEVEL", help="debug, info, warning, error.")]
+
+
+LogFormat = Annotated[str | None, _option("--log-format", env="LOG_FORMAT", help="text or json.")]
+
+
+HostRoot = Annotated[Path | None, _option("--host-root", env="HOST_ROOT", help="Where the host's / is seen.")]
+
+
+DevRoot = Annotated[
+    Path | None, _option("--dev-root", env="DEV_ROOT", help="Device files.", unset="<host-root>/dev")
+]
+
+
+SysRoot = Annotated[
+    Path | None, _option("--sys-root", env="SYS_ROOT", help="sysfs.", unset="<host-root>/sys")
+]
+
+
+NpuSmi = Annotated[
+    str | None,
+    _option(
+        "--npu-smi",
+        env="NPU_SMI",
+        help="The npu-smi executable.",
+        unset="npu-smi on PATH, else <host-root>/usr/local/bin/npu-smi",
+    ),
+]
+
+
+HccnTool = Annotated[
+    str | None,
+    _option(
+        "--hccn-tool",
+        env="HCCN_TOOL",
+        help="The hccn_tool executable (the chips' device IPs).",
+        unset="hccn_tool on PATH, else <host-root>/usr/local/Ascend/driver/tools/hccn_tool",
+    ),
+]
+
+
+NpuSmiTimeout = Annotated[
+    float | None,
+    _option(
+        "--npu-smi-timeout",
+        env="NPU_SMI_TIMEOUT",
+        help="Seconds before npu-smi is killed; at least 1.",
+    ),
+]
+
+
+HealthInterval = Annotated[
+    float | None,
+    _option("--health-interval", env="HEALTH_INTERVAL", help="Seconds between health queries; at least 1."),
+]
+
+
+HealthThreshold = Annotated[
+    int | None,
+    _option(
+        "--health-failure-threshold",
+        env="HEALTH_FAILURE_THRESHOLD",
+        help="Failed health queries in a row before every chip is Unhealthy.",
+    ),
+]
+
+
+FlapThreshold = Annotated[
+    int | None,
+    _option(
+        "--flap-threshold",
+        env="FLAP_THRESHOLD",
+        help="Times a chip may turn Unhealthy within --flap-window before it is held Unhealthy; 0: off.",
+    ),
+]
+
+
+FlapWindow = Annotated[
+    float | None,
+    _option("--flap-window", env="FLAP_WINDOW", help="Seconds in which the turns are counted."),
+]
+
+
+FlapQuiet = Annotated[
+    float | None,
+    _option(
+        "--flap-quiet",
+        env="FLAP_QUIET",
+        help="Seconds a held chip must stay Healthy before it is Healthy again.",
+    ),
+]
+
+
+Mode = Annotated[
+    str | None, _option("--mode", env="MODE", help="plain or ascend-runtime: what Allocate hands over.")
+]
+
+
+Replicas = Annotated[int | None, _option("--replicas", env="REPLICAS", help="Advertise each chip N times.")]
+
+
+CdiSpecDir = Annotated[
+    Path | None,
+    _option("--cdi-spec-dir", env="CDI_SPEC_DIR", help="Write a CDI spec here.", unset="none (no CDI)"),
+]
+
+
+MetricsAddress = Annotated[
+    str | None,
+    _option(
+        "--metrics-address",
+        env="METRICS_ADDRESS",
+        help="HOST:PORT for /metrics, /healthz, /readyz; empty: off.",
+    ),
+]
+
+
+FakeChips = Annotated[int | None, _option("--fake-chips", env="FAKE_CHIPS", help="Fake backend: chips.")]
+
+
+FakeModel = Annotated[str | None, _option("--fake-model", env="FAKE_MODEL", help="Fake backend: model.")]
+
+
+FakeState = Annotated[
+    Path | None,
+    _option(
+        "--fake-state",
+        env="FAKE_STATE",
+        help='Fake backend: {"unhealthy": [..], "absent": [..]}, watched.',
+        unset="none (every chip healthy)",
+    ),
+]
+
+
+FakeVnpus = Annotated[
+    str | None,
+    _option(
+        "--fake-vnpus",
+        env="FAKE_VNPUS",
+        help="Fake backend: vNPUs as PHYS_ID:TEMPLATE items, e.g. 0:vir02,0:vir02,1:vir04.",
+        unset="none",
+    ),
+]
+
+
+FakeTraining = Annotated[
+    bool | None,
+    _option(
+        "--fake-training/--no-fake-training",
+        env="FAKE_TRAINING",
+        help="Fake backend: synthetic device IPs (198.18.0.0/15) and, on A3, vNIC IPs and a super pod.",
+        unset="off",
+    ),
+]
+
+
+DryRunVnpu = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run-vnpu",
+        help="Print the npu-smi commands the vnpu: layout needs, run none, and exit. \\[default: off]",
+    ),
+]
+
+
+Cluster = Annotated[
+    bool | None,
+    _option(
+        "--cluster/--no-cluster",
+        env="CLUSTER",
+        help="Node labels and Events through the Kubernetes API; off without credentials.",
+    ),
+]
+
+
+Kubeconfig = Annotated[
+    Path | None,
+    _option(
+        "--kubeconfig",
+        env="KUBECONFIG",
+        help="kubeconfig for the API server.",
+        unset="the pod's service account, else $KUBECONFIG",
+    ),
+]
+
+
+NodeName = Annotated[
+    str | None,
+    _option(
+        "--node-name", env="NODE_NAME", help="This node's Node object.", unset="$NODE_NAME, else the hostname"
+    ),
+]
+
+
+PodResourcesSocket = Annotated[
+    Path | None,
+    _option(
+        "--pod-resources-socket",
+        env="POD_RESOURCES_SOCKET",
+        help="The kubelet's PodResources socket: which pod holds which chip.",
+    ),
+]
+
+
+DeviceInfo = Annotated[
+    bool | None,
+    _option(
+        "--device-info/--no-device-info",
+        env="DEVICE_INFO",
+        help="Publish the device-info ConfigMap and the baseDeviceInfos annotation Volcano reads.",
+        unset="on while the cluster side is",
+    ),
+]
+
+
+Volcano = Annotated[
+    bool | None,
+    _option(
+        "--volcano/--no-volcano",
+        env="VOLCANO",
+        help="Allocate mounts the chips Volcano chose for the pod (its annotations), not the kubelet's.",
+        unset="off",
+    ),
+]
+
+
+VolcanoSchedulerName = Annotated[
+    str | None,
+    _option(
+        "--volcano-scheduler-name",
+        env="VOLCANO_SCHEDULER_NAME",
+        help="With --volcano: only the choice on pods this scheduler placed (spec.schedulerName) counts.",
+        unset="volcano",
+    ),
+]
+
+
+KubeletApi = Annotated[
+    str | None,
+    _option(
+        "--kubelet-api",
+        env="KUBELET_API",
+        help="device-plugin, or dra: a DRA driver publishing ResourceSlices (needs the cluster side).",
+    ),
+]
+
+
+DraDriverName = Annotated[
+    str | None, _option("--dra-driver-name", env="DRA_DRIVER_NAME", help="DRA: the driver's name.")
+]
+
+
+DraTaintEffect = Annotated[
+    str | None,
+    _option(
+        "--dra-taint-effect",
+        env="DRA_TAINT_EFFECT",
+        help="DRA: NoSchedule or NoExecute, the effect of an Unhealthy chip's taint.",
+    ),
+]
+
+
+DraCleanup = Annotated[
+    bool | None,
+    _option(
+        "--dra-cleanup/--no-dra-cleanup",
+        env="DRA_CLEANUP",
+        help="DRA: delete the node's ResourceSlices on exit (only when its chips are going).",
+        unset="off",
+    ),
+]
+
+
+Json = Annotated[bool, typer.Option("--json", help="Print JSON for machines.")]
+
+
+DaemonSetName = Annotated[
+    str | None,
+    typer.Option(
+        "--daemonset-name",
+        envvar="ASCEND_AGENT_DAEMONSET_NAME",
+        help="The agent's DaemonSet.",
+        show_default=f"{naming.DAEMONSET_NAME}; {naming.DRA_DAEMONSET_NAME} with --kubelet-api dra",
+    ),
+]
+
+
+DaemonSetNamespace = Annotated[
+    str,
+    typer.Option(
+        "--daemonset-namespace",
+        envvar="ASCEND_AGENT_DAEMONSET_NAMESPACE",
+        help="The DaemonSet's namespace.",
+        show_default=True,
+    ),
+]
