@@ -12,10 +12,8 @@ node changes arrive as inotify events and only re-read the directory (``discover
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +25,16 @@ import aiofiles.os
 
 from ascend_agent import naming
 from ascend_agent.backends._container import container_base
+from ascend_agent.backends.devnodes import (
+    CHIP_NODE,
+    MANAGER,
+    MANAGER_310B,
+    SHORT_OF_RESOURCES,
+    TRANSIENT_ERRNOS,
+    DeviceListing,
+    is_device_name,
+    management_devices,
+)
 from ascend_agent.backends.npusmi import (
     ChipRow,
     InfoTable,
@@ -40,17 +48,15 @@ from ascend_agent.backends.npusmi import (
     parse_info_map,
     parse_key_values,
     physical_ids,
-    query_info,
-    run_npu_smi,
 )
 from ascend_agent.backends.telemetry import ChipTelemetry
+from ascend_agent.backends.tool import query_info, run_npu_smi
 from ascend_agent.backends.training import TrainingProbe, TrainingTarget
-from ascend_agent.backends.vnpu import VNPU_NODE, VnpuProbe
+from ascend_agent.backends.vnpu import VnpuProbe
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.health.faults import FaultPolicy, describe
 from ascend_agent.model import (
     Chip,
-    DeviceNode,
     Fault,
     Generation,
     Health,
@@ -70,12 +76,6 @@ from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout
 
 log = logging.getLogger(__name__)
 
-_CHIP_NODE = re.compile(r"^davinci(\d+)$")
-MANAGER = "davinci_manager"
-# Shared management devices, handed to every container that gets a chip, each only if present.
-_MANAGEMENT = (MANAGER, "devmm_svm", "hisi_hdc", "dvpp_cmdlist")
-# 310B exposes its manager for containers under another name; it is mounted where the runtime expects it.
-_MANAGER_310B = "davinci_manager_docker"
 # The model of an A3 die when `npu-smi info -t board` does not name its SoC.
 A3_MODEL = "910_93"
 # `npu-smi info -t health` runs per chip whose Health changed to something not OK, at most this many per
@@ -85,15 +85,6 @@ HEALTH_QUERIES_PER_INTERVAL = 4
 # unchanged Alarm), one such chip per query: at most one more npu-smi per health interval, and per chip one
 # every 15 s at the default interval.
 FAULT_REFRESH_QUERIES = 3
-# Listing /dev can fail for want of descriptors or memory; that is not "no device nodes".
-_TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
-
-
-def is_device_name(name: str) -> bool:
-    """The ``/dev`` entries whose appearance or loss changes what the node can offer."""
-    return (
-        bool(_CHIP_NODE.match(name) or VNPU_NODE.match(name)) or name in _MANAGEMENT or name == _MANAGER_310B
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +122,7 @@ class DevfsBackend:
         self._failure_log = ProblemLog()
         self._query_problem = ""
         self._driver_version: str | None = None
-        self._nodes: set[str] = set()
-        self._listing_error: OSError | None = None
-        self._listing_log = ProblemLog()
+        self._listing = DeviceListing(self._dev_root)
         self._policy = FaultPolicy(dict(settings.fault_policy))
         # Per chip: the Health `info -t health` was last run for, the faults it gave, and in which query.
         self._asked_health: dict[int, tuple[str, tuple[Fault, ...], int]] = {}
@@ -221,9 +210,7 @@ class DevfsBackend:
         except OSError as exc:
             NPU_SMI_SECONDS.observe(time.perf_counter() - started)
             NPU_SMI_FAILURES.labels(reason="resources").inc()
-            self._failed(
-                NpuSmiError("resources", f"health query: {exc.strerror or exc}", _SHORT_OF_RESOURCES)
-            )
+            self._failed(NpuSmiError("resources", f"health query: {exc.strerror or exc}", SHORT_OF_RESOURCES))
             return False
         except NpuSmiError as exc:
             NPU_SMI_SECONDS.observe(time.perf_counter() - started)
@@ -257,14 +244,14 @@ class DevfsBackend:
     async def _check_device_listing(self) -> None:
         """Read /dev as part of a health query whose npu-smi answered: a listing that fails for want of
         descriptors or memory counts as a failed query (the last known device nodes stay)."""
-        await self._device_nodes()
-        if self._listing_error is not None:
+        await self._listing.names()
+        if self._listing.error is not None:
             NPU_SMI_FAILURES.labels(reason="resources").inc()
             self._failed(
                 NpuSmiError(
                     "resources",
-                    f"cannot list {self._dev_root}: {self._listing_error.strerror or self._listing_error}",
-                    _SHORT_OF_RESOURCES,
+                    f"cannot list {self._dev_root}: {self._listing.error.strerror or self._listing.error}",
+                    SHORT_OF_RESOURCES,
                 )
             )
 
@@ -468,7 +455,7 @@ class DevfsBackend:
             async with aiofiles.open(path) as handle:
                 node = int((await handle.read()).strip())
         except OSError as exc:
-            if exc.errno in _TRANSIENT_ERRNOS:
+            if exc.errno in TRANSIENT_ERRNOS:
                 return None  # out of descriptors now: ask again next query
             node = -1  # what sysfs says for no NUMA node; asking again every health query would not change it
         except ValueError:
@@ -477,26 +464,24 @@ class DevfsBackend:
         return self._numa[bus_id]
 
     async def discover(self) -> Inventory:
-        nodes = await self._device_nodes()
+        nodes = await self._listing.names()
         mounts = [
             path for path in self._settings.driver_mounts if await aiofiles.os.path.exists(self._host(path))
         ]
-        container = container_base(
-            self._settings.mode, self._management_devices(nodes, self._is_310b()), mounts
-        )
+        container = container_base(self._settings.mode, management_devices(nodes, self._is_310b()), mounts)
         problems = [self._query_problem] if self._query_problem else []
         chips = self._chips(nodes)
         # npu-smi runs here only when /dev/vdavinci* nodes (or the chips) changed since it was last asked.
         if self._probed:
             await self._vnpus.refresh_if_stale(chips, nodes)
         self._chip_list = chips
-        if not any(_CHIP_NODE.match(name) for name in nodes):
+        if not any(CHIP_NODE.match(name) for name in nodes):
             problems.append(
                 f"no /dev/davinci* device files under {self._dev_root}: the Ascend driver or firmware is not "
                 "installed or not loaded on this node; nothing in Kubernetes can fix that: check the driver "
                 "(/usr/local/Ascend/driver/version.info) and run npu-smi info on the host"
             )
-        elif MANAGER not in nodes and _MANAGER_310B not in nodes:
+        elif MANAGER not in nodes and MANAGER_310B not in nodes:
             problems.append(
                 f"{self._dev_root}/{MANAGER} is missing: every chip is Unhealthy until it returns"
             )
@@ -519,13 +504,13 @@ class DevfsBackend:
         """Plan (and with ``run`` carry out) the ``vnpu:`` layout on the chips of the last discovery."""
         if not self._chip_list:
             await self.discover()
-        return await self._vnpus.apply(layout, self._chip_list, held, self._nodes, run=run)
+        return await self._vnpus.apply(layout, self._chip_list, held, self._listing.last, run=run)
 
     def _chips(self, nodes: set[str]) -> tuple[Chip, ...]:
         if not self._probed and self._settings.model is not None:
-            phys_ids = sorted(int(m.group(1)) for m in map(_CHIP_NODE.match, nodes) if m)
+            phys_ids = sorted(int(m.group(1)) for m in map(CHIP_NODE.match, nodes) if m)
             return tuple(self._fallback_chip(phys_id, nodes) for phys_id in phys_ids)
-        manager = MANAGER in nodes or _MANAGER_310B in nodes
+        manager = MANAGER in nodes or MANAGER_310B in nodes
         outage = self._outage()
         chips = []
         for phys_id in sorted(self._probed):
@@ -569,40 +554,12 @@ class DevfsBackend:
             self._settings.model,
             naming_scheme=self._settings.resource_naming,
         )
-        if MANAGER not in nodes and _MANAGER_310B not in nodes:
+        if MANAGER not in nodes and MANAGER_310B not in nodes:
             return chip.with_health(Health.UNHEALTHY, f"/dev/{MANAGER} is missing")
         return chip
 
-    async def _device_nodes(self) -> set[str]:
-        """The device entries of /dev; the last known ones when listing fails for want of descriptors or
-        memory (``_listing_error`` says why), none when /dev is not there."""
-        try:
-            names = await aiofiles.os.listdir(self._dev_root)
-        except OSError as exc:
-            if exc.errno in _TRANSIENT_ERRNOS:
-                if self._listing_log.changed(exc.errno):
-                    log.warning("Cannot list %s (%s): keeping the last known device nodes",
-                                self._dev_root, exc.strerror or exc)  # fmt: skip
-                self._listing_error = exc
-                return self._nodes
-            names = []
-        if self._listing_log.clear():
-            log.info("Listing %s works again", self._dev_root)
-        self._listing_error = None
-        self._nodes = {name for name in names if is_device_name(name)}
-        return self._nodes
-
     def _is_310b(self) -> bool:
         return any(chip.generation is Generation.ASCEND310B for chip in self._probed.values())
-
-    @staticmethod
-    def _management_devices(nodes: set[str], is_310b: bool) -> tuple[DeviceNode, ...]:
-        devices = [
-            DeviceNode(host_path=f"/dev/{name}", container_path=f"/dev/{name}") for name in _MANAGEMENT
-        ]
-        if _MANAGER_310B in nodes and (is_310b or MANAGER not in nodes):
-            devices[0] = DeviceNode(host_path=f"/dev/{_MANAGER_310B}", container_path=f"/dev/{MANAGER}")
-        return tuple(device for device in devices if device.host_path.removeprefix("/dev/") in nodes)
 
     def _host(self, path: str) -> Path:
         """A host absolute path as the agent sees it, under ``--host-root``."""
@@ -610,9 +567,6 @@ class DevfsBackend:
 
     async def close(self) -> None:
         return None
-
-
-_SHORT_OF_RESOURCES = "the agent is out of file descriptors or memory; it tries again next health interval"
 
 
 def _known_model(name: str) -> bool:

@@ -15,7 +15,8 @@ import ipaddress
 import re
 from collections.abc import Sequence
 
-from ascend_agent.backends.npusmi import NpuSmiError, run_tool
+from ascend_agent.backends.npusmi import NpuSmiError
+from ascend_agent.backends.tool import run_tool
 
 # hccn_tool's exit status (UDA_DSMI_IPCONF_NOT_PRESET_ERR & 0xff) and message when a chip has no address.
 NOT_PRESET_STATUS = 13

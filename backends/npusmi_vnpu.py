@@ -16,7 +16,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ascend_agent.backends.npusmi import NpuSmiError, NpuSmiParseError, parse_key_values, run_npu_smi
+from ascend_agent.backends.npusmi import NpuSmiError, NpuSmiParseError, parse_key_values
+from ascend_agent.backends.tool import run_npu_smi
 from ascend_agent.model import Template, VNpu
 from ascend_agent.naming import vnpu_suffix
 

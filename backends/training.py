@@ -31,7 +31,8 @@ from ascend_agent.backends.hccn import (
     parse_vnic,
     run_hccn_tool,
 )
-from ascend_agent.backends.npusmi import NpuSmiError, NpuSmiParseError, parse_spod_info, run_npu_smi
+from ascend_agent.backends.npusmi import NpuSmiError, NpuSmiParseError, parse_spod_info
+from ascend_agent.backends.tool import run_npu_smi
 from ascend_agent.config import Settings
 from ascend_agent.model import Generation, SuperPod
 from ascend_agent.observability import ProblemLog, log_fields

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ascend_agent.backends import discover_once
-from ascend_agent.backends.npusmi import NpuSmiError, physical_ids, query_info
+from ascend_agent.backends.npusmi import NpuSmiError, physical_ids
+from ascend_agent.backends.tool import query_info
 from ascend_agent.backends.training import trains
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.doctor.check import Check

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ascend_agent.backends.npusmi import DCMI_CODES, dcmi_code, diagnose
+from ascend_agent.backends.tool import DCMI_CODES, dcmi_code, diagnose
 
 CONSTRUCTED = Path(__file__).parent.parent / "fixtures" / "npu-smi-constructed"
 

@@ -17,7 +17,8 @@ import asyncio, json, os, resource, sys
 from pathlib import Path
 from prometheus_client import REGISTRY
 from ascend_agent.backends.devfs import DevfsBackend
-from ascend_agent.backends.npusmi import NpuSmiError, run_npu_smi
+from ascend_agent.backends.npusmi import NpuSmiError
+from ascend_agent.backends.tool import run_npu_smi
 from ascend_agent.config import Settings
 
 def failures(reason):

@@ -21,15 +21,13 @@ from ascend_agent.backends.npusmi import (
     Shape,
     a3_dies,
     board_model,
-    diagnose,
     parse_health,
     parse_info,
     parse_info_map,
     parse_key_values,
     physical_ids,
-    query_info,
-    run_npu_smi,
 )
+from ascend_agent.backends.tool import diagnose, query_info, run_npu_smi
 from ascend_agent.model import Fault
 from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.npusmi_fake import FakeNpuSmi
