@@ -1,11 +1,9 @@
-"""The doctor's checks of a DRA driver (``kubeletApi: dra``), in place of the device plugin's: the
-registration socket answering GetInfo, ``dra.sock`` serving, the checkpoint of prepared claims (each with its
-CDI spec), and with a
-Kubernetes API the node's ResourceSlices for the driver::
+"""The doctor's checks of a DRA driver (``kubeletApi: dra``), the :data:`MODE` ``run_checks`` selects in place
+of the device plugin's: the registration socket answering GetInfo, ``dra.sock`` serving, the checkpoint of
+prepared claims (each with its CDI spec), and with a Kubernetes API the node's ResourceSlices for the driver::
 
     checks = await kubelet_checks(settings, inventory)
     checks.append(await slices_check(api, settings.dra_driver_name, inventory))
-    MODE.kubelet(settings, inventory, daemonset)   # the device plugin's checks skipped, then the above
 """
 
 from __future__ import annotations
