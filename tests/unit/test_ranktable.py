@@ -1,11 +1,13 @@
 """Rank-table readiness: the ``ascend-910-configuration`` the agent writes, read as ascend-operator reads it,
 gives the ``hccl.json`` part each pod contributes; gathered for a 2-node, 16-chip job it is a valid v1.0 and
-v1.2 table, compared field by field with Huawei's documented examples. Chips take their IPs and SDIDs from
-the shared real outputs of an 8-chip 910B node and a 16-die A3 node."""
+v1.2 table, compared field by field with Huawei's documented examples, as is the device-info ConfigMap of both
+nodes. Chips take their IPs and SDIDs from the shared real outputs of an 8-chip 910B node and a 16-die A3
+node."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.ranktable import (
     CONFIGURATION,
     RANK_INDEX,
@@ -24,8 +27,9 @@ from ascend_agent.cluster.ranktable import (
     version_of,
 )
 from ascend_agent.cluster.volcano import PodView, configuration
-from ascend_agent.model import Chip, SuperPod
+from ascend_agent.model import Chip, Fault, Health, Inventory, SuperPod
 from tests.support.hccl import doc_example, gather, hccl_json
+from tests.support.training_fixtures import read
 from tests.support.volcano_types import DecodeError
 from tests.unit.test_training_outputs import A3_IPS, A3_SDIDS, _910b_node, _a3_node
 
@@ -278,3 +282,39 @@ def test_the_configuration_carries_the_node_address() -> None:
         "server_ip",
     ]
     assert json.loads(written)["host_ip"] == json.loads(written)["server_ip"] == "192.168.0.40"
+
+
+def _with_a_fault(inventory: Inventory) -> Inventory:
+    """Chip 4 Unhealthy with two codes, as in Huawei's example."""
+    chips = list(inventory.chips)
+    faults = (Fault("80E18402", "x"), Fault("A8028801", "y"))
+    chips[4] = replace(chips[4].with_health(Health.UNHEALTHY, "Alarm"), faults=faults)
+    return Inventory(tuple(chips))
+
+
+@pytest.mark.parametrize("node", [_910b_node, _a3_node], ids=["910B x8", "A3 x16"])
+def test_device_info_field_by_field_with_huaweis_documented_example(node: Callable[[], Inventory]) -> None:
+    """``DeviceInfoCfg`` of each node: the example's fields in its order with its types, its ``DeviceList``
+    keys, and its ``-Fault`` entries' fields; ``baseDeviceInfos``: every chip's ``IP`` and
+    ``SuperDeviceID``."""
+    example = json.loads(read("deviceinfo-cm_DeviceInfoCfg_doc-example-A3.json"))
+    inventory = _with_a_fault(node())
+    lists = deviceinfo.device_lists(inventory, {}, 1744167455784)
+    ours = json.loads(deviceinfo.device_info_cfg(lists, 1744182144, deviceinfo.node_super_pod(inventory)))
+    assert _structure(ours) == _structure(example)
+    fault_key = "huawei.com/Ascend910-Fault"
+
+    def entry(text: str) -> Any:
+        """The structure of the first fault entry, its map (fault code -> time and level) by its values."""
+        first = json.loads(text)[0]
+        first["fault_time_and_level_map"] = list(first["fault_time_and_level_map"].values())
+        return _structure(first)
+
+    assert entry(ours["DeviceInfo"]["DeviceList"][fault_key]) == entry(
+        example["DeviceInfo"]["DeviceList"][fault_key]
+    )
+    assert ours["DeviceInfo"]["DeviceList"]["huawei.com/Ascend910-Unhealthy"] == "Ascend910-4"
+    infos = json.loads(deviceinfo.base_device_infos(inventory))
+    assert list(infos) == sorted(chip.device_id for chip in inventory.chips)
+    assert {tuple(value) for value in infos.values()} == {("IP", "SuperDeviceID")}
+    assert infos["Ascend910-1"]["IP"] in ("10.10.0.11", "10.0.244.11")
