@@ -688,7 +688,7 @@ def ranktable(
     # The client's own warnings (an API server refusing) would repeat the one line the failure ends with.
     logging.getLogger("ascend_agent").addHandler(logging.NullHandler())
     from ascend_agent.cluster import pod_rank_table
-    from ascend_agent.cluster.ranktable import RankTableError, device_ip_gaps, render
+    from ascend_agent.cluster.ranktable import RankTableError, gaps, render
 
     try:
         table = asyncio.run(
@@ -697,13 +697,8 @@ def ranktable(
     except RankTableError as exc:
         raise _fail(str(exc), EXIT_FAILURE) from None
     print(render(table))
-    gaps = device_ip_gaps(table)
-    if gaps:
-        print(
-            f"ascend-agent: device {', '.join(gaps)} of pod {pod} has no device_ip: HCCL cannot reach it "
-            "over RoCE (check `hccn_tool -i N -ip -g` on the node)",
-            file=sys.stderr,
-        )
+    for gap in gaps(table):
+        print(f"ascend-agent: pod {pod}: {gap}", file=sys.stderr)
 
 
 @app.command("kubelet-sim")

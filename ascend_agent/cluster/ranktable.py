@@ -164,25 +164,40 @@ def logical_super_pod(rank_index: int, sp_block: int, devices: int) -> int:
     return rank_index // max(1, sp_block // devices)
 
 
-def device_ip_gaps(table: Mapping[str, Any]) -> list[str]:
-    """The device ids of a fragment whose ``device_ip`` is empty: the operator takes them, HCCL cannot reach
-    them over RoCE.
+def gaps(table: Mapping[str, Any]) -> list[str]:
+    """What a fragment lacks that the operator takes but HCCL needs, one line each: devices without a
+    ``device_ip`` (unreachable over RoCE) and, in v1.2, without a ``super_device_id``.
 
-    >>> device_ip_gaps({"server_list": [{"device": [{"device_id": "3", "device_ip": ""}]}]})
-    ['3']
+    >>> device = {"device_id": "3", "device_ip": ""}
+    >>> [line.split(":")[0] for line in gaps({"version": "1.2", "server_list": [{"device": [device]}]})]
+    ['device 3 has no device_ip', 'device 3 has no super_device_id']
     """
-    return [
-        device["device_id"]
-        for server in table["server_list"]
-        for device in server["device"]
-        if not device["device_ip"]
-    ]
+    devices = [device for server in table["server_list"] for device in server["device"]]
+    lines = []
+    unreachable = [device["device_id"] for device in devices if not device["device_ip"]]
+    if unreachable:
+        lines.append(
+            f"device {', '.join(unreachable)} has no device_ip: HCCL cannot reach it over RoCE (check "
+            "`hccn_tool -i N -ip -g` on the node)"
+        )
+    unplaced = [device["device_id"] for device in devices if not device.get("super_device_id")]
+    if table["version"] == V1_2 and unplaced:
+        lines.append(
+            f"device {', '.join(unplaced)} has no super_device_id: a v1.2 table needs each die's SDID (check "
+            "`npu-smi info -t spod-info`)"
+        )
+    return lines
 
 
 def _instance(pod: PlacedPod) -> dict[str, Any]:
     """The pod's configuration annotation, read as ascend-operator's ``Instance`` reads it (missing fields
     are empty, unknown ones ignored), with the types it needs checked."""
-    text = pod.annotations.get(CONFIGURATION, pod.annotations.get(CONFIGURATION_NPU))
+    text = pod.annotations.get(CONFIGURATION)
+    if text is None and CONFIGURATION_NPU in pod.annotations:
+        raise RankTableError(
+            f"pod {pod.ref} has {CONFIGURATION_NPU} (Ascend 950): its rank table is v2.0, which ranktable "
+            "does not make"
+        )
     if text is None:
         raise RankTableError(
             f"pod {pod.ref} has no {CONFIGURATION} annotation: the chips' device plugin writes it when the "

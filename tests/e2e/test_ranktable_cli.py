@@ -82,7 +82,7 @@ def test_a_chip_without_an_ip_is_printed_and_named(apiserver: ApiServer) -> None
     code, out, err = _ranktable(apiserver, "team-a/p", "--version", "1.0")
     assert code == 0
     assert [d["rank_id"] for d in json.loads(out)["server_list"][0]["device"]] == ["6", "7"]
-    assert "device 1 of pod team-a/p has no device_ip" in _one_line(err)
+    assert "pod team-a/p: device 1 has no device_ip" in _one_line(err)
 
 
 def test_bad_flags_are_usage_errors(apiserver: ApiServer) -> None:

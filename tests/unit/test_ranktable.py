@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.ranktable import (
     CONFIGURATION,
+    CONFIGURATION_NPU,
     RANK_INDEX,
     PlacedPod,
     RankTableError,
-    device_ip_gaps,
     fragment,
+    gaps,
     render,
     version_of,
 )
@@ -189,7 +190,7 @@ def test_a_chip_without_an_ip_is_named() -> None:
     chips = (replace(_910b_node().chips[0], device_ip=None), _910b_node().chips[1])
     part = fragment(_placed("w-0", chips, 0, "192.168.0.11"))
     assert part["server_list"][0]["device"][0]["device_ip"] == ""
-    assert device_ip_gaps(part) == ["0"]
+    assert [gap.split(":")[0] for gap in gaps(part)] == ["device 0 has no device_ip"]
     with pytest.raises(DecodeError, match="not an IP address"):
         hccl_json(gather([part]), "1.0")
 
@@ -211,6 +212,7 @@ def _with(pod: PlacedPod, **changes: Any) -> PlacedPod:
         ({"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: "-1"}}, "not a rank index"),
         ({"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: " 1"}}, "not a rank index"),
         ({"pod_ip": ""}, "has no IP yet"),
+        ({"annotations": {CONFIGURATION_NPU: "{}", RANK_INDEX: "0"}}, "its rank table is v2.0"),
     ],
 )
 def test_what_the_operator_cannot_use_is_one_line(change: dict[str, Any], message: str) -> None:
@@ -318,3 +320,53 @@ def test_device_info_field_by_field_with_huaweis_documented_example(node: Callab
     assert list(infos) == sorted(chip.device_id for chip in inventory.chips)
     assert {tuple(value) for value in infos.values()} == {("IP", "SuperDeviceID")}
     assert infos["Ascend910-1"]["IP"] in ("10.10.0.11", "10.0.244.11")
+
+
+def _as_volcano_writes_it(inventory: Inventory, uid: str, host_ip: str, chips: list[int]) -> str:
+    """The configuration Volcano's ascend plugin writes at bind time for an ascend-operator pod, from the
+    node's ``baseDeviceInfos`` (as volcano-contract.md and training.md describe it): per chip, by id, the
+    annotation's ``IP`` and its ``SuperDeviceID`` as a string."""
+    infos = json.loads(deviceinfo.base_device_infos(inventory))
+    super_pod_id, server_index = deviceinfo.node_super_pod(inventory)
+    devices = [
+        {
+            "device_id": str(chip),
+            "device_ip": infos[f"Ascend910-{chip}"]["IP"],
+            "super_device_id": str(infos[f"Ascend910-{chip}"]["SuperDeviceID"]),
+        }
+        for chip in sorted(chips)
+    ]
+    return json.dumps(
+        {
+            "pod_name": "w",
+            "server_id": uid,
+            "server_ip": host_ip,
+            "host_ip": host_ip,
+            "super_pod_id": super_pod_id,
+            "devices": devices,
+            "rack_id": 0,
+            "server_index": str(server_index),
+        }
+    )
+
+
+def test_what_volcano_writes_from_base_device_infos_makes_the_same_tables() -> None:
+    """Volcano's own configuration (from ``baseDeviceInfos``) and the agent's give the operator the same
+    server, v1.0 on the 910B node and v1.2 on the A3 one."""
+    full_a3 = Inventory(_full_a3_node(40))
+    for inventory, version, selector in ((_910b_node(), "1.0", {}), (full_a3, "1.2", A3_SELECTOR)):
+        ours = _placed("w", inventory.chips, 0, "192.168.0.9", selector)
+        written = _as_volcano_writes_it(inventory, "uid-w", "192.168.0.9", list(range(len(inventory.chips))))
+        theirs = replace(ours, annotations={**ours.annotations, CONFIGURATION: written})
+        assert fragment(theirs) == fragment(ours)
+        assert fragment(theirs)["version"] == version
+
+
+def test_an_a3_die_without_an_sdid_is_named_in_v1_2() -> None:
+    """Where the agent knows no SDID it writes none; Volcano writes baseDeviceInfos' 0 for it. Either way the
+    v1.2 table cannot place the die, and ranktable says so."""
+    part = fragment(_placed("w", _a3_node().chips, 0, "192.168.0.9", A3_SELECTOR))
+    assert "super_device_id" not in part["server_list"][0]["device"][2]
+    lines = gaps(part)
+    assert len(lines) == 2
+    assert lines[1].startswith("device 2, 3, 4, 5, 6, 7, 8, 9, 13, 14, 15 has no super_device_id")
