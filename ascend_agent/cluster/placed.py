@@ -45,11 +45,16 @@ def _read_in_thread(namespace: str, name: str, client: Client) -> PlacedPod | No
 async def node_address(api: KubeApi) -> str:
     """The agent's Node's first ``InternalIP`` that is an IP address, as Huawei's plugin takes it; "" when it
     has none. A Node that is not there is lightkube's ``ApiError`` (404)."""
-    node = await api.call("get", "nodes", api.client.get(Node, api.node))
+    # In a worker thread, as the pods' patches it is read for: a Node's status can be large.
+    node = await api.call_blocking("get", "nodes", functools.partial(_get_node, api.node))
     for address in (node.status.addresses if node.status else None) or []:
         if address.type == "InternalIP" and _is_ip(address.address):
             return address.address
     return ""
+
+
+def _get_node(name: str, client: Client) -> Node:
+    return client.get(Node, name)
 
 
 def _is_ip(text: str) -> bool:

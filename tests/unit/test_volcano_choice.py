@@ -120,7 +120,7 @@ class _BurstApi:
     def patch(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    async def get(self, *args: Any, **kwargs: Any) -> Node:
+    def get(self, *args: Any, **kwargs: Any) -> Node:
         """The agent's Node, for the pods' configuration (its address)."""
         return Node.from_dict(
             {
