@@ -46,6 +46,8 @@ from prometheus_client import Gauge
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.deviceinfo import go_json
 from ascend_agent.cluster.placed import node_address
+from ascend_agent.cluster.ranktable import CONFIGURATION as CONFIGURATION_910
+from ascend_agent.cluster.ranktable import CONFIGURATION_NPU
 from ascend_agent.cluster.writer import api_backoff
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import UNKNOWN_SUPER_POD, Chip, Generation, Inventory
@@ -62,8 +64,6 @@ VOLCANO_SCHEDULER = "volcano"
 DEFAULT_SCHEDULER = "default-scheduler"
 REAL = "huawei.com/AscendReal"
 KUBELET_IDS = "huawei.com/kltDev"
-CONFIGURATION_910 = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
-CONFIGURATION_NPU = "ascend.kubectl.kubernetes.io/ascend-npu-configuration"
 TRIES = 3
 TRY_INTERVAL = 1.0
 # A watch that silently stopped delivering cannot leave the cache older than this.
