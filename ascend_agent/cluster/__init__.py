@@ -46,7 +46,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -66,6 +66,7 @@ __all__ = [
     "node_name",
     "on_mounted_chips",
     "open_side",
+    "pod_rank_table",
     "volcano_holders",
     "volcano_remapper",
 ]
@@ -214,6 +215,44 @@ async def on_mounted_chips(settings: Settings, holders: Holders, timeout: float)
         return holders, f"the pods' marks could not be read: {exc.failure}"
     finally:
         await api.close()
+
+
+async def pod_rank_table(
+    settings: Settings, namespace: str, name: str, version: str | None, sp_block: int | None, timeout: float
+) -> dict[str, Any]:
+    """``ascend-agent ranktable``: the part of the job's ``hccl.json`` the pod ``namespace/name`` on this
+    node contributes (:func:`ascend_agent.cluster.ranktable.fragment`), read from the API server once, each
+    request bounded by ``timeout``. Every reason it cannot be made is a one-line ``RankTableError``."""
+    from ascend_agent.cluster.bounded import MIB
+    from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
+    from ascend_agent.cluster.placed import read_placed_pod
+    from ascend_agent.cluster.ranktable import RankTableError, fragment
+
+    target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
+    if target is None:
+        raise RankTableError(
+            "no Kubernetes API to read the pod from: run it in the agent's pod or give --kubeconfig"
+        )
+    node = node_name(settings.node_name)
+    try:
+        api = KubeApi.connect(target, node, timeout=timeout, list_limit=settings.api_list_limit_mib * MIB)
+    except ClusterConnectError as exc:
+        raise RankTableError(str(exc)) from None
+    try:
+        pod = await read_placed_pod(api, namespace, name)
+    except ApiUnavailable as exc:
+        raise RankTableError(f"pod {namespace}/{name} could not be read: {exc.failure}") from None
+    finally:
+        await api.close()
+    if pod is None:
+        raise RankTableError(f"there is no pod {namespace}/{name}: check the name with kubectl get pods")
+    if pod.node != node:
+        where = f"on node {pod.node}" if pod.node else "not scheduled yet"
+        raise RankTableError(
+            f"pod {namespace}/{name} is {where}, not on this node ({node}): run this on its node, or give "
+            "--node-name"
+        )
+    return fragment(pod, version, sp_block)
 
 
 def _volcano_pods(side: ClusterSide) -> VolcanoPods | None:

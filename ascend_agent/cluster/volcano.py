@@ -45,6 +45,9 @@ from prometheus_client import Gauge
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.deviceinfo import go_json
+from ascend_agent.cluster.placed import node_address
+from ascend_agent.cluster.ranktable import CONFIGURATION as CONFIGURATION_910
+from ascend_agent.cluster.ranktable import CONFIGURATION_NPU
 from ascend_agent.cluster.writer import api_backoff
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import UNKNOWN_SUPER_POD, Chip, Generation, Inventory
@@ -61,8 +64,6 @@ VOLCANO_SCHEDULER = "volcano"
 DEFAULT_SCHEDULER = "default-scheduler"
 REAL = "huawei.com/AscendReal"
 KUBELET_IDS = "huawei.com/kltDev"
-CONFIGURATION_910 = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
-CONFIGURATION_NPU = "ascend.kubectl.kubernetes.io/ascend-npu-configuration"
 TRIES = 3
 TRY_INTERVAL = 1.0
 # A watch that silently stopped delivering cannot leave the cache older than this.
@@ -244,10 +245,11 @@ def choose(
     return min(candidates, key=lambda pod: (pod.predicate_time or 0, pod.namespace, pod.name), default=None)
 
 
-def configuration(pod: PodView, chips: Sequence[Chip]) -> str:
-    """The rank-table input Huawei's plugin writes: the pod, its uid, the super pod (A3; -2 elsewhere), each
-    chip's physical ID, device IP (empty when it has none, ``127.0.0.1`` for a vNPU) and, on A3, SDID as
-    ``super_device_id``; the server index. Keys in the order of Huawei's struct."""
+def configuration(pod: PodView, chips: Sequence[Chip], host_ip: str = "") -> str:
+    """The rank-table input Huawei's plugin writes: the pod, its uid, the node's address (``host_ip`` and
+    ``server_ip``), the super pod (A3; -2 elsewhere), each chip's physical ID, device IP (empty when it has
+    none, never ``-1``; ``127.0.0.1`` for a vNPU) and, on A3, SDID as ``super_device_id``; the server index.
+    Keys in the order of Huawei's struct (``rack_id``, an A5 field, is left out)."""
     super_pod_id, server_index = UNKNOWN_SUPER_POD, UNKNOWN_SUPER_POD
     known = next((chip.super_pod for chip in chips if chip.super_pod is not None), None)
     if known is not None:
@@ -256,9 +258,11 @@ def configuration(pod: PodView, chips: Sequence[Chip]) -> str:
         {
             "pod_name": pod.name,
             "server_id": pod.uid,
+            "host_ip": host_ip,
             "super_pod_id": super_pod_id,
             "devices": [_configured_device(chip) for chip in chips],
             "server_index": str(server_index),
+            "server_ip": host_ip,
         }
     )
 
@@ -270,15 +274,30 @@ def _configured_device(chip: Chip) -> dict[str, str]:
     return device
 
 
+@dataclass(frozen=True, slots=True)
+class _Patch:
+    """The marks of a pod that got its chips; the configuration annotation is made when it is written (it
+    needs the node's address, read once by the writer)."""
+
+    pod: PodView
+    annotations: dict[str, str]
+    configuration_key: str
+    chips: tuple[Chip, ...]
+
+    def body(self, host_ip: str) -> dict[str, Any]:
+        configured = {self.configuration_key: configuration(self.pod, self.chips, host_ip)}
+        return {"metadata": {"annotations": {**self.annotations, **configured}}}
+
+
 @dataclass(slots=True)
 class _Patches:
     """The pods' patches not written yet, by pod uid; the newest for a pod wins."""
 
-    pending: dict[str, tuple[str, str, dict[str, Any]]] = field(default_factory=dict)
+    pending: dict[str, _Patch] = field(default_factory=dict)
     wake: anyio.Event = field(default_factory=anyio.Event)
 
-    def add(self, pod: PodView, patch: dict[str, Any]) -> None:
-        self.pending[pod.uid] = (pod.namespace, pod.name, patch)
+    def add(self, patch: _Patch) -> None:
+        self.pending[patch.pod.uid] = patch
         self.wake.set()
 
 
@@ -548,13 +567,8 @@ class VolcanoPods:
             ",".join(real),
             ",".join(kubelet_ids),
         )
-        annotations = {
-            PREDICATE_TIME: TAKEN,
-            REAL: ",".join(real),
-            KUBELET_IDS: ",".join(kubelet_ids),
-            key: configuration(pod, chips),
-        }
-        self._patches.add(pod, {"metadata": {"annotations": annotations}})
+        annotations = {PREDICATE_TIME: TAKEN, REAL: ",".join(real), KUBELET_IDS: ",".join(kubelet_ids)}
+        self._patches.add(_Patch(pod, annotations, key, tuple(chips)))
         self._tell_mounted()
 
     async def _read_pods(self) -> None:
@@ -642,24 +656,51 @@ class VolcanoPods:
     # the pods' marks ---------------------------------------------------------------------------------------
     async def _write_patches(self, api: KubeApi) -> None:
         backoff = api_backoff()
+        host_ip: str | None = None  # the Node's address, read before the first patch
         while True:
             await self._patches.wake.wait()
             self._patches.wake = anyio.Event()
             while self._patches.pending:
+                if host_ip is None:
+                    try:
+                        host_ip = await _host_ip(api)
+                    except ApiUnavailable:
+                        await anyio.sleep(backoff.next())
+                        continue
                 uid = next(iter(self._patches.pending))
-                namespace, name, patch = self._patches.pending.pop(uid)
+                patch = self._patches.pending.pop(uid)
+                namespace, name = patch.pod.namespace, patch.pod.name
                 try:
                     await api.call_blocking(
-                        "patch", "pods", functools.partial(_patch, name, namespace, patch)
+                        "patch", "pods", functools.partial(_patch, name, namespace, patch.body(host_ip))
                     )
                 except ApiUnavailable:
-                    self._patches.pending.setdefault(uid, (namespace, name, patch))
+                    self._patches.pending.setdefault(uid, patch)
                     await anyio.sleep(backoff.next())
                     continue
                 except ApiError as exc:  # the pod is gone (404) or refused the patch
                     log.warning("Cannot mark pod %s/%s with its chips: %s", namespace, name, exc)
                     continue
                 backoff.reset()
+
+
+async def _host_ip(api: KubeApi) -> str:
+    """The node's address for the pods' configuration; "" (said once) when the Node names none, is not
+    there, or may not be read (RBAC without nodes get). Raises ApiUnavailable while the API server is down:
+    the patch could not be written either."""
+    try:
+        address = await node_address(api)
+    except ApiError as exc:
+        address, why = "", f"the Node cannot be read ({exc})"
+    except ApiUnavailable as exc:
+        if exc.failure.status != 403:
+            raise
+        address, why = "", "the agent may not get its Node (give it nodes get)"
+    else:
+        why = "the Node has no InternalIP address"
+    if not address:
+        log.warning("Pods' %s are written with host_ip empty: %s", CONFIGURATION_910, why)
+    return address
 
 
 def _patch(name: str, namespace: str, patch: dict[str, Any], client: Client) -> Pod:
