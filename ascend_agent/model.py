@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ascend_agent import naming
+from ascend_agent.faultclass import FaultClass
 
 
 class Health(enum.StrEnum):
@@ -174,6 +175,8 @@ class Chip:
     device_ip: str | None = None
     vnic_ip: str | None = None
     super_pod: SuperPod | None = None
+    # The most severe class of its fault codes now, escalations included; None while it reports no code.
+    fault_class: FaultClass | None = None
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
