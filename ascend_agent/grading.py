@@ -178,9 +178,7 @@ class FaultGrading:
                     self.table.source,
                     FaultClass.SEPARATE_NPU.huawei if fault.fault_class is None else fault.fault_class.huawei,
                 )
-        if worst is None:
-            log.info("%s has no fault class any more", chip.device_id)
-        elif not worst.unhealthy:
+        if worst is not None and not worst.unhealthy:
             log.info("%s stays Healthy: %s", chip.device_id, _reason(chip.health_status, faults, worst))
 
     def _unknown(self, code: str) -> bool:
