@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ascend_agent import naming
+from ascend_agent.faultclass import FaultClass
 
 
 class Health(enum.StrEnum):
@@ -92,10 +93,11 @@ def normalise_model(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """An error code a chip reports (``npu-smi info -t health``) and its text."""
+    """An error code a chip reports (``npu-smi info -t health``), its text, and its class once graded."""
 
     code: str
     text: str = ""
+    fault_class: FaultClass | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +176,10 @@ class Chip:
     device_ip: str | None = None
     vnic_ip: str | None = None
     super_pod: SuperPod | None = None
+    # The most severe class of its fault codes now, escalations included; None while it reports no code.
+    fault_class: FaultClass | None = None
+    # npu-smi's Health column (OK, Warning, Alarm, Critical), where the backend reads it.
+    health_status: str = ""
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
