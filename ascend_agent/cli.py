@@ -142,6 +142,14 @@ NpuSmiTimeout = Annotated[
         help="Seconds before npu-smi is killed; at least 1.",
     ),
 ]
+LinkDownDebounce = Annotated[
+    float | None,
+    _option(
+        "--link-down-debounce",
+        env="LINK_DOWN_DEBOUNCE",
+        help="Seconds a chip's RoCE link must stay DOWN before the chip is network-unhealthy; 0: at once.",
+    ),
+]
 HealthInterval = Annotated[
     float | None,
     _option("--health-interval", env="HEALTH_INTERVAL", help="Seconds between health queries; at least 1."),
@@ -368,6 +376,7 @@ def run(
     npu_smi: NpuSmi = None,
     npu_smi_timeout: NpuSmiTimeout = None,
     hccn_tool: HccnTool = None,
+    link_down_debounce: LinkDownDebounce = None,
     health_interval: HealthInterval = None,
     health_failure_threshold: HealthThreshold = None,
     flap_threshold: FlapThreshold = None,

@@ -174,6 +174,9 @@ class Chip:
     device_ip: str | None = None
     vnic_ip: str | None = None
     super_pod: SuperPod | None = None
+    # Why the chip's RoCE network is unhealthy (its link down past the debounce); empty while it is not.
+    # Not a health of the kubelet's: the chip still serves single-chip pods.
+    network_fault: str = ""
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:

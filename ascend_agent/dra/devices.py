@@ -88,22 +88,37 @@ def taint_key(driver: str) -> str:
     return f"{driver}/unhealthy"
 
 
+def network_taint_key(driver: str) -> str:
+    """The key of the network taint: ``<driver>/network-unhealthy``."""
+    return f"{driver}/network-unhealthy"
+
+
+LINK_DOWN = "link-down"  # the network taint's value
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceTaints:
     """How an Unhealthy or held chip is tainted: the driver's key and the effect (``--dra-taint-effect``).
     A chip whose health is unknown while npu-smi is down is only ``NoSchedule``: a tool's outage never
-    evicts."""
+    evicts. A chip whose RoCE link is down (``network_fault``) gets ``<driver>/network-unhealthy`` as well,
+    ``NoSchedule`` only: it still serves claims that tolerate it (a single-chip job); a vNPU never (it has
+    no NIC of its own)."""
 
     driver: str
     effect: str
 
     def for_chip(self, chip: Chip) -> list[dict[str, str]]:
-        if chip.healthy and not chip.held:
-            return []
+        taints = []
         if chip.health_unknown and not chip.held:
-            return [{"key": taint_key(self.driver), "value": NPU_SMI_DOWN, "effect": "NoSchedule"}]
-        reason = "held" if chip.held else (chip.reason or "unhealthy")
-        return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": self.effect}]
+            taints.append({"key": taint_key(self.driver), "value": NPU_SMI_DOWN, "effect": "NoSchedule"})
+        elif chip.held or not chip.healthy:
+            reason = "held" if chip.held else (chip.reason or "unhealthy")
+            taints.append(
+                {"key": taint_key(self.driver), "value": taint_value(reason), "effect": self.effect}
+            )
+        if chip.network_fault and chip.vnpu is None:
+            taints.append({"key": network_taint_key(self.driver), "value": LINK_DOWN, "effect": "NoSchedule"})
+        return taints
 
 
 def taint_value(reason: str) -> str:
