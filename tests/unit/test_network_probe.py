@@ -115,8 +115,8 @@ async def test_a_link_down_past_the_debounce_is_network_unhealthy_and_up_clears_
     assert _lines(caplog) == [
         "RoCE link of chip 3 DOWN; network-unhealthy if it stays DOWN for 20 s",
         "Net health (hccn_tool -net_health -g): chip 3 Fault (was Init)",
-        "Chip 3 network-unhealthy: RoCE link DOWN for 20 s or more; listed as NetworkUnhealthy (Volcano leaves "
-        "them out of distributed jobs; single-chip pods may still use them)",
+        "Chip 3 network-unhealthy: RoCE link DOWN for 20 s or more; listed as NetworkUnhealthy (Volcano "
+        "leaves them out of distributed jobs; single-chip pods may still use them)",
         "Chip 3 network-healthy again: RoCE link UP",
         "Net health (hccn_tool -net_health -g): chip 3 Success (was Fault)",
     ]
