@@ -103,3 +103,36 @@ def test_a_link_down_is_network_unhealthy_for_volcano_not_for_the_kubelet(
     finally:
         process.close()
     assert "Traceback" not in process.output
+
+
+def test_a_hung_then_garbled_hccn_tool_is_one_line_per_change_and_no_traceback(
+    kubelet: KubeletStandin, apiserver: ApiServer, host: HostTree, short_dir: Path
+) -> None:
+    host.add_chips(range(8))
+    npu_smi = FakeNpuSmi(short_dir / "npu-smi")
+    npu_smi.set_output("info", (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text())
+    tool = FakeHccnTool(short_dir / "hccn")
+    for chip, text in per_chip("hccn_tool-ip-g_fixture-8dev.txt").items():
+        tool.set_output(f"-i {chip} -ip -g", text)
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    process = AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--hccn-tool", str(tool.path), "--npu-smi-timeout", "2", "--health-interval", "1",
+         "--link-down-debounce", "0", "--kubelet-dir", str(kubelet.directory), "--metrics-address", "",
+         "--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE],
+    )  # fmt: skip
+    try:
+        apiserver.wait_for(lambda: _network_unhealthy(apiserver), lambda v: v == "", timeout=10)
+        for mode, said in (("hang", "no answer within 1 s|timed out after 1 s"), ("garbage", "unexpected")):
+            tool.set_mode(mode)
+            process.wait_log(f"Cannot read the link state of chips 0, 1, 2, 3, 4, 5, 6, 7 .*({said})")
+            queries = npu_smi.count("info")
+            npu_smi.wait_count("info", queries + 3)
+            assert len(process.matching(f"Cannot read the link state .*({said})")) == 1
+            assert len(process.matching(f"Cannot read the net health .*({said})")) == 1
+        assert _network_unhealthy(apiserver) == ""  # nothing read: nothing made up
+        tool.set_mode("ok")
+        process.wait_log("The link state of chips 0, 1, 2, 3, 4, 5, 6, 7 reads again")
+    finally:
+        process.close()
+    assert "Traceback" not in process.output
