@@ -91,7 +91,7 @@ class NetworkProbe:
         return f"RoCE link DOWN for {self._settings.link_down_debounce:g} s or more (hccn_tool -link -g)"
 
     def view(self) -> tuple[tuple[int, bool | None, str | None, bool], ...]:
-        """What a change of must reach the agent: each chip's link state, net health and verdict."""
+        """Each chip's link state, net health and verdict: the agent reconciles when this changes."""
         return tuple((p, c.link_up, c.net_health, c.unhealthy) for p, c in sorted(self._chips.items()))
 
     async def refresh(self, targets: Sequence[NetworkTarget], interval: float) -> None:
@@ -115,7 +115,7 @@ class NetworkProbe:
                 for target in targets:
                     for args in (_LINK, _NET_HEALTH):
                         tasks.start_soon(read, target.phys_id, args)
-        late = _Unread(f"no answer within {deadline:g} s")
+        late = _Unread(_late(deadline))
         now = self._clock()
         for args in (_LINK, _NET_HEALTH):
             answers = {t.phys_id: found.get((t.phys_id, args), late) for t in targets}
@@ -146,6 +146,8 @@ class NetworkProbe:
                         extra=log_fields(reason=str(exc)),
                     )
                 return _Unread("")
+            if exc.reason == "timeout":  # the same words as a call the round's end cut short: one line
+                return _Unread(_late(timeout))
             return _Unread(str(exc))
         except HccnParseError as exc:
             return _Unread(f"{command} printed something unexpected: {exc}")
@@ -256,6 +258,10 @@ class NetworkProbe:
         ]
         if again:
             log.info("The %s of %s reads again", what, _chips(again))
+
+
+def _late(seconds: float) -> str:
+    return f"no answer within {seconds:g} s"
 
 
 def _chips(ids: Sequence[int]) -> str:

@@ -123,7 +123,7 @@ def test_a_hung_then_garbled_hccn_tool_is_one_line_per_change_and_no_traceback(
     )  # fmt: skip
     try:
         apiserver.wait_for(lambda: _network_unhealthy(apiserver), lambda v: v == "", timeout=10)
-        for mode, said in (("hang", "no answer within 1 s|timed out after 1 s"), ("garbage", "unexpected")):
+        for mode, said in (("hang", "no answer within 1 s"), ("garbage", "unexpected")):
             tool.set_mode(mode)
             process.wait_log(f"Cannot read the link state of chips 0, 1, 2, 3, 4, 5, 6, 7 .*({said})")
             queries = npu_smi.count("info")
