@@ -17,6 +17,7 @@ time, the whole round bounded by the health interval (and ``npuSmiTimeout``)::
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -57,15 +58,56 @@ class NetworkTarget:
     device: str
 
 
+class Change(enum.Enum):
+    """What one link read changed."""
+
+    NONE = enum.auto()
+    WENT_DOWN = enum.auto()  # an outage began, shorter than the debounce so far
+    BACK_UP = enum.auto()  # it ended within the debounce
+    UNHEALTHY = enum.auto()  # it has lasted the debounce: network-unhealthy
+    RECOVERED = enum.auto()  # up again after that
+
+
+@dataclass(slots=True)
+class LinkOutage:
+    """A link's reads over time: network-unhealthy once it has read DOWN for ``debounce`` s in a row, until
+    it reads UP.
+
+    >>> outage = LinkOutage(20.0)
+    >>> [outage.read(up, now).name for up, now in ((False, 0.0), (False, 10.0), (False, 20.0), (True, 25.0))]
+    ['WENT_DOWN', 'NONE', 'UNHEALTHY', 'RECOVERED']
+    """
+
+    debounce: float
+    down_since: float | None = None  # the time of the first DOWN read of the current outage
+    unhealthy: bool = False
+
+    def read(self, up: bool, now: float) -> Change:
+        """Take the read at ``now`` (the clock's seconds); what it changed."""
+        if up:
+            if self.unhealthy:
+                change = Change.RECOVERED
+            else:
+                change = Change.NONE if self.down_since is None else Change.BACK_UP
+            self.down_since, self.unhealthy = None, False
+            return change
+        began = self.down_since is None
+        if self.down_since is None:
+            self.down_since = now
+        if not self.unhealthy and now - self.down_since >= self.debounce:
+            self.unhealthy = True
+            return Change.UNHEALTHY
+        return Change.WENT_DOWN if began else Change.NONE
+
+
 @dataclass(slots=True)
 class _Chip:
     """What is known of one chip's network."""
 
     device: str
+    outage: LinkOutage
     link_up: bool | None = None
-    down_since: float | None = None  # the clock's time of the first DOWN read of the current outage
     net_health: str | None = None
-    unhealthy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,20 +128,22 @@ class NetworkProbe:
     def fault(self, phys_id: int) -> str:
         """Why the chip is network-unhealthy; empty while it is not (or its network is not read)."""
         chip = self._chips.get(phys_id)
-        if chip is None or not chip.unhealthy:
+        if chip is None or not chip.outage.unhealthy:
             return ""
         return f"RoCE link DOWN for {self._settings.link_down_debounce:g} s or more (hccn_tool -link -g)"
 
     def view(self) -> tuple[tuple[int, bool | None, str | None, bool], ...]:
         """Each chip's link state, net health and verdict: the agent reconciles when this changes."""
-        return tuple((p, c.link_up, c.net_health, c.unhealthy) for p, c in sorted(self._chips.items()))
+        return tuple((p, c.link_up, c.net_health, c.outage.unhealthy) for p, c in sorted(self._chips.items()))
 
     async def refresh(self, targets: Sequence[NetworkTarget], interval: float) -> None:
         """Read every target's link and net health once; forget the chips that are no target any more.
         Never raises for what the tool does."""
         self._forget({t.phys_id for t in targets})
         for target in targets:
-            self._chips.setdefault(target.phys_id, _Chip(target.device))
+            self._chips.setdefault(
+                target.phys_id, _Chip(target.device, LinkOutage(self._settings.link_down_debounce))
+            )
         if not targets:
             return
         deadline = min(self._settings.npu_smi_timeout, interval)
@@ -156,29 +200,17 @@ class NetworkProbe:
         return value
 
     def _take_links(self, links: dict[int, bool], now: float) -> None:
-        """Each link read: DOWN starts (or continues) an outage, which past the debounce makes the chip
-        network-unhealthy; UP ends it."""
-        debounce = self._settings.link_down_debounce
-        went_down, back_up, unhealthy, recovered = [], [], [], []
+        """Each link read into its chip's outage; one line per kind of change for the chips it concerns."""
+        changed: dict[Change, list[int]] = {change: [] for change in Change}
         for phys_id, up in sorted(links.items()):
             chip = self._chips[phys_id]
-            if up:
-                if chip.unhealthy:
-                    recovered.append(phys_id)
-                elif chip.down_since is not None:
-                    back_up.append(phys_id)
-                chip.down_since, chip.unhealthy = None, False
-            else:
-                if chip.down_since is None:
-                    chip.down_since = now
-                    went_down.append(phys_id)
-                if not chip.unhealthy and now - chip.down_since >= debounce:
-                    chip.unhealthy = True
-                    unhealthy.append(phys_id)
+            changed[chip.outage.read(up, now)].append(phys_id)
             chip.link_up = up
             CHIP_LINK_UP.labels(device=chip.device).set(up)
-            CHIP_NETWORK_UNHEALTHY.labels(device=chip.device).set(chip.unhealthy)
-        pending = [p for p in went_down if p not in unhealthy]
+            CHIP_NETWORK_UNHEALTHY.labels(device=chip.device).set(chip.outage.unhealthy)
+        debounce = self._settings.link_down_debounce
+        pending, back_up = changed[Change.WENT_DOWN], changed[Change.BACK_UP]
+        unhealthy, recovered = changed[Change.UNHEALTHY], changed[Change.RECOVERED]
         if pending:
             log.info("RoCE link of %s DOWN; network-unhealthy if it stays DOWN for %g s",
                      _chips(pending), debounce, extra=log_fields(ids=pending))  # fmt: skip
@@ -226,7 +258,7 @@ class NetworkProbe:
                 CHIP_NET_HEALTH.remove(chip.device, chip.net_health)
             for what in _WHAT.values():
                 self._problems.pop((phys_id, what), None)
-            if chip.unhealthy:
+            if chip.outage.unhealthy:
                 dropped.append(phys_id)
         if dropped:
             log.info("%s no longer network-unhealthy: a chip's network is not read while it has no device IP "

@@ -9,9 +9,11 @@ import logging
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from ascend_agent.backends.network import CONCURRENT_CALLS, NetworkProbe, NetworkTarget
+from ascend_agent.backends.network import CONCURRENT_CALLS, Change, LinkOutage, NetworkProbe, NetworkTarget
 from ascend_agent.config import Settings
 from tests.support.hccn_fake import FakeHccnTool
 from tests.support.training_fixtures import per_chip, per_command, read
@@ -76,6 +78,26 @@ def _lines(caplog: pytest.LogCaptureFixture, level: int | None = None) -> list[s
 
 def _metric(name: str, **labels: str) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
+
+
+@given(
+    st.floats(0, 60),
+    st.lists(st.tuples(st.booleans(), st.floats(0, 30, allow_nan=False)), max_size=40),
+)
+def test_network_unhealthy_exactly_when_the_reads_since_the_last_up_span_the_debounce(
+    debounce: float, reads: list[tuple[bool, float]]
+) -> None:
+    outage, now, down_from = LinkOutage(debounce), 0.0, None
+    was = False
+    for up, gap in reads:
+        now += gap
+        change = outage.read(up, now)
+        down_from = None if up else (now if down_from is None else down_from)
+        expected = down_from is not None and now - down_from >= debounce
+        assert outage.unhealthy is expected
+        assert (change is Change.UNHEALTHY) is (expected and not was)
+        assert (change is Change.RECOVERED) is (was and up)
+        was = expected
 
 
 async def test_a_link_down_past_the_debounce_is_network_unhealthy_and_up_clears_it(
