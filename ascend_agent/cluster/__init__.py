@@ -128,7 +128,7 @@ def _features(
     if settings.device_info:
         from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
 
-        features.append(DeviceInfoPublisher(separation, read_interval=settings.health_interval))
+        features.append(DeviceInfoPublisher(separation))
     if settings.volcano:
         from ascend_agent.cluster.volcano import VolcanoPods
 

@@ -15,10 +15,11 @@ Outages on demand, for every request or only those of one verb and resource::
     apiserver.fail(500)
     apiserver.behave()
 
-Watches of a resource see the objects ``put`` and everything the client writes. What the emulator does not
-do (kmock 0.8): label and field selectors are ignored (a list or watch gets every object of the resource),
-there is no ``resourceVersion`` or conflict (409 only for a create of an existing name), and every PATCH is
-applied as a JSON merge patch whatever its content type. PUT (update) is served here on top of kmock.
+Watches of a resource see the objects ``put`` (as ADDED or MODIFIED) and everything the client writes.
+What the emulator does not do (kmock 0.8): label and field selectors are ignored (a list or watch gets every
+object of the resource), there is no ``resourceVersion`` or conflict (409 only for a create of an existing
+name), and every PATCH is applied as a JSON merge patch whatever its content type. PUT (update) is served
+here on top of kmock.
 """
 
 from __future__ import annotations
@@ -277,9 +278,11 @@ class ApiServer:
 
         async def store() -> None:
             assert self._emulator is not None
-            self._emulator.objects[
-                kmock.resource(group, version, plural), meta.get("namespace"), meta["name"]
-            ] = obj
+            res = kmock.resource(group, version, plural)
+            key = (res, meta.get("namespace"), meta["name"])
+            known = key in self._emulator.objects
+            self._emulator.objects[key] = obj
+            await self._emulator._buses[res].put({"type": "MODIFIED" if known else "ADDED", "object": obj})
 
         self._call(store())
         with self._changed:

@@ -126,7 +126,7 @@ async def _publishing(
     apiserver.put("nodes", {"metadata": {"name": NODE, "annotations": {"other": "kept"}}})
     api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), NODE)
     publisher = DeviceInfoPublisher(
-        separation, read_interval=0.2, refresh_interval=refresh, min_write_interval=0.05, clock=clock
+        separation, watch_seconds=300, refresh_interval=refresh, min_write_interval=0.05, clock=clock
     )
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(publisher.run, api)
@@ -191,6 +191,10 @@ async def test_admin_separation_is_read_back_kept_and_listed(apiserver: ApiServe
         )
         assert found["data"]["ManuallySeparateNPU"] == "Ascend910-4", "the admin's entry is never cleared"
         assert found["metadata"]["labels"] == {"mx-consumer-cim": "true"}
+    verbs = [s.verb for s in apiserver.seen() if s.resource == "configmaps" and s.verb in ("get", "watch")]
+    # The write's read and the watch round's read, the watch, then the second write's read: the edit came
+    # by the watch, not by reading the map again and again.
+    assert verbs.count("watch") == 1 and verbs.count("get") <= 3, verbs
 
 
 async def test_rewritten_every_refresh_and_recreated_when_deleted(apiserver: ApiServer) -> None:

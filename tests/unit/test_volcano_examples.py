@@ -76,7 +76,7 @@ def _rules(kind: str) -> dict[str, set[str]]:
 
 
 def test_rbac_is_exactly_what_the_volcano_features_use() -> None:
-    assert _rules("Role") == {"configmaps": {"get", "create", "update"}}
+    assert _rules("Role") == {"configmaps": {"get", "watch", "create", "update"}}
     assert _rules("ClusterRole") == {"pods": {"list", "watch", "patch"}, "nodes": {"patch"}}
     for kind in ("RoleBinding", "ClusterRoleBinding"):
         (binding,) = [doc for _, doc in KUBE if doc["kind"] == kind]
