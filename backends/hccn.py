@@ -1,7 +1,8 @@
 """Running the driver's ``hccn_tool`` (bounded as npu-smi is) and parsing what it prints.
 
 ``hccn_tool -i <phys id> <command> -g`` takes the chip's physical id. Every parser takes the text one command
-printed and raises only :class:`HccnParseError`; :func:`run_hccn_tool` raises only ``NpuSmiError`` (the error
+printed (the link and net health ones also the chip asked, to refuse an answer that names another) and raises
+only :class:`HccnParseError`; :func:`run_hccn_tool` raises only ``NpuSmiError`` (the error
 of running any driver tool) and returns None for "nothing configured" (exit status 13, "no ip was
 preset")::
 
