@@ -142,6 +142,14 @@ NpuSmiTimeout = Annotated[
         help="Seconds before npu-smi is killed; at least 1.",
     ),
 ]
+NetworkHealth = Annotated[
+    bool | None,
+    _option(
+        "--network-health/--no-network-health",
+        env="NETWORK_HEALTH",
+        help="Read each chip's RoCE link state (hccn_tool) every health interval: -NetworkUnhealthy.",
+    ),
+]
 LinkDownDebounce = Annotated[
     float | None,
     _option(
@@ -376,6 +384,7 @@ def run(
     npu_smi: NpuSmi = None,
     npu_smi_timeout: NpuSmiTimeout = None,
     hccn_tool: HccnTool = None,
+    network_health: NetworkHealth = None,
     link_down_debounce: LinkDownDebounce = None,
     health_interval: HealthInterval = None,
     health_failure_threshold: HealthThreshold = None,

@@ -88,7 +88,9 @@ class Settings:
     npu_smi_timeout: float = 10.0
     # hccn_tool, which reads the chips' device IPs (backends/training.py); None: PATH, then the host's.
     hccn_tool: str | None = None
-    # Seconds a chip's RoCE link must stay DOWN before it is network-unhealthy (backends/network.py).
+    # Each chip's RoCE link read every health interval (backends/network.py), and the seconds it must stay
+    # DOWN before the chip is network-unhealthy.
+    network_health: bool = True
     link_down_debounce: float = 20.0
     health_interval: float = 5.0
     health_failure_threshold: int = 3
@@ -350,6 +352,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "npu_smi": _optional(_text),
     "npu_smi_timeout": _seconds(MIN_NPU_SMI_TIMEOUT),
     "hccn_tool": _optional(_text),
+    "network_health": _bool,
     "link_down_debounce": _seconds(0),
     "health_interval": _seconds(MIN_HEALTH_INTERVAL),
     "health_failure_threshold": _positive_int,

@@ -180,7 +180,8 @@ class DevfsBackend:
             await self._check_device_listing()
             targets = self._training_targets()
             await self._training.refresh(targets, self._settings.health_interval)
-            await self._network.refresh(self._network_targets(targets), self._settings.health_interval)
+            if self._settings.network_health:
+                await self._network.refresh(self._network_targets(targets), self._settings.health_interval)
         return self._view() != before
 
     def _view(self) -> tuple[object, ...]:

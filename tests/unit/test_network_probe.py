@@ -13,9 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
+from ascend_agent.backends.devfs import DevfsBackend
 from ascend_agent.backends.network import CONCURRENT_CALLS, Change, LinkOutage, NetworkProbe, NetworkTarget
 from ascend_agent.config import Settings
+from tests.support import FIXTURES
 from tests.support.hccn_fake import FakeHccnTool
+from tests.support.host_tree import HostTree
+from tests.support.npusmi_fake import FakeNpuSmi
 from tests.support.training_fixtures import per_chip, per_command, read
 
 DOC = per_command("hccn_tool-multi_doc-example_collecting-logs.txt")
@@ -264,3 +268,27 @@ async def test_chips_no_longer_read_are_forgotten_with_their_series(
         "Chip 5 no longer network-unhealthy: a chip's network is not read while it has no device IP or is "
         "not healthy"
     ]
+
+
+@pytest.mark.parametrize("network_health", [True, False])
+async def test_the_devfs_backend_reads_the_network_of_chips_with_an_address_unless_off(
+    tool: FakeHccnTool, short_dir: Path, network_health: bool
+) -> None:
+    host = HostTree(short_dir / "host").add_driver().add_management().add_chips(range(8))
+    npu_smi = FakeNpuSmi(short_dir / "npu-smi")
+    npu_smi.set_output("info", (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text())
+    for chip, text in per_chip("hccn_tool-ip-g_fixture-8dev.txt").items():
+        if chip != 5:  # chip 5 has no address: its network is never read
+            tool.set_output(f"-i {chip} -ip -g", text)
+    tool.set_output("-i 3 -link -g", DOWN)
+    settings = Settings(
+        backend="devfs", host_root=host.root, npu_smi=str(npu_smi.path), hccn_tool=str(tool.path),
+        link_down_debounce=0, network_health=network_health,
+    )  # fmt: skip
+    backend = DevfsBackend(settings)
+    await backend.query()
+    chips = (await backend.discover()).chips
+    read = sorted(p for p in range(8) if tool.count(f"-i {p} -link -g"))
+    assert read == ([0, 1, 2, 3, 4, 6, 7] if network_health else [])
+    assert [c.phys_id for c in chips if c.network_fault] == ([3] if network_health else [])
+    assert all(c.healthy for c in chips)
