@@ -143,6 +143,22 @@ NpuSmiTimeout = Annotated[
         help="Seconds before npu-smi is killed; at least 1.",
     ),
 ]
+NetworkHealth = Annotated[
+    bool | None,
+    _option(
+        "--network-health/--no-network-health",
+        env="NETWORK_HEALTH",
+        help="Read each chip's RoCE link state (hccn_tool) every health interval: -NetworkUnhealthy.",
+    ),
+]
+LinkDownDebounce = Annotated[
+    float | None,
+    _option(
+        "--link-down-debounce",
+        env="LINK_DOWN_DEBOUNCE",
+        help="Seconds a chip's RoCE link must stay DOWN before the chip is network-unhealthy; 0: at once.",
+    ),
+]
 HealthInterval = Annotated[
     float | None,
     _option("--health-interval", env="HEALTH_INTERVAL", help="Seconds between health queries; at least 1."),
@@ -369,6 +385,8 @@ def run(
     npu_smi: NpuSmi = None,
     npu_smi_timeout: NpuSmiTimeout = None,
     hccn_tool: HccnTool = None,
+    network_health: NetworkHealth = None,
+    link_down_debounce: LinkDownDebounce = None,
     health_interval: HealthInterval = None,
     health_failure_threshold: HealthThreshold = None,
     flap_threshold: FlapThreshold = None,
@@ -439,7 +457,8 @@ def list_chips(
 ) -> None:
     """Print the chips the backend sees, their vNPUs under them, and the pod holding each (the kubelet's
     PodResources socket; with --volcano on the chips the pods' marks say were mounted). The running agent,
-    asked at its --metrics-address, adds what only it knows: the flap hold and whether npu-smi is down.
+    asked at its --metrics-address, adds what only it knows: the flap hold, whether npu-smi is down and which
+    chips are network-unhealthy.
     Exit 1 when no chip can be listed because of a problem (npu-smi fails, no device files)."""
     overrides = dict(locals())
     overrides.pop("json_output")
@@ -524,17 +543,19 @@ def list_chips(
 
 
 def _agent_fields(device: str, agent: AgentView | str) -> dict[str, Any]:
-    """What the running agent says of a chip: its health as the kubelet sees it and its hold; ``held`` is
-    None when no agent could be asked (this process cannot know the hold)."""
+    """What the running agent says of a chip: its health as the kubelet sees it, its hold and why it is
+    network-unhealthy; ``held`` and ``network_fault`` are None when no agent could be asked (this process
+    cannot know either)."""
     state = None if isinstance(agent, str) else agent.chips.get(device)
     if state is None:
-        return {"held": None, "held_why": "", "held_until": None}
+        return {"held": None, "held_why": "", "held_until": None, "network_fault": None}
     return {
         "health": state.health,
         "reason": state.reason,
         "held": state.held,
         "held_why": state.held_why,
         "held_until": state.held_until,
+        "network_fault": state.network_fault,
     }
 
 
@@ -616,6 +637,10 @@ def _cell(row: dict[str, Any], column: str) -> str:
         return f"until {row['held_until'] or 'quiet'}" if held else "no"
     if column == "holder":
         return ",".join(f"{h['namespace']}/{h['pod']}/{h['container']}" for h in row["holders"]) or "-"
+    if column == "reason" and row.get("network_fault"):
+        return "; ".join(
+            [*([row["reason"]] if row["reason"] else []), f"network-unhealthy: {row['network_fault']}"]
+        )
     return "-" if row[column] is None else str(row[column])
 
 

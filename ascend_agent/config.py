@@ -90,6 +90,10 @@ class Settings:
     npu_smi_timeout: float = 10.0
     # hccn_tool, which reads the chips' device IPs (backends/training.py); None: PATH, then the host's.
     hccn_tool: str | None = None
+    # Each chip's RoCE link read every health interval (backends/network.py), and the seconds it must stay
+    # DOWN before the chip is network-unhealthy.
+    network_health: bool = True
+    link_down_debounce: float = 20.0
     health_interval: float = 5.0
     health_failure_threshold: int = 3
     healthy_states: tuple[str, ...] = ("OK", "Warning")
@@ -368,6 +372,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "npu_smi": _optional(_text),
     "npu_smi_timeout": _seconds(MIN_NPU_SMI_TIMEOUT),
     "hccn_tool": _optional(_text),
+    "network_health": _bool,
+    "link_down_debounce": _seconds(0),
     "health_interval": _seconds(MIN_HEALTH_INTERVAL),
     "health_failure_threshold": _positive_int,
     "healthy_states": _text_list,

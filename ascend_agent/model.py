@@ -180,6 +180,9 @@ class Chip:
     fault_class: FaultClass | None = None
     # npu-smi's Health column (OK, Warning, Alarm, Critical), where the backend reads it.
     health_status: str = ""
+    # Why the chip's RoCE network is unhealthy (its link down past the debounce); empty while it is not.
+    # Not a health of the kubelet's: the chip still serves single-chip pods.
+    network_fault: str = ""
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:

@@ -171,6 +171,22 @@ CHIP_TRAINING = Gauge(
     "A chip's device IP, vNIC IP (A3) and super-pod identity (A3), empty where it has none; always 1.",
     ["device", "device_ip", "vnic_ip", "super_pod_id", "server_index", "sdid"],
 )
+# The RoCE network of each chip that has a device IP (backends/network.py), read every health interval.
+CHIP_LINK_UP = Gauge(
+    "ascend_agent_chip_link_up",
+    "1 while hccn_tool -link -g says UP, 0 while DOWN; absent when unread.",
+    ["device"],
+)
+CHIP_NET_HEALTH = Gauge(
+    "ascend_agent_chip_net_health_info",
+    "The status hccn_tool -net_health -g printed last (Success, Init, Fault, ...); always 1.",
+    ["device", "status"],
+)
+CHIP_NETWORK_UNHEALTHY = Gauge(
+    "ascend_agent_chip_network_unhealthy",
+    "1 while the chip's link has been DOWN for linkDownDebounce s or more, else 0.",
+    ["device"],
+)
 CHIP_HELD = Gauge(
     "ascend_agent_chip_held", "1 while the chip is held Unhealthy for flapping, else 0.", ["device"]
 )

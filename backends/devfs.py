@@ -27,6 +27,7 @@ import aiofiles.os
 
 from ascend_agent import naming
 from ascend_agent.backends._container import container_base
+from ascend_agent.backends.network import NetworkProbe, NetworkTarget
 from ascend_agent.backends.npusmi import (
     ChipRow,
     InfoTable,
@@ -140,6 +141,7 @@ class DevfsBackend:
         self._telemetry = ChipTelemetry()
         self._vnpus = VnpuProbe(settings)
         self._training = TrainingProbe(settings)
+        self._network = NetworkProbe(settings)
         self._chip_list: tuple[Chip, ...] = ()
 
     @property
@@ -175,7 +177,10 @@ class DevfsBackend:
         before = self._view()
         if await self._query():
             await self._check_device_listing()
-            await self._training.refresh(self._training_targets(), self._settings.health_interval)
+            targets = self._training_targets()
+            await self._training.refresh(targets, self._settings.health_interval)
+            if self._settings.network_health:
+                await self._network.refresh(self._network_targets(targets), self._settings.health_interval)
         return self._view() != before
 
     def _view(self) -> tuple[object, ...]:
@@ -185,6 +190,7 @@ class DevfsBackend:
             self._outage(),
             self._query_problem,
             self._training.view(),
+            self._network.view(),
         )
 
     def _outage(self) -> str:
@@ -206,6 +212,14 @@ class DevfsBackend:
                 answering=phys_id in self._reported and self._chip_healthy(chip),
             )
             for phys_id, chip in sorted(self._probed.items())
+        ]
+
+    def _network_targets(self, targets: Sequence[TrainingTarget]) -> list[NetworkTarget]:
+        """The answering chips that have a device IP: the ones whose network a training job would use."""
+        return [
+            NetworkTarget(t.phys_id, self._device_id(self._probed[t.phys_id]))
+            for t in targets
+            if t.answering and self._training.facts(t.phys_id).device_ip is not None
         ]
 
     async def _query(self) -> bool:
@@ -539,6 +553,7 @@ class DevfsBackend:
                 device_ip=facts.device_ip,
                 vnic_ip=facts.vnic_ip,
                 super_pod=facts.super_pod,
+                network_fault=self._network.fault(phys_id),
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:

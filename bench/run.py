@@ -18,6 +18,7 @@ SCRIPTS = (
     "hostile",
     "dra_prepare",
     "training",
+    "network",
 )
 
 

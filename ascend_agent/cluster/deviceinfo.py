@@ -12,8 +12,10 @@ device-info ConfigMap's ``DeviceInfoCfg`` and the Node annotation ``baseDeviceIn
 Per resource ``T``: ``T`` the healthy chips, ``T-Unhealthy`` the Unhealthy ones (the backend's faults and
 the chips an admin separates in the ConfigMap), ``T-Recovering`` the chips in the flap hold and those whose
 health is unknown while npu-smi is down (out of service, but no fault: nothing is rescheduled for them),
-``T-NetworkUnhealthy`` (never known here: empty) and, for 910/A3/950, ``T-Fault``: one object per
-Unhealthy chip and per chip with a fault class, with its codes, its class and each code's class.
+``T-NetworkUnhealthy`` the chips whose RoCE link is down past the debounce (``Chip.network_fault``;
+written even when empty: Volcano drops a node for distributed jobs without it) and, for 910/A3/950,
+``T-Fault``: one object per Unhealthy chip and per chip with a fault class, with its codes, its class and each
+code's class.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def device_lists(
         unhealthy = [chip for chip in ordered if _out(chip, separated)]
         lists[resource] = _ids(chip for chip in ordered if chip.healthy)
         lists[f"{resource}-Unhealthy"] = _ids(unhealthy)
-        lists[f"{resource}-NetworkUnhealthy"] = ""
+        lists[f"{resource}-NetworkUnhealthy"] = _ids(c for c in ordered if c.network_fault and c.vnpu is None)
         held = (chip for chip in ordered if (chip.held or chip.health_unknown) and chip not in unhealthy)
         lists[f"{resource}-Recovering"] = _ids(held)
         if ordered[0].generation in _FAULT_LISTS:

@@ -8,11 +8,12 @@ Event (``count``, ``lastTimestamp``), as the kubelet's event recorder does.
 Reasons: ``NPU<class>`` (Warning: ``NPURestartNPU``, ``NPUSeparateNPU``... a chip's fault class, Huawei's
 name, when it turns Unhealthy for it or its class changes, a chip that stays Healthy too), ``NPUUnhealthy``
 (Warning: Unhealthy for no fault class), ``NPUHeld`` (Warning: the flap hold keeps the chip Unhealthy),
-``NPUHealthy`` (Normal); others raise their own through ``note`` (the DRA driver's ``DRACheckpointUnusable``,
-by way of ``ClusterSide.event``). One Event object per chip (or subject) and reason while its message stays
-the same; an Event is written at once the first time, and its repeats, or a new message for the same chip and
-reason, at most once per ``min_interval`` (30 s), so a chip that flaps 100 times a minute costs a handful of
-writes, not hundreds.
+``NPUHealthy`` (Normal), ``NPUNetworkUnhealthy`` (Warning: the chip's RoCE link is down past the debounce),
+``NPUNetworkHealthy`` (Normal: it is up again); others raise their own through ``note`` (the DRA driver's
+``DRACheckpointUnusable``, by way of ``ClusterSide.event``). One Event object per chip (or subject) and reason
+while its message stays the same; an Event is written at once the first time, and its repeats, or a new
+message for the same chip and reason, at most once per ``min_interval`` (30 s), so a chip that flaps 100 times
+a minute costs a handful of writes, not hundreds.
 RBAC: events create, patch.
 """
 
@@ -42,6 +43,7 @@ COMPONENT = "ascend-agent"
 # Where the kubelet records a Node's Events; `kubectl describe node` finds them there.
 NAMESPACE = "default"
 UNHEALTHY, HELD, HEALTHY = "NPUUnhealthy", "NPUHeld", "NPUHealthy"
+NETWORK_UNHEALTHY, NETWORK_HEALTHY = "NPUNetworkUnhealthy", "NPUNetworkHealthy"
 MIN_INTERVAL = 30.0
 
 
@@ -67,11 +69,13 @@ class NodeEvents:
     def __init__(self, min_interval: float = MIN_INTERVAL) -> None:
         self._min_interval = min_interval
         self._seen: dict[str, tuple[bool, bool, FaultClass | None]] = {}  # device -> (healthy, held, class)
+        self._network_down: dict[str, bool] = {}  # device -> network-unhealthy
         self._records: dict[tuple[str, str], _Record] = {}
         self._wake = anyio.Event()
 
     # what happened --------------------------------------------------------------------------------------
     def observe(self, inventory: Inventory) -> None:
+        self._observe_network(inventory)
         for chip in inventory.chips:
             if chip.health_unknown and not chip.held:
                 continue  # npu-smi is down: no transition of the chip's own (the agent logs the outage once)
@@ -101,6 +105,21 @@ class NodeEvents:
                     fault_reason(chip.fault_class) if chip.fault_class is not None else UNHEALTHY,
                     chip.device_id,
                     f"{chip.device_id} is Unhealthy: {_cause(chip)}",
+                )
+
+    def _observe_network(self, inventory: Inventory) -> None:
+        for chip in inventory.chips:
+            down = bool(chip.network_fault)
+            before = self._network_down.get(chip.device_id)
+            self._network_down[chip.device_id] = down
+            if before == down or (before is None and not down):
+                continue
+            if down:
+                message = f"{chip.device_id} network is unhealthy: {chip.network_fault}"
+                self.note("Warning", NETWORK_UNHEALTHY, chip.device_id, message)
+            else:
+                self.note(
+                    "Normal", NETWORK_HEALTHY, chip.device_id, f"{chip.device_id} network is healthy again"
                 )
 
     def note(self, kind: str, reason: str, subject: str, message: str) -> None:

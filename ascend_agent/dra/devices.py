@@ -103,12 +103,23 @@ FAULT_TAINTS: Mapping[str, str] = {
 }
 
 
+def network_taint_key(driver: str) -> str:
+    """The key of the network taint: ``<driver>/network-unhealthy``."""
+    return f"{driver}/network-unhealthy"
+
+
+LINK_DOWN = "link-down"  # the network taint's value
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceTaints:
     """How a chip is tainted: the driver's key, the effect by its fault class (:data:`FAULT_TAINTS` with
     ``fault_effects`` over them, ``draFaultTaints``), and ``effect`` (``--dra-taint-effect``) for a chip
     Unhealthy or held for no fault class (a device node gone, the flap hold, the admin's separation). A
     chip whose health is unknown while npu-smi is down is only ``NoSchedule``: a tool's outage never evicts.
+    A chip whose RoCE link is down (``network_fault``) gets ``<driver>/network-unhealthy`` as well,
+    ``NoSchedule`` only: it still serves claims that tolerate it (a single-chip job); a vNPU never (it has
+    no NIC of its own).
 
     >>> from ascend_agent.model import Health
     >>> chip = Chip.make(0, "910B3", fault_class=FaultClass.SEPARATE_NPU)
@@ -125,6 +136,12 @@ class DeviceTaints:
         return dict(self.fault_effects).get(fault_class.huawei, FAULT_TAINTS[fault_class.huawei])
 
     def for_chip(self, chip: Chip) -> list[dict[str, str]]:
+        taints = self._health_taints(chip)
+        if chip.network_fault and chip.vnpu is None:
+            taints.append({"key": network_taint_key(self.driver), "value": LINK_DOWN, "effect": "NoSchedule"})
+        return taints
+
+    def _health_taints(self, chip: Chip) -> list[dict[str, str]]:
         if chip.health_unknown and not chip.held:
             if chip.healthy:
                 return []

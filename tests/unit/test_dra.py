@@ -102,6 +102,27 @@ def test_unhealthy_and_held_chips_are_tainted_with_a_valid_value() -> None:
     assert kubernetes_validate.validate(_slice(spec), KUBERNETES, strict=True) == KUBERNETES
 
 
+def test_a_network_unhealthy_chip_gets_the_network_taint_beside_its_health_one() -> None:
+    link_down = "RoCE link DOWN for 20 s or more (hccn_tool -link -g)"
+    chips = (
+        Chip.make(0, "910B4", network_fault=link_down),
+        Chip.make(1, "910B4", network_fault=link_down, health=Health.UNHEALTHY, reason="npu-smi: Critical"),
+        Chip.make(2, "910B4"),
+    )
+    (spec,) = pool_slices(Inventory(chips), DeviceTaints("npu.huawei.com", "NoExecute"))
+    network = {"key": "npu.huawei.com/network-unhealthy", "value": "link-down", "effect": "NoSchedule"}
+    assert [d.get("taints") for d in spec["devices"]] == [
+        [network],  # NoSchedule only: a running single-chip pod is not evicted
+        [{"key": "npu.huawei.com/unhealthy", "value": "npu-smi--Critical", "effect": "NoExecute"}, network],
+        None,
+    ]
+    assert kubernetes_validate.validate(_slice(spec), KUBERNETES, strict=True) == KUBERNETES
+    # A vNPU has no NIC of its own: never the network taint.
+    part = chips[0].slice(VNpu(100, "vir05_1c_16g", aicore=5))
+    (spec,) = pool_slices(Inventory(chips[:1], vnpus=(part,)), TAINTS)
+    assert "taints" not in spec["devices"][0]
+
+
 def test_a_chip_split_into_vnpus_is_published_only_as_its_vnpus() -> None:
     chips = tuple(Chip.make(i, "310P3", numa_node=0, hbm_mb=24576) for i in range(2))
     sick = chips[1].with_health(Health.UNHEALTHY, "npu-smi shows vNPU status fault")

@@ -19,7 +19,7 @@ from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
-from ascend_agent.model import Chip, Fault, Health, Inventory
+from ascend_agent.model import Chip, Fault, Health, Inventory, VNpu
 from ascend_agent.separation import ManualSeparation
 from tests.support import ROOT, volcano_types
 from tests.support.apiserver import ApiServer
@@ -75,6 +75,21 @@ def test_the_lists_for_healthy_faulty_held_and_separated_chips() -> None:
         "fault_level": "SeparateNPU",
     }
     assert list(lists) == sorted(lists)
+
+
+def test_network_unhealthy_chips_are_listed_and_stay_available_to_single_chip_jobs() -> None:
+    link_down = "RoCE link DOWN for 20 s or more (hccn_tool -link -g)"
+    chips = list(_chips())
+    chips[4] = replace(chips[4], network_fault=link_down)
+    chips[1] = replace(chips[1], network_fault=link_down)  # Unhealthy and its link down: in both lists
+    lists = deviceinfo.device_lists(Inventory(tuple(chips)), {}, 2000)
+    assert lists[f"{T}-NetworkUnhealthy"] == "Ascend910-1,Ascend910-4"
+    assert "Ascend910-4" in lists[T].split(",")
+    assert lists[f"{T}-Unhealthy"] == "Ascend910-1"
+    # A vNPU of such a chip is never listed: it has no NIC of its own.
+    part = chips[4].slice(VNpu(100, "vir05_1c_16g"))
+    lists = deviceinfo.device_lists(Inventory(tuple(chips), vnpus=(part,)), {}, 2000)
+    assert lists[f"{part.resource}-NetworkUnhealthy"] == ""
 
 
 def test_310p_has_no_fault_list() -> None:
