@@ -204,6 +204,9 @@ async def test_a_prepared_claim_gets_its_devices_status_and_health_changes_updat
         }
         (watched,) = await _wait(apiserver, "monitor", lambda found: len(found) == 1)
         assert watched["data"] == {"model": "310P3", "physicId": 1, "adminAccess": True}
+        with anyio.fail_after(10):
+            while statuses.pending:
+                await anyio.sleep(0.01)
         writes = statuses.writes
         assert writes == 2
 
@@ -223,6 +226,9 @@ async def test_a_prepared_claim_gets_its_devices_status_and_health_changes_updat
         (watched,) = await _wait(
             apiserver, "monitor", lambda found: found[0]["conditions"][1]["status"] == "False"
         )
+        with anyio.fail_after(10):
+            while statuses.pending:
+                await anyio.sleep(0.01)
         assert statuses.writes == writes + 2, "one write per claim whose devices changed"
 
         # Unprepared: forgotten (the API server drops the entries with the allocation); npu-1 recovers and
@@ -241,33 +247,36 @@ async def test_status_writes_outlast_api_faults_and_a_deleted_claim_is_dropped(
     api, clock = running
     statuses = _statuses(api, clock)
     service = _service(short_dir, api, statuses)
-    train = _claim(apiserver, "train", ["npu-0"])
-    gone = _claim(apiserver, "gone", ["npu-2"])
-    await service.prepare([train, gone])  # read before the faults below
-    apiserver.fail(500, verb="patch", resource="resourceclaims")
+
+    def patches(name: str) -> int:
+        return sum(s.verb == "patch" and s.name == name for s in apiserver.seen())
+
+    async def until(ready: Callable[[], bool]) -> None:
+        with anyio.fail_after(10):
+            while not ready():
+                await anyio.sleep(0.01)
+
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(statuses.run)
-        with anyio.fail_after(10):
-            while not any(s.verb == "patch" for s in apiserver.seen()):
-                await anyio.sleep(0.01)
-        assert sorted(statuses.pending) == sorted([train.uid, gone.uid]), "failed writes stay pending"
-        apiserver.behave()
-        apiserver.fail(404, verb="patch", resource="resourceclaims")  # both deleted meanwhile
-        with anyio.fail_after(10):
-            while statuses.pending:
-                await anyio.sleep(0.01)
-        assert statuses.writes == 0, "404: dropped, not written"
+        # Deleted before its status is written (404): dropped, not retried.
+        apiserver.fail(404, verb="patch", resource="resourceclaims")
+        gone = _claim(apiserver, "gone", ["npu-2"])
+        await service.prepare([gone])
+        await until(lambda: not statuses.pending)
+        assert statuses.writes == 0 and patches("gone") == 1
         apiserver.behave()
 
-        # A claim prepared while the API server refuses with 403 (RBAC) is written once it allows.
-        apiserver.fail(403, verb="patch", resource="resourceclaims")
-        later = _claim(apiserver, "later", ["npu-1"])
-        await service.prepare([later])
-        with anyio.fail_after(10):
-            while sum(s.verb == "patch" and s.name == "later" for s in apiserver.seen()) < 2:
-                await anyio.sleep(0.01)
-        apiserver.behave()
-        await _wait(apiserver, "later", lambda found: len(found) == 1)
+        # 500, then 403 (RBAC): kept and retried with back-off until the API server takes it.
+        for fault in (500, 403):
+            apiserver.fail(fault, verb="patch", resource="resourceclaims")
+            claim = _claim(apiserver, f"got-{fault}", ["npu-0"])
+            await service.prepare([claim])
+            await until(lambda name=claim.name: patches(name) >= 2)
+            assert claim.uid in statuses.pending, "a failed write stays pending"
+            apiserver.behave()
+            await _wait(apiserver, claim.name, lambda found: len(found) == 1)
+            assert await service.unprepare([claim]) == {claim.uid: ""}
+        assert patches("gone") == 1
         tasks.cancel_scope.cancel()
 
 
