@@ -57,7 +57,9 @@ async def test_dra_claims_name_their_holders_by_driver_and_device(podresources: 
     podresources.claim(driver, "node-1", "npu-3-vnpu-130", "team-b", "infer", "server", "small")
     podresources.claim("gpu.example.com", "node-1", "npu-2", "other", "gpu-pod", "c", "gpus")
     podresources.hold("huawei.com/Ascend910", ["Ascend910-2"], "team-c", "plugin-pod", "c")
+    podresources.claim(driver, "node-1", "", "team-d", "odd", "c", "no-device")  # a resource without a device
     holders = await list_holders(podresources.path)
+    assert all(device for _, device in holders.by_claimed), "a claim resource without a device names none"
     chip1, chip2 = Chip.make(1, "910B3"), Chip.make(2, "910B3")
     assert holders.of_claimed(driver, chip1) == (
         Holder("ops", "monitor", "exporter", "watch-all"),
