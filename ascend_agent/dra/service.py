@@ -11,7 +11,9 @@ NodePrepareResources answers each claim on its own: a claim that cannot be prepa
 name the API server would not give, a device another prepared claim holds, among them) gets its ``error`` and
 the others are prepared. A claim prepared before gets the same answer again without any request, and without
 a write while its CDI spec is there and from this boot. Prepare and unprepare run one call at a time
-(``calls``: with a pod UID, across the two pods of a rolling update).
+(``calls``: with a pod UID, across the two pods of a rolling update). A device allocated with admin access is
+prepared as its whole chip and is never exclusive. With ``statuses`` each prepared claim's
+``status.devices`` is kept up to date (written by its own task, never on the kubelet's path).
 """
 
 from __future__ import annotations
