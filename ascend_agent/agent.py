@@ -62,7 +62,7 @@ from ascend_agent.observability import (
     serve_http,
     serve_json,
 )
-from ascend_agent.podresources import Holders, PodHolders
+from ascend_agent.podresources import Holders, PodHolders, holder_labels
 from ascend_agent.separation import ManualSeparation
 from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout, LayoutRefused
 from ascend_agent.watch import Change, Watcher, WatchEvent
@@ -294,7 +294,7 @@ class Agent:
                     tasks.start_soon(self._run_cluster, name="cluster")
                 if self._dra is not None:
                     tasks.start_soon(self._dra.run, name="dra")
-                label_devices_with_holders(self._holder_of)
+                label_devices_with_holders(self._holder_of, claims=self._dra is not None)
                 serve_json(CHIPS_PATH, self.chip_states)
                 tasks.start_soon(self.holders.run, name="pod resources")
                 await self.backend.query()
@@ -750,19 +750,17 @@ class Agent:
                     log.warning("%s", problem)
             self._problems = inventory.problems
 
-    def _holder_of(self, device: str) -> tuple[str, str, str]:
-        """The (namespace, pod, container) holding a chip or a vNPU, for its metrics; comma-joined when its
-        replicas are held by several."""
+    def _holder_of(self, device: str) -> tuple[str, ...]:
+        """The (namespace, pod, container) holding a chip or a vNPU, for its metrics, and as a DRA driver the
+        claim; comma-joined when its replicas (or several claims) are held by several."""
         inventory = self.inventory
         chip = next((c for c in (*inventory.chips, *inventory.vnpus) if c.device_id == device), None)
         found = self._by_chip(self.holders.holders)
+        if self._dra is not None:
+            holders = found.of_claimed(self.settings.dra_driver_name, chip) if chip is not None else ()
+            return holder_labels(holders, claims=True)
         replicas = 1 if chip is not None and chip.vnpu is not None else self.settings.replicas
-        holders = found.of(chip, replicas) if chip is not None else ()
-        return (
-            ",".join(h.namespace for h in holders),
-            ",".join(h.pod for h in holders),
-            ",".join(h.container for h in holders),
-        )
+        return holder_labels(found.of(chip, replicas) if chip is not None else ())
 
     def _count(self, desired: dict[str, tuple[Chip, ...]]) -> None:
         DEVICES.clear()

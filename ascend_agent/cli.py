@@ -20,7 +20,7 @@ import typer
 from click.core import ParameterSource
 
 from ascend_agent import __version__, naming
-from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, ConfigError, Settings, SettingsSource
+from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, DRA_API, ConfigError, Settings, SettingsSource
 from ascend_agent.stopping import catch_early
 
 if TYPE_CHECKING:
@@ -497,6 +497,13 @@ def list_chips(
         for problem in inventory.problems:
             print(f"ascend-agent: {problem}", file=sys.stderr)
         raise typer.Exit(EXIT_FAILURE)
+
+    def held_by(chip: Chip, replicas: int) -> Sequence[Holder]:
+        """As a DRA driver, the holders of the claims that gave the chip; else of its device IDs."""
+        if settings.kubelet_api == DRA_API:
+            return holders.of_claimed(settings.dra_driver_name, chip)
+        return holders.of(chip, replicas)
+
     rows = [
         {
             "id": chip.device_id,
@@ -519,9 +526,9 @@ def list_chips(
                 for fault in chip.faults
             ],
             **_training_row(chip),
-            "holders": _holder_rows(holders.of(chip, settings.replicas)),
+            "holders": _holder_rows(held_by(chip, settings.replicas)),
             "vnpus": [
-                _vnpu_row(part, _holder_rows(holders.of(part, 1)))
+                _vnpu_row(part, _holder_rows(held_by(part, 1)))
                 for part in inventory.vnpus
                 if part.phys_id == chip.phys_id
             ],
@@ -560,7 +567,15 @@ def _agent_fields(device: str, agent: AgentView | str) -> dict[str, Any]:
 
 
 def _holder_rows(holders: Sequence[Holder]) -> list[dict[str, str]]:
-    return [{"namespace": h.namespace, "pod": h.pod, "container": h.container} for h in holders]
+    return [
+        {
+            "namespace": h.namespace,
+            "pod": h.pod,
+            "container": h.container,
+            **({"claim": h.claim} if h.claim else {}),
+        }
+        for h in holders
+    ]
 
 
 def _training_row(chip: Chip) -> dict[str, Any]:
@@ -636,7 +651,14 @@ def _cell(row: dict[str, Any], column: str) -> str:
             return "?" if "held_until" in row else "-"
         return f"until {row['held_until'] or 'quiet'}" if held else "no"
     if column == "holder":
-        return ",".join(f"{h['namespace']}/{h['pod']}/{h['container']}" for h in row["holders"]) or "-"
+        return (
+            ",".join(
+                f"{h['namespace']}/{h['pod']}/{h['container']}"
+                + (f" (claim {h['claim']})" if "claim" in h else "")
+                for h in row["holders"]
+            )
+            or "-"
+        )
     if column == "reason" and row.get("network_fault"):
         return "; ".join(
             [*([row["reason"]] if row["reason"] else []), f"network-unhealthy: {row['network_fault']}"]

@@ -76,10 +76,11 @@ async def run_checks(settings: Settings, daemonset: AgentDaemonSet | None = None
         checks.append(_advertised(nodes, inventory))
     unhealthy: list[tuple[str, str]] = []
     if dra:
-        from ascend_agent.dra.doctor import kubelet_checks, skipped_device_plugin_checks
+        from ascend_agent.dra.doctor import failing_devices, kubelet_checks, skipped_device_plugin_checks
 
         checks.extend(skipped_device_plugin_checks())
         checks.extend(await kubelet_checks(settings, inventory))
+        unhealthy.extend(failing_devices(settings.dra_driver_name, inventory))
     else:
         checks.append(_kubelet(settings.kubelet_dir))
         checks.extend(await _our_sockets(settings, inventory, unhealthy, daemonset))
@@ -393,10 +394,12 @@ async def _holders(settings: Settings, unhealthy: list[tuple[str, str]]) -> Chec
         holders, problem = await on_mounted_chips(settings, holders, _API_TIMEOUT)
         if problem:
             return Check(name, None, f"skipped: {problem}")
+    # As a DRA driver, (driver, device name) of the claims' devices; else (resource, device ID).
+    by = holders.by_claimed if settings.kubelet_api == DRA_API else holders.by_device
     held = [
-        f"{device} held by {', '.join(map(str, holders.by_device[(resource, device)]))}"
+        f"{device} held by {', '.join(map(str, by[(resource, device)]))}"
         for resource, device in unhealthy
-        if holders.by_device.get((resource, device))
+        if by.get((resource, device))
     ]
     if not held:
         return Check(name, True, f"none: no pod holds {', '.join(device for _, device in unhealthy)}")

@@ -3,6 +3,7 @@
 
     holders = await list_holders(Path("/var/lib/kubelet/pod-resources/kubelet.sock"))
     holders.of(chip, replicas=1)      # (Holder(namespace='team-a', pod='train-0', container='main'),)
+    holders.of_claimed("npu.huawei.com", chip)   # DRA: the same, with the claim that gave it
 
 :class:`PodHolders` keeps the last answer for the agent, refreshed at each health interval and shortly after
 each Allocate; a missing or refusing socket costs one warning (again only after it worked) and empty holders,
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,16 +42,31 @@ class Holder:
     namespace: str
     pod: str
     container: str
+    claim: str = ""  # DRA: the ResourceClaim (in the pod's namespace) that gave the device
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.pod}/{self.container}"
+        held = f"{self.namespace}/{self.pod}/{self.container}"
+        return f"{held} (claim {self.claim})" if self.claim else held
 
 
 @dataclass(frozen=True, slots=True)
 class Holders:
-    """Who holds each advertised device, by (resource, device ID) as the kubelet names them."""
+    """Who holds each advertised device, by (resource, device ID) as the kubelet names them; and each device
+    a DRA driver prepared, by (driver, device name)."""
 
     by_device: Mapping[tuple[str, str], tuple[Holder, ...]] = field(default_factory=dict)
+    by_claimed: Mapping[tuple[str, str], tuple[Holder, ...]] = field(default_factory=dict)
+
+    def of_claimed(self, driver: str, chip: Chip) -> tuple[Holder, ...]:
+        """The containers holding ``chip`` (or vNPU) through a claim of ``driver``, sorted.
+
+        >>> holders = Holders(by_claimed={("npu.huawei.com", "npu-1"): (Holder("a", "p", "c", "train"),)})
+        >>> [str(h) for h in holders.of_claimed("npu.huawei.com", Chip.make(1, "910B3"))]
+        ['a/p/c (claim train)']
+        """
+        from ascend_agent.dra.devices import device_name
+
+        return self.by_claimed.get((driver, device_name(chip)), ())
 
     def of(self, chip: Chip, replicas: int) -> tuple[Holder, ...]:
         """The containers holding ``chip`` (through any of its replicas), sorted."""
@@ -60,6 +76,21 @@ class Holders:
             for holder in self.by_device.get((chip.resource, device_id), ())
         }
         return tuple(sorted(found))
+
+
+def holder_labels(holders: Sequence[Holder], claims: bool = False) -> tuple[str, ...]:
+    """The holders as the values of the metrics' labels ``namespace``, ``pod``, ``container`` (and with
+    ``claims``, ``claim``): comma-joined, empty strings for none.
+
+    >>> holder_labels([Holder("a", "p", "c", "x"), Holder("a", "q", "c", "y")], claims=True)
+    ('a,a', 'p,q', 'c,c', 'x,y')
+    """
+    values = (
+        ",".join(h.namespace for h in holders),
+        ",".join(h.pod for h in holders),
+        ",".join(h.container for h in holders),
+    )
+    return (*values, ",".join(h.claim for h in holders)) if claims else values
 
 
 class PodResourcesError(Exception):
@@ -92,13 +123,22 @@ def _holders(answer: bytes) -> Holders:
     """The holders a ``ListPodResourcesResponse`` names."""
     response = ListPodResourcesResponse.parse(answer)
     found: dict[tuple[str, str], set[Holder]] = {}
+    claimed: dict[tuple[str, str], set[Holder]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             holder = Holder(pod.namespace, pod.name, container.name)
             for devices in container.devices:
                 for device_id in devices.device_ids:
                     found.setdefault((devices.resource_name, device_id), set()).add(holder)
-    return Holders({key: tuple(sorted(holders)) for key, holders in found.items()})
+            for claim in container.dynamic_resources:
+                by_claim = Holder(pod.namespace, pod.name, container.name, claim.claim_name)
+                for resource in claim.claim_resources:
+                    if resource.device_name:
+                        claimed.setdefault((resource.driver_name, resource.device_name), set()).add(by_claim)
+    return Holders(
+        {key: tuple(sorted(holders)) for key, holders in found.items()},
+        {key: tuple(sorted(holders)) for key, holders in claimed.items()},
+    )
 
 
 class PodHolders:

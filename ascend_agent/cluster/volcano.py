@@ -193,7 +193,7 @@ def follow_mounted(holders: Holders, mounted: Iterable[Mounted]) -> Holders:
     >>> kubelets = Holders({(T, "Ascend910-0"): (Holder("ns", "p", "main"),)})
     >>> moved = follow_mounted(kubelets, [Mounted("ns", "p", T, ("Ascend910-0",), ("Ascend910-5",))])
     >>> moved.by_device
-    {('huawei.com/Ascend910', 'Ascend910-5'): (Holder(namespace='ns', pod='p', container='main'),)}
+    {('huawei.com/Ascend910', 'Ascend910-5'): (Holder(namespace='ns', pod='p', container='main', claim=''),)}
     """
     by_device = {key: set(found) for key, found in holders.by_device.items()}
     for pod in mounted:

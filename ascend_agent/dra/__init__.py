@@ -6,6 +6,7 @@ for the node's chips.
 - :mod:`.slices`: the ResourceSlice publisher, a cluster feature.
 - :mod:`.claimread`: a claim's allocation, read from its ResourceClaim once and kept.
 - :mod:`.claims`: one CDI spec per prepared claim, and the checkpoint of prepared claims.
+- :mod:`.claimstatus`: each prepared claim's ``status.devices``: conditions and what hardware it is.
 - :mod:`.service`: NodePrepareResources / NodeUnprepareResources (v1, v1beta1) and NodeWatchResources.
 - :mod:`.plugin`: serving ``dra.sock`` and the registration socket for the kubelet's plugin watcher.
 
@@ -24,10 +25,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
+
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.container import container_spec
 from ascend_agent.dra.claimread import ClaimReader
 from ascend_agent.dra.claims import CheckpointError, Prepared, read_boot_id
+from ascend_agent.dra.claimstatus import ClaimStatuses
 from ascend_agent.dra.paths import DraPaths
 from ascend_agent.dra.plugin import DraPlugin
 from ascend_agent.dra.serialize import CallLock
@@ -85,6 +89,7 @@ class DraDriver:
             reader,
             health_refresh=max(settings.health_interval, 5.0),
             calls=CallLock(paths.lock),
+            statuses=ClaimStatuses(driver, lambda: side.api) if side is not None else None,
         )
         return cls(service, DraPlugin(paths, service))
 
@@ -112,7 +117,11 @@ class DraDriver:
         return self.plugin.status()
 
     async def run(self) -> None:
-        await self.plugin.run()
+        async with anyio.create_task_group() as tasks:
+            if self.service.statuses is not None:
+                tasks.start_soon(self.service.statuses.run, name="claim statuses")
+            await self.plugin.run()
+            tasks.cancel_scope.cancel()
 
 
 def _no_client(side: ClusterSide) -> str:

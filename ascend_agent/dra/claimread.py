@@ -23,7 +23,7 @@ _CACHED = 1024
 
 
 @cache
-def _resource_claim() -> Any:
+def resource_claim() -> Any:
     """lightkube's class for ResourceClaims. Made on first use: the client library is loaded in a worker
     thread by the cluster side, and importing it here would make the agent's start (the kubelet's
     registration) wait for it."""
@@ -42,6 +42,7 @@ class Allocated:
 
     request: str
     device: str
+    admin_access: bool = False  # the request asked for admin access: monitoring, not exclusive use
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,7 @@ class ClaimReader:
             found = await api.call(
                 "get",
                 "resourceclaims",
-                api.client.get(_resource_claim(), claim.name, namespace=claim.namespace),
+                api.client.get(resource_claim(), claim.name, namespace=claim.namespace),
             )
         except ApiUnavailable as exc:
             raise ClaimError(f"cannot read ResourceClaim {claim}: {exc.failure}") from None
@@ -110,7 +111,7 @@ class ClaimReader:
         if not allocation:
             raise ClaimError(f"ResourceClaim {claim} is not allocated")
         results = tuple(
-            Allocated(r.get("request", ""), r["device"])
+            Allocated(r.get("request", ""), r["device"], r.get("adminAccess") is True)
             for r in (allocation.get("devices") or {}).get("results") or ()
             if r.get("driver") == self.driver and r.get("pool") == self.pool and "device" in r
         )

@@ -63,12 +63,15 @@ def uid_problem(uid: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class PreparedDevice:
-    """One device of a prepared claim, as NodePrepareResources answers it."""
+    """One device of a prepared claim, as NodePrepareResources answers it. A device allocated with admin
+    access (``adminAccess: true``) is there for monitoring: it is shared with any other claim, no vNPU is
+    made or destroyed for it."""
 
     request_names: tuple[str, ...]
     pool_name: str
     device_name: str
     cdi_device_ids: tuple[str, ...]
+    admin_access: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,7 @@ class PreparedClaim:
                     _string(d, "pool_name"),
                     _string(d, "device_name"),
                     _strings(d, "cdi_device_ids"),
+                    _flag(d, "admin_access"),
                 )
                 for d in devices
             ),
@@ -116,6 +120,14 @@ def _string(data: Any, key: str) -> str:
     value = data[key]
     if not isinstance(value, str):
         raise TypeError(f"{key} is not a string")
+    return value
+
+
+def _flag(data: Any, key: str) -> bool:
+    """A boolean field; False when absent (checkpoints written before it)."""
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} is not a boolean")
     return value
 
 

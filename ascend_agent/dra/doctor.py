@@ -57,6 +57,12 @@ async def kubelet_checks(settings: Settings, inventory: Inventory | None) -> lis
     ]
 
 
+def failing_devices(driver: str, inventory: Inventory | None) -> list[tuple[str, str]]:
+    """(driver, device name) of each Unhealthy or held device: the doctor names the pods holding them."""
+    advertised = inventory.advertised if inventory is not None else ()
+    return [(driver, device_name(chip)) for chip in advertised if not chip.healthy or chip.held]
+
+
 def pod_paths(settings: Settings) -> DraPaths:
     """The driver's paths. Outside the agent's pod (no ``$POD_UID``) and with no ``<driver>-reg.sock``: those
     of the newest ``<driver>-<pod uid>-reg.sock``, the socket of the pod a rolling update made last."""
@@ -185,7 +191,7 @@ def _checkpoint(paths: DraPaths, driver: str, inventory: Inventory | None) -> Ch
         f"{c.namespace}/{c.name} on {d.device_name} ({failing[d.device_name]})"
         for c in claims
         for d in c.devices
-        if d.device_name in failing
+        if d.device_name in failing and not d.admin_access  # monitoring a failing chip is what it is for
     ]
     if on_failing:
         return Check(

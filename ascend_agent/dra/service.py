@@ -11,7 +11,9 @@ NodePrepareResources answers each claim on its own: a claim that cannot be prepa
 name the API server would not give, a device another prepared claim holds, among them) gets its ``error`` and
 the others are prepared. A claim prepared before gets the same answer again without any request, and without
 a write while its CDI spec is there and from this boot. Prepare and unprepare run one call at a time
-(``calls``: with a pod UID, across the two pods of a rolling update).
+(``calls``: with a pod UID, across the two pods of a rolling update). A device allocated with admin access is
+prepared as its whole chip and is never exclusive. With ``statuses`` each prepared claim's
+``status.devices`` is kept up to date (written by its own task, never on the kubelet's path).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
@@ -41,6 +44,7 @@ from ascend_agent.dra.claims import (
     uid_problem,
     valid_uid,
 )
+from ascend_agent.dra.claimstatus import ClaimStatuses
 from ascend_agent.dra.devices import chip_of, device_name, overlap
 from ascend_agent.dra.serialize import CallLock, CallLockError
 from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
@@ -64,12 +68,15 @@ class DraService:
         reader: ClaimReader | None,
         health_refresh: float = 10.0,
         calls: CallLock | None = None,
+        statuses: ClaimStatuses | None = None,
     ) -> None:
         self.driver = driver
+        self.statuses = statuses
         self.pool = pool
         self.prepared = prepared
         self._reader = reader
         self._chips: dict[str, Chip] = {}
+        self._whole: dict[str, Chip] = {}
         self._spec_for: SpecFor | None = None
         self.calls = calls or CallLock(None)
         self.calls_in_flight = 0
@@ -82,12 +89,20 @@ class DraService:
     def publish(self, chips: Iterable[Chip], spec_for: SpecFor) -> None:
         """The node's devices now (whole chips and vNPUs) and what a container that gets some of them needs.
         Never blocks."""
+        chips_before = self._chips
         self._chips = {device_name(chip): chip for chip in chips}
+        # Every chip whole, also one split into vNPUs: what a device with admin access gets.
+        self._whole = {
+            device_name(whole): whole for whole in (replace(chip, vnpu=None) for chip in self._chips.values())
+        }
         self._spec_for = spec_for
         health = tuple(
             (name, chip.healthy and not chip.held, _health_message(chip))
             for name, chip in sorted(self._chips.items(), key=lambda item: device_order(item[1]))
         )
+        if self.statuses is not None and self._chips != chips_before:
+            for claim in self.prepared:
+                self.statuses.set(claim, self._devices_of(claim))
         if health != self._health:
             self._health = health
             self._health_changed.set()
@@ -155,7 +170,20 @@ class DraService:
             for claim in valid:
                 self._refuse(claim, str(exc))
                 answers[claim.uid] = str(exc)
+        if self.statuses is not None:
+            for answer in answers.values():
+                if isinstance(answer, PreparedClaim):
+                    self.statuses.set(answer, self._devices_of(answer))
         return {claim.uid: answers[claim.uid] for claim in claims}
+
+    def _devices_of(self, claim: PreparedClaim) -> dict[str, Chip | None]:
+        """The chip (or vNPU) each device of a prepared claim is now; None for one no longer here."""
+        return {
+            d.device_name: self._whole.get(chip_of(d.device_name))
+            if d.admin_access
+            else self._chips.get(d.device_name)
+            for d in claim.devices
+        }
 
     async def _prepare_held(
         self, claims: Sequence[ClaimRef], unread: Mapping[str, str]
@@ -237,14 +265,19 @@ class DraService:
         if known is not None:
             if self._spec_for is None:
                 raise ClaimError("the chips are not discovered yet; the kubelet retries")
-            chips = self._chips_of(claim, [device.device_name for device in known.devices])
+            admin = {device.device_name for device in known.devices if device.admin_access}
+            chips = self._chips_of(claim, [device.device_name for device in known.devices], admin)
             return known, self._document(claim, chips)
         if self._reader is None:
             raise ClaimError("the Kubernetes API is not available to read the claim (cluster side off)")
         if self._spec_for is None:
             raise ClaimError("the chips are not discovered yet; the kubelet retries")
         allocated = await self._reader.allocated(claim)
-        chips = self._chips_of(claim, [result.device for result in allocated])
+        # A device is for monitoring only when every request that got it asked for admin access.
+        admin = {r.device for r in allocated if r.admin_access} - {
+            r.device for r in allocated if not r.admin_access
+        }
+        chips = self._chips_of(claim, [result.device for result in allocated], admin)
         requests: dict[str, list[str]] = {}
         for result in allocated:
             requests.setdefault(result.device, []).append(result.request)
@@ -258,16 +291,23 @@ class DraService:
                     self.pool,
                     device,
                     (cdi_device_id(self.driver, claim.uid, device),),
+                    device in admin,
                 )
                 for device in sorted(chips, key=lambda name: device_order(chips[name]))
             ),
         )
         return prepared, self._document(claim, chips)
 
-    def _chips_of(self, claim: ClaimRef, devices: Sequence[str]) -> dict[str, Chip]:
+    def _chips_of(
+        self, claim: ClaimRef, devices: Sequence[str], admin: Collection[str] = ()
+    ) -> dict[str, Chip]:
+        """The chip (or vNPU) of each device. A device with admin access is its whole chip: a monitoring
+        container sees the chip's own device node, and nothing is made for it."""
         chips: dict[str, Chip] = {}
         for device in devices:
             chip = self._chips.get(device)
+            if device in admin:
+                chip = self._whole.get(chip_of(device))
             if chip is None:
                 raise ClaimError(
                     f"device {device} of ResourceClaim {claim} is not on this node "
@@ -278,7 +318,8 @@ class DraService:
 
     def _document(self, claim: ClaimRef, chips: Mapping[str, Chip]) -> dict[str, Any]:
         assert self._spec_for is not None
-        return claim_spec(self.driver, claim.uid, chips, self._spec_for(list(chips.values())))
+        distinct = list({chip.device_path: chip for chip in chips.values()}.values())
+        return claim_spec(self.driver, claim.uid, chips, self._spec_for(distinct))
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Remove what was prepared for each claim (the checkpoint written once); an error line per claim,
@@ -301,6 +342,8 @@ class DraService:
             if error is not None:
                 answers[claim.uid] = f"cannot remove the CDI spec of {claim}: {error.strerror or error}"
                 continue
+            if self.statuses is not None:
+                self.statuses.forget(claim.uid)
             log.info("Unprepared claim %s", claim, extra=log_fields(claim=str(claim), uid=claim.uid))
         return {claim.uid: answers[claim.uid] for claim in claims}
 
@@ -342,13 +385,16 @@ class _Holders:
 
     def add(self, claim: PreparedClaim) -> None:
         for device in claim.devices:
-            if device.pool_name == self.pool:
+            if device.pool_name == self.pool and not device.admin_access:
                 self._by_chip.setdefault(chip_of(device.device_name), []).append((device.device_name, claim))
 
     def check_free(self, claim: PreparedClaim) -> None:
         """ClaimError when a device of ``claim`` shares a chip with one another prepared claim holds: the
-        scheduler should never allocate it twice, and the driver is the last that can refuse."""
+        scheduler should never allocate it twice, and the driver is the last that can refuse. Devices with
+        admin access are shared: neither refused nor holding."""
         for device in claim.devices:
+            if device.admin_access:
+                continue
             for name, other in self._by_chip.get(chip_of(device.device_name), ()):
                 if other.uid != claim.uid and overlap(device.device_name, name):
                     shared = name if name == device.device_name else f"{name} (the same chip)"

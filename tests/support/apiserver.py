@@ -253,19 +253,29 @@ class ApiServer:
 
     # objects -----------------------------------------------------------------------------------------------
     def put_claim(
-        self, name: str, devices: list[str], *, driver: str, pool: str, uid: str | None = None
+        self,
+        name: str,
+        devices: list[str],
+        *,
+        driver: str,
+        pool: str,
+        uid: str | None = None,
+        admin_access: bool = False,
     ) -> str:
         """A ResourceClaim in ``default`` whose allocation gives ``devices`` of ``pool`` to ``driver``, as the
-        scheduler leaves it; its UID (a new one unless given)."""
+        scheduler leaves it (with ``admin_access``, as it leaves an ``adminAccess: true`` request's); its UID
+        (a new one unless given)."""
         uid = uid if uid is not None else str(uuid.uuid4())
-        results = [{"request": "npus", "driver": driver, "pool": pool, "device": d} for d in devices]
+        admin: dict[str, Any] = {"adminAccess": True} if admin_access else {}
+        results = [{"request": "npus", "driver": driver, "pool": pool, "device": d, **admin} for d in devices]
+        request = {"name": "npus", "exactly": {"deviceClassName": "npu", **admin}}
         self.put(
             "resourceclaims",
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": "default", "uid": uid},
-                "spec": {"devices": {"requests": [{"name": "npus", "exactly": {"deviceClassName": "npu"}}]}},
+                "spec": {"devices": {"requests": [request]}},
                 "status": {"allocation": {"devices": {"results": results}}},
             },
         )

@@ -43,6 +43,10 @@ def test_the_daemonset_runs_the_dra_driver(tmp_path: Path) -> None:
     verbs = {r["resources"][0]: set(r["verbs"]) for r in role["rules"]}
     assert verbs["resourceslices"] == {"list", "create", "patch", "delete"}
     assert verbs["resourceclaims"] == {"get"}
+    assert verbs["resourceclaims/status"] == {"patch"}, "status.devices, by server-side apply"
+    (driver,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert driver["resourceNames"] == ["npu.huawei.com"], "this driver's entries only"
+    assert driver["verbs"] == ["associated-node:patch"], "for claims on the agent's own node only"
     # no feature runs whose RBAC the manifest does not grant (configmaps for device-info, pods for Volcano)
     assert "configmaps" not in verbs and "pods" not in verbs
     assert not loaded.device_info and not loaded.volcano
