@@ -599,7 +599,7 @@ class Agent:
         self.inventory = inventory
         self._report(inventory)
         if self._dra is not None:
-            self._dra.publish(inventory)
+            self._dra.publish(inventory, self.backend)
             if self.cluster is not None:
                 self.cluster.observe(inventory)
             return
