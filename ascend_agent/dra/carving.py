@@ -199,13 +199,17 @@ class Carving:
             now = {vnpu.vnpu_id: vnpu for vnpu in await carver.vnpus_now(chip.phys_id)}
         except CarveFailed as exc:
             raise ClaimError(f"cannot read the vNPUs of {where}: {exc}") from None
+        record = next((m for m in self.made.of_claim(uid) if m.device == device), None)
+        if vnpu_id is None and record is not None and record.template == template:
+            vnpu_id = record.vnpu_id  # made for this claim before its checkpoint was lost
         if vnpu_id is not None and vnpu_id in now:
             if now[vnpu_id].template != template:
                 raise ClaimError(
                     f"vNPU {vnpu_id} of {where} is a {now[vnpu_id].template}, not the {template} made"
                 )
+            if record is None:
+                await self._record(Made(uid, device, chip.phys_id, vnpu_id, template))
             return VNpu(vnpu_id, template)
-        record = next((m for m in self.made.of_claim(uid) if m.device == device), None)
         if vnpu_id is None:
             first = _FIRST_ID + chip.phys_id * _IDS_PER_CHIP
             taken = set(now) | self.made.ids_on(chip.phys_id)
@@ -215,12 +219,7 @@ class Carving:
             record = None
         if record is None:
             record = Made(uid, device, chip.phys_id, vnpu_id, template)
-            try:
-                await anyio.to_thread.run_sync(self.made.add, record)
-            except OSError as exc:
-                raise ClaimError(
-                    f"cannot record the vNPU to make in {self.made.path}: {exc.strerror or exc}"
-                ) from None
+            await self._record(record)
         try:
             await carver.create_vnpu(chip.phys_id, template, vnpu_id)
         except CarveFailed as exc:
@@ -235,6 +234,12 @@ class Carving:
             extra=log_fields(uid=uid, device=device),
         )
         return VNpu(vnpu_id, template)
+
+    async def _record(self, record: Made) -> None:
+        try:
+            await anyio.to_thread.run_sync(self.made.add, record)
+        except OSError as exc:
+            raise ClaimError(f"cannot record the vNPU in {self.made.path}: {exc.strerror or exc}") from None
 
     async def _undo(self, record: Made) -> None:
         """After a failed create: npu-smi may have made it all the same (a timeout); destroy it if it is

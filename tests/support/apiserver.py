@@ -252,12 +252,26 @@ class ApiServer:
 
     # objects -----------------------------------------------------------------------------------------------
     def put_claim(
-        self, name: str, devices: list[str], *, driver: str, pool: str, uid: str | None = None
+        self,
+        name: str,
+        devices: list[str],
+        *,
+        driver: str,
+        pool: str,
+        uid: str | None = None,
+        parameters: list[Any] | None = None,
     ) -> str:
         """A ResourceClaim in ``default`` whose allocation gives ``devices`` of ``pool`` to ``driver``, as the
-        scheduler leaves it; its UID (a new one unless given)."""
+        scheduler leaves it (with ``parameters``: the driver's opaque config, the claim's, in order); its UID
+        (a new one unless given)."""
         uid = uid if uid is not None else str(uuid.uuid4())
         results = [{"request": "npus", "driver": driver, "pool": pool, "device": d} for d in devices]
+        allocation: dict[str, Any] = {"results": results}
+        if parameters:
+            allocation["config"] = [
+                {"source": "FromClaim", "requests": ["npus"], "opaque": {"driver": driver, "parameters": p}}
+                for p in parameters
+            ]
         self.put(
             "resourceclaims",
             {
@@ -265,7 +279,7 @@ class ApiServer:
                 "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": "default", "uid": uid},
                 "spec": {"devices": {"requests": [{"name": "npus", "exactly": {"deviceClassName": "npu"}}]}},
-                "status": {"allocation": {"devices": {"results": results}}},
+                "status": {"allocation": {"devices": allocation}},
             },
         )
         return uid
