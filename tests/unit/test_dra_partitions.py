@@ -26,7 +26,9 @@ TAINTS = DeviceTaints("npu.huawei.com", "NoSchedule")
 TEMPLATES_310P = parse_template_info(TEMPLATE_INFO)
 # info-vnpu of a 310P3 (the shared sample): 8 AI cores, 21 GB, 7 AI CPUs and media units, PNGD NA.
 TOTALS_310P = tuple(
-    (label, total) for label, (_, total) in parse_info_vnpu(INFO_VNPU_TWO).resources.items() if total is not None
+    (label, total)
+    for label, (_, total) in parse_info_vnpu(INFO_VNPU_TWO).resources.items()
+    if total is not None
 )
 # Huawei's published templates (docs: vnpu.md); the totals are constructed: npu-smi's info-vnpu of these
 # products is not among the samples.
@@ -84,7 +86,9 @@ def test_a_counter_set_that_does_not_add_up_leaves_out_what_does_not_fit() -> No
     bare = chip_offer(Carvable(3, TEMPLATES_310P, (("memory", 21),)))
     assert bare.counters == () and bare.left_out == ("npu-3: npu-smi gives no AI core total",)
     chips = (Chip.make(3, "310P3", npu_id=3),)
-    (spec,) = pool_slices(Inventory(chips, carvable=(Carvable(3, TEMPLATES_310P, (("memory", 21),)),)), TAINTS)
+    (spec,) = pool_slices(
+        Inventory(chips, carvable=(Carvable(3, TEMPLATES_310P, (("memory", 21),)),)), TAINTS
+    )
     assert [d["name"] for d in spec["devices"]] == ["npu-3"] and "consumesCounters" not in spec["devices"][0]
 
 
@@ -109,7 +113,9 @@ def test_node_slices_are_valid_for_kubernetes_1_36(
     inventory = Inventory(node, carvable=tuple(Carvable(i, templates, totals) for i in range(chips)))
     specs = pool_slices(inventory, TAINTS)
     counters = [s for s in specs if "sharedCounters" in s]
-    assert [len(s["sharedCounters"]) for s in counters] == [min(8, chips - 8 * i) for i in range(counter_slices)]
+    assert [len(s["sharedCounters"]) for s in counters] == [
+        min(8, chips - 8 * i) for i in range(counter_slices)
+    ]
     published = [s for s in specs if "devices" in s]
     assert len(published) == device_slices and all(len(s["devices"]) <= 64 for s in published)
     assert sum(len(s["devices"]) for s in published) == devices
@@ -123,7 +129,9 @@ def test_node_slices_are_valid_for_kubernetes_1_36(
 
 
 def test_a_tainted_dynamic_chip_taints_its_template_devices() -> None:
-    chip = Chip.make(0, "310P3", npu_id=0).with_health(Chip.make(0, "310P3").health.UNHEALTHY, "npu-smi: Critical")
+    chip = Chip.make(0, "310P3", npu_id=0).with_health(
+        Chip.make(0, "310P3").health.UNHEALTHY, "npu-smi: Critical"
+    )
     specs = pool_slices(Inventory((chip,), carvable=(Carvable(0, TEMPLATES_310P, TOTALS_310P),)), TAINTS)
     devices = [d for s in specs for d in s.get("devices", ())]
     assert all(d["taints"][0]["value"] == "npu-smi--Critical" for d in devices)
@@ -179,10 +187,22 @@ def test_the_claims_config_follows_the_classs_for_its_request() -> None:
     reader = ClaimReader(lambda: None, "npu.huawei.com", "node-1")
     claim = ClaimRef("default", "infer", "uid-1")
     config = [
-        {"source": "FromClaim", "requests": ["small"], "opaque": {"driver": "npu.huawei.com", "parameters": "claim"}},
-        {"source": "FromClass", "requests": ["small"], "opaque": {"driver": "npu.huawei.com", "parameters": "class"}},
+        {
+            "source": "FromClaim",
+            "requests": ["small"],
+            "opaque": {"driver": "npu.huawei.com", "parameters": "claim"},
+        },
+        {
+            "source": "FromClass",
+            "requests": ["small"],
+            "opaque": {"driver": "npu.huawei.com", "parameters": "class"},
+        },
         {"source": "FromClaim", "opaque": {"driver": "gpu.example.com", "parameters": "other driver"}},
-        {"source": "FromClaim", "requests": ["big"], "opaque": {"driver": "npu.huawei.com", "parameters": "big"}},
+        {
+            "source": "FromClaim",
+            "requests": ["big"],
+            "opaque": {"driver": "npu.huawei.com", "parameters": "big"},
+        },
     ]
     results = [
         {"request": "small/first", "driver": "npu.huawei.com", "pool": "node-1", "device": "npu-0-vir02-0"},
