@@ -2,8 +2,8 @@
 as a DRA driver (a process, on the devfs backend over a host tree of two 310P3 chips, both dynamic), the DRA
 kubelet stand-in calling it over dra.sock, the API emulator holding the claims. A whole chip is a CDI spec
 and the checkpoint; a template device adds ``npu-smi info -t info-vnpu`` and ``set -t create-vnpu`` at
-prepare, ``info-vnpu`` and ``destroy-vnpu`` at unprepare. The npu-smi here is the tests' stand-in (a Python
-script: about 30 ms a run on this machine), so the carving rows are bounds on the driver's own part plus that.
+prepare, ``info-vnpu`` and ``destroy-vnpu`` at unprepare. The npu-smi here is the tests' stand-in, a Python
+script that starts slower than npu-smi: the carving rows are the driver's own part plus two such runs.
 The kubelet gives a call 45 s."""
 
 from __future__ import annotations

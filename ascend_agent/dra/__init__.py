@@ -57,6 +57,7 @@ class DraDriver:
         self.service = service
         self.plugin = plugin
         self._carver_set = anyio.Event()
+        self._left_out: tuple[str, ...] = ()
 
     @classmethod
     def open(cls, settings: Settings, side: ClusterSide | None, paths: DraPaths | None = None) -> DraDriver:
@@ -118,6 +119,11 @@ class DraDriver:
         carves dynamic vNPUs when it is a :class:`~ascend_agent.dra.carving.VnpuCarver`."""
         base = replace(inventory.container, cdi=False)
         offers = {c.phys_id: chip_offer(c) for c in inventory.carvable}
+        left_out = tuple(line for offer in offers.values() for line in offer.left_out)
+        if left_out != self._left_out:
+            for line in left_out:
+                log.warning("Dynamic vNPUs: %s", line)
+            self._left_out = left_out
         self.service.publish(
             inventory.advertised,
             lambda chips: container_spec(chips, base),
