@@ -225,6 +225,11 @@ def templates_for(layout: Layout, chip: Chip) -> tuple[str, ...] | None:
     return entries.get(EVERY_CHIP)
 
 
+def dynamic_entries(layout: Layout | None) -> Layout:
+    """The entries of ``layout`` that make chips dynamic."""
+    return tuple((key, templates) for key, templates in layout or () if templates == DYNAMIC)
+
+
 def is_dynamic(layout: Layout | None, chip: Chip) -> bool:
     """Whether ``layout`` makes ``chip`` dynamic: carved by the claims prepared on it.
 

@@ -5,6 +5,7 @@ setting's dynamic entries, NpuConfig and the claim's opaque configuration."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ascend_agent.dra.carving import Made, MadeVnpus
 from ascend_agent.dra.claimread import ClaimReader, ClaimRef
 from ascend_agent.dra.devices import DeviceTaints, chip_of, overlap, pool_slices
 from ascend_agent.dra.npuconfig import API_VERSION, KIND, NpuConfig, NpuConfigError, npu_config
@@ -214,3 +216,20 @@ def test_the_claims_config_follows_the_classs_for_its_request() -> None:
     }
     small, big = reader._results(claim, found)
     assert small.parameters == ("class", "claim") and big.parameters == ("big",)
+
+
+def test_the_record_of_made_vnpus_survives_what_the_checkpoint_does_not(tmp_path: Path) -> None:
+    path = tmp_path / "vnpus.json"
+    made, aside = MadeVnpus.open(path)
+    assert aside is None and list(made) == []
+    entry = Made("0b1c2d3e-aaaa-bbbb-cccc-123456789abc", "npu-1-vir04-0", 1, 116, "vir04")
+    made.add(entry)
+    assert list(MadeVnpus.open(path)[0]) == [entry] and made.ids_on(1) == {116}
+    for damage in (b'{"version": 1, "vnpus": [{"claim": "../x"', b'{"version": 1, "vnpus": [{"claim": 3}]}'):
+        path.write_bytes(damage)
+        again, aside = MadeVnpus.open(path)
+        assert list(again) == [] and aside is not None and aside.kept_as.exists()
+        assert "is not a record of vNPUs made" in aside.reason
+    path.symlink_to(tmp_path / "elsewhere")
+    again, aside = MadeVnpus.open(path)
+    assert aside is not None and "symbolic link" in aside.reason and not path.is_symlink()
