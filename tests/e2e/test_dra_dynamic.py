@@ -334,6 +334,10 @@ async def test_npu_config_carves_a_whole_chip_and_sets_the_runtime(node: _Node) 
     answers = (await kubelet.prepare(list(claims.values()))).claims
     for name, (_, words) in bad.items():
         assert words in answers[claims[name].uid].error, (name, answers[claims[name].uid].error)
+    # a template device the chip does not offer (never published; an allocation from a stale slice)
+    foreign = node.claim("foreign", ["npu-1-vir16-0"])
+    refused = (await kubelet.prepare([foreign])).claims[foreign.uid].error
+    assert "chip 1 (310P3) offers no template vir16 (it offers vir01, vir02," in refused
     templated = node.claim("templated", ["npu-1-vir04-0"], [{**NPU_CONFIG, "template": "vir02"}])
     refused = (await kubelet.prepare([templated])).claims[templated.uid].error
     assert "NpuConfig template applies to a whole chip; npu-1-vir04-0 is a vir04 already" in refused
