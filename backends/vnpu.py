@@ -223,12 +223,12 @@ class VnpuProbe:
         return state.vnpus if state is not None else ()
 
     async def create_one(self, chip: Chip, template: str, vnpu_id: int) -> None:
-        """Create vNPU ``vnpu_id`` of ``template`` on ``chip``; NpuSmiError with npu-smi's words."""
+        """Create vNPU ``vnpu_id`` of ``template`` on ``chip``; NpuSmiError with npu-smi's words. The caller
+        logs it (the DRA driver, with the claim)."""
         assert chip.npu_id is not None
         await create_vnpu(
             self._npu_smi, chip.npu_id, chip.chip_on_card, template, self._settings.npu_smi_timeout, vnpu_id
         )
-        log.info("vnpu: created vNPU %d (%s) on chip %d", vnpu_id, template, chip.phys_id)
 
     async def destroy_one(self, chip: Chip, vnpu_id: int) -> None:
         """Destroy vNPU ``vnpu_id`` of ``chip``; NpuSmiError with npu-smi's words."""
@@ -236,7 +236,6 @@ class VnpuProbe:
         await destroy_vnpu(
             self._npu_smi, chip.npu_id, chip.chip_on_card, vnpu_id, self._settings.npu_smi_timeout
         )
-        log.info("vnpu: destroyed vNPU %d on chip %d", vnpu_id, chip.phys_id)
 
     async def apply(
         self, layout: Layout, chips: Sequence[Chip], held: HeldDevices, nodes: Collection[str], *, run: bool
