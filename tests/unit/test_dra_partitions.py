@@ -233,3 +233,41 @@ def test_the_record_of_made_vnpus_survives_what_the_checkpoint_does_not(tmp_path
     path.symlink_to(tmp_path / "elsewhere")
     again, aside = MadeVnpus.open(path)
     assert aside is not None and "symbolic link" in aside.reason and not path.is_symlink()
+
+
+_TEMPLATE = st.builds(
+    Template,
+    name=st.sampled_from(["vir01", "vir02", "vir04", "vir08", "vir16", "vir05_1c_8g", "vir12_3c_32g"]),
+    aicore=st.integers(1, 64),
+    memory_gb=st.one_of(st.none(), st.integers(0, 128)),
+    aicpu=st.one_of(st.none(), st.integers(0, 16)),
+    media=st.lists(
+        st.tuples(st.sampled_from(["vpc", "venc", "vdec", "jpegd", "jpege", "pngd"]), st.integers(0, 20)),
+        max_size=3,
+    ).map(tuple),
+)
+_TOTALS = st.lists(
+    st.tuples(
+        st.sampled_from(["aicore", "memory", "aicpu", "vpc", "venc", "vdec", "jpegd", "mystery"]),
+        st.integers(0, 64),
+    ),
+    max_size=8,
+).map(lambda pairs: tuple(dict(pairs).items()))
+
+
+@given(st.lists(_TEMPLATE, max_size=6, unique_by=lambda t: t.name).map(tuple), _TOTALS)
+def test_what_a_chip_offers_never_adds_up_to_more_than_it_has(
+    templates: tuple[Template, ...], totals: tuple[tuple[str, int], ...]
+) -> None:
+    offer = chip_offer(Carvable(0, templates, totals))
+    counters = dict(offer.counters)
+    if not counters:
+        assert offer.templates == () and len(offer.left_out) == 1
+        return
+    assert counters["ai-cores"] > 0 and "mystery" not in counters
+    for _, needs, count in offer.templates:
+        assert count >= 1
+        for counter, need in needs:
+            assert count * need <= counters[counter]
+    offered = {t.name for t, _, _ in offer.templates}
+    assert len(offered) + len(offer.left_out) == len(templates)
