@@ -258,6 +258,7 @@ class VnpuProbe:
             plans = [
                 await self._plan(chip, wanted, held_ids, named=str(chip.phys_id) in dict(layout))
                 for chip, wanted in _managed(layout, chips)
+                if not self._dynamic(chip)  # dynamic when this backend started: the claims carve it
             ]
             if not run or any(plan.refused for plan in plans):
                 return tuple(plans)
