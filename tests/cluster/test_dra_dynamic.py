@@ -55,6 +55,8 @@ def dynamic_agent(cluster: Cluster) -> Iterator[AgentProcess]:
         hostRoot=str(host.root),
         npuSmi=str(npu_smi.path),
         vnpu={"dynamic": True},
+        # The pool's slices go with the agent: the next module's agent must not find whole chips of these.
+        draCleanup=True,
     ) as process:
         process.wait_log("ResourceSlices of pool", timeout=60)
         yield process
