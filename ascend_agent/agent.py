@@ -64,7 +64,7 @@ from ascend_agent.observability import (
 )
 from ascend_agent.podresources import Holders, PodHolders, holder_labels
 from ascend_agent.separation import ManualSeparation
-from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout, LayoutRefused
+from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout, LayoutRefused, dynamic_entries
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
@@ -489,6 +489,10 @@ class Agent:
                 "%s changed: device plugin or DRA driver, and the driver's settings, apply at the next start",
                 ", ".join(sorted(set(changed) & set(_KUBELET_API_SETTINGS))),
             )
+        if dynamic_entries(settings.vnpu) != dynamic_entries(self.settings.vnpu):
+            log.warning(
+                "vnpu: which chips are dynamic changes when the backend starts again (the next start)"
+            )
         if set(changed) & _SERVING_SETTINGS:
             for resource in list(self._plugins):
                 self._stop_plugin(resource)
@@ -612,7 +616,7 @@ class Agent:
         self.inventory = inventory
         self._report(inventory)
         if self._dra is not None:
-            self._dra.publish(inventory)
+            self._dra.publish(inventory, self.backend)
             if self.cluster is not None:
                 self.cluster.observe(inventory)
             return

@@ -108,6 +108,8 @@ class Template:
     aicore: int
     memory_gb: int | None = None
     aicpu: int | None = None
+    # Media units by npu-smi's label in lower case (``vpc``, ``venc``, ``jpegd``, ...), where it lists them.
+    media: tuple[tuple[str, int], ...] = ()
 
 
 # What npu-smi shows in the Container ID column of a vNPU no container runs on, lower-cased.
@@ -285,6 +287,21 @@ class ContainerBase:
     cdi: bool = False
 
 
+class CarveFailed(Exception):
+    """Creating, destroying or listing a vNPU failed; the message is the tool's words in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Carvable:
+    """A chip whose vNPUs are carved by the claims prepared on it (``vnpu: {dynamic: true}``): the templates
+    it offers (``template-info``) and what it has in all (``info-vnpu``'s totals by label in lower case:
+    ``aicore``, ``memory`` in GB, ``aicpu``, ``vpc``, ...; what npu-smi says NA of is left out)."""
+
+    phys_id: int
+    templates: tuple[Template, ...]
+    totals: tuple[tuple[str, int], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Inventory:
     """One discovery: the chips, their vNPUs (chips with ``vnpu`` set), what every container that gets some
@@ -297,6 +314,8 @@ class Inventory:
     vnpus: tuple[Chip, ...] = ()
     # Why the chips' health cannot be read now (npu-smi down); empty while it can.
     outage: str = ""
+    # The dynamic chips (published whole and as the templates they can carve, never as their vNPUs).
+    carvable: tuple[Carvable, ...] = ()
 
     @property
     def super_pod(self) -> SuperPod | None:

@@ -50,6 +50,7 @@ from ascend_agent.backends.vnpu import VNPU_NODE, VnpuProbe
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.faults import describe
 from ascend_agent.model import (
+    CarveFailed,
     Chip,
     DeviceNode,
     Fault,
@@ -57,6 +58,7 @@ from ascend_agent.model import (
     Health,
     Inventory,
     UnknownModelError,
+    VNpu,
     classify,
     normalise_model,
 )
@@ -514,7 +516,33 @@ class DevfsBackend:
             driver_version=self._driver_version,
             vnpus=self._vnpus.slices(chips, nodes),
             outage=self._outage(),
+            carvable=self._vnpus.carvable(chips),
         )
+
+    # VnpuCarver (the DRA driver's dynamic vNPUs) ------------------------------------------------------
+    def _chip(self, phys_id: int) -> Chip:
+        chip = next((c for c in self._chip_list if c.phys_id == phys_id), None)
+        if chip is None or chip.npu_id is None:
+            raise NpuSmiError("exit", f"chip {phys_id} is not on this node or npu-smi gives no NPU id for it")
+        return chip
+
+    async def vnpus_now(self, phys_id: int) -> tuple[VNpu, ...]:
+        try:
+            return await self._vnpus.vnpus_now(self._chip(phys_id))
+        except NpuSmiError as exc:
+            raise CarveFailed(str(exc)) from None
+
+    async def create_vnpu(self, phys_id: int, template: str, vnpu_id: int) -> None:
+        try:
+            await self._vnpus.create_one(self._chip(phys_id), template, vnpu_id)
+        except NpuSmiError as exc:
+            raise CarveFailed(str(exc)) from None
+
+    async def destroy_vnpu(self, phys_id: int, vnpu_id: int) -> None:
+        try:
+            await self._vnpus.destroy_one(self._chip(phys_id), vnpu_id)
+        except NpuSmiError as exc:
+            raise CarveFailed(str(exc)) from None
 
     def forget_vnpus(self) -> None:
         """Ask npu-smi for the vNPUs again at the next discovery (SIGHUP)."""

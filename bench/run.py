@@ -17,6 +17,7 @@ SCRIPTS = (
     "cluster",
     "hostile",
     "dra_prepare",
+    "dra_carve",
     "training",
     "network",
 )

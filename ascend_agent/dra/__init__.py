@@ -29,9 +29,11 @@ import anyio
 
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.container import container_spec
+from ascend_agent.dra.carving import MADE_VNPUS, Carving, MadeVnpus, VnpuCarver
 from ascend_agent.dra.claimread import ClaimReader
 from ascend_agent.dra.claims import CheckpointError, Prepared, read_boot_id
 from ascend_agent.dra.claimstatus import ClaimStatuses
+from ascend_agent.dra.partitions import chip_offer
 from ascend_agent.dra.paths import DraPaths
 from ascend_agent.dra.plugin import DraPlugin
 from ascend_agent.dra.serialize import CallLock
@@ -56,6 +58,8 @@ class DraDriver:
     def __init__(self, service: DraService, plugin: DraPlugin) -> None:
         self.service = service
         self.plugin = plugin
+        self._carver_set = anyio.Event()
+        self._left_out: tuple[str, ...] = ()
 
     @classmethod
     def open(cls, settings: Settings, side: ClusterSide | None, paths: DraPaths | None = None) -> DraDriver:
@@ -78,6 +82,18 @@ class DraDriver:
             log.error("DRA driver %s: %s", driver, message)
             if side is not None:
                 side.event("Warning", CHECKPOINT_UNUSABLE, str(paths.checkpoint), message[:_EVENT_MESSAGE])
+        try:
+            made, made_aside = MadeVnpus.open(paths.checkpoint.with_name(MADE_VNPUS))
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from None
+        if made_aside is not None:
+            log.error(
+                "DRA driver %s: %s; kept as %s: the vNPUs it named are not destroyed by the driver "
+                "(check npu-smi info -t info-vnpu)",
+                driver,
+                made_aside.reason,
+                made_aside.kept_as.name,
+            )
         pool = side.node if side is not None else ""
         reader = None
         if side is not None:
@@ -90,7 +106,9 @@ class DraDriver:
             health_refresh=max(settings.health_interval, 5.0),
             calls=CallLock(paths.lock),
             statuses=ClaimStatuses(driver, lambda: side.api) if side is not None else None,
+            carving=Carving(made),
         )
+        service.sweep_allowed = aside is None
         return cls(service, DraPlugin(paths, service))
 
     @property
@@ -98,11 +116,26 @@ class DraDriver:
         """The directories whose socket files the plugin serves: changes there poke it."""
         return (self.plugin.paths.socket.parent, self.plugin.paths.registration.parent)
 
-    def publish(self, inventory: Inventory) -> None:
-        """The devices now (every vNPU, every chip not split into vNPUs); a claim's CDI spec holds what
-        Allocate gives for its devices (no CDI names)."""
+    def publish(self, inventory: Inventory, carver: object = None) -> None:
+        """The devices now (every vNPU, every chip not split into vNPUs, the dynamic chips' offers); a claim's
+        CDI spec holds what Allocate gives for its devices (no CDI names). ``carver``: the backend, which
+        carves dynamic vNPUs when it is a :class:`~ascend_agent.dra.carving.VnpuCarver`."""
         base = replace(inventory.container, cdi=False)
-        self.service.publish(inventory.advertised, lambda chips: container_spec(chips, base))
+        offers = {c.phys_id: chip_offer(c) for c in inventory.carvable}
+        left_out = tuple(line for offer in offers.values() for line in offer.left_out)
+        if left_out != self._left_out:
+            for line in left_out:
+                log.warning("Dynamic vNPUs: %s", line)
+            self._left_out = left_out
+        self.service.publish(
+            inventory.advertised,
+            lambda chips: container_spec(chips, base),
+            offers={phys: offer for phys, offer in offers.items() if offer.counters},
+            container=base,
+        )
+        self.service.carving.carver = carver if isinstance(carver, VnpuCarver) else None
+        if self.service.carving.carver is not None:
+            self._carver_set.set()
 
     @property
     def side_by_side(self) -> bool:
@@ -120,8 +153,14 @@ class DraDriver:
         async with anyio.create_task_group() as tasks:
             if self.service.statuses is not None:
                 tasks.start_soon(self.service.statuses.run, name="claim statuses")
+            tasks.start_soon(self._sweep_once)
             await self.plugin.run()
             tasks.cancel_scope.cancel()
+
+    async def _sweep_once(self) -> None:
+        """Once the backend can carve: destroy the vNPUs made for claims that are not prepared."""
+        await self._carver_set.wait()
+        await self.service.sweep()
 
 
 def _no_client(side: ClusterSide) -> str:

@@ -43,6 +43,8 @@ class Allocated:
     request: str
     device: str
     admin_access: bool = False  # the request asked for admin access: monitoring, not exclusive use
+    # This driver's opaque parameters that apply to the result's request, in order (the class's first).
+    parameters: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +112,24 @@ class ClaimReader:
         allocation = (found.get("status") or {}).get("allocation")
         if not allocation:
             raise ClaimError(f"ResourceClaim {claim} is not allocated")
+        devices = allocation.get("devices") or {}
+        configs = [
+            (tuple(c.get("requests") or ()), (c.get("opaque") or {}).get("parameters"))
+            for c in sorted(devices.get("config") or (), key=lambda c: c.get("source") != "FromClass")
+            if (c.get("opaque") or {}).get("driver") == self.driver
+        ]
         results = tuple(
-            Allocated(r.get("request", ""), r["device"], r.get("adminAccess") is True)
-            for r in (allocation.get("devices") or {}).get("results") or ()
+            Allocated(
+                r.get("request", ""),
+                r["device"],
+                r.get("adminAccess") is True,
+                tuple(
+                    parameters
+                    for requests, parameters in configs
+                    if not requests or _names(r.get("request", "")) & set(requests)
+                ),
+            )
+            for r in devices.get("results") or ()
             if r.get("driver") == self.driver and r.get("pool") == self.pool and "device" in r
         )
         if not results:
@@ -120,3 +137,9 @@ class ClaimReader:
                 f"ResourceClaim {claim} has no device of driver {self.driver} in pool {self.pool}"
             )
         return results
+
+
+def _names(request: str) -> set[str]:
+    """The names a config's ``requests`` may give a result's request: ``train/large`` (a prioritized list's
+    subrequest) is ``train/large`` or ``train``."""
+    return {request, request.split("/", 1)[0]}

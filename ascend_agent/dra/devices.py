@@ -22,8 +22,9 @@ from typing import Any
 
 from ascend_agent.allocation import Layout, Topology, topology_for
 from ascend_agent.container import device_order
+from ascend_agent.dra.partitions import MAX_COUNTER_SETS, ChipOffer, chip_offer, template_device_name
 from ascend_agent.faultclass import FaultClass
-from ascend_agent.model import Chip, Inventory
+from ascend_agent.model import Chip, Inventory, VNpu
 
 # resource.k8s.io/v1: at most 128 devices per slice, 64 when any device has taints.
 MAX_DEVICES = 128
@@ -52,7 +53,7 @@ def device_name(chip: Chip) -> str:
 NPU_SMI_DOWN = "npu-smi-down"  # the taint value of a chip whose health is unknown
 
 
-_VNPU_NAME = re.compile(r"(npu-[0-9]+)-vnpu-[0-9]+")
+_VNPU_NAME = re.compile(r"(npu-[0-9]+)-(?:vnpu-[0-9]+|vir[0-9]{2}(?:-[0-9a-z]+)*-[0-9]{1,3})")
 
 
 def overlap(first: str, second: str) -> bool:
@@ -309,10 +310,63 @@ def _quantity(mib: int) -> str:
 
 
 def pool_slices(inventory: Inventory, taints: DeviceTaints) -> list[dict[str, Any]]:
-    """The ``spec.devices`` of each slice of the node's pool, in order; one slice unless there are more
-    devices than one may hold. A chip split into vNPUs is published only as its vNPUs (never whole as
-    well). Generation, names and counts are the publisher's."""
+    """The ``spec`` of each slice of the node's pool past driver, node and pool (``devices``, or
+    ``sharedCounters`` in slices of their own, at most 8 sets each, first), in order; one device slice
+    unless there are more devices than one may hold. A chip split into vNPUs is published only as its
+    vNPUs (never whole as well); a dynamic chip whole and as its template devices, all consuming its
+    counters. Generation, names and counts are the publisher's."""
     node = NodeChips.of(tuple(sorted(inventory.chips, key=lambda c: c.phys_id)), inventory.driver_version)
-    devices = [slice_device(chip, node, taints) for chip in sorted(inventory.advertised, key=device_order)]
-    limit = MAX_DEVICES_WITH_TAINTS if any("taints" in d for d in devices) else MAX_DEVICES
-    return [{"devices": devices[i : i + limit]} for i in range(0, len(devices), limit)] or [{"devices": []}]
+    offers = {c.phys_id: chip_offer(c) for c in inventory.carvable}
+    offers = {phys: offer for phys, offer in offers.items() if offer.counters}
+    devices = []
+    for chip in sorted(inventory.advertised, key=device_order):
+        offer = offers.get(chip.phys_id)
+        if offer is None:
+            devices.append(slice_device(chip, node, taints))
+        elif chip.vnpu is None:
+            devices.extend(_dynamic_devices(chip, node, taints, offer))
+    advanced = any("taints" in d or "consumesCounters" in d for d in devices)
+    limit = MAX_DEVICES_WITH_TAINTS if advanced else MAX_DEVICES
+    sets = [offers[phys].counter_set() for phys in sorted(offers)]
+    counters = [
+        {"sharedCounters": sets[i : i + MAX_COUNTER_SETS]} for i in range(0, len(sets), MAX_COUNTER_SETS)
+    ]
+    return counters + (
+        [{"devices": devices[i : i + limit]} for i in range(0, len(devices), limit)] or [{"devices": []}]
+    )
+
+
+def _dynamic_devices(
+    chip: Chip, node: NodeChips, taints: DeviceTaints, offer: ChipOffer
+) -> list[dict[str, Any]]:
+    """A dynamic chip: whole (consuming all its counters), then its template devices."""
+    whole = slice_device(chip, node, taints)
+    whole["consumesCounters"] = offer.whole_consumption()
+    devices = [whole]
+    chip_taints = taints.for_chip(chip)
+    for template, needs, count in offer.templates:
+        part = chip.slice(VNpu(0, template.name))
+        attributes: dict[str, dict[str, Any]] = {
+            "deviceType": {"string": part.vnpu_type[:_MAX_STRING]},
+            "template": {"string": template.name[:_MAX_STRING]},
+            "parent": {"string": whole["name"]},
+            "physicId": {"int": chip.phys_id},
+            "model": {"string": chip.model[:_MAX_STRING]},
+            "generation": {"string": chip.generation.value},
+        }
+        if chip.numa_node is not None:
+            attributes["numaNode"] = {"int": chip.numa_node}
+        capacity = {"aiCores": {"value": str(template.aicore)}}
+        if template.memory_gb is not None:
+            capacity["memory"] = {"value": f"{template.memory_gb}Gi"}
+        for index in range(count):
+            device: dict[str, Any] = {
+                "name": template_device_name(chip.phys_id, template.name, index),
+                "attributes": attributes,
+                "capacity": capacity,
+                "consumesCounters": offer.consumption(needs),
+            }
+            if chip_taints:
+                device["taints"] = chip_taints
+            devices.append(device)
+    return devices

@@ -25,7 +25,7 @@ from ascend_agent.config import Settings
 from ascend_agent.deviceplugin.transport import LocalChannel
 from ascend_agent.doctor import Check
 from ascend_agent.dra.claims import CheckpointError, UnusableCheckpoint, read_checkpoint, spec_file_name
-from ascend_agent.dra.devices import device_name
+from ascend_agent.dra.devices import chip_of, device_name
 from ascend_agent.dra.paths import DraPaths, other_pods
 from ascend_agent.dra.plugin import PLUGIN_TYPE
 from ascend_agent.model import Inventory
@@ -187,11 +187,17 @@ def _checkpoint(paths: DraPaths, driver: str, inventory: Inventory | None) -> Ch
         for chip in (inventory.advertised if inventory is not None else ())
         if not chip.healthy or chip.held
     }
-    on_failing = [
-        f"{c.namespace}/{c.name} on {d.device_name} ({failing[d.device_name]})"
+    # A template device of a dynamic chip fails with its chip.
+    reasons = {
+        d.device_name: failing.get(d.device_name) or failing.get(chip_of(d.device_name))
         for c in claims
         for d in c.devices
-        if d.device_name in failing and not d.admin_access  # monitoring a failing chip is what it is for
+    }
+    on_failing = [
+        f"{c.namespace}/{c.name} on {d.device_name} ({reasons[d.device_name]})"
+        for c in claims
+        for d in c.devices
+        if reasons[d.device_name] and not d.admin_access  # monitoring a failing chip is what it is for
     ]
     if on_failing:
         return Check(

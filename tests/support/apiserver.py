@@ -261,14 +261,22 @@ class ApiServer:
         pool: str,
         uid: str | None = None,
         admin_access: bool = False,
+        parameters: list[Any] | None = None,
     ) -> str:
         """A ResourceClaim in ``default`` whose allocation gives ``devices`` of ``pool`` to ``driver``, as the
-        scheduler leaves it (with ``admin_access``, as it leaves an ``adminAccess: true`` request's); its UID
-        (a new one unless given)."""
+        scheduler leaves it (with ``admin_access``, as it leaves an ``adminAccess: true`` request's; with
+        ``parameters``: the driver's opaque config, the claim's, in order); its UID (a new one unless
+        given)."""
         uid = uid if uid is not None else str(uuid.uuid4())
         admin: dict[str, Any] = {"adminAccess": True} if admin_access else {}
         results = [{"request": "npus", "driver": driver, "pool": pool, "device": d, **admin} for d in devices]
         request = {"name": "npus", "exactly": {"deviceClassName": "npu", **admin}}
+        allocation: dict[str, Any] = {"results": results}
+        if parameters:
+            allocation["config"] = [
+                {"source": "FromClaim", "requests": ["npus"], "opaque": {"driver": driver, "parameters": p}}
+                for p in parameters
+            ]
         self.put(
             "resourceclaims",
             {
@@ -276,7 +284,7 @@ class ApiServer:
                 "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": "default", "uid": uid},
                 "spec": {"devices": {"requests": [request]}},
-                "status": {"allocation": {"devices": {"results": results}}},
+                "status": {"allocation": {"devices": allocation}},
             },
         )
         return uid

@@ -32,7 +32,8 @@ class FakeNpuSmi(FakeExecutable):
         """Answer the vNPU commands from state: ``chips`` by (npu id, chip) with ``phys``, ``aicore``,
         ``memory``, ``aicpu`` and ``vnpus`` (``{"id", "template", "container"?}``); ``templates`` name ->
         (AI cores, memory GB, AI CPUs); ``dev`` gets and loses ``vdavinci<id>`` nodes. ``reject=[..]``:
-        templates create refuses; ``fail_create=True``: every create fails."""
+        templates create refuses; ``fail_create=True``: every create fails; ``hang_after_create=True``: a
+        create makes the vNPU, then hangs. A create given ``-v`` makes that id, or fails when it is taken."""
         state = {
             "dev": str(dev),
             "chips": {f"{npu}:{chip}": dict(value) for (npu, chip), value in chips.items()},

@@ -86,10 +86,10 @@ def test_selectors_name_published_attributes() -> None:
 
 
 def test_every_device_class_says_whether_it_takes_vnpus() -> None:
-    """A chip split into vNPUs is published as its vNPUs, which carry ``vnpuId``: a class standing for a
-    whole-chip resource (``huawei.com/Ascend910``) must not hand out a vNPU, one for a vNPU type
-    (``huawei.com/Ascend310P-2c``) nothing else."""
-    presence = '"vnpuId" in device.attributes["npu.huawei.com"]'
+    """A chip split into vNPUs is published as its vNPUs, a dynamic chip also as its template devices; both
+    carry ``template``: a class standing for a whole-chip resource (``huawei.com/Ascend910``) must not hand
+    out either, one for a vNPU type (``huawei.com/Ascend310P-2c``) nothing else."""
+    presence = '"template" in device.attributes["npu.huawei.com"]'
     classes = [doc for _, doc in DOCUMENTS if doc["kind"] == "DeviceClass"]
     for doc in classes:
         (selector,) = doc["spec"]["selectors"]

@@ -123,11 +123,20 @@ def vnpu_command():
         if used + templates[template][0] > chip["aicore"]:
             sys.stdout.write("       Status : FAILED\n       Message : Not enough resources\n")
             sys.exit(1)
-        taken = {v["id"] for v in chip["vnpus"]}
-        vnpu_id = next(i for i in range(chip["phys"] * 16 + 100, chip["phys"] * 16 + 116) if i not in taken)
+        taken = {v["id"] for other in state["chips"].values() for v in other["vnpus"]}
+        asked = option("-v")
+        if asked is not None and int(asked) in taken:
+            sys.stdout.write(f"       Status : FAILED\n       Message : vnpu id {asked} is in use\n")
+            sys.exit(1)
+        first = chip["phys"] * 16 + 100
+        vnpu_id = (
+            int(asked) if asked is not None else next(i for i in range(first, first + 16) if i not in taken)
+        )
         chip["vnpus"].append({"id": vnpu_id, "template": template})
         save(state)
         open(os.path.join(state["dev"], f"vdavinci{vnpu_id}"), "w").close()
+        if state.get("hang_after_create"):  # made, but the answer never comes
+            time.sleep(3600)
         sys.stdout.write("       Status : OK\n       Message : Create vnpu success\n")
         return True
     if args.startswith("set -t destroy-vnpu"):
