@@ -109,8 +109,12 @@ class _Node:
         assert "npu-1-vir04-0" in _devices(self.apiserver)
         return agent, kubelet
 
-    def claim(self, name: str, devices: list[str], parameters: list[Any] | None = None) -> dra_v1.Claim:
-        uid = self.apiserver.put_claim(name, devices, driver=DRIVER, pool=NODE, parameters=parameters)
+    def claim(
+        self, name: str, devices: list[str], parameters: list[Any] | None = None, admin_access: bool = False
+    ) -> dra_v1.Claim:
+        uid = self.apiserver.put_claim(
+            name, devices, driver=DRIVER, pool=NODE, parameters=parameters, admin_access=admin_access
+        )
         return dra_v1.Claim(namespace="default", uid=uid, name=name)
 
 
@@ -187,6 +191,25 @@ async def test_a_template_device_is_carved_at_prepare_and_destroyed_at_unprepare
     assert node.made() == [] and not (node.cdi / f"{DRIVER}-claim-{claim.uid}.json").exists()
     # the slices never changed: carving is the scheduler's counting, not a new device
     assert "npu-1-vir04-0" in _devices(apiserver) and not any("vnpu" in n for n in _devices(apiserver))
+
+
+async def test_admin_access_to_a_template_device_is_its_whole_chip_and_carves_nothing(node: _Node) -> None:
+    _, kubelet = await node.started()
+    carved = node.claim("infer", ["npu-1-vir04-0"])
+    assert (await kubelet.prepare([carved])).claims[carved.uid].error == ""
+    monitor = node.claim("monitor", ["npu-1-vir04-0"], admin_access=True)
+    assert (await kubelet.prepare([monitor])).claims[monitor.uid].error == ""
+    assert node.vnpus() == {0: [], 1: [(116, "vir04")]}, "the monitor carves nothing"
+    assert len(node.npu_smi.calls_of("set -t create-vnpu")) == 1
+    cdi = json.loads((node.cdi / f"{DRIVER}-claim-{monitor.uid}.json").read_text())
+    (device,) = cdi["devices"]
+    assert [d["path"] for d in device["containerEdits"]["deviceNodes"]] == ["/dev/davinci1"]
+
+    assert (await kubelet.unprepare([monitor])).claims[monitor.uid].error == ""
+    assert node.vnpus() == {0: [], 1: [(116, "vir04")]}, "the monitor destroys nothing"
+    assert node.npu_smi.calls_of("set -t destroy-vnpu") == []
+    assert (await kubelet.unprepare([carved])).claims[carved.uid].error == ""
+    assert node.vnpus() == {0: [], 1: []}
 
 
 async def test_a_failed_or_hung_create_is_the_claims_error_and_leaves_nothing(node: _Node) -> None:
