@@ -171,6 +171,11 @@ CHIP_TRAINING = Gauge(
     "A chip's device IP, vNIC IP (A3) and super-pod identity (A3), empty where it has none; always 1.",
     ["device", "device_ip", "vnic_ip", "super_pod_id", "server_index", "sdid"],
 )
+RESETS = Counter(
+    "ascend_agent_resets",
+    "Hot-reset steps by result: started, succeeded, failed, hung, not_recovered, cancelled, exhausted, dry_run.",
+    ["result"],
+)
 CHIP_HELD = Gauge(
     "ascend_agent_chip_held", "1 while the chip is held Unhealthy for flapping, else 0.", ["device"]
 )
