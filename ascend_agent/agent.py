@@ -783,11 +783,13 @@ def _training_info(chips: Iterable[Chip]) -> None:
 
 def _follow_chips(chips: Sequence[Chip], parts: Sequence[Chip]) -> tuple[Chip, ...]:
     """The vNPUs of a chip the agent itself made Unhealthy (the flap hold, the admin's separation) are
-    Unhealthy with it, held when it is held."""
+    Unhealthy with it, held when it is held; they carry its fault class."""
     by_phys = {chip.phys_id: chip for chip in chips}
     followed = []
     for part in parts:
         chip = by_phys.get(part.phys_id)
+        if chip is not None and part.fault_class != chip.fault_class:
+            part = replace(part, fault_class=chip.fault_class)
         if chip is not None and chip.held:
             part = replace(part, held=True).with_health(Health.UNHEALTHY, chip.reason)
         elif chip is not None and not chip.healthy and part.healthy:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ascend_agent import naming
+from ascend_agent.faultclass import FaultClass
 
 
 class Health(enum.StrEnum):
@@ -179,6 +180,8 @@ class Chip:
     # The driver's logic id (``npu-smi info -m``) and the board id (``info -t board``) where read.
     logic_id: int | None = None
     board_id: int | None = None
+    # The most severe class of its fault codes now, escalations included; None while it reports no code.
+    fault_class: FaultClass | None = None
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
