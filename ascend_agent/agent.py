@@ -45,6 +45,7 @@ from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
 from ascend_agent.flaphold import ChipHold
 from ascend_agent.handed_out import HandedOut
+from ascend_agent.hotreset import HotReset
 from ascend_agent.kubelet_dirs import waiting_reason
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Health, Inventory
@@ -88,6 +89,9 @@ _CLUSTER_START_WAIT = 2.0
 _CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "api_list_limit_mib", "volcano_scheduler_name")
 # Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
 _KUBELET_API_SETTINGS = ("kubelet_api", "dra_driver_name", "dra_taint_effect", "dra_cleanup")
+# The hot reset's limits, applied by it live (hotReset itself starts a new backend, which reads more then).
+_HOT_RESET_SETTINGS = ("hot_reset_idle", "hot_reset_timeout", "hot_reset_recover", "hot_reset_limit",
+                       "hot_reset_window")  # fmt: skip
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -107,6 +111,7 @@ _AGENT_SETTINGS = frozenset(
         "log_level",
         "log_format",
         "vnpu",
+        *_HOT_RESET_SETTINGS,
         *_CLUSTER_SETTINGS,
         "pod_resources_socket",
         *_KUBELET_API_SETTINGS,
@@ -194,6 +199,15 @@ class Agent:
         self._standby: str | None = None
         self._missing: Path | None = None
         self._hold = ChipHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
+        self.resets = HotReset(
+            settings,
+            resetter=lambda: self.backend,
+            held=self._held_by_pods,
+            refresh_holders=self.holders.refresh,
+            wake=self.wake,
+            note=cluster.event if cluster is not None else _no_event,
+            manual_resets=cluster.reset_info if cluster is not None else _no_annotation,
+        )
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
         self._dra: DraDriver | None = None
@@ -285,6 +299,7 @@ class Agent:
                 label_devices_with_holders(self._holder_of)
                 serve_json(CHIPS_PATH, self.chip_states)
                 tasks.start_soon(self.holders.run, name="pod resources")
+                tasks.start_soon(self.resets.run, name="hot reset")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -455,6 +470,7 @@ class Agent:
             await backend.query()
         configure_logging(settings.log_level, settings.log_format)
         self._hold.configure(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
+        self.resets.configure(settings)
         if settings.metrics_address != self.settings.metrics_address and not await self._move_http(
             settings.metrics_address
         ):
@@ -592,9 +608,11 @@ class Agent:
     async def reconcile(self) -> None:
         """Discover, then make the plugins and what they advertise match."""
         inventory = await self.backend.discover()
+        self.resets.observe(inventory, self.separation.ids)
         inventory = replace(inventory, chips=self._hold.apply(inventory.chips))
         # The admin's separation over the chips' own health, the flap hold included.
         inventory = self.separation.apply(inventory)
+        inventory = self.resets.apply(inventory)
         inventory = replace(inventory, vnpus=_follow_chips(inventory.chips, inventory.vnpus))
         self.inventory = inventory
         self._report(inventory)
@@ -808,6 +826,14 @@ def _count_vnpus(parts: Sequence[Chip]) -> None:
             VNPU_AICORES.labels(**labels).set(part.vnpu.aicore)
         if part.vnpu.memory_gb is not None:
             VNPU_MEMORY.labels(**labels).set(part.vnpu.memory_gb * 1024**3)
+
+
+def _no_event(kind: str, reason: str, subject: str, message: str) -> None:
+    """No cluster side: the hot reset's steps are log lines only."""
+
+
+def _no_annotation(value: str) -> None:
+    """No cluster side: ResetInfo is not written (the log names each chip left to a person)."""
 
 
 def nothing_held() -> frozenset[str]:

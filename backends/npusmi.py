@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import errno
 import functools
@@ -84,7 +85,7 @@ class InfoTable:
     version: str | None
     shape: Shape
     chips: tuple[ChipRow, ...]
-    processes: Processes = Processes()
+    processes: Processes = dataclasses.field(default_factory=Processes)
 
 
 @dataclass(frozen=True, slots=True)

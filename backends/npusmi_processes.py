@@ -2,7 +2,7 @@
 idle check (a chip is idle only where the table says so)::
 
     processes = parse_processes(text)
-    processes.count(npu_id=0, chip=0)           # 1; 0 where its NPU runs none; None where the table does not say
+    processes.count(npu_id=0, chip=0)     # 1; 0 where its NPU runs none; None where the table does not say
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 _PROCESS_ROW = re.compile(r"^\|\s*(\d+)\s+(\d+)\s*\|\s*(\d+)\s*\|")
-_NO_PROCESS = re.compile(r"No running processes found in NPU\s+(\d+)", re.IGNORECASE)
+_NO_PROCESS = re.compile(r"No\s+running\s+processes\s+found\s+in\s+NPU\s+(\d+)", re.IGNORECASE)
+_HEADER = re.compile(r"^\s*\|.*Process\s+id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,8 @@ def parse_processes(text: str) -> Processes:
     (1, 0, None)
     """
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if "Process id" in line and line.lstrip().startswith("|")),
-                 None)  # fmt: skip
+    headers = (i for i, line in enumerate(lines) if _HEADER.match(line))
+    start = next(headers, None)
     if start is None:
         return Processes()
     per_chip: dict[tuple[int, int], int] = {}

@@ -17,6 +17,8 @@ from ascend_agent.backends.npusmi import NpuSmiError, diagnose, run_tool
 
 # One token per prompt: the first asks Y/N, the second (310P Duo, A3, SMP 910A) y/n.
 RESET_ANSWERS = b"Y\ny\n"
+
+
 @dataclass(frozen=True, slots=True)
 class ResetOutcome:
     """What one ``npu-smi set -t reset`` did: ``ok`` when npu-smi says the chip was reset; ``reason`` is
