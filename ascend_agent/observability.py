@@ -173,7 +173,7 @@ CHIP_TRAINING = Gauge(
 )
 RESETS = Counter(
     "ascend_agent_resets",
-    "Hot-reset steps: started, succeeded, failed, hung, not_recovered, cancelled, exhausted, dry_run.",
+    "Hot-reset steps by result (waiting, started, succeeded, failed, ...; docs/metrics.md).",
     ["result"],
 )
 CHIP_HELD = Gauge(

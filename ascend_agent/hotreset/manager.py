@@ -202,9 +202,8 @@ class HotReset:
             since = self._idle_since.get(group)
             if busy is None:
                 if since is None:
-                    self._step(
-                        "Normal", WAITING, group, f"waiting for {self.idle:g} s of no pod and no process"
-                    )
+                    what = f"waiting for {self.idle:g} s of no pod and no process"
+                    self._step("Normal", WAITING, group, what, result="waiting")
                 waiting[group] = now if since is None else since
             elif since is not None:
                 self._called_off(group, busy)
