@@ -44,6 +44,7 @@ from ascend_agent.config import (
 from ascend_agent.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
 from ascend_agent.flaphold import ChipHold
+from ascend_agent.grading import FaultGrading
 from ascend_agent.handed_out import HandedOut
 from ascend_agent.hotreset import HotReset
 from ascend_agent.kubelet_dirs import waiting_reason
@@ -88,7 +89,13 @@ _CLUSTER_START_WAIT = 2.0
 # The cluster side is set up once, at start.
 _CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "api_list_limit_mib", "volcano_scheduler_name")
 # Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
-_KUBELET_API_SETTINGS = ("kubelet_api", "dra_driver_name", "dra_taint_effect", "dra_cleanup")
+_KUBELET_API_SETTINGS = (
+    "kubelet_api",
+    "dra_driver_name",
+    "dra_taint_effect",
+    "dra_fault_taints",
+    "dra_cleanup",
+)
 # The hot reset's limits, applied by it live (hotReset itself starts a new backend, which reads more then).
 _HOT_RESET_SETTINGS = ("hot_reset_idle", "hot_reset_timeout", "hot_reset_recover", "hot_reset_limit",
                        "hot_reset_window")  # fmt: skip
@@ -105,6 +112,7 @@ _AGENT_SETTINGS = frozenset(
         "flap_threshold",
         "flap_window",
         "flap_quiet",
+        "fault_policy",
         "serve_timeout",
         "cdi_spec_dir",
         "metrics_address",
@@ -150,6 +158,7 @@ class Agent:
         separation: ManualSeparation | None = None,
         mounted: MountedChips | None = None,
         held_devices: HeldDevices | None = None,
+        grading: FaultGrading | None = None,
     ) -> None:
         """``held_devices`` says which device IDs containers hold now, None while that is unknown: by
         default the kubelet's PodResources view (:attr:`holders`) and what Allocate handed over that it has
@@ -160,6 +169,9 @@ class Agent:
         # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
         self.separation = separation or ManualSeparation()
         self.separation.on_change = self.wake
+        # The fault table grading each chip's codes: built in, or the cluster side's mindx-dl-fault-config.
+        self.grading = grading or FaultGrading.builtin(settings.fault_policy)
+        self.grading.on_change = self.wake
         # --volcano: (resource, the kubelet's IDs per container) -> the chips Volcano chose.
         self.device_ids_for: VolcanoRemapper | None = None
         # --volcano: the kubelet's view of which pod holds which chip, by the chips really mounted.
@@ -471,6 +483,7 @@ class Agent:
         configure_logging(settings.log_level, settings.log_format)
         self._hold.configure(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         self.resets.configure(settings)
+        self.grading.configure(dict(settings.fault_policy))
         if settings.metrics_address != self.settings.metrics_address and not await self._move_http(
             settings.metrics_address
         ):
@@ -607,7 +620,7 @@ class Agent:
     # reconciling ------------------------------------------------------------------------------------------
     async def reconcile(self) -> None:
         """Discover, then make the plugins and what they advertise match."""
-        inventory = await self.backend.discover()
+        inventory = self.grading.apply(await self.backend.discover())
         self.resets.observe(inventory, self.separation.ids)
         inventory = replace(inventory, chips=self._hold.apply(inventory.chips))
         # The admin's separation over the chips' own health, the flap hold included.

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from ascend_agent.faultclass import HUAWEI_NAMES
 from ascend_agent.faults import VERDICTS
 from ascend_agent.kube_names import is_dns_subdomain
 from ascend_agent.model import UnknownModelError, classify
@@ -67,6 +68,7 @@ HOT_RESET_OFF = "off"
 HOT_RESET_IDLE = "idle"
 HOT_RESET_DRY_RUN = "dry-run"
 HOT_RESET_MODES = (HOT_RESET_OFF, HOT_RESET_IDLE, HOT_RESET_DRY_RUN)
+NO_TAINT = "None"  # a fault class whose chips get no taint
 
 
 DEFAULT_API_LIST_LIMIT_MIB = 64
@@ -133,6 +135,9 @@ class Settings:
     kubelet_api: str = DEVICE_PLUGIN_API
     dra_driver_name: str = "npu.huawei.com"
     dra_taint_effect: str = "NoSchedule"
+    # Fault class (Huawei's name) -> taint effect (None, NoSchedule, NoExecute), over the defaults in
+    # ascend_agent.dra.devices.
+    dra_fault_taints: tuple[tuple[str, str], ...] = ()
     dra_cleanup: bool = False
     # The vNPUs each chip should hold, by physical id or chip name (``ascend_agent.vnpu_layout``); None:
     # vNPUs are never created or destroyed.
@@ -259,6 +264,21 @@ def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"{text}: {verdict!r} must be one of {', '.join(VERDICTS)}")
         policy.append((text.upper(), str(verdict)))
     return tuple(sorted(policy))
+
+
+def _fault_taints(value: Any) -> tuple[tuple[str, str], ...]:
+    """``{SeparateNPU: NoExecute, SubHealthFault: NoSchedule}``: the taint effect of a fault class."""
+    if isinstance(value, tuple):
+        value = dict(value)
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping of fault classes to None, NoSchedule or NoExecute")
+    effects = (NO_TAINT, *DRA_TAINT_EFFECTS)
+    for name, effect in value.items():
+        if name not in HUAWEI_NAMES:
+            raise ValueError(f"key {name!r} is not a fault class ({', '.join(HUAWEI_NAMES)})")
+        if effect not in effects:
+            raise ValueError(f"{name}: {effect!r} must be one of {', '.join(effects)}")
+    return tuple(sorted((str(name), str(effect)) for name, effect in value.items()))
 
 
 def _bool(value: Any) -> bool:
@@ -394,6 +414,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "kubelet_api": _one_of(*KUBELET_APIS),
     "dra_driver_name": lambda value: _dns_subdomain(_text(value)),
     "dra_taint_effect": _one_of(*DRA_TAINT_EFFECTS),
+    "dra_fault_taints": _fault_taints,
     "dra_cleanup": _bool,
     "vnpu": _optional(parse_layout),
     "fake_vnpus": _optional(fake_vnpus),

@@ -93,10 +93,11 @@ def normalise_model(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """An error code a chip reports (``npu-smi info -t health``) and its text."""
+    """An error code a chip reports (``npu-smi info -t health``), its text, and its class once graded."""
 
     code: str
     text: str = ""
+    fault_class: FaultClass | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +183,8 @@ class Chip:
     board_id: int | None = None
     # The most severe class of its fault codes now, escalations included; None while it reports no code.
     fault_class: FaultClass | None = None
+    # npu-smi's Health column (OK, Warning, Alarm, Critical), where the backend reads it.
+    health_status: str = ""
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:

@@ -23,6 +23,7 @@ from ascend_agent.agent import Agent, log_configuration, nothing_held
 from ascend_agent.backends import VnpuLayoutBackend, backend_for
 from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
 from ascend_agent.deviceplugin.lifecycle import ServeFailed
+from ascend_agent.grading import FaultGrading
 from ascend_agent.instance import exclusive
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.observability import configure_logging, log_accept_failures_briefly, serve_http
@@ -62,14 +63,17 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
     )
     log_configuration(source.load_effective())
     separation = ManualSeparation()
+    grading = FaultGrading.builtin(settings.fault_policy)
     mounted = MountedChips() if settings.volcano else None
-    side = cluster.open_side(settings, separation, mounted)
+    side = cluster.open_side(settings, separation, mounted, grading)
     if side is None and settings.kubelet_api == DRA_API:
         raise ConfigError(
             "--kubelet-api dra needs the Kubernetes API (claims, ResourceSlices): give --kubeconfig or run "
             "in a pod with a service account, and do not set --no-cluster"
         )
-    agent = Agent(settings, backend, source, side, separation, mounted if side is not None else None)
+    agent = Agent(
+        settings, backend, source, side, separation, mounted if side is not None else None, grading=grading
+    )
     agent.device_ids_for = cluster.volcano_remapper(side, settings)
     agent.follow_mounted = cluster.volcano_holders(side, settings)
     if settings.volcano and agent.device_ids_for is None:

@@ -48,7 +48,7 @@ from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.backends.training import TrainingProbe, TrainingTarget
 from ascend_agent.backends.vnpu import VNPU_NODE, VnpuProbe
 from ascend_agent.config import HOT_RESET_OFF, ConfigError, Settings
-from ascend_agent.faults import FaultPolicy, describe
+from ascend_agent.faults import describe
 from ascend_agent.model import (
     Chip,
     DeviceNode,
@@ -140,7 +140,6 @@ class DevfsBackend:
         self._nodes: set[str] = set()
         self._listing_error: OSError | None = None
         self._listing_log = ProblemLog()
-        self._policy = FaultPolicy(dict(settings.fault_policy))
         # Per chip: the Health `info -t health` was last run for, the faults it gave, and in which query.
         self._asked_health: dict[int, tuple[str, tuple[Fault, ...], int]] = {}
         self._queries = 0
@@ -332,16 +331,8 @@ class DevfsBackend:
             before = self._probed.get(phys_id)
             if before is not None and before.faults == chip.faults:
                 continue
-            # An Unhealthy chip's codes are in its reason, which the agent logs at each change; a chip the
-            # policy keeps Healthy despite its codes is logged here.
-            if chip.faults and self._chip_healthy(chip):
-                log.warning(
-                    "%s is Healthy: %s (faultPolicy: healthy)",
-                    device,
-                    describe(chip.health, chip.faults),
-                    extra=log_fields(device=device, reason=describe(chip.health, chip.faults)),
-                )
-            elif before is not None:
+            # The codes are graded, and logged, by the agent's fault table (ascend_agent.grading).
+            if not chip.faults and before is not None and before.faults:
                 log.info("%s reports no error code any more (health %s)", device, chip.health)
         self._telemetry.faults(labels)
 
@@ -354,7 +345,9 @@ class DevfsBackend:
         self._telemetry.record(rows)
 
     def _chip_healthy(self, chip: _Probed) -> bool:
-        return self._policy.healthy(chip.health.lower() in self._healthy_states, chip.faults)
+        """A chip with fault codes is graded by its codes' classes (ascend_agent.grading); one without by the
+        Health column (``healthyStates``)."""
+        return bool(chip.faults) or chip.health.lower() in self._healthy_states
 
     def _failed(self, error: NpuSmiError) -> None:
         self._failures += 1
@@ -572,6 +565,7 @@ class DevfsBackend:
                 npu_id=probed.npu_id,
                 naming_scheme=self._settings.resource_naming,
                 faults=probed.faults,
+                health_status=probed.health,
                 hbm_mb=probed.hbm_mb,
                 chip_on_card=probed.chip,
                 device_ip=facts.device_ip,

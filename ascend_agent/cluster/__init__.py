@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
     from ascend_agent.cluster.volcano import VolcanoPods
     from ascend_agent.config import Settings
+    from ascend_agent.grading import FaultGrading
     from ascend_agent.kubelet_view import MountedChips
     from ascend_agent.podresources import Holders
 
@@ -81,12 +82,16 @@ _STARTING_WAIT = 3.0
 
 
 def open_side(
-    settings: Settings, separation: ManualSeparation | None = None, mounted: MountedChips | None = None
+    settings: Settings,
+    separation: ManualSeparation | None = None,
+    mounted: MountedChips | None = None,
+    grading: FaultGrading | None = None,
 ) -> ClusterSide | None:
     """The cluster side for ``settings``, or None when it is off. Imports no client library and makes no
     request; raises :class:`~ascend_agent.config.ConfigError` for a kubeconfig that cannot be read.
     ``separation`` receives the chips an admin separates in the device-info ConfigMap; ``mounted``, with
-    ``--volcano``, the chips each pod got under the kubelet's IDs."""
+    ``--volcano``, the chips each pod got under the kubelet's IDs; ``grading``, with the device-info ConfigMap
+    on, the fault table of ``kube-system/mindx-dl-fault-config``."""
     if not settings.cluster:
         return None
     target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
@@ -108,7 +113,7 @@ def open_side(
     def replicas() -> int:  # the agent replaces side.settings on a config reload
         return (side.settings or settings).replicas
 
-    features = partial(_features, settings, separation or ManualSeparation(), replicas, mounted)
+    features = partial(_features, settings, separation or ManualSeparation(), replicas, mounted, grading)
     side = ClusterSide(target, node_name(settings.node_name), features, settings)
     return side
 
@@ -118,6 +123,7 @@ def _features(
     separation: ManualSeparation,
     replicas: Callable[[], int],
     mounted: MountedChips | None = None,
+    grading: FaultGrading | None = None,
 ) -> list[Feature]:
     """Every feature of the cluster side, in the order their tasks start. ``settings`` are those of the
     start; ``replicas`` gives the running setting (a config reload changes it)."""
@@ -133,6 +139,10 @@ def _features(
         from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
 
         features.append(DeviceInfoPublisher(separation, read_interval=settings.health_interval))
+        if grading is not None:
+            from ascend_agent.cluster.faultconfig import FaultConfigFollow
+
+            features.append(FaultConfigFollow(grading))
     if settings.volcano:
         from ascend_agent.cluster.volcano import VolcanoPods
 
@@ -149,6 +159,7 @@ def _features(
                 settings.dra_taint_effect,
                 cleanup=settings.dra_cleanup,
                 others_serving=lambda: others_serving(paths, driver),
+                fault_effects=settings.dra_fault_taints,
             )
         )
     return features

@@ -62,7 +62,7 @@ class DeviceInfoPublisher:
         self._refresh_interval = refresh_interval
         self._min_write_interval = min_write_interval
         self._clock = clock
-        self._since: dict[str, int] = {}  # device ID -> Unix ms it was first seen out of service
+        self._since: dict[str, int] = {}  # device ID -> Unix ms it was first seen out of service or faulty
         self._lists: dict[str, str] | None = None
         self._annotation: str | None = None
         self._super_pod = (deviceinfo.UNKNOWN_INDEX, deviceinfo.UNKNOWN_INDEX)
@@ -71,7 +71,7 @@ class DeviceInfoPublisher:
 
     def observe(self, inventory: Inventory) -> None:
         now_ms = int(self._clock() * 1000)
-        out = {chip.device_id for chip in inventory.chips if not chip.healthy}
+        out = {chip.device_id for chip in inventory.chips if not chip.healthy or chip.fault_class is not None}
         self._since = {device: self._since.get(device, now_ms) for device in out}
         self._lists = deviceinfo.device_lists(inventory, self._since, now_ms, self._separation.ids)
         self._annotation = deviceinfo.base_device_infos(inventory) if inventory.chips else None

@@ -5,7 +5,9 @@ Event (``count``, ``lastTimestamp``), as the kubelet's event recorder does.
     events.observe(inventory)     # a chip turned Unhealthy: Warning NPUUnhealthy, written at once
     events.observe(inventory)     # Healthy again: Normal NPUHealthy; Unhealthy again: count 2 on the first
 
-Reasons: ``NPUUnhealthy`` (Warning), ``NPUHeld`` (Warning: the flap hold keeps the chip Unhealthy),
+Reasons: ``NPU<class>`` (Warning: ``NPURestartNPU``, ``NPUSeparateNPU``... a chip's fault class, Huawei's
+name, when it turns Unhealthy for it or its class changes, a chip that stays Healthy too), ``NPUUnhealthy``
+(Warning: Unhealthy for no fault class), ``NPUHeld`` (Warning: the flap hold keeps the chip Unhealthy),
 ``NPUHealthy`` (Normal); others raise their own through ``note`` (the DRA driver's ``DRACheckpointUnusable``,
 by way of ``ClusterSide.event``). One Event object per chip (or subject) and reason while its message stays
 the same; an Event is written at once the first time, and its repeats, or a new message for the same chip and
@@ -30,6 +32,7 @@ from lightkube.types import PatchType
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.writer import api_backoff
+from ascend_agent.faultclass import FaultClass
 from ascend_agent.model import Chip, Inventory
 from ascend_agent.naming import object_name
 
@@ -63,7 +66,7 @@ class NodeEvents:
 
     def __init__(self, min_interval: float = MIN_INTERVAL) -> None:
         self._min_interval = min_interval
-        self._seen: dict[str, tuple[bool, bool]] = {}  # device -> (healthy, held)
+        self._seen: dict[str, tuple[bool, bool, FaultClass | None]] = {}  # device -> (healthy, held, class)
         self._records: dict[tuple[str, str], _Record] = {}
         self._wake = anyio.Event()
 
@@ -72,20 +75,32 @@ class NodeEvents:
         for chip in inventory.chips:
             if chip.health_unknown and not chip.held:
                 continue  # npu-smi is down: no transition of the chip's own (the agent logs the outage once)
-            now = (chip.healthy, chip.held)
+            now = (chip.healthy, chip.held, chip.fault_class)
             before = self._seen.get(chip.device_id)
             self._seen[chip.device_id] = now
-            if before == now or (before is None and chip.healthy):
+            if before == now or (before is None and chip.healthy and chip.fault_class is None):
                 continue
             if chip.healthy:
-                self.note("Normal", HEALTHY, chip.device_id, f"{chip.device_id} is Healthy again")
+                if before is not None and not before[0]:
+                    self.note("Normal", HEALTHY, chip.device_id, f"{chip.device_id} is Healthy again")
+                if chip.fault_class is not None and (before is None or before[2] != chip.fault_class):
+                    self.note(
+                        "Warning",
+                        fault_reason(chip.fault_class),
+                        chip.device_id,
+                        f"{chip.device_id} stays Healthy with fault class {chip.fault_class.huawei}: "
+                        f"{_cause(chip)}",
+                    )
             elif chip.held and (before is None or not before[1]):
                 self.note(
                     "Warning", HELD, chip.device_id, f"{chip.device_id} is held Unhealthy: {_cause(chip)}"
                 )
-            elif before is None or before[0]:
+            elif before is None or before[0] or before[2] != chip.fault_class:
                 self.note(
-                    "Warning", UNHEALTHY, chip.device_id, f"{chip.device_id} is Unhealthy: {_cause(chip)}"
+                    "Warning",
+                    fault_reason(chip.fault_class) if chip.fault_class is not None else UNHEALTHY,
+                    chip.device_id,
+                    f"{chip.device_id} is Unhealthy: {_cause(chip)}",
                 )
 
     def note(self, kind: str, reason: str, subject: str, message: str) -> None:
@@ -179,9 +194,14 @@ class NodeEvents:
         )
 
 
+def fault_reason(fault_class: FaultClass) -> str:
+    """The Event reason of a chip's fault class: ``NPU`` and Huawei's name (``NPURestartNPU``)."""
+    return f"NPU{fault_class.huawei}"
+
+
 def _cause(chip: Chip) -> str:
     """The chip's reason, with its fault codes when the reason does not name them."""
-    reason = chip.reason or "no reason reported"
+    reason = chip.reason or ("fault" if chip.faults else "no reason reported")
     codes = [fault.code for fault in chip.faults if fault.code not in reason]
     return f"{reason} (fault codes {', '.join(codes)})" if codes else reason
 

@@ -16,12 +16,13 @@ the node's pool. Pure functions of the inventory; no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ascend_agent.allocation import Layout, Topology, topology_for
 from ascend_agent.container import device_order
+from ascend_agent.faultclass import FaultClass
 from ascend_agent.model import Chip, Inventory
 
 # resource.k8s.io/v1: at most 128 devices per slice, 64 when any device has taints.
@@ -88,22 +89,56 @@ def taint_key(driver: str) -> str:
     return f"{driver}/unhealthy"
 
 
+# The taint effect of a chip's fault class, Huawei's name -> effect ("None": no taint); draFaultTaints in
+# the config overrides any of them.
+FAULT_TAINTS: Mapping[str, str] = {
+    FaultClass.NOT_HANDLE.huawei: "None",
+    FaultClass.SUB_HEALTH.huawei: "None",
+    FaultClass.RESTART_REQUEST.huawei: "None",
+    FaultClass.RESTART_BUSINESS.huawei: "None",
+    FaultClass.FREE_RESTART_NPU.huawei: "NoSchedule",
+    FaultClass.RESTART_NPU.huawei: "NoSchedule",
+    FaultClass.PRE_SEPARATE_NPU.huawei: "NoSchedule",
+    FaultClass.SEPARATE_NPU.huawei: "NoExecute",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceTaints:
-    """How an Unhealthy or held chip is tainted: the driver's key and the effect (``--dra-taint-effect``).
-    A chip whose health is unknown while npu-smi is down is only ``NoSchedule``: a tool's outage never
-    evicts."""
+    """How a chip is tainted: the driver's key, the effect by its fault class (:data:`FAULT_TAINTS` with
+    ``fault_effects`` over them, ``draFaultTaints``), and ``effect`` (``--dra-taint-effect``) for a chip
+    Unhealthy or held for no fault class (a device node gone, the flap hold, the admin's separation). A
+    chip whose health is unknown while npu-smi is down is only ``NoSchedule``: a tool's outage never evicts.
+
+    >>> from ascend_agent.model import Health
+    >>> chip = Chip.make(0, "910B3", fault_class=FaultClass.SEPARATE_NPU)
+    >>> DeviceTaints("npu.huawei.com", "NoSchedule").for_chip(chip.with_health(Health.UNHEALTHY, "Alarm"))
+    [{'key': 'npu.huawei.com/unhealthy', 'value': 'Alarm', 'effect': 'NoExecute'}]
+    """
 
     driver: str
     effect: str
+    fault_effects: tuple[tuple[str, str], ...] = ()
+
+    def effect_of(self, fault_class: FaultClass) -> str:
+        """The taint effect of a chip of ``fault_class``: NoSchedule, NoExecute, or None (no taint)."""
+        return dict(self.fault_effects).get(fault_class.huawei, FAULT_TAINTS[fault_class.huawei])
 
     def for_chip(self, chip: Chip) -> list[dict[str, str]]:
-        if chip.healthy and not chip.held:
-            return []
         if chip.health_unknown and not chip.held:
+            if chip.healthy:
+                return []
             return [{"key": taint_key(self.driver), "value": NPU_SMI_DOWN, "effect": "NoSchedule"}]
+        by_class = self.effect_of(chip.fault_class) if chip.fault_class is not None else "None"
+        if chip.healthy and not chip.held:
+            if by_class == "None":
+                return []
+            reason = chip.fault_class.huawei if chip.fault_class is not None else "unhealthy"
+            return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": by_class}]
         reason = "held" if chip.held else (chip.reason or "unhealthy")
-        return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": self.effect}]
+        own = chip.fault_class is not None and chip.fault_class.unhealthy and not chip.held
+        effect = by_class if own and by_class != "None" else self.effect
+        return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": effect}]
 
 
 def taint_value(reason: str) -> str:

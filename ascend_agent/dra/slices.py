@@ -65,12 +65,13 @@ class SlicePublisher:
         cleanup: bool = False,
         refresh: float = REFRESH,
         others_serving: Callable[[], Sequence[Path]] = list,
+        fault_effects: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.driver = driver
         self.cleanup = cleanup
         self._others_serving = others_serving  # blocks: asked in a worker thread
         self._refresh = refresh
-        self._taints = DeviceTaints(driver, taint_effect)
+        self._taints = DeviceTaints(driver, taint_effect, fault_effects)
         self._writer: LatestWriter[Specs] | None = None
         self._pending: Specs | None = None
         self._generation = 0
