@@ -55,8 +55,8 @@ class _Node:
         self.settings = Settings(
             host_root=self.host.root,
             npu_smi=str(self.npu_smi.path),
-            **{"hot_reset": "idle", "hot_reset_idle": 0.3, "hot_reset_timeout": 10.0, "hot_reset_recover": 10.0,
-               **settings},
+            **{"hot_reset": "idle", "hot_reset_idle": 0.3, "hot_reset_timeout": 10.0,
+               "hot_reset_recover": 10.0, **settings},
         )  # fmt: skip
         self.backend = DevfsBackend(self.settings)
         self.grading = FaultGrading.builtin()

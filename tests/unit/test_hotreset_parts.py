@@ -1,5 +1,5 @@
-"""The hot reset's parts: reset groups per model, the process table, npu-smi's reset run against a fake npu-smi
-(its prompts answered, failing, hanging, unsupported), the budget and the ResetInfo document."""
+"""The hot reset's parts: reset groups per model, the process table, npu-smi's reset run against a fake
+npu-smi (its prompts answered, failing, hanging, unsupported), the budget and the ResetInfo document."""
 
 from __future__ import annotations
 

@@ -157,8 +157,8 @@ def reset_command():
         sys.stdout.write("This device does not support setting reset.\n")
         sys.exit(1)
     sys.stdout.write(
-        "Resetting the standard PCIe card or NPU chip may cause a system hang or abnormal reset during service "
-        "running.\nAre you sure you want to continue resetting?(Y/N)"
+        "Resetting the standard PCIe card or NPU chip may cause a system hang or abnormal reset during "
+        "service running.\nAre you sure you want to continue resetting?(Y/N)"
     )
     sys.stdout.flush()
     answers = [sys.stdin.readline().strip()]
