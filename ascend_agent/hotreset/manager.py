@@ -131,6 +131,7 @@ class HotReset:
         self.timeout = settings.hot_reset_timeout
         self.recover = settings.hot_reset_recover
         self.replicas = settings.replicas
+        self.recheck = settings.health_interval
         self._budget.configure(settings.hot_reset_limit, settings.hot_reset_window)
         self._wake.set()
 
@@ -203,7 +204,7 @@ class HotReset:
             if busy is None:
                 if since is None:
                     what = f"waiting for {self.idle:g} s of no pod and no process"
-                    self._step("Normal", WAITING, group, what, result="waiting")
+                    self._step("Normal", WAITING, group, what, result="waiting", subject=self._faulty(group))
                 waiting[group] = now if since is None else since
             elif since is not None:
                 self._called_off(group, busy)
@@ -230,15 +231,18 @@ class HotReset:
 
     # resetting --------------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Reset each group once it is due, one at a time, until cancelled."""
+        """Reset each group once it is due, one at a time, until cancelled. The groups are looked at again
+        every ``health_interval`` too: a pod that leaves changes no chip, so no discovery says so."""
         while True:
             self._wake = anyio.Event()
             group, wait = self._next_due()
             if group is not None:
                 await self._reset(group)
                 continue
-            with anyio.move_on_after(wait):
+            with anyio.move_on_after(min(wait, self.recheck)):
                 await self._wake.wait()
+            if not self._wake.is_set():
+                self._track_idle()
 
     def _next_due(self) -> tuple[frozenset[int] | None, float]:
         wait = math.inf
@@ -363,7 +367,12 @@ class HotReset:
 
     # steps ------------------------------------------------------------------------------------------------
     def _called_off(self, group: frozenset[int], why: str) -> None:
-        self._step("Normal", CANCELLED, group, f"called off: {why}", result="cancelled")
+        what = f"called off: {why}"
+        self._step("Normal", CANCELLED, group, what, result="cancelled", subject=self._faulty(group))
+
+    def _faulty(self, group: frozenset[int]) -> Chip | None:
+        """The group's first chip a reset would clear, which its Events are about."""
+        return next((self._chips[p] for p in sorted(group) if self._candidate(self._chips.get(p))), None)
 
     def _leave(self, chip: Chip, reason: str, result: str, why: str) -> None:
         """The chip stays Unhealthy and is left to a person (``ResetInfo``'s ``ManualResetDevs``)."""
