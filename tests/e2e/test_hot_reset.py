@@ -134,8 +134,8 @@ def test_a_hanging_reset_lands_in_reset_info(
         podresources.wait_calls(podresources.calls + 2)
         assert process.matching("Hot reset of") == [], "a pod holds a chip of the box: no reset, no wait"
         podresources.release_all()
-        process.wait_log("Hot reset of Ascend910-5: npu-smi set -t reset -i 5 -c 0 -m 1 did not finish within 1 s",
-                         timeout=20)  # fmt: skip
+        hung = "Hot reset of Ascend910-5: npu-smi set -t reset -i 5 -c 0 -m 1 did not finish within 1 s"
+        process.wait_log(hung, timeout=20)
 
         def reset_info() -> str:
             node = apiserver.get("nodes", NODE) or {}
