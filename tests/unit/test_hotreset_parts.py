@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ascend_agent.backends.npusmi import parse_info
 from ascend_agent.backends.npusmi_processes import parse_processes
 from ascend_agent.backends.npusmi_reset import reset_chip, reset_result
+from ascend_agent.config import ConfigError, SettingsSource
 from ascend_agent.faultclass import FaultClass
 from ascend_agent.hotreset import cleared_by_reset
 from ascend_agent.hotreset.budget import ResetBudget
@@ -155,3 +156,12 @@ def test_reset_info_has_huaweis_shape() -> None:
     assert written["ThirdPartyResetDevs"] == []
     plain = ResetDevice.of(Chip.make(3, "910B3", npu_id=3), [])
     assert (plain.associated_card_id, plain.logic_id) == (-1, -1)
+
+
+def test_hot_reset_settings_refuse_bad_values_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"^--hot-reset must be one of off, idle, dry-run$"):
+        SettingsSource({"hot_reset": "always"}).load()
+    with pytest.raises(ConfigError, match=r"^--hot-reset-idle must be a finite number above 0$"):
+        SettingsSource({"hot_reset_idle": -1}).load()
+    settings = SettingsSource({"hot_reset": "dry-run", "hot_reset_limit": 5}).load()
+    assert (settings.hot_reset, settings.hot_reset_limit, settings.hot_reset_recover) == ("dry-run", 5, 180.0)
