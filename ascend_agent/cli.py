@@ -536,7 +536,15 @@ def list_chips(
             "bus_id": chip.bus_id,
             "numa_node": chip.numa_node,
             "npu_id": chip.npu_id,
-            "faults": [{"code": fault.code, "text": fault.text} for fault in chip.faults],
+            "fault_class": chip.fault_class.huawei if chip.fault_class is not None else None,
+            "faults": [
+                {
+                    "code": fault.code,
+                    "text": fault.text,
+                    "class": fault.fault_class.huawei if fault.fault_class is not None else None,
+                }
+                for fault in chip.faults
+            ],
             **_training_row(chip),
             "holders": _holder_rows(holders.of(chip, settings.replicas)),
             "vnpus": [

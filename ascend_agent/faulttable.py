@@ -171,8 +171,9 @@ def _codes(value: Any, where: str) -> list[int]:
 def parse_fault_code(text: str, where: str = FAULT_CODE_KEY) -> dict[int, FaultClass]:
     """``faultCode.json``: code -> class; a code in two classes takes the more severe.
 
-    >>> parse_fault_code('{"NotHandleFaultCodes": ["A4025021"], "RestartNPUCodes": ["8c03a000"]}')
-    {2768392225: <FaultClass.NOT_HANDLE: 0>, 2348007424: <FaultClass.RESTART_NPU: 5>}
+    >>> classes = parse_fault_code('{"NotHandleFaultCodes": ["8C03A000"], "RestartNPUCodes": ["8c03a000"]}')
+    >>> classes[0x8C03A000]
+    <FaultClass.RESTART_NPU: 5>
     """
     document = _document(text, where)
     _unknown(document, CLASS_KEYS, where)

@@ -158,13 +158,9 @@ class FaultGrading:
                 track.by_duration = duration.handling
             elif not track.present and now - track.since >= duration.recover:
                 track.by_duration = None
-            raised += [level for level in (track.by_frequency, track.by_duration) if level is not None]
-            if (
-                not track.present
-                and not track.occurrences
-                and not track.by_frequency
-                and not track.by_duration
-            ):
+            raised_now = [level for level in (track.by_frequency, track.by_duration) if level is not None]
+            raised += raised_now
+            if not (track.present or track.occurrences or raised_now):
                 tracks.pop(code, None)
         return raised
 
@@ -180,7 +176,7 @@ class FaultGrading:
                     chip.device_id,
                     fault.code,
                     self.table.source,
-                    (fault.fault_class or FaultClass.SEPARATE_NPU).huawei,
+                    FaultClass.SEPARATE_NPU.huawei if fault.fault_class is None else fault.fault_class.huawei,
                 )
         if worst is None:
             log.info("%s has no fault class any more", chip.device_id)

@@ -93,11 +93,14 @@ def backend_for(settings: Settings) -> Backend:
 
 
 async def discover_once(settings: Settings) -> Inventory:
-    """One discovery with the configured backend, for ``ascend-agent list`` and the doctor."""
+    """One discovery with the configured backend, its fault codes graded by the built-in fault table and
+    ``faultPolicy``, for ``ascend-agent list`` and the doctor."""
+    from ascend_agent.grading import FaultGrading
+
     backend = backend_for(settings)
     try:
         await backend.start()
         await backend.query()
-        return await backend.discover()
+        return FaultGrading.builtin(settings.fault_policy).apply(await backend.discover())
     finally:
         await backend.close()

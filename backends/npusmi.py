@@ -376,7 +376,7 @@ def parse_health(text: str) -> HealthDetail:
     """``npu-smi info -t health -i <id> [-c <chip>]``: the status and, when not OK, the error codes and text.
 
     >>> parse_health("Health Status : Alarm\\nError Code : 80E3A203\\nError Information : link down\\n")
-    HealthDetail(status='Alarm', faults=(Fault(code='80E3A203', text='link down'),))
+    HealthDetail(status='Alarm', faults=(Fault(code='80E3A203', text='link down', fault_class=None),))
     """
     values = parse_key_values(text)
     status = values.get("Health Status")

@@ -158,7 +158,9 @@ def _fault(chip: Chip, since_ms: int, out: bool, separated: frozenset[str]) -> d
     if chip.device_id in separated or (out and (level is None or not level.unhealthy)):
         level = FaultClass.SEPARATE_NPU
     assert level is not None  # a chip here is out, or has a class
-    codes = {fault.code.upper(): fault.fault_class or level for fault in chip.faults}
+    codes = {
+        fault.code.upper(): level if fault.fault_class is None else fault.fault_class for fault in chip.faults
+    }
     return {
         "fault_type": "CardUnhealthy",
         "npu_name": chip.device_id,
