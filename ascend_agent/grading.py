@@ -60,6 +60,7 @@ class FaultGrading:
         self._clock = clock
         self._codes: dict[str, dict[int, _Code]] = {}
         self._classes: dict[str, FaultClass | None] = {}
+        self._unknowns: dict[str, frozenset[Fault]] = {}
 
     @classmethod
     def builtin(cls, policy: Iterable[tuple[str, str]] = ()) -> FaultGrading:
@@ -165,22 +166,20 @@ class FaultGrading:
         return raised
 
     def _log_change(self, chip: Chip, faults: tuple[Fault, ...], worst: FaultClass | None) -> None:
-        before = self._classes.get(chip.device_id)
-        self._classes[chip.device_id] = worst
-        if worst == before:
-            return
-        for fault in faults:
-            if self._unknown(fault.code):
-                log.warning(
-                    "%s reports fault code %s, which the fault table (%s) does not name: graded %s",
-                    chip.device_id,
-                    fault.code,
-                    self.table.source,
-                    FaultClass.SEPARATE_NPU.huawei if fault.fault_class is None else fault.fault_class.huawei,
-                )
-        if worst is None:
-            log.info("%s has no fault class any more", chip.device_id)
-        elif not worst.unhealthy:
+        """Each code the table does not name, once while the chip reports it; the class of a chip it keeps
+        Healthy, once per change (the agent logs the chip turning Unhealthy)."""
+        unknown = frozenset(fault for fault in faults if self._unknown(fault.code))
+        for fault in sorted(unknown - self._unknowns.get(chip.device_id, frozenset()), key=lambda f: f.code):
+            log.warning(
+                "%s reports fault code %s, which the fault table (%s) does not name: graded %s",
+                chip.device_id,
+                fault.code,
+                self.table.source,
+                (fault.fault_class if fault.fault_class is not None else FaultClass.SEPARATE_NPU).huawei,
+            )
+        self._unknowns[chip.device_id] = unknown
+        before, self._classes[chip.device_id] = self._classes.get(chip.device_id), worst
+        if worst != before and worst is not None and not worst.unhealthy:
             log.info("%s stays Healthy: %s", chip.device_id, _reason(chip.health_status, faults, worst))
 
     def _unknown(self, code: str) -> bool:

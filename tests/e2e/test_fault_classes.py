@@ -104,14 +104,29 @@ def test_the_class_decides_health_deviceinfo_and_events_and_the_fault_config_reg
         agent.wait_log(f"Fault table from ConfigMap kube-system/{FAULT_CONFIG}: 3 codes")
         assert _chip_5_fault(apiserver, "SubHealthFault")["fault_level"] == "SubHealthFault"
 
-        _write_map(
-            apiserver, {"faultCode.json": '{"SubHealthFaultCodes": ["8C03A0"], "Bad": []}'}, create=False
-        )
-        (line,) = agent.wait_log(f"ConfigMap kube-system/{FAULT_CONFIG} not applied")
-        assert line.endswith(
-            "faultCode.json: unknown key 'Bad'; the keys are " + line.split("the keys are ")[1]
-        )
+        bad_duration = {
+            "FaultDuration": [{"EventId": ["8C03A000"], "FaultTimeout": 700, "FaultHandling": "SeparateNPU"}]
+        }
+        for data, named in (
+            (
+                {"faultCode.json": '{"SubHealthFaultCodes": [], "Bad": []}'},
+                "faultCode.json: unknown key 'Bad'",
+            ),
+            (
+                {"faultCode.json": '{"SubHealthFaultCodes": ["8C03A0ZZ"]}'},
+                "'8C03A0ZZ' is not a hex fault code",
+            ),
+            (
+                {"faultCustomization.json": json.dumps(bad_duration)},
+                "FaultDuration[0]: FaultTimeout must be a number from 0 to 600, not 700",
+            ),
+        ):
+            refused = len(agent.matching("not applied, keeping the running fault table"))
+            _write_map(apiserver, data, create=False)
+            found = agent.wait_log("not applied, keeping the running fault table", count=refused + 1)
+            assert named in found[-1], found[-1]
         assert "Traceback" not in agent.output
+        npu_smi.wait_count("info", npu_smi.count("info") + 2)  # two more reconciles with the kept table
         latest = kubelet.latest()
         assert latest is not None and set(latest.health().values()) == {"Healthy"}, "the running table kept"
     finally:

@@ -103,7 +103,9 @@ def test_an_unknown_code_is_named_and_graded_as_huawei_does(caplog: pytest.LogCa
     grading = FaultGrading.builtin()
     with caplog.at_level(logging.WARNING):
         chip = _graded(grading, _chip("12345678"))
+        _graded(grading, _chip("12345678", "80E3A201"))
     assert (chip.fault_class, chip.health) == (FaultClass.SEPARATE_NPU, Health.UNHEALTHY)
+    assert caplog.text.count("12345678") == 1, "once while the chip reports it"
     assert "fault code 12345678, which the fault table (built in) does not name: graded SeparateNPU" in (
         caplog.text
     )
