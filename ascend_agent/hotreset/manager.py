@@ -114,6 +114,7 @@ class HotReset:
         self._inventory = Inventory()
         self._separated: frozenset[str] = frozenset()
         self._idle_since: dict[frozenset[int], float] = {}
+        self._busy_said: dict[frozenset[int], str] = {}  # why each busy group waits, logged once per change
         self._resetting: frozenset[int] = frozenset()
         self._manual: dict[int, ResetDevice] = {}
         self._said: set[int] = set()  # dry-run: chips already said, until Healthy again
@@ -196,11 +197,17 @@ class HotReset:
         now = self._clock()
         groups = {frozenset(group) for group in reset_groups(tuple(self._chips.values())).values()}
         waiting = {}
+        busy_now: dict[frozenset[int], str] = {}
         for group in groups:
             if group == self._resetting or not any(self._candidate(self._chips.get(p)) for p in group):
                 continue
             busy = self._busy(group)
             since = self._idle_since.get(group)
+            if busy is not None:
+                busy_now[group] = busy
+                if self._busy_said.get(group) != busy:
+                    faulty = self._faulty(group)
+                    log.info("Hot reset of %s waits: %s", faulty.device_id if faulty else "?", busy)
             if busy is None:
                 if since is None:
                     what = f"waiting for {self.idle:g} s of no pod and no process"
@@ -209,6 +216,7 @@ class HotReset:
             elif since is not None:
                 self._called_off(group, busy)
         self._idle_since = waiting
+        self._busy_said = busy_now
 
     def _busy(self, group: Iterable[int]) -> str | None:
         """Why the group is not idle now; None when no pod holds and no process runs on any of its chips."""
