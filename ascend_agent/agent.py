@@ -217,8 +217,8 @@ class Agent:
             held=self._held_by_pods,
             refresh_holders=self.holders.refresh,
             wake=self.wake,
-            note=cluster.event if cluster is not None else _no_event,
-            manual_resets=cluster.reset_info if cluster is not None else _no_annotation,
+            note=cluster.event if cluster is not None else None,
+            manual_resets=cluster.reset_info if cluster is not None else None,
         )
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
@@ -839,14 +839,6 @@ def _count_vnpus(parts: Sequence[Chip]) -> None:
             VNPU_AICORES.labels(**labels).set(part.vnpu.aicore)
         if part.vnpu.memory_gb is not None:
             VNPU_MEMORY.labels(**labels).set(part.vnpu.memory_gb * 1024**3)
-
-
-def _no_event(kind: str, reason: str, subject: str, message: str) -> None:
-    """No cluster side: the hot reset's steps are log lines only."""
-
-
-def _no_annotation(value: str) -> None:
-    """No cluster side: ResetInfo is not written (the log names each chip left to a person)."""
 
 
 def nothing_held() -> frozenset[str]:

@@ -78,17 +78,11 @@ class ChipResetter(Protocol):
         """Reset ``chip`` in-band, bounded by ``timeout``; never raises for what the tool does."""
 
 
-def _ignore_note(kind: str, reason: str, subject: str, message: str) -> None:
-    return None
-
-
-def _ignore_annotation(value: str) -> None:
-    return None
-
-
 class HotReset:
     """Idle tracking per reset group, the reset of due groups one at a time, the budget and the chips left
-    to a person. ``clock`` is the monotonic clock the idle wait and the budget read."""
+    to a person. Without ``note`` (no cluster side) the steps are log lines only, and without
+    ``manual_resets`` ``ResetInfo`` is not written. ``clock`` is the monotonic clock the idle wait and the
+    budget read."""
 
     def __init__(
         self,
@@ -98,8 +92,8 @@ class HotReset:
         held: Callable[[], frozenset[str] | None],
         refresh_holders: Callable[[], Awaitable[object]],
         wake: Callable[[], None],
-        note: Note = _ignore_note,
-        manual_resets: Callable[[str], None] = _ignore_annotation,
+        note: Note | None = None,
+        manual_resets: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._resetter = resetter
@@ -156,7 +150,7 @@ class HotReset:
                 "Hot reset: %s is Healthy again; no longer left to a person", self._chips[phys_id].device_id
             )
             del self._manual[phys_id]
-        if back:
+        if back and self.manual_resets is not None:
             self.manual_resets(reset_info(self._manual.values()))
         self._track_idle()
         self._changed.set()
@@ -393,7 +387,8 @@ class HotReset:
             result=result,
             subject=chip,
         )
-        self.manual_resets(reset_info(self._manual.values()))
+        if self.manual_resets is not None:
+            self.manual_resets(reset_info(self._manual.values()))
 
     def _step(
         self,
@@ -416,7 +411,8 @@ class HotReset:
             RESETS.labels(result=result).inc()
         level = logging.WARNING if kind == "Warning" else logging.INFO
         log.log(level, "%s", message, extra=log_fields(device=name, reason=reason))
-        self.note(kind, reason, name, message)
+        if self.note is not None:
+            self.note(kind, reason, name, message)
 
     def _names(self, group: Iterable[int]) -> str:
         return ", ".join(self._chips[p].device_id if p in self._chips else str(p) for p in sorted(group))
