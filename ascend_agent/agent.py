@@ -46,6 +46,7 @@ from ascend_agent.deviceplugin.lifecycle import ResourcePlugin
 from ascend_agent.flaphold import ChipHold
 from ascend_agent.grading import FaultGrading
 from ascend_agent.handed_out import HandedOut
+from ascend_agent.hotreset import HotReset
 from ascend_agent.kubelet_dirs import waiting_reason
 from ascend_agent.kubelet_view import MountedChips
 from ascend_agent.model import Chip, Health, Inventory
@@ -95,6 +96,9 @@ _KUBELET_API_SETTINGS = (
     "dra_fault_taints",
     "dra_cleanup",
 )
+# The hot reset's limits, applied by it live (hotReset itself starts a new backend, which reads more then).
+_HOT_RESET_SETTINGS = ("hot_reset_idle", "hot_reset_timeout", "hot_reset_recover", "hot_reset_limit",
+                       "hot_reset_window")  # fmt: skip
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -115,6 +119,7 @@ _AGENT_SETTINGS = frozenset(
         "log_level",
         "log_format",
         "vnpu",
+        *_HOT_RESET_SETTINGS,
         *_CLUSTER_SETTINGS,
         "pod_resources_socket",
         *_KUBELET_API_SETTINGS,
@@ -206,6 +211,15 @@ class Agent:
         self._standby: str | None = None
         self._missing: Path | None = None
         self._hold = ChipHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
+        self.resets = HotReset(
+            settings,
+            resetter=lambda: self.backend,
+            held=self._held_by_pods,
+            refresh_holders=self.holders.refresh,
+            wake=self.wake,
+            note=cluster.event if cluster is not None else None,
+            manual_resets=cluster.reset_info if cluster is not None else None,
+        )
         self._watching: list[anyio.CancelScope] = []
         self._http_scope = anyio.CancelScope()
         self._dra: DraDriver | None = None
@@ -297,6 +311,7 @@ class Agent:
                 label_devices_with_holders(self._holder_of, claims=self._dra is not None)
                 serve_json(CHIPS_PATH, self.chip_states)
                 tasks.start_soon(self.holders.run, name="pod resources")
+                tasks.start_soon(self.resets.run, name="hot reset")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -467,6 +482,7 @@ class Agent:
             await backend.query()
         configure_logging(settings.log_level, settings.log_format)
         self._hold.configure(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
+        self.resets.configure(settings)
         self.grading.configure(dict(settings.fault_policy))
         if settings.metrics_address != self.settings.metrics_address and not await self._move_http(
             settings.metrics_address
@@ -609,9 +625,11 @@ class Agent:
     async def reconcile(self) -> None:
         """Discover, then make the plugins and what they advertise match."""
         inventory = self.grading.apply(await self.backend.discover())
+        self.resets.observe(inventory, self.separation.ids)
         inventory = replace(inventory, chips=self._hold.apply(inventory.chips))
         # The admin's separation over the chips' own health, the flap hold included.
         inventory = self.separation.apply(inventory)
+        inventory = self.resets.apply(inventory)
         inventory = replace(inventory, vnpus=_follow_chips(inventory.chips, inventory.vnpus))
         self.inventory = inventory
         self._report(inventory)

@@ -236,6 +236,47 @@ FakeTraining = Annotated[
         unset="off",
     ),
 ]
+HotReset = Annotated[
+    str | None,
+    _option(
+        "--hot-reset",
+        env="HOT_RESET",
+        help="off, idle (reset a chip whose fault a reset clears once its reset group is idle) or dry-run "
+        "(say what would be reset, run nothing).",
+    ),
+]
+HotResetIdle = Annotated[
+    float | None,
+    _option(
+        "--hot-reset-idle",
+        env="HOT_RESET_IDLE",
+        help="Seconds the reset group must have had no pod and no process before the reset.",
+    ),
+]
+HotResetTimeout = Annotated[
+    float | None,
+    _option(
+        "--hot-reset-timeout",
+        env="HOT_RESET_TIMEOUT",
+        help="Seconds npu-smi set -t reset may take before it is killed and the reset counts as failed.",
+    ),
+]
+HotResetRecover = Annotated[
+    float | None,
+    _option(
+        "--hot-reset-recover",
+        env="HOT_RESET_RECOVER",
+        help="Seconds a reset chip has to answer healthy before the reset counts as failed.",
+    ),
+]
+HotResetLimit = Annotated[
+    int | None,
+    _option("--hot-reset-limit", env="HOT_RESET_LIMIT", help="Resets per chip within --hot-reset-window."),
+]
+HotResetWindow = Annotated[
+    float | None,
+    _option("--hot-reset-window", env="HOT_RESET_WINDOW", help="Seconds in which the resets are counted."),
+]
 DryRunVnpu = Annotated[
     bool,
     typer.Option(
@@ -412,6 +453,12 @@ def run(
     dra_cleanup: DraCleanup = None,
     fake_vnpus: FakeVnpus = None,
     fake_training: FakeTraining = None,
+    hot_reset: HotReset = None,
+    hot_reset_idle: HotResetIdle = None,
+    hot_reset_timeout: HotResetTimeout = None,
+    hot_reset_recover: HotResetRecover = None,
+    hot_reset_limit: HotResetLimit = None,
+    hot_reset_window: HotResetWindow = None,
     dry_run_vnpu: DryRunVnpu = False,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""

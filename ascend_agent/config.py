@@ -63,6 +63,11 @@ DEVICE_PLUGIN_API = "device-plugin"
 DRA_API = "dra"
 KUBELET_APIS = (DEVICE_PLUGIN_API, DRA_API)
 DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+# Hot reset (ascend_agent.hotreset): off, reset idle groups, or only say what would be reset.
+HOT_RESET_OFF = "off"
+HOT_RESET_IDLE = "idle"
+HOT_RESET_DRY_RUN = "dry-run"
+HOT_RESET_MODES = (HOT_RESET_OFF, HOT_RESET_IDLE, HOT_RESET_DRY_RUN)
 NO_TAINT = "None"  # a fault class whose chips get no taint
 
 
@@ -145,6 +150,15 @@ class Settings:
     # Fake backend: synthetic device IPs (198.18.0.0/15, the benchmarking range) and, on A3, vNIC IPs and a
     # super pod; off: none, as on a node without hccn_tool.
     fake_training: bool = False
+    # Hot reset of a chip whose fault a reset clears, once its reset group is idle (ascend_agent.hotreset):
+    # the seconds the group must be idle, the bound on `npu-smi set -t reset`, the wait for the chip to
+    # answer healthy, and at most hot_reset_limit resets per chip within hot_reset_window seconds.
+    hot_reset: str = HOT_RESET_OFF
+    hot_reset_idle: float = 60.0
+    hot_reset_timeout: float = 400.0
+    hot_reset_recover: float = 180.0
+    hot_reset_limit: int = 3
+    hot_reset_window: float = 6 * 3600.0
 
     @property
     def effective_plugins_registry_dir(self) -> Path:
@@ -411,6 +425,12 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "vnpu": _optional(parse_layout),
     "fake_vnpus": _optional(fake_vnpus),
     "fake_training": _bool,
+    "hot_reset": _one_of(*HOT_RESET_MODES),
+    "hot_reset_idle": _positive_float,
+    "hot_reset_timeout": _positive_float,
+    "hot_reset_recover": _positive_float,
+    "hot_reset_limit": _positive_int,
+    "hot_reset_window": _positive_float,
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
 

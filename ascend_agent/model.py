@@ -178,6 +178,11 @@ class Chip:
     device_ip: str | None = None
     vnic_ip: str | None = None
     super_pod: SuperPod | None = None
+    # How many processes npu-smi lists on the chip; None where it does not say (the hot reset's idle check).
+    processes: int | None = None
+    # The driver's logic id (``npu-smi info -m``) and the board id (``info -t board``) where read.
+    logic_id: int | None = None
+    board_id: int | None = None
     # The most severe class of its fault codes now, escalations included; None while it reports no code.
     fault_class: FaultClass | None = None
     # npu-smi's Health column (OK, Warning, Alarm, Critical), where the backend reads it.

@@ -187,6 +187,11 @@ CHIP_NETWORK_UNHEALTHY = Gauge(
     "1 while the chip's link has been DOWN for linkDownDebounce s or more, else 0.",
     ["device"],
 )
+RESETS = Counter(
+    "ascend_agent_resets",
+    "Hot-reset steps by result (waiting, started, succeeded, failed, ...; docs/metrics.md).",
+    ["result"],
+)
 CHIP_HELD = Gauge(
     "ascend_agent_chip_held", "1 while the chip is held Unhealthy for flapping, else 0.", ["device"]
 )

@@ -44,10 +44,11 @@ from ascend_agent.backends.npusmi import (
     query_info,
     run_npu_smi,
 )
+from ascend_agent.backends.npusmi_reset import ResetOutcome, reset_chip
 from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.backends.training import TrainingProbe, TrainingTarget
 from ascend_agent.backends.vnpu import VNPU_NODE, VnpuProbe
-from ascend_agent.config import ConfigError, Settings
+from ascend_agent.config import HOT_RESET_OFF, ConfigError, Settings
 from ascend_agent.faults import describe
 from ascend_agent.model import (
     CarveFailed,
@@ -113,6 +114,7 @@ class _Probed:
     numa_node: int | None
     faults: tuple[Fault, ...] = ()
     hbm_mb: int | None = None
+    processes: int | None = None
 
 
 class DevfsBackend:
@@ -129,6 +131,10 @@ class DevfsBackend:
         self._chip_set: tuple[tuple[int, int, str], ...] = ()
         self._chip_map: tuple[MapRow, ...] = ()
         self._a3_model = A3_MODEL
+        # With the hot reset on: the logic ids (`info -m`) for ResetInfo, and a 910B's board id, which
+        # tells a board without HCCS (its chips reset alone).
+        self._logic_ids: dict[tuple[int, int], int] = {}
+        self._board_id: int | None = None
         self._failures = 0
         self._outage_cause = ""
         self._failure_log = ProblemLog()
@@ -401,12 +407,21 @@ class DevfsBackend:
         self._chip_set = chip_set
         self._chip_map = ()
         redacted = any(not _known_model(row.name) for row in table.chips)
-        if table.shape is Shape.NPU_ID or redacted:
+        resetting = self._settings.hot_reset != HOT_RESET_OFF
+        if table.shape is Shape.NPU_ID or redacted or resetting:
             self._chip_map = await self._info_map(executable)
             if redacted and not self._chip_map:
                 self._chip_set = ()  # the names are needed: ask again next query
+        self._logic_ids = {
+            (row.npu_id, row.chip_id): row.logic_id for row in self._chip_map if row.logic_id is not None
+        }
         dies = sorted(a3_dies(table))
         self._a3_model = await self._board_model(executable, table.chips[dies[0]]) if dies else A3_MODEL
+        names = [normalise_model(row.name) for row in table.chips]
+        is_910b = any(_known_model(n) and classify(n) is Generation.ASCEND910B for n in names)
+        self._board_id = (
+            await self._board_id_of(executable, table.chips[0]) if resetting and is_910b else None
+        )
 
     async def _info_map(self, executable: str) -> tuple[MapRow, ...]:
         try:
@@ -432,6 +447,22 @@ class DevfsBackend:
                      board.get("NPU Name", ""), A3_MODEL)  # fmt: skip
             return A3_MODEL
         return model
+
+    async def _board_id_of(self, executable: str, row: ChipRow) -> int | None:
+        """The board id ``npu-smi info -t board`` names (``Board ID : 0x33``); None when it names none."""
+        args = ["info", "-t", "board", "-i", str(row.npu_id)]
+        try:
+            board = parse_key_values(await run_npu_smi(executable, args, self._settings.npu_smi_timeout))
+            return int(board.get("Board ID", ""), 16)
+        except (NpuSmiError, NpuSmiParseError, ValueError) as exc:
+            log.info("npu-smi %s named no board id (%s): 910B chips reset as one HCCS box",
+                     " ".join(args), exc)  # fmt: skip
+            return None
+
+    async def reset_chip(self, chip: Chip, timeout: float) -> ResetOutcome:
+        """The in-band reset of ``chip`` with npu-smi (``set -t reset -i <npu id> -c <chip> -m 1``)."""
+        npu_id = chip.npu_id if chip.npu_id is not None else chip.phys_id
+        return await reset_chip(self._settings.effective_npu_smi, npu_id, chip.chip_on_card, timeout)
 
     async def _probe(self, table: InfoTable) -> list[_Probed]:
         probed = []
@@ -461,6 +492,7 @@ class DevfsBackend:
                     bus_id=row.bus_id,
                     numa_node=await self._numa_node(row.bus_id),
                     hbm_mb=row.hbm_total_mb or None,
+                    processes=table.processes.count(row.npu_id, row.chip),
                 )
             )
         return probed
@@ -582,6 +614,9 @@ class DevfsBackend:
                 vnic_ip=facts.vnic_ip,
                 super_pod=facts.super_pod,
                 network_fault=self._network.fault(phys_id),
+                processes=probed.processes,
+                logic_id=self._logic_ids.get((probed.npu_id, probed.chip)),
+                board_id=self._board_id if probed.generation is Generation.ASCEND910B else None,
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:

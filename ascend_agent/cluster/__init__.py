@@ -132,6 +132,10 @@ def _features(
     from ascend_agent.cluster.labels import NodeLabels
 
     features: list[Feature] = [NodeLabels(replicas), NodeEvents()]
+    if settings.hot_reset != "off":
+        from ascend_agent.cluster.resetinfo import ResetInfoAnnotation
+
+        features.append(ResetInfoAnnotation())
     if settings.device_info:
         from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
 

@@ -51,6 +51,23 @@ class FakeNpuSmi(FakeExecutable):
         state: dict[str, Any] = json.loads((self.directory / "vnpu.json").read_text())
         return state
 
+    def set_reset(
+        self, result: str, after: Mapping[str, str] | None = None, second_prompt: bool = False
+    ) -> None:
+        """``set -t reset`` asks its confirmation (and with ``second_prompt`` A3's reboot question), then
+        ``result``: ok (``after``'s answers replace those of their arguments: the chip comes back healthy
+        when one is a healthy table), fail, unsupported, or hang."""
+        assert result in ("ok", "fail", "unsupported", "hang"), result
+        plan = {"result": result, "after": dict(after or {}), "second_prompt": second_prompt}
+        temporary = self.directory / "reset.json.tmp"
+        temporary.write_text(json.dumps(plan))
+        temporary.replace(self.directory / "reset.json")
+
+    def resets(self) -> list[str]:
+        """Each reset npu-smi ran: ``<args> | <answers it read>``."""
+        log = self.directory / "resets.log"
+        return log.read_text().splitlines() if log.exists() else []
+
     def calls_of(self, prefix: str) -> list[str]:
         """Every call whose arguments start with ``prefix``, in order."""
         log = self.directory / "calls.log"

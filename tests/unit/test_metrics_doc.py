@@ -161,6 +161,11 @@ _FIRING: dict[str, tuple[list[tuple[str, str]], dict[str, str], str]] = {
         {"instance": "n1", "device": "Ascend910-3"},
         "5m",
     ),
+    "AscendChipLeftToAPerson": (
+        [(f'ascend_agent_resets_total{{{_N},result="hung"}}', "0+1x20")],
+        {"instance": "n1"},
+        "10m",
+    ),
     "AscendChipUnhealthy": (
         [(f'ascend_agent_device_health{{{_N},{_R},device="Ascend910-3"}}', "0x20")],
         {"instance": "n1", "resource": "huawei.com/Ascend910", "device": "Ascend910-3"},
