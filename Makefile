@@ -112,7 +112,11 @@ $(INTEROP)/kubelet-standin: $(INTEROP_GO_SOURCES) $(INTEROP)/protos/go.mod
 $(INTEROP)/deviceinfo-decode: tests/interop/deviceinfo/main.go tests/interop/go.mod $(INTEROP)/protos/go.mod
 	cd tests/interop && nice -n 10 $(GO) build -mod=readonly -o "$(CURDIR)/$@" ./deviceinfo
 
-interop: $(STAMP) $(INTEROP)/kubelet-standin $(INTEROP)/deviceinfo-decode
+# The pods' ascend-910-configuration and hccl.json v1.0/v1.2 decoded by Go's encoding/json (standard library only).
+$(INTEROP)/ranktable-decode: tests/interop/ranktable/main.go tests/interop/go.mod $(INTEROP)/protos/go.mod
+	cd tests/interop && nice -n 10 $(GO) build -mod=readonly -o "$(CURDIR)/$@" ./ranktable
+
+interop: $(STAMP) $(INTEROP)/kubelet-standin $(INTEROP)/deviceinfo-decode $(INTEROP)/ranktable-decode
 	INTEROP_REQUIRE_STANDIN=1 $(BIN)/pytest -q -s -m interop -o addopts='' tests/interop
 
 # A real single-node Kubernetes (tests/cluster/): one binary with kube-apiserver, kube-controller-manager,

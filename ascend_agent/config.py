@@ -23,13 +23,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ascend_agent.health.faults import VERDICTS
+from ascend_agent.faultclass import HUAWEI_NAMES
 from ascend_agent.kube_names import is_dns_subdomain
 from ascend_agent.model import UnknownModelError, classify
 from ascend_agent.naming import NAMING_SCHEMES
 from ascend_agent.vnpu_layout import Layout, is_chip_id, parse_layout
+from ascend_agent.yamlfile import ConfigError as ConfigError
+from ascend_agent.yamlfile import load_yaml
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -62,13 +62,19 @@ DEVICE_PLUGIN_API = "device-plugin"
 DRA_API = "dra"
 KUBELET_APIS = (DEVICE_PLUGIN_API, DRA_API)
 DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+# Hot reset (ascend_agent.health.hotreset): off, reset idle groups, or only say what would be reset.
+HOT_RESET_OFF = "off"
+HOT_RESET_IDLE = "idle"
+HOT_RESET_DRY_RUN = "dry-run"
+HOT_RESET_MODES = (HOT_RESET_OFF, HOT_RESET_IDLE, HOT_RESET_DRY_RUN)
+NO_TAINT = "None"  # a fault class whose chips get no taint
+# What faultPolicy says of a code (ascend_agent.health.faults): graded NotHandleFault or SeparateNPU.
+HEALTHY = "healthy"
+UNHEALTHY = "unhealthy"
+VERDICTS = (HEALTHY, UNHEALTHY)
 
 
 DEFAULT_API_LIST_LIMIT_MIB = 64
-
-
-class ConfigError(ValueError):
-    """Bad usage or configuration: the CLI prints it as one line and exits 2."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,10 @@ class Settings:
     npu_smi_timeout: float = 10.0
     # hccn_tool, which reads the chips' device IPs (backends/training.py); None: PATH, then the host's.
     hccn_tool: str | None = None
+    # Each chip's RoCE link read every health interval (backends/network.py), and the seconds it must stay
+    # DOWN before the chip is network-unhealthy.
+    network_health: bool = True
+    link_down_debounce: float = 20.0
     health_interval: float = 5.0
     health_failure_threshold: int = 3
     healthy_states: tuple[str, ...] = ("OK", "Warning")
@@ -128,6 +138,9 @@ class Settings:
     kubelet_api: str = DEVICE_PLUGIN_API
     dra_driver_name: str = "npu.huawei.com"
     dra_taint_effect: str = "NoSchedule"
+    # Fault class (Huawei's name) -> taint effect (None, NoSchedule, NoExecute), over the defaults in
+    # ascend_agent.kubelet.dra.devices.
+    dra_fault_taints: tuple[tuple[str, str], ...] = ()
     dra_cleanup: bool = False
     # The vNPUs each chip should hold, by physical id or chip name (``ascend_agent.vnpu_layout``); None:
     # vNPUs are never created or destroyed.
@@ -136,6 +149,16 @@ class Settings:
     # Fake backend: synthetic device IPs (198.18.0.0/15, the benchmarking range) and, on A3, vNIC IPs and a
     # super pod; off: none, as on a node without hccn_tool.
     fake_training: bool = False
+    # Hot reset of a chip whose fault a reset clears, once its reset group is idle
+    # (ascend_agent.health.hotreset): the seconds the group must be idle, the bound on `npu-smi set -t
+    # reset`, the wait for the chip to answer healthy, and at most hot_reset_limit resets per chip within
+    # hot_reset_window seconds.
+    hot_reset: str = HOT_RESET_OFF
+    hot_reset_idle: float = 60.0
+    hot_reset_timeout: float = 400.0
+    hot_reset_recover: float = 180.0
+    hot_reset_limit: int = 3
+    hot_reset_window: float = 6 * 3600.0
 
     @property
     def effective_plugins_registry_dir(self) -> Path:
@@ -247,6 +270,21 @@ def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(policy))
 
 
+def _fault_taints(value: Any) -> tuple[tuple[str, str], ...]:
+    """``{SeparateNPU: NoExecute, SubHealthFault: NoSchedule}``: the taint effect of a fault class."""
+    if isinstance(value, tuple):
+        value = dict(value)
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping of fault classes to None, NoSchedule or NoExecute")
+    effects = (NO_TAINT, *DRA_TAINT_EFFECTS)
+    for name, effect in value.items():
+        if name not in HUAWEI_NAMES:
+            raise ValueError(f"key {name!r} is not a fault class ({', '.join(HUAWEI_NAMES)})")
+        if effect not in effects:
+            raise ValueError(f"{name}: {effect!r} must be one of {', '.join(effects)}")
+    return tuple(sorted((str(name), str(effect)) for name, effect in value.items()))
+
+
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError("must be true or false")
@@ -348,6 +386,8 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "npu_smi": _optional(_text),
     "npu_smi_timeout": _seconds(MIN_NPU_SMI_TIMEOUT),
     "hccn_tool": _optional(_text),
+    "network_health": _bool,
+    "link_down_debounce": _seconds(0),
     "health_interval": _seconds(MIN_HEALTH_INTERVAL),
     "health_failure_threshold": _positive_int,
     "healthy_states": _text_list,
@@ -380,66 +420,19 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "kubelet_api": _one_of(*KUBELET_APIS),
     "dra_driver_name": lambda value: _dns_subdomain(_text(value)),
     "dra_taint_effect": _one_of(*DRA_TAINT_EFFECTS),
+    "dra_fault_taints": _fault_taints,
     "dra_cleanup": _bool,
     "vnpu": _optional(parse_layout),
     "fake_vnpus": _optional(fake_vnpus),
     "fake_training": _bool,
+    "hot_reset": _one_of(*HOT_RESET_MODES),
+    "hot_reset_idle": _positive_float,
+    "hot_reset_timeout": _positive_float,
+    "hot_reset_recover": _positive_float,
+    "hot_reset_limit": _positive_int,
+    "hot_reset_window": _positive_float,
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
-
-
-def decode_utf8(data: bytes, what: str) -> str:
-    """``data`` as text; :class:`ConfigError` names ``what`` and the first byte that is not UTF-8::
-
-    decode_utf8(b"a: 1 # \xb2\xe2", "config file c.yaml")
-    # ConfigError: config file c.yaml is not UTF-8: byte 0xb2 at offset 7 (line 1); save it as UTF-8
-    """
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(
-            f"{what} is not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} (line {line}); "
-            "save it as UTF-8"
-        ) from None
-
-
-class _AliasFound(Exception):
-    def __init__(self, line: int) -> None:
-        super().__init__(line)
-        self.line = line
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: Any, first: int, again: int) -> None:
-        super().__init__(key, first, again)
-        self.key, self.first, self.again = key, first, again
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without aliases: one short string referenced many times under a list expands
-    into gigabytes (an "alias bomb"), and no setting needs one. A key given twice in one mapping is refused:
-    PyYAML would keep the last one without a word, and which of two values was meant is the reader's guess."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise _AliasFound(self.peek_event().start_mark.line + 1)  # type: ignore[no-untyped-call]
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        lines: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                if key in lines:
-                    raise _DuplicateKey(key, lines[key], line)
-                lines[key] = line
-            except TypeError:  # an unhashable key: the base class says so
-                continue
-        return super().construct_mapping(node, deep=deep)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -448,22 +441,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
         data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    text = decode_utf8(data, f"config file {path}")
-    try:
-        document = yaml.load(text, Loader=_NoAliasLoader)
-    except _AliasFound as found:
-        raise ConfigError(
-            f"config file {path} uses a YAML alias at line {found.line}; write the value out instead"
-        ) from None
-    except _DuplicateKey as twice:
-        raise ConfigError(
-            f"config file {path}: {twice.key} is given twice (lines {twice.first} and {twice.again}); "
-            "keep one"
-        ) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+    document = load_yaml(data, f"config file {path}")
     if document is None:
         return {}
     if not isinstance(document, dict):

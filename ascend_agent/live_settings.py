@@ -16,13 +16,23 @@ from dataclasses import fields
 
 from ascend_agent.config import EffectiveSettings, Settings
 from ascend_agent.observability import log_fields
+from ascend_agent.vnpu_layout import dynamic_entries
 
 log = logging.getLogger(__name__)
 
 # The cluster side is set up once, at start.
 _CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "api_list_limit_mib", "volcano_scheduler_name")
 # Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
-_KUBELET_API_SETTINGS = ("kubelet_api", "dra_driver_name", "dra_taint_effect", "dra_cleanup")
+_KUBELET_API_SETTINGS = (
+    "kubelet_api",
+    "dra_driver_name",
+    "dra_taint_effect",
+    "dra_fault_taints",
+    "dra_cleanup",
+)
+# The hot reset's limits, applied by it live (hotReset itself starts a new backend, which reads more then).
+_HOT_RESET_SETTINGS = ("hot_reset_idle", "hot_reset_timeout", "hot_reset_recover", "hot_reset_limit",
+                       "hot_reset_window")  # fmt: skip
 # Settings the agent applies itself; a change to any other one means a new backend.
 _AGENT_SETTINGS = frozenset(
     {
@@ -36,12 +46,14 @@ _AGENT_SETTINGS = frozenset(
         "flap_threshold",
         "flap_window",
         "flap_quiet",
+        "fault_policy",
         "serve_timeout",
         "cdi_spec_dir",
         "metrics_address",
         "log_level",
         "log_format",
         "vnpu",
+        *_HOT_RESET_SETTINGS,
         *_CLUSTER_SETTINGS,
         "pod_resources_socket",
         *_KUBELET_API_SETTINGS,
@@ -83,6 +95,10 @@ class SettingsChange:
             log.warning(
                 "%s changed: device plugin or DRA driver, and the driver's settings, apply at the next start",
                 ", ".join(sorted(changed & set(_KUBELET_API_SETTINGS))),
+            )
+        if dynamic_entries(self.loaded.vnpu) != dynamic_entries(self.running.vnpu):
+            log.warning(
+                "vnpu: which chips are dynamic changes when the backend starts again (the next start)"
             )
         if self.loaded.effective_plugin_dir != self.running.effective_plugin_dir:
             log.warning(

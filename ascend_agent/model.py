@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ascend_agent import naming
+from ascend_agent.faultclass import FaultClass
 
 
 class Health(enum.StrEnum):
@@ -92,10 +93,11 @@ def normalise_model(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """An error code a chip reports (``npu-smi info -t health``) and its text."""
+    """An error code a chip reports (``npu-smi info -t health``), its text, and its class once graded."""
 
     code: str
     text: str = ""
+    fault_class: FaultClass | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,8 @@ class Template:
     aicore: int
     memory_gb: int | None = None
     aicpu: int | None = None
+    # Media units by npu-smi's label in lower case (``vpc``, ``venc``, ``jpegd``, ...), where it lists them.
+    media: tuple[tuple[str, int], ...] = ()
 
 
 # What npu-smi shows in the Container ID column of a vNPU no container runs on, lower-cased.
@@ -174,6 +178,18 @@ class Chip:
     device_ip: str | None = None
     vnic_ip: str | None = None
     super_pod: SuperPod | None = None
+    # How many processes npu-smi lists on the chip; None where it does not say (the hot reset's idle check).
+    processes: int | None = None
+    # The driver's logic id (``npu-smi info -m``) and the board id (``info -t board``) where read.
+    logic_id: int | None = None
+    board_id: int | None = None
+    # The most severe class of its fault codes now, escalations included; None while it reports no code.
+    fault_class: FaultClass | None = None
+    # npu-smi's Health column (OK, Warning, Alarm, Critical), where the backend reads it.
+    health_status: str = ""
+    # Why the chip's RoCE network is unhealthy (its link down past the debounce); empty while it is not.
+    # Not a health of the kubelet's: the chip still serves single-chip pods.
+    network_fault: str = ""
 
     @classmethod
     def make(cls, phys_id: int, model: str, **kwargs: Any) -> Chip:
@@ -276,6 +292,21 @@ class ContainerBase:
     cdi: bool = False
 
 
+class CarveFailed(Exception):
+    """Creating, destroying or listing a vNPU failed; the message is the tool's words in one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Carvable:
+    """A chip whose vNPUs are carved by the claims prepared on it (``vnpu: {dynamic: true}``): the templates
+    it offers (``template-info``) and what it has in all (``info-vnpu``'s totals by label in lower case:
+    ``aicore``, ``memory`` in GB, ``aicpu``, ``vpc``, ...; what npu-smi says NA of is left out)."""
+
+    phys_id: int
+    templates: tuple[Template, ...]
+    totals: tuple[tuple[str, int], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Inventory:
     """One discovery: the chips, their vNPUs (chips with ``vnpu`` set), what every container that gets some
@@ -288,6 +319,8 @@ class Inventory:
     vnpus: tuple[Chip, ...] = ()
     # Why the chips' health cannot be read now (npu-smi down); empty while it can.
     outage: str = ""
+    # The dynamic chips (published whole and as the templates they can carve, never as their vNPUs).
+    carvable: tuple[Carvable, ...] = ()
 
     @property
     def super_pod(self) -> SuperPod | None:
@@ -328,16 +361,30 @@ class Holder:
     namespace: str
     pod: str
     container: str
+    claim: str = ""  # DRA: the ResourceClaim (in the pod's namespace) that gave the device
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.pod}/{self.container}"
+        held = f"{self.namespace}/{self.pod}/{self.container}"
+        return f"{held} (claim {self.claim})" if self.claim else held
 
 
 @dataclass(frozen=True, slots=True)
 class Holders:
-    """Who holds each advertised device, by (resource, device ID) as the kubelet names them."""
+    """Who holds each advertised device, by (resource, device ID) as the kubelet names them; and each device
+    a DRA driver prepared, by (driver, device name)."""
 
     by_device: Mapping[tuple[str, str], tuple[Holder, ...]] = field(default_factory=dict)
+    by_claimed: Mapping[tuple[str, str], tuple[Holder, ...]] = field(default_factory=dict)
+
+    def of_claimed(self, driver: str, chip: Chip) -> tuple[Holder, ...]:
+        """The containers holding ``chip`` (or vNPU) through a claim of ``driver``, sorted.
+
+        >>> holders = Holders(by_claimed={("npu.huawei.com", "npu-1"): (Holder("a", "p", "c", "train"),)})
+        >>> [str(h) for h in holders.of_claimed("npu.huawei.com", Chip.make(1, "910B3"))]
+        ['a/p/c (claim train)']
+        """
+        name = naming.dra_device_name(chip.phys_id, chip.vnpu.vnpu_id if chip.vnpu is not None else None)
+        return self.by_claimed.get((driver, name), ())
 
     def of(self, chip: Chip, replicas: int) -> tuple[Holder, ...]:
         """The containers holding ``chip`` (through any of its replicas), sorted."""

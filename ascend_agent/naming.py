@@ -90,6 +90,16 @@ def cdi_device_name(chip_device_id: str) -> str:
     return f"{CDI_KIND}={chip_device_id}"
 
 
+def dra_device_name(phys_id: int, vnpu_id: int | None = None) -> str:
+    """A DRA device's name in the pool (a DNS label): ``npu-<phys id>`` for a chip, ``npu-<phys id>-vnpu-<vnpu
+    id>`` for a vNPU of it.
+
+    >>> dra_device_name(3), dra_device_name(3, 130)
+    ('npu-3', 'npu-3-vnpu-130')
+    """
+    return f"npu-{phys_id}" if vnpu_id is None else f"npu-{phys_id}-vnpu-{vnpu_id}"
+
+
 # The longest name of a Kubernetes object named as a DNS subdomain (ResourceSlices, Events).
 MAX_OBJECT_NAME_LENGTH = 253
 _NAME_HASH_LENGTH = 10

@@ -24,6 +24,8 @@ from ascend_agent import __version__, cluster
 from ascend_agent.backends import Backend, VnpuLayoutBackend, backend_for
 from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper, plans_now
 from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
+from ascend_agent.health.grading import FaultGrading
+from ascend_agent.health.hotreset import HotReset
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.instance import exclusive
 from ascend_agent.kubelet import dirs as kubelet_dirs
@@ -120,8 +122,10 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
 
 def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agent:
     """Each part once, handed what it needs: the cluster side, the kubelet side (device plugins, or the DRA
-    driver in their place), who holds which chip, the vNPU layout, and the agent over them."""
+    driver in their place), who holds which chip, the vNPU layout, the fault table, the hot reset, and the
+    agent over them."""
     separation = ManualSeparation()
+    grading = FaultGrading.builtin(settings.fault_policy)
     mounted = MountedChips() if settings.volcano else None
     dra = settings.kubelet_api == DRA_API
     more: list[Callable[[], Feature]] = []
@@ -129,7 +133,7 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         from ascend_agent.kubelet.dra import slice_publisher
 
         more.append(partial(slice_publisher, settings))
-    side = cluster.open_side(settings, separation, mounted, more)
+    side = cluster.open_side(settings, separation, mounted, grading, more)
     if side is None and dra:
         raise ConfigError(
             "--kubelet-api dra needs the Kubernetes API (claims, ResourceSlices): give --kubeconfig or run "
@@ -159,7 +163,16 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         from ascend_agent.kubelet.dra import DraDriver
 
         driver = DraDriver.open(settings, side)
-    return Agent(
+    resets = HotReset(
+        settings,
+        resetter=lambda: agent.backend,
+        held=holdings.held_devices,
+        refresh_holders=pods.refresh,
+        wake=lambda: agent.wake(),
+        note=side.event if side is not None else None,
+        manual_resets=side.reset_info if side is not None else None,
+    )
+    agent = Agent(
         settings,
         backend,
         source,
@@ -170,7 +183,10 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         dra=driver,
         mounted=mounted,
         vnpu=VnpuLayoutKeeper(holdings.held_devices),
+        grading=grading,
+        resets=resets,
     )
+    return agent
 
 
 async def print_vnpu_plan(settings: Settings) -> int:

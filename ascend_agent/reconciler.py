@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,9 @@ from ascend_agent import cdi
 from ascend_agent.backends import Backend, backend_for
 from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, ConfigError, Settings, SettingsSource
-from ascend_agent.health.flaphold import ChipHold
+from ascend_agent.health.grading import FaultGrading
+from ascend_agent.health.hotreset import HotReset
+from ascend_agent.health.pipeline import HealthPipeline
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.kubelet.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.kubelet.deviceplugin.plugins import DevicePlugins
@@ -38,7 +39,7 @@ from ascend_agent.kubelet.dirs import waiting_reason
 from ascend_agent.kubelet.holders import Holdings
 from ascend_agent.kubelet.podresources import PodHolders
 from ascend_agent.live_settings import SettingsChange, log_configuration
-from ascend_agent.model import Chip, Health, Inventory
+from ascend_agent.model import Inventory
 from ascend_agent.observability import (
     KUBELET_RESTARTS,
     configure_logging,
@@ -83,16 +84,19 @@ class Agent:
         dra: DraDriver | None = None,
         mounted: MountedChips | None = None,
         vnpu: VnpuLayoutKeeper | None = None,
+        grading: FaultGrading | None = None,
+        resets: HotReset | None = None,
     ) -> None:
         """The parts default to what a device-plugin agent without a cluster side needs. ``dra`` serves in
         place of ``plugins``; ``mounted`` (``--volcano``) wakes the agent when the chips the pods got
-        changed."""
+        changed; ``resets`` is the hot reset (none by default)."""
         self.settings = settings
         self.backend = backend
         self.cluster = cluster
-        # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
-        self.separation = separation or ManualSeparation()
-        self.separation.on_change = self.wake
+        self.health = HealthPipeline(
+            settings, grading=grading, separation=separation, resets=resets, wake=self.wake
+        )
+        self.separation = self.health.separation
         self.holdings = holdings or Holdings(
             PodHolders(settings.pod_resources_socket, backend.health_interval or settings.health_interval)
         )
@@ -108,7 +112,11 @@ class Agent:
         if dra is not None:
             dra.plugin.on_registered = self._registered.set
         self.endpoint = HttpEndpoint(settings.metrics_address, self.ready, self.health_detail)
-        self.report = InventoryReport(self.holdings.by_chip, lambda: self.settings.replicas)
+        self.report = InventoryReport(
+            self.holdings.by_chip,
+            lambda: self.settings.replicas,
+            claim_driver=settings.dra_driver_name if dra is not None else None,
+        )
         self.cdi = cdi.SpecWriter()
         self._source = source
         self._wakeup = anyio.Event()
@@ -117,7 +125,6 @@ class Agent:
         self._tasks: TaskGroup | None = None
         self._standby: str | None = None
         self._missing: Path | None = None
-        self._hold = ChipHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         self._watching: list[anyio.CancelScope] = []
 
     @property
@@ -171,7 +178,7 @@ class Agent:
 
     def chip_states(self) -> dict[str, Any]:
         """``/chips``: each chip's health and hold, and npu-smi's state, as only this process knows them."""
-        hold = self._hold
+        hold = self.health.hold
         return chip_states(self.inventory, hold.release_in, hold.reason(), now=time.time())
 
     def _serving(self) -> tuple[bool, str]:
@@ -200,9 +207,11 @@ class Agent:
                     tasks.start_soon(self._run_cluster, name="cluster")
                 if self.dra is not None:
                     tasks.start_soon(self.dra.run, name="dra")
-                label_devices_with_holders(self.report.holder_of)
+                label_devices_with_holders(self.report.holder_of, claims=self.dra is not None)
                 serve_json(CHIPS_PATH, self.chip_states)
                 tasks.start_soon(self.holdings.pods.run, name="pod resources")
+                if self.health.resets is not None:
+                    tasks.start_soon(self.health.resets.run, name="hot reset")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -227,7 +236,7 @@ class Agent:
                 await self.backend.close()
 
     def _next_look(self) -> float | None:
-        times = (self._hold.seconds_to_release(), self.cdi.seconds_to_retry())
+        times = (self.health.hold.seconds_to_release(), self.cdi.seconds_to_retry())
         return min((s for s in times if s is not None and s != math.inf), default=None)
 
     # events in ---------------------------------------------------------------------------------------------
@@ -331,7 +340,7 @@ class Agent:
             self.backend = backend
             await backend.query()
         configure_logging(settings.log_level, settings.log_format)
-        self._hold.configure(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
+        self.health.configure(settings)
         if settings.metrics_address != self.settings.metrics_address and not await self.endpoint.move(
             settings.metrics_address
         ):
@@ -363,14 +372,10 @@ class Agent:
     # reconciling ------------------------------------------------------------------------------------------
     async def reconcile(self) -> None:
         """Discover, then make what the kubelet, the cluster side and the CDI spec are told match."""
-        inventory = await self.backend.discover()
-        inventory = replace(inventory, chips=self._hold.apply(inventory.chips))
-        # The admin's separation over the chips' own health, the flap hold included.
-        inventory = self.separation.apply(inventory)
-        inventory = replace(inventory, vnpus=_follow_chips(inventory.chips, inventory.vnpus))
+        inventory = self.health.apply(await self.backend.discover())
         self.report.inventory(inventory)
         if self.dra is not None:
-            self.dra.publish(inventory)
+            self.dra.publish(inventory, self.backend)
             if self.cluster is not None:
                 self.cluster.observe(inventory)
             return
@@ -382,18 +387,3 @@ class Agent:
         if self.cluster is not None:
             self.cluster.observe(inventory)
         await self.cdi.write(self.settings.cdi_spec_dir, inventory)
-
-
-def _follow_chips(chips: Sequence[Chip], parts: Sequence[Chip]) -> tuple[Chip, ...]:
-    """The vNPUs of a chip the agent itself made Unhealthy (the flap hold, the admin's separation) are
-    Unhealthy with it, held when it is held."""
-    by_phys = {chip.phys_id: chip for chip in chips}
-    followed = []
-    for part in parts:
-        chip = by_phys.get(part.phys_id)
-        if chip is not None and chip.held:
-            part = replace(part, held=True).with_health(Health.UNHEALTHY, chip.reason)
-        elif chip is not None and not chip.healthy and part.healthy:
-            part = part.with_health(Health.UNHEALTHY, chip.reason)
-        followed.append(part)
-    return tuple(followed)

@@ -1,7 +1,9 @@
 """The vNPU layout of the config (``vnpu:``) and the plan that makes a chip hold it; pure, no I/O.
 
 A key is a physical chip id in ASCII digits (``"3"``) or a chip name (``"310P3"``: every chip of that name
-without an entry of its own); a value lists the templates the chip should hold, ``[]`` for none::
+without an entry of its own); a value lists the templates the chip should hold, ``[]`` for none, or is
+``{dynamic: true}``: the chip is carved by the claims a DRA driver prepares, not by the layout. A top-level
+``dynamic: true`` makes every chip without an entry of its own dynamic::
 
     layout = parse_layout({"3": ["vir04", "vir02"], "310P3": ["vir02", "vir02"]})   # ValueError: one line
     wanted = templates_for(layout, chip)                                             # None: not managed
@@ -27,6 +29,9 @@ from ascend_agent.naming import vnpu_suffix
 
 # ((chip name or physical id, (template, ...)), ...), in the order the config gives them.
 Layout = tuple[tuple[str, tuple[str, ...]], ...]
+# The templates of a dynamic chip's entry (never a template name), and the key of the top-level entry.
+DYNAMIC = ("dynamic",)
+EVERY_CHIP = "*"
 # The device IDs containers hold now, as the kubelet knows them (its PodResources API); None while that is
 # unknown (the socket does not answer). A vNPU among them is never destroyed, a chip among them never split;
 # while unknown, nothing is destroyed and no whole chip split.
@@ -109,6 +114,11 @@ def parse_layout(value: object) -> Layout:
         raise ValueError('must map chips to template lists, e.g. {"3": [vir04, vir02], "310P3": [vir02]}')
     layout: list[tuple[str, tuple[str, ...]]] = []
     for raw_key, raw_templates in value.items():
+        if raw_key in ("dynamic", EVERY_CHIP):
+            every = raw_templates == DYNAMIC or _dynamic(str(raw_key), {"dynamic": raw_templates})
+            if every:
+                layout.append((EVERY_CHIP, DYNAMIC))
+            continue
         key = str(raw_key) if isinstance(raw_key, int) and not isinstance(raw_key, bool) else raw_key
         if not isinstance(key, str) or not key.strip() or not key.isascii():
             raise ValueError(
@@ -119,8 +129,16 @@ def parse_layout(value: object) -> Layout:
             key = str(int(key))  # "03" is chip 3
         elif key.isdigit():
             raise ValueError(f"key {key[:20]}...: a physical chip id has at most 6 digits")
+        if raw_templates == DYNAMIC or (isinstance(raw_templates, dict) and _dynamic(key, raw_templates)):
+            if key in dict(layout):
+                raise ValueError(f"{key}: chip {key} has two entries")
+            _check_splittable(key)
+            layout.append((key, DYNAMIC))
+            continue
         if isinstance(raw_templates, tuple):
             raw_templates = list(raw_templates)
+        if isinstance(raw_templates, dict):
+            raise ValueError(f"{key}: {{dynamic: false}} is no layout; give a template list, [] for none")
         if not isinstance(raw_templates, list) or not all(isinstance(t, str) for t in raw_templates):
             raise ValueError(f"{key}: must be a list of template names, e.g. [vir02, vir02]; [] for none")
         templates = tuple(raw_templates)
@@ -129,6 +147,33 @@ def parse_layout(value: object) -> Layout:
         _check_entry(key, templates)
         layout.append((key, templates))
     return tuple(layout)
+
+
+def _dynamic(key: str, entry: dict[object, object]) -> bool:
+    """Whether ``{dynamic: ...}`` makes the chip dynamic; ValueError naming an unknown field or a value
+    that is not true or false."""
+    unknown = sorted(str(field) for field in entry if field != "dynamic")
+    if unknown:
+        raise ValueError(f"{key}: unknown field {unknown[0][:40]!r} (a chip's entry is a template list or "
+                         "{dynamic: true})")  # fmt: skip
+    flag = entry.get("dynamic")
+    if not isinstance(flag, bool):
+        raise ValueError(f"{key}: dynamic must be true or false, not {str(flag)[:40]!r}")
+    return flag
+
+
+def _check_splittable(key: str) -> None:
+    """ValueError when a chip name ``key`` names chips that cannot be split into vNPUs."""
+    if is_chip_id(key):
+        return
+    try:
+        generation = classify(key).value
+    except UnknownModelError:
+        raise ValueError(
+            f"{key!r} is neither a physical chip id (3) nor an Ascend chip name (310P3)"
+        ) from None
+    if generation not in SPLITTABLE_GENERATIONS:
+        raise ValueError(f"{key}: {normalise_model(key)} chips cannot be split into vNPUs")
 
 
 def _check_entry(key: str, templates: tuple[str, ...]) -> None:
@@ -175,9 +220,28 @@ def templates_for(layout: Layout, chip: Chip) -> tuple[str, ...] | None:
     if own is not None:
         return own
     for key, templates in layout:
-        if not is_chip_id(key) and normalise_model(key).lower() == chip.model.lower():
+        if key != EVERY_CHIP and not is_chip_id(key) and normalise_model(key).lower() == chip.model.lower():
             return templates
-    return None
+    return entries.get(EVERY_CHIP)
+
+
+def dynamic_entries(layout: Layout | None) -> Layout:
+    """The entries of ``layout`` that make chips dynamic."""
+    return tuple((key, templates) for key, templates in layout or () if templates == DYNAMIC)
+
+
+def is_dynamic(layout: Layout | None, chip: Chip) -> bool:
+    """Whether ``layout`` makes ``chip`` dynamic: carved by the claims prepared on it.
+
+    >>> layout = parse_layout({"dynamic": True, "1": ["vir02"]})
+    >>> is_dynamic(layout, Chip.make(0, "310P3")), is_dynamic(layout, Chip.make(1, "310P3"))
+    (True, False)
+    """
+    return (
+        layout is not None
+        and chip.generation.value in SPLITTABLE_GENERATIONS
+        and templates_for(layout, chip) == DYNAMIC
+    )
 
 
 def absent_chips(layout: Layout, chips: Sequence[Chip]) -> str:

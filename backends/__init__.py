@@ -11,6 +11,7 @@ Backends are found through the ``ascend_agent.backends`` entry-point group, so a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -93,11 +94,15 @@ def backend_for(settings: Settings) -> Backend:
 
 
 async def discover_once(settings: Settings) -> Inventory:
-    """One discovery with the configured backend, for ``ascend-agent list`` and the doctor."""
-    backend = backend_for(settings)
+    """One discovery with the configured backend, its fault codes graded by the built-in fault table and
+    ``faultPolicy``, for ``ascend-agent list`` and the doctor. It reads no chip's network: one read cannot see
+    a link down past the debounce (the running agent's ``/chips`` says which chips are network-unhealthy)."""
+    from ascend_agent.health.grading import FaultGrading
+
+    backend = backend_for(replace(settings, network_health=False))
     try:
         await backend.start()
         await backend.query()
-        return await backend.discover()
+        return FaultGrading.builtin(settings.fault_policy).apply(await backend.discover())
     finally:
         await backend.close()

@@ -25,6 +25,7 @@ import aiofiles.os
 
 from ascend_agent import naming
 from ascend_agent.backends._container import container_base
+from ascend_agent.backends.chipset import ChipSet, known_model
 from ascend_agent.backends.devnodes import (
     CHIP_NODE,
     MANAGER,
@@ -35,33 +36,32 @@ from ascend_agent.backends.devnodes import (
     is_device_name,
     management_devices,
 )
+from ascend_agent.backends.network import NetworkProbe, NetworkTarget
 from ascend_agent.backends.npusmi import (
-    ChipRow,
     InfoTable,
-    MapRow,
     NpuSmiError,
     NpuSmiParseError,
     Shape,
     a3_dies,
-    board_model,
     parse_health,
-    parse_info_map,
-    parse_key_values,
     physical_ids,
 )
+from ascend_agent.backends.npusmi_reset import reset_chip
 from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.backends.tool import query_info, run_npu_smi
 from ascend_agent.backends.training import TrainingProbe, TrainingTarget
 from ascend_agent.backends.vnpu import VnpuProbe
 from ascend_agent.config import ConfigError, Settings
-from ascend_agent.health.faults import FaultPolicy, describe
+from ascend_agent.health.faults import describe
+from ascend_agent.health.hotreset.command import ResetOutcome
 from ascend_agent.model import (
+    CarveFailed,
     Chip,
     Fault,
     Generation,
     Health,
     Inventory,
-    UnknownModelError,
+    VNpu,
     classify,
     normalise_model,
 )
@@ -76,8 +76,6 @@ from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout
 
 log = logging.getLogger(__name__)
 
-# The model of an A3 die when `npu-smi info -t board` does not name its SoC.
-A3_MODEL = "910_93"
 # `npu-smi info -t health` runs per chip whose Health changed to something not OK, at most this many per
 # query; the others are asked in the next queries.
 HEALTH_QUERIES_PER_INTERVAL = 4
@@ -101,6 +99,7 @@ class _Probed:
     numa_node: int | None
     faults: tuple[Fault, ...] = ()
     hbm_mb: int | None = None
+    processes: int | None = None
 
 
 class DevfsBackend:
@@ -114,22 +113,20 @@ class DevfsBackend:
         self._reported: frozenset[int] = frozenset()
         self._numa: dict[str, int | None] = {}
         # What npu-smi's slower commands said about the chip set last seen (their names, ids and SoC).
-        self._chip_set: tuple[tuple[int, int, str], ...] = ()
-        self._chip_map: tuple[MapRow, ...] = ()
-        self._a3_model = A3_MODEL
+        self._chip_set = ChipSet(settings)
         self._failures = 0
         self._outage_cause = ""
         self._failure_log = ProblemLog()
         self._query_problem = ""
         self._driver_version: str | None = None
         self._listing = DeviceListing(self._dev_root)
-        self._policy = FaultPolicy(dict(settings.fault_policy))
         # Per chip: the Health `info -t health` was last run for, the faults it gave, and in which query.
         self._asked_health: dict[int, tuple[str, tuple[Fault, ...], int]] = {}
         self._queries = 0
         self._telemetry = ChipTelemetry()
         self._vnpus = VnpuProbe(settings)
         self._training = TrainingProbe(settings)
+        self._network = NetworkProbe(settings)
         self._chip_list: tuple[Chip, ...] = ()
 
     @property
@@ -165,7 +162,10 @@ class DevfsBackend:
         before = self._view()
         if await self._query():
             await self._check_device_listing()
-            await self._training.refresh(self._training_targets(), self._settings.health_interval)
+            targets = self._training_targets()
+            await self._training.refresh(targets, self._settings.health_interval)
+            if self._settings.network_health:
+                await self._network.refresh(self._network_targets(targets), self._settings.health_interval)
         return self._view() != before
 
     def _view(self) -> tuple[object, ...]:
@@ -175,6 +175,7 @@ class DevfsBackend:
             self._outage(),
             self._query_problem,
             self._training.view(),
+            self._network.view(),
         )
 
     def _outage(self) -> str:
@@ -198,13 +199,21 @@ class DevfsBackend:
             for phys_id, chip in sorted(self._probed.items())
         ]
 
+    def _network_targets(self, targets: Sequence[TrainingTarget]) -> list[NetworkTarget]:
+        """The answering chips that have a device IP: the ones whose network a training job would use."""
+        return [
+            NetworkTarget(t.phys_id, self._device_id(self._probed[t.phys_id]))
+            for t in targets
+            if t.answering and self._training.facts(t.phys_id).device_ip is not None
+        ]
+
     async def _query(self) -> bool:
         """Run and read npu-smi; False (and counted) when it failed."""
         executable = self._settings.effective_npu_smi
         started = time.perf_counter()
         try:
             table = await query_info(executable, self._settings.npu_smi_timeout)
-            await self._learn_chip_set(executable, table)
+            await self._chip_set.learn(executable, table)
             probed = {chip.phys_id: chip for chip in await self._probe(table)}
             probed = await self._with_faults(executable, table.shape, probed)
         except OSError as exc:
@@ -313,29 +322,23 @@ class DevfsBackend:
             before = self._probed.get(phys_id)
             if before is not None and before.faults == chip.faults:
                 continue
-            # An Unhealthy chip's codes are in its reason, which the agent logs at each change; a chip the
-            # policy keeps Healthy despite its codes is logged here.
-            if chip.faults and self._chip_healthy(chip):
-                log.warning(
-                    "%s is Healthy: %s (faultPolicy: healthy)",
-                    device,
-                    describe(chip.health, chip.faults),
-                    extra=log_fields(device=device, reason=describe(chip.health, chip.faults)),
-                )
-            elif before is not None:
+            # The codes are graded, and logged, by the agent's fault table (ascend_agent.health.grading).
+            if not chip.faults and before is not None and before.faults:
                 log.info("%s reports no error code any more (health %s)", device, chip.health)
         self._telemetry.faults(labels)
 
     def _record_telemetry(self, table: InfoTable, probed: Mapping[int, _Probed]) -> None:
         rows = {}
-        for row, phys_id in zip(table.chips, physical_ids(table.chips, self._chip_map), strict=True):
+        for row, phys_id in zip(table.chips, physical_ids(table.chips, self._chip_set.chip_map), strict=True):
             chip = probed.get(phys_id)
             if chip is not None:
                 rows[self._device_id(chip)] = row
         self._telemetry.record(rows)
 
     def _chip_healthy(self, chip: _Probed) -> bool:
-        return self._policy.healthy(chip.health.lower() in self._healthy_states, chip.faults)
+        """A chip with fault codes is graded by its codes' classes (ascend_agent.health.grading); one without
+        by the Health column (``healthyStates``)."""
+        return bool(chip.faults) or chip.health.lower() in self._healthy_states
 
     def _failed(self, error: NpuSmiError) -> None:
         self._failures += 1
@@ -369,60 +372,27 @@ class DevfsBackend:
                 extra=log_fields(count=threshold, reason=reason),
             )
 
-    async def _learn_chip_set(self, executable: str, table: InfoTable) -> None:
-        """Once per chip set (not every health query): ``npu-smi info -m`` where the table's names are
-        redacted or its ids are not the physical ids (Ascend 950), and ``info -t board`` of one A3 die for
-        the SoC."""
-        chip_set = tuple((row.npu_id, row.chip, row.name) for row in table.chips)
-        if chip_set == self._chip_set:
-            return
-        self._chip_set = chip_set
-        self._chip_map = ()
-        redacted = any(not _known_model(row.name) for row in table.chips)
-        if table.shape is Shape.NPU_ID or redacted:
-            self._chip_map = await self._info_map(executable)
-            if redacted and not self._chip_map:
-                self._chip_set = ()  # the names are needed: ask again next query
-        dies = sorted(a3_dies(table))
-        self._a3_model = await self._board_model(executable, table.chips[dies[0]]) if dies else A3_MODEL
-
-    async def _info_map(self, executable: str) -> tuple[MapRow, ...]:
-        try:
-            return parse_info_map(
-                await run_npu_smi(executable, ["info", "-m"], self._settings.npu_smi_timeout)
-            )
-        except (NpuSmiError, NpuSmiParseError) as exc:
-            log.debug("npu-smi info -m gave no chip map: %s", exc, extra=log_fields(reason=str(exc)))
-            return ()
-
-    async def _board_model(self, executable: str, die: ChipRow) -> str:
-        """``910_93xx`` when the board names a known A3 SoC, else ``910_93``."""
-        args = ["info", "-t", "board", "-i", str(die.npu_id), "-c", str(die.chip)]
-        try:
-            board = parse_key_values(await run_npu_smi(executable, args, self._settings.npu_smi_timeout))
-        except (NpuSmiError, NpuSmiParseError) as exc:
-            log.info("A3 chips; npu-smi %s did not name the SoC (%s): model %s", " ".join(args), exc,
-                     A3_MODEL)  # fmt: skip
-            return A3_MODEL
-        model = board_model(board)
-        if model is None:
-            log.info("A3 chips; the board names SoC %r, not a known A3 one: model %s",
-                     board.get("NPU Name", ""), A3_MODEL)  # fmt: skip
-            return A3_MODEL
-        return model
+    async def reset_chip(self, chip: Chip, timeout: float) -> ResetOutcome:
+        """The in-band reset of ``chip`` with npu-smi (``set -t reset -i <npu id> -c <chip> -m 1``)."""
+        npu_id = chip.npu_id if chip.npu_id is not None else chip.phys_id
+        return await reset_chip(self._settings.effective_npu_smi, npu_id, chip.chip_on_card, timeout)
 
     async def _probe(self, table: InfoTable) -> list[_Probed]:
         probed = []
         rows = table.chips
         dies = a3_dies(table)
-        names = {(row.npu_id, row.chip_id): row.name for row in self._chip_map if row.logic_id is not None}
-        for index, (row, phys_id) in enumerate(zip(rows, physical_ids(rows, self._chip_map), strict=True)):
-            name = row.name if _known_model(row.name) else names.get((row.npu_id, row.chip), "")
+        names = {
+            (row.npu_id, row.chip_id): row.name for row in self._chip_set.chip_map if row.logic_id is not None
+        }
+        for index, (row, phys_id) in enumerate(
+            zip(rows, physical_ids(rows, self._chip_set.chip_map), strict=True)
+        ):
+            name = row.name if known_model(row.name) else names.get((row.npu_id, row.chip), "")
             if index in dies:
-                model: str | None = self._a3_model
+                model: str | None = self._chip_set.a3_model
             else:
-                model = normalise_model(name) if _known_model(name) else self._settings.model
-            if model is None or not _known_model(model):
+                model = normalise_model(name) if known_model(name) else self._settings.model
+            if model is None or not known_model(model):
                 raise NpuSmiError(
                     "output",
                     f"cannot tell the model of NPU {row.npu_id} from its name {row.name!r}; "
@@ -439,6 +409,7 @@ class DevfsBackend:
                     bus_id=row.bus_id,
                     numa_node=await self._numa_node(row.bus_id),
                     hbm_mb=row.hbm_total_mb or None,
+                    processes=table.processes.count(row.npu_id, row.chip),
                 )
             )
         return probed
@@ -492,7 +463,33 @@ class DevfsBackend:
             driver_version=self._driver_version,
             vnpus=self._vnpus.slices(chips, nodes),
             outage=self._outage(),
+            carvable=self._vnpus.carvable(chips),
         )
+
+    # VnpuCarver (the DRA driver's dynamic vNPUs) ------------------------------------------------------
+    def _chip(self, phys_id: int) -> Chip:
+        chip = next((c for c in self._chip_list if c.phys_id == phys_id), None)
+        if chip is None or chip.npu_id is None:
+            raise NpuSmiError("exit", f"chip {phys_id} is not on this node or npu-smi gives no NPU id for it")
+        return chip
+
+    async def vnpus_now(self, phys_id: int) -> tuple[VNpu, ...]:
+        try:
+            return await self._vnpus.vnpus_now(self._chip(phys_id))
+        except NpuSmiError as exc:
+            raise CarveFailed(str(exc)) from None
+
+    async def create_vnpu(self, phys_id: int, template: str, vnpu_id: int) -> None:
+        try:
+            await self._vnpus.create_one(self._chip(phys_id), template, vnpu_id)
+        except NpuSmiError as exc:
+            raise CarveFailed(str(exc)) from None
+
+    async def destroy_vnpu(self, phys_id: int, vnpu_id: int) -> None:
+        try:
+            await self._vnpus.destroy_one(self._chip(phys_id), vnpu_id)
+        except NpuSmiError as exc:
+            raise CarveFailed(str(exc)) from None
 
     def forget_vnpus(self) -> None:
         """Ask npu-smi for the vNPUs again at the next discovery (SIGHUP)."""
@@ -525,11 +522,16 @@ class DevfsBackend:
                 npu_id=probed.npu_id,
                 naming_scheme=self._settings.resource_naming,
                 faults=probed.faults,
+                health_status=probed.health,
                 hbm_mb=probed.hbm_mb,
                 chip_on_card=probed.chip,
                 device_ip=facts.device_ip,
                 vnic_ip=facts.vnic_ip,
                 super_pod=facts.super_pod,
+                network_fault=self._network.fault(phys_id),
+                processes=probed.processes,
+                logic_id=self._chip_set.logic_ids.get((probed.npu_id, probed.chip)),
+                board_id=self._chip_set.board_id if probed.generation is Generation.ASCEND910B else None,
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:
@@ -567,14 +569,6 @@ class DevfsBackend:
 
     async def close(self) -> None:
         return None
-
-
-def _known_model(name: str) -> bool:
-    try:
-        classify(name)
-    except UnknownModelError:
-        return False
-    return True
 
 
 def _not_executable(given: str) -> str:

@@ -1,7 +1,8 @@
 """Running the driver's ``hccn_tool`` (bounded as npu-smi is) and parsing what it prints.
 
 ``hccn_tool -i <phys id> <command> -g`` takes the chip's physical id. Every parser takes the text one command
-printed and raises only :class:`HccnParseError`; :func:`run_hccn_tool` raises only ``NpuSmiError`` (the error
+printed (the link and net health ones also the chip asked, to refuse an answer that names another) and raises
+only :class:`HccnParseError`; :func:`run_hccn_tool` raises only ``NpuSmiError`` (the error
 of running any driver tool) and returns None for "nothing configured" (exit status 13, "no ip was
 preset")::
 
@@ -108,3 +109,58 @@ async def run_hccn_tool(executable: str, phys_id: int, args: Sequence[str], time
         last = lines[-1][:200] if lines else "no output"
         raise NpuSmiError("exit", f"{' '.join(command)} exited with status {returncode}: {last}")
     return stdout.decode("utf-8", errors="replace")
+
+
+# `net health status:` values (the driver's table; older drivers print "Socket failed"). Success and Init
+# are what Huawei's plugin counts as a ready network; the others name a failed probe of the detect address.
+NET_HEALTH_READY = frozenset({"Success", "Init"})
+_NET_HEALTH_VALUE = re.compile(r"[A-Za-z][A-Za-z ]{0,39}")
+# What names a chip in hccn_tool's answers (`-link_stat -g`, `-tls -g`): `[devid 3]`, `[device 3]`,
+# `dev_id:3`.
+_NAMES_CHIP = re.compile(r"\[dev(?:id|ice) (\d+)\]|\bdev_id:(\d+)")
+
+
+def _only_line(text: str, label: str, command: str, phys_id: int) -> str:
+    """The value of the one ``<label>:`` line of ``text``, the answer of ``-i phys_id command``: refused when
+    the text names another chip, has no such line, more than one, or any other line."""
+    for match in _NAMES_CHIP.finditer(text):
+        named = int(match.group(1) or match.group(2))
+        if named != phys_id:
+            raise HccnParseError(
+                f"{command}: the answer names chip {named}: an answer meant for another chip"
+            )
+    values = _lines(text, label)
+    others = [
+        line
+        for line in text.splitlines()
+        if line.strip() and not re.match(rf"\s*{re.escape(label)}\s*:", line)
+    ]
+    if len(values) != 1 or others:
+        shown = (others or [text.strip()])[0][:40]
+        raise HccnParseError(f"{command}: not one {label!r} line ({shown!r})")
+    return values[0]
+
+
+def parse_link(text: str, phys_id: int) -> bool:
+    """``hccn_tool -i N -link -g``: whether the chip's RoCE link is up (``link status: UP``) or down.
+
+    >>> parse_link("link status: UP\\n", 0), parse_link("link status: DOWN\\n", 0)
+    (True, False)
+    """
+    value = _only_line(text, "link status", "-link -g", phys_id)
+    if value.upper() not in ("UP", "DOWN"):
+        raise HccnParseError(f"-link -g: link status {value[:40]!r} is neither UP nor DOWN")
+    return value.upper() == "UP"
+
+
+def parse_net_health(text: str, phys_id: int) -> str:
+    """``hccn_tool -i N -net_health -g``: the status of the chip's network probe, as printed (``Success``,
+    ``Init``, ``Fault``, ``Socket fail``, ``Receive timeout``, ...).
+
+    >>> parse_net_health("net health status: Socket failed\\n", 0)
+    'Socket failed'
+    """
+    value = _only_line(text, "net health status", "-net_health -g", phys_id)
+    if not _NET_HEALTH_VALUE.fullmatch(value):
+        raise HccnParseError(f"-net_health -g: {value[:40]!r} is not a net health status")
+    return value

@@ -11,6 +11,7 @@ names the cause and the next step::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import re
@@ -18,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
+from ascend_agent.backends.npusmi_processes import Processes, parse_processes
 from ascend_agent.model import Fault, SuperPod, normalise_model
 
 _P = ParamSpec("_P")
@@ -75,6 +77,7 @@ class InfoTable:
     version: str | None
     shape: Shape
     chips: tuple[ChipRow, ...]
+    processes: Processes = dataclasses.field(default_factory=Processes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +238,7 @@ def parse_info(text: str) -> InfoTable:
             npu = _npu_values(npu_header, cells)
     if not chips:
         raise NpuSmiParseError("`npu-smi info`: the table lists no chips")
-    return InfoTable(version, shape, tuple(chips))
+    return InfoTable(version, shape, tuple(chips), parse_processes(text))
 
 
 def _is_chip_header(cells: list[str] | None) -> bool:
@@ -365,7 +368,7 @@ def parse_health(text: str) -> HealthDetail:
     """``npu-smi info -t health -i <id> [-c <chip>]``: the status and, when not OK, the error codes and text.
 
     >>> parse_health("Health Status : Alarm\\nError Code : 80E3A203\\nError Information : link down\\n")
-    HealthDetail(status='Alarm', faults=(Fault(code='80E3A203', text='link down'),))
+    HealthDetail(status='Alarm', faults=(Fault(code='80E3A203', text='link down', fault_class=None),))
     """
     values = parse_key_values(text)
     status = values.get("Health Status")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ascend_agent.backends.npusmi import NpuSmiError, NpuSmiParseError, parse_key_values
 from ascend_agent.backends.tool import run_npu_smi
@@ -28,6 +28,7 @@ _TOTAL = re.compile(r"Total\s+number\s+of\s+vnpu\s*:\s*([0-9]{1,9})(?![0-9])", r
 _TABLE = re.compile(r"Total\s+number\s+of\s+vnpu", re.IGNORECASE)
 _TEMPLATE_NAME = re.compile(r"^vir\w+$")
 _NUMBER = re.compile(r"^[0-9]{1,9}$")
+_TEMPLATE_COLUMNS = frozenset({"name", "aicore", "memory", "aicpu"})
 _FREE_TOTAL = re.compile(r"^(\w+)/(\w+)$")
 _VNPU_COLUMNS = {
     "vnpu id": "vnpu_id",
@@ -78,10 +79,12 @@ def parse_template_info(text: str) -> tuple[Template, ...]:
 
     >>> text = "|Name  AICORE  Memory  AICPU|\\n|      GB|\\n|=====|\\n|vir02  2  6  2|\\n|  0  3|\\n"
     >>> parse_template_info(text)
-    (Template(name='vir02', aicore=2, memory_gb=6, aicpu=2),)
+    (Template(name='vir02', aicore=2, memory_gb=6, aicpu=2, media=()),)
     """
     labels: list[str] | None = None
+    second: list[str] = []  # the media labels of the header's second row (PNGD VDEC JPEGE)
     templates: dict[str, Template] = {}
+    last: Template | None = None
     for line in text.splitlines():
         inner = _inner(line)
         if inner is None:
@@ -92,14 +95,27 @@ def parse_template_info(text: str) -> tuple[Template, ...]:
             if "name" in lowered and "aicore" in lowered:
                 labels = lowered
             continue
+        if not templates and not second and tokens and all(t.isalpha() for t in tokens):
+            second = [token.lower() for token in tokens if token.lower() != "gb"]
+            continue
+        if last is not None and second and len(tokens) == len(second) and all(map(_NUMBER.match, tokens)):
+            more = tuple((label, int(token)) for label, token in zip(second, tokens, strict=True))
+            templates[last.name] = last = replace(last, media=last.media + more)
+            continue
+        last = None
         if len(tokens) != len(labels) or not _TEMPLATE_NAME.match(tokens[0]):
             continue
         values = dict(zip(labels, tokens, strict=True))
         cores = _count(values.get("aicore", ""))
         if cores is None or cores < 1:
             raise NpuSmiParseError(f"template-info: template {tokens[0]} has no AI core count")
-        templates[tokens[0]] = Template(
-            tokens[0], cores, _count(values.get("memory", "")), _count(values.get("aicpu", ""))
+        media = tuple(
+            (label, count)
+            for label in labels
+            if label not in _TEMPLATE_COLUMNS and (count := _count(values[label])) is not None
+        )
+        templates[tokens[0]] = last = Template(
+            tokens[0], cores, _count(values.get("memory", "")), _count(values.get("aicpu", "")), media
         )
     if labels is None:
         said = next((line.strip(" |") for line in text.splitlines() if line.strip(" |+-=")), "nothing")
@@ -225,8 +241,13 @@ async def query_vnpus(executable: str, npu_id: int, chip: int, timeout: float) -
         raise NpuSmiError("output", f"npu-smi {' '.join(args)}: {exc}") from None
 
 
-async def create_vnpu(executable: str, npu_id: int, chip: int, template: str, timeout: float) -> None:
+async def create_vnpu(
+    executable: str, npu_id: int, chip: int, template: str, timeout: float, vnpu_id: int | None = None
+) -> None:
+    """``npu-smi set -t create-vnpu``; with ``vnpu_id``, the vNPU gets that id (``-v``)."""
     args = ["set", "-t", "create-vnpu", "-i", str(npu_id), "-c", str(chip), "-f", template]
+    if vnpu_id is not None:
+        args += ["-v", str(vnpu_id)]
     check_done(await run_npu_smi(executable, args, timeout), "npu-smi " + " ".join(args))
 
 

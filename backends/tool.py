@@ -147,17 +147,20 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
     return stdout.decode("utf-8", errors="replace")
 
 
-async def run_tool(executable: str, args: Sequence[str], timeout: float) -> tuple[int, bytes, bytes]:
+async def run_tool(
+    executable: str, args: Sequence[str], timeout: float, answers: bytes | None = None
+) -> tuple[int, bytes, bytes]:
     """Run one of the driver's tools (npu-smi, hccn_tool), ``executable args`` (no shell), in a process
-    group of its own: its exit status, stdout and stderr. After ``timeout`` s, or once it has printed more
-    than :data:`MAX_OUTPUT` bytes, the whole group is killed (a wrapper's children too, which would
-    otherwise keep the pipes open) and reaped, every wait bounded. Raises only :class:`NpuSmiError`."""
+    group of its own: its exit status, stdout and stderr. ``answers`` is written to its stdin, which is then
+    closed (its confirmation prompts); without them stdin is empty. After ``timeout`` s, or once it has
+    printed more than :data:`MAX_OUTPUT` bytes, the whole group is killed (a wrapper's children too, which
+    would otherwise keep the pipes open) and reaped, every wait bounded. Raises only :class:`NpuSmiError`."""
     command = " ".join([executable, *args])
     try:
         process = await asyncio.create_subprocess_exec(
             executable,
             *args,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if answers is None else asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
@@ -185,6 +188,8 @@ async def run_tool(executable: str, args: Sequence[str], timeout: float) -> tupl
         ) from None
     try:
         async with asyncio.timeout(timeout):
+            if answers is not None:
+                await _answer(process, answers)
             stdout, stderr = await _read_output(process)
             await process.wait()
     except TimeoutError:
@@ -203,6 +208,15 @@ async def run_tool(executable: str, args: Sequence[str], timeout: float) -> tupl
         raise
     assert process.returncode is not None
     return process.returncode, stdout, stderr
+
+
+async def _answer(process: asyncio.subprocess.Process, answers: bytes) -> None:
+    """Write ``answers`` to the tool's stdin and close it; a tool that exits without reading them is fine."""
+    assert process.stdin is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        process.stdin.write(answers)
+        await process.stdin.drain()
+    process.stdin.close()
 
 
 async def _read_output(process: asyncio.subprocess.Process) -> tuple[bytes, bytes]:

@@ -30,9 +30,10 @@ from ascend_agent.backends.npusmi_vnpu import (
     query_vnpus,
 )
 from ascend_agent.config import Settings
-from ascend_agent.model import Chip, Health, Template, VNpu
+from ascend_agent.model import Carvable, Chip, Health, Template, VNpu
 from ascend_agent.observability import log_fields
 from ascend_agent.vnpu_layout import (
+    DYNAMIC,
     SPLITTABLE_GENERATIONS,
     ChipPlan,
     ChipState,
@@ -40,6 +41,7 @@ from ascend_agent.vnpu_layout import (
     Layout,
     LayoutRefused,
     absent_chips,
+    is_dynamic,
     plan_chip,
     template_cores,
     templates_for,
@@ -110,6 +112,7 @@ class VnpuProbe:
             present = {chip.phys_id for chip in chips}
             self._states = {phys: state for phys, state in self._states.items() if phys in present}
             self._unsupported &= present
+            always = always or any(self._dynamic(chip) for chip in chips)
             if not always and not self._asked[1]:
                 self._states.clear()
                 return
@@ -145,7 +148,7 @@ class VnpuProbe:
             self._unsupported.add(chip.phys_id)
             self._states.pop(chip.phys_id, None)
             return
-        if state.vnpus:
+        if state.vnpus or self._dynamic(chip):
             await self._templates_of(chip)
         self._states[chip.phys_id] = state
 
@@ -182,7 +185,7 @@ class VnpuProbe:
         parts = []
         for chip in chips:
             state = self._states.get(chip.phys_id)
-            if state is None:
+            if state is None or self._dynamic(chip):
                 continue
             templates = self._templates.get(chip.model, {})
             for vnpu in state.vnpus:
@@ -193,6 +196,46 @@ class VnpuProbe:
                     part = part.with_health(Health.UNHEALTHY, f"npu-smi shows vNPU status {vnpu.status}")
                 parts.append(part)
         return tuple(parts)
+
+    def _dynamic(self, chip: Chip) -> bool:
+        return is_dynamic(self._settings.vnpu, chip)
+
+    def carvable(self, chips: Sequence[Chip]) -> tuple[Carvable, ...]:
+        """The dynamic chips whose templates and totals npu-smi gave."""
+        found = []
+        for chip in chips:
+            state = self._states.get(chip.phys_id)
+            templates = self._templates.get(chip.model)
+            if state is None or not templates or not self._dynamic(chip):
+                continue
+            totals = tuple(
+                (label, total) for label, (_, total) in state.resources.items() if total is not None
+            )
+            found.append(Carvable(chip.phys_id, tuple(templates.values()), totals))
+        return tuple(found)
+
+    async def vnpus_now(self, chip: Chip) -> tuple[VNpu, ...]:
+        """The chip's vNPUs as npu-smi says them now; NpuSmiError when it cannot say."""
+        assert chip.npu_id is not None
+        state = await query_vnpus(
+            self._npu_smi, chip.npu_id, chip.chip_on_card, self._settings.npu_smi_timeout
+        )
+        return state.vnpus if state is not None else ()
+
+    async def create_one(self, chip: Chip, template: str, vnpu_id: int) -> None:
+        """Create vNPU ``vnpu_id`` of ``template`` on ``chip``; NpuSmiError with npu-smi's words. The caller
+        logs it (the DRA driver, with the claim)."""
+        assert chip.npu_id is not None
+        await create_vnpu(
+            self._npu_smi, chip.npu_id, chip.chip_on_card, template, self._settings.npu_smi_timeout, vnpu_id
+        )
+
+    async def destroy_one(self, chip: Chip, vnpu_id: int) -> None:
+        """Destroy vNPU ``vnpu_id`` of ``chip``; NpuSmiError with npu-smi's words."""
+        assert chip.npu_id is not None
+        await destroy_vnpu(
+            self._npu_smi, chip.npu_id, chip.chip_on_card, vnpu_id, self._settings.npu_smi_timeout
+        )
 
     async def apply(
         self, layout: Layout, chips: Sequence[Chip], held: HeldDevices, nodes: Collection[str], *, run: bool
@@ -215,6 +258,7 @@ class VnpuProbe:
             plans = [
                 await self._plan(chip, wanted, held_ids, named=str(chip.phys_id) in dict(layout))
                 for chip, wanted in _managed(layout, chips)
+                if not self._dynamic(chip)  # dynamic when this backend started: the claims carve it
             ]
             if not run or any(plan.refused for plan in plans):
                 return tuple(plans)
@@ -370,7 +414,7 @@ def _managed(layout: Layout, chips: Sequence[Chip]) -> list[tuple[Chip, tuple[st
     managed = []
     for chip in sorted(chips, key=lambda c: c.phys_id):
         wanted = templates_for(layout, chip)
-        if wanted is not None:
+        if wanted is not None and wanted != DYNAMIC:
             managed.append((chip, wanted))
     return managed
 

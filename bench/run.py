@@ -17,7 +17,9 @@ SCRIPTS = (
     "cluster",
     "hostile",
     "dra_prepare",
+    "dra_carve",
     "training",
+    "network",
 )
 
 

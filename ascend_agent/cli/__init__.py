@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -43,14 +44,22 @@ from ascend_agent.cli.flags import (
     HealthInterval,
     HealthThreshold,
     HostRoot,
+    HotReset,
+    HotResetIdle,
+    HotResetLimit,
+    HotResetRecover,
+    HotResetTimeout,
+    HotResetWindow,
     Json,
     Kubeconfig,
     KubeletApi,
     KubeletDir,
+    LinkDownDebounce,
     LogFormat,
     LogLevel,
     MetricsAddress,
     Mode,
+    NetworkHealth,
     NodeName,
     NpuSmi,
     NpuSmiTimeout,
@@ -64,7 +73,7 @@ from ascend_agent.cli.flags import (
     Volcano,
     VolcanoSchedulerName,
 )
-from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
 from ascend_agent.stopping import catch_early
 
 app = typer.Typer(
@@ -115,6 +124,8 @@ def run(
     npu_smi: NpuSmi = None,
     npu_smi_timeout: NpuSmiTimeout = None,
     hccn_tool: HccnTool = None,
+    network_health: NetworkHealth = None,
+    link_down_debounce: LinkDownDebounce = None,
     health_interval: HealthInterval = None,
     health_failure_threshold: HealthThreshold = None,
     flap_threshold: FlapThreshold = None,
@@ -140,6 +151,12 @@ def run(
     dra_cleanup: DraCleanup = None,
     fake_vnpus: FakeVnpus = None,
     fake_training: FakeTraining = None,
+    hot_reset: HotReset = None,
+    hot_reset_idle: HotResetIdle = None,
+    hot_reset_timeout: HotResetTimeout = None,
+    hot_reset_recover: HotResetRecover = None,
+    hot_reset_limit: HotResetLimit = None,
+    hot_reset_window: HotResetWindow = None,
     dry_run_vnpu: DryRunVnpu = False,
 ) -> None:
     """Serve the device plugin API until SIGTERM or SIGINT."""
@@ -181,7 +198,8 @@ def list_chips(
 ) -> None:
     """Print the chips the backend sees, their vNPUs under them, and the pod holding each (the kubelet's
     PodResources socket; with --volcano on the chips the pods' marks say were mounted). The running agent,
-    asked at its --metrics-address, adds what only it knows: the flap hold and whether npu-smi is down.
+    asked at its --metrics-address, adds what only it knows: the flap hold, whether npu-smi is down and which
+    chips are network-unhealthy.
     Exit 1 when no chip can be listed because of a problem (npu-smi fails, no device files)."""
     overrides = dict(locals())
     overrides.pop("json_output")
@@ -198,7 +216,8 @@ def list_chips(
         for problem in inventory.problems:
             print(f"ascend-agent: {problem}", file=sys.stderr)
         raise typer.Exit(EXIT_FAILURE)
-    rows = chip_rows(inventory, holders, settings.replicas, agent)
+    claim_driver = settings.dra_driver_name if settings.kubelet_api == DRA_API else None
+    rows = chip_rows(inventory, holders, settings.replicas, agent, claim_driver)
     if json_output:
         print(json.dumps(rows, indent=2))
     else:
@@ -244,6 +263,61 @@ def doctor(
     checks = asyncio.run(run_checks(settings, AgentDaemonSet(daemonset_name or "", daemonset_namespace)))
     print(as_json(checks) if json_output else render(checks))
     raise typer.Exit(EXIT_FAILURE if any(check.ok is False for check in checks) else 0)
+
+
+# `ranktable` reads one pod; an API server that does not answer costs at most this.
+_RANKTABLE_API_TIMEOUT = 5.0
+
+
+@app.command()
+def ranktable(
+    pod: Annotated[
+        str, typer.Option("--pod", help="The pod, NAMESPACE/NAME, placed on this node.", show_default=False)
+    ] = "",
+    table_version: Annotated[
+        str,
+        typer.Option(
+            "--version",
+            help="hccl.json version, 1.0 or 1.2.",
+            show_default="1.2 for A3 super-pod jobs (the pod's accelerator-type, sp-block), else 1.0",
+        ),
+    ] = "",
+    sp_block: Annotated[
+        int | None,
+        typer.Option(
+            "--sp-block",
+            min=0,
+            help="The job's sp-block (v1.2 logical super pods).",
+            show_default="the pod's sp-block annotation, else none",
+        ),
+    ] = None,
+    config: ConfigFile = None,
+    kubeconfig: Kubeconfig = None,
+    node_name: NodeName = None,
+) -> None:
+    """Print the hccl.json (rank table) entries this node contributes for a pod, as ascend-operator makes
+    them from the pod's ascend-910-configuration annotation, hccl/rankIndex and IP. Exit 1 when the pod is
+    missing, on another node, or cannot be in a rank table (the line says why)."""
+    namespace, _, name = pod.partition("/")
+    if not namespace or not name or "/" in name:
+        raise _fail(f"--pod needs NAMESPACE/NAME, got {pod!r}", EXIT_USAGE)
+    if table_version not in ("", "1.0", "1.2"):
+        raise _fail(f"--version is 1.0 or 1.2, got {table_version!r}", EXIT_USAGE)
+    _, settings = _settings({"config": config, "kubeconfig": kubeconfig, "node_name": node_name})
+    # The client's own warnings (an API server refusing) would repeat the one line the failure ends with.
+    logging.getLogger("ascend_agent").addHandler(logging.NullHandler())
+    from ascend_agent.cluster import pod_rank_table
+    from ascend_agent.cluster.ranktable import RankTableError, gaps, render
+
+    try:
+        table = asyncio.run(
+            pod_rank_table(settings, namespace, name, table_version or None, sp_block, _RANKTABLE_API_TIMEOUT)
+        )
+    except RankTableError as exc:
+        raise _fail(str(exc), EXIT_FAILURE) from None
+    print(render(table))
+    for gap in gaps(table):
+        print(f"ascend-agent: pod {pod}: {gap}", file=sys.stderr)
 
 
 @app.command("kubelet-sim")

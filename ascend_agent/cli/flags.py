@@ -146,6 +146,26 @@ NpuSmiTimeout = Annotated[
 ]
 
 
+NetworkHealth = Annotated[
+    bool | None,
+    _option(
+        "--network-health/--no-network-health",
+        env="NETWORK_HEALTH",
+        help="Read each chip's RoCE link state (hccn_tool) every health interval: -NetworkUnhealthy.",
+    ),
+]
+
+
+LinkDownDebounce = Annotated[
+    float | None,
+    _option(
+        "--link-down-debounce",
+        env="LINK_DOWN_DEBOUNCE",
+        help="Seconds a chip's RoCE link must stay DOWN before the chip is network-unhealthy; 0: at once.",
+    ),
+]
+
+
 HealthInterval = Annotated[
     float | None,
     _option("--health-interval", env="HEALTH_INTERVAL", help="Seconds between health queries; at least 1."),
@@ -248,6 +268,59 @@ FakeTraining = Annotated[
         help="Fake backend: synthetic device IPs (198.18.0.0/15) and, on A3, vNIC IPs and a super pod.",
         unset="off",
     ),
+]
+
+
+HotReset = Annotated[
+    str | None,
+    _option(
+        "--hot-reset",
+        env="HOT_RESET",
+        help="off, idle (reset a chip whose fault a reset clears once its reset group is idle) or dry-run "
+        "(say what would be reset, run nothing).",
+    ),
+]
+
+
+HotResetIdle = Annotated[
+    float | None,
+    _option(
+        "--hot-reset-idle",
+        env="HOT_RESET_IDLE",
+        help="Seconds the reset group must have had no pod and no process before the reset.",
+    ),
+]
+
+
+HotResetTimeout = Annotated[
+    float | None,
+    _option(
+        "--hot-reset-timeout",
+        env="HOT_RESET_TIMEOUT",
+        help="Seconds npu-smi set -t reset may take before it is killed and the reset counts as failed.",
+    ),
+]
+
+
+HotResetRecover = Annotated[
+    float | None,
+    _option(
+        "--hot-reset-recover",
+        env="HOT_RESET_RECOVER",
+        help="Seconds a reset chip has to answer healthy before the reset counts as failed.",
+    ),
+]
+
+
+HotResetLimit = Annotated[
+    int | None,
+    _option("--hot-reset-limit", env="HOT_RESET_LIMIT", help="Resets per chip within --hot-reset-window."),
+]
+
+
+HotResetWindow = Annotated[
+    float | None,
+    _option("--hot-reset-window", env="HOT_RESET_WINDOW", help="Seconds in which the resets are counted."),
 ]
 
 

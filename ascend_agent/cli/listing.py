@@ -1,5 +1,5 @@
 """``ascend-agent list``: the chips as the backend sees them, with the pod holding each and what the running
-agent adds (the hold, npu-smi down), as rows for ``--json`` or a table::
+agent adds (the hold, npu-smi down, network-unhealthy), as rows for ``--json`` or a table::
 
     inventory, holders, problem, agent = await gather(settings)
     print_table(chip_rows(inventory, holders, settings.replicas, agent))
@@ -21,22 +21,32 @@ _LIST_API_TIMEOUT = 5.0
 
 
 def _agent_fields(device: str, agent: AgentView | str) -> dict[str, Any]:
-    """What the running agent says of a chip: its health as the kubelet sees it and its hold; ``held`` is
-    None when no agent could be asked (this process cannot know the hold)."""
+    """What the running agent says of a chip: its health as the kubelet sees it, its hold and why it is
+    network-unhealthy; ``held`` and ``network_fault`` are None when no agent could be asked (this process
+    cannot know either)."""
     state = None if isinstance(agent, str) else agent.chips.get(device)
     if state is None:
-        return {"held": None, "held_why": "", "held_until": None}
+        return {"held": None, "held_why": "", "held_until": None, "network_fault": None}
     return {
         "health": state.health,
         "reason": state.reason,
         "held": state.held,
         "held_why": state.held_why,
         "held_until": state.held_until,
+        "network_fault": state.network_fault,
     }
 
 
 def _holder_rows(holders: Sequence[Holder]) -> list[dict[str, str]]:
-    return [{"namespace": h.namespace, "pod": h.pod, "container": h.container} for h in holders]
+    return [
+        {
+            "namespace": h.namespace,
+            "pod": h.pod,
+            "container": h.container,
+            **({"claim": h.claim} if h.claim else {}),
+        }
+        for h in holders
+    ]
 
 
 def _training_row(chip: Chip) -> dict[str, Any]:
@@ -112,7 +122,18 @@ def _cell(row: dict[str, Any], column: str) -> str:
             return "?" if "held_until" in row else "-"
         return f"until {row['held_until'] or 'quiet'}" if held else "no"
     if column == "holder":
-        return ",".join(f"{h['namespace']}/{h['pod']}/{h['container']}" for h in row["holders"]) or "-"
+        return (
+            ",".join(
+                f"{h['namespace']}/{h['pod']}/{h['container']}"
+                + (f" (claim {h['claim']})" if "claim" in h else "")
+                for h in row["holders"]
+            )
+            or "-"
+        )
+    if column == "reason" and row.get("network_fault"):
+        return "; ".join(
+            [*([row["reason"]] if row["reason"] else []), f"network-unhealthy: {row['network_fault']}"]
+        )
     return "-" if row[column] is None else str(row[column])
 
 
@@ -141,9 +162,20 @@ async def _with_holders(settings: Settings) -> tuple[Inventory, Holders, str | N
 
 
 def chip_rows(
-    inventory: Inventory, holders: Holders, replicas: int, agent: AgentView | str
+    inventory: Inventory,
+    holders: Holders,
+    replicas: int,
+    agent: AgentView | str,
+    claim_driver: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per chip, its vNPUs and holders in it, and what the running agent says of it."""
+    """One row per chip, its vNPUs and holders in it, and what the running agent says of it. As a DRA driver
+    (``claim_driver``, its name) a chip's holders are those of the claims that gave it."""
+
+    def held_by(chip: Chip, replicas: int) -> Sequence[Holder]:
+        if claim_driver is not None:
+            return holders.of_claimed(claim_driver, chip)
+        return holders.of(chip, replicas)
+
     rows = [
         {
             "id": chip.device_id,
@@ -156,11 +188,19 @@ def chip_rows(
             "bus_id": chip.bus_id,
             "numa_node": chip.numa_node,
             "npu_id": chip.npu_id,
-            "faults": [{"code": fault.code, "text": fault.text} for fault in chip.faults],
+            "fault_class": chip.fault_class.huawei if chip.fault_class is not None else None,
+            "faults": [
+                {
+                    "code": fault.code,
+                    "text": fault.text,
+                    "class": fault.fault_class.huawei if fault.fault_class is not None else None,
+                }
+                for fault in chip.faults
+            ],
             **_training_row(chip),
-            "holders": _holder_rows(holders.of(chip, replicas)),
+            "holders": _holder_rows(held_by(chip, replicas)),
             "vnpus": [
-                _vnpu_row(part, _holder_rows(holders.of(part, 1)))
+                _vnpu_row(part, _holder_rows(held_by(part, 1)))
                 for part in inventory.vnpus
                 if part.phys_id == chip.phys_id
             ],

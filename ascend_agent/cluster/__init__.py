@@ -46,7 +46,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide, Feature
     from ascend_agent.cluster.volcano import MountedView, VolcanoPods
     from ascend_agent.config import Settings
+    from ascend_agent.health.grading import FaultGrading
     from ascend_agent.model import Holders
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "node_name",
     "on_mounted_chips",
     "open_side",
+    "pod_rank_table",
     "volcano_holders",
     "volcano_remapper",
 ]
@@ -83,12 +85,14 @@ def open_side(
     settings: Settings,
     separation: ManualSeparation | None = None,
     mounted: MountedView | None = None,
+    grading: FaultGrading | None = None,
     more: Sequence[Callable[[], Feature]] = (),
 ) -> ClusterSide | None:
     """The cluster side for ``settings``, or None when it is off. Imports no client library and makes no
     request; raises :class:`~ascend_agent.config.ConfigError` for a kubeconfig that cannot be read.
     ``separation`` receives the chips an admin separates in the device-info ConfigMap; ``mounted``, with
-    ``--volcano``, the chips each pod got under the kubelet's IDs; ``more`` makes the features of other parts
+    ``--volcano``, the chips each pod got under the kubelet's IDs; ``grading``, with the device-info ConfigMap
+    on, the fault table of ``kube-system/mindx-dl-fault-config``; ``more`` makes the features of other parts
     (the DRA driver's ResourceSlice publisher), after this package's own, once the side loads."""
     if not settings.cluster:
         return None
@@ -111,7 +115,9 @@ def open_side(
     def replicas() -> int:  # the agent replaces side.settings on a config reload
         return (side.settings or settings).replicas
 
-    features = partial(_features, settings, separation or ManualSeparation(), replicas, mounted, more)
+    features = partial(
+        _features, settings, separation or ManualSeparation(), replicas, mounted, grading, more
+    )
     side = ClusterSide(target, node_name(settings.node_name), features, settings)
     return side
 
@@ -121,6 +127,7 @@ def _features(
     separation: ManualSeparation,
     replicas: Callable[[], int],
     mounted: MountedView | None = None,
+    grading: FaultGrading | None = None,
     more: Sequence[Callable[[], Feature]] = (),
 ) -> list[Feature]:
     """Every feature of the cluster side, in the order their tasks start. ``settings`` are those of the
@@ -129,10 +136,18 @@ def _features(
     from ascend_agent.cluster.labels import NodeLabels
 
     features: list[Feature] = [NodeLabels(replicas), NodeEvents()]
+    if settings.hot_reset != "off":
+        from ascend_agent.cluster.resetinfo import ResetInfoAnnotation
+
+        features.append(ResetInfoAnnotation())
     if settings.device_info:
         from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
 
-        features.append(DeviceInfoPublisher(separation, read_interval=settings.health_interval))
+        features.append(DeviceInfoPublisher(separation))
+        if grading is not None:
+            from ascend_agent.cluster.faultconfig import FaultConfigFollow
+
+            features.append(FaultConfigFollow(grading))
     if settings.volcano:
         from ascend_agent.cluster.volcano import VolcanoPods
 
@@ -207,6 +222,44 @@ async def on_mounted_chips(settings: Settings, holders: Holders, timeout: float)
         return holders, f"the pods' marks could not be read: {exc.failure}"
     finally:
         await api.close()
+
+
+async def pod_rank_table(
+    settings: Settings, namespace: str, name: str, version: str | None, sp_block: int | None, timeout: float
+) -> dict[str, Any]:
+    """``ascend-agent ranktable``: the part of the job's ``hccl.json`` the pod ``namespace/name`` on this
+    node contributes (:func:`ascend_agent.cluster.ranktable.fragment`), read from the API server once, each
+    request bounded by ``timeout``. Every reason it cannot be made is a one-line ``RankTableError``."""
+    from ascend_agent.cluster.bounded import MIB
+    from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
+    from ascend_agent.cluster.placed import read_placed_pod
+    from ascend_agent.cluster.ranktable import RankTableError, fragment
+
+    target = find_target(str(settings.kubeconfig) if settings.kubeconfig else None)
+    if target is None:
+        raise RankTableError(
+            "no Kubernetes API to read the pod from: run it in the agent's pod or give --kubeconfig"
+        )
+    node = node_name(settings.node_name)
+    try:
+        api = KubeApi.connect(target, node, timeout=timeout, list_limit=settings.api_list_limit_mib * MIB)
+    except ClusterConnectError as exc:
+        raise RankTableError(str(exc)) from None
+    try:
+        pod = await read_placed_pod(api, namespace, name)
+    except ApiUnavailable as exc:
+        raise RankTableError(f"pod {namespace}/{name} could not be read: {exc.failure}") from None
+    finally:
+        await api.close()
+    if pod is None:
+        raise RankTableError(f"there is no pod {namespace}/{name}: check the name with kubectl get pods")
+    if pod.node != node:
+        where = f"on node {pod.node}" if pod.node else "not scheduled yet"
+        raise RankTableError(
+            f"pod {namespace}/{name} is {where}, not on this node ({node}): run this on its node, or give "
+            "--node-name"
+        )
+    return fragment(pod, version, sp_block)
 
 
 def _volcano_pods(side: ClusterSide) -> VolcanoPods | None:

@@ -12,8 +12,10 @@ device-info ConfigMap's ``DeviceInfoCfg`` and the Node annotation ``baseDeviceIn
 Per resource ``T``: ``T`` the healthy chips, ``T-Unhealthy`` the Unhealthy ones (the backend's faults and
 the chips an admin separates in the ConfigMap), ``T-Recovering`` the chips in the flap hold and those whose
 health is unknown while npu-smi is down (out of service, but no fault: nothing is rescheduled for them),
-``T-NetworkUnhealthy`` (never known here: empty) and, for 910/A3/950, ``T-Fault``: one object per
-Unhealthy chip with its codes.
+``T-NetworkUnhealthy`` the chips whose RoCE link is down past the debounce (``Chip.network_fault``;
+written even when empty: Volcano drops a node for distributed jobs without it) and, for 910/A3/950,
+``T-Fault``: one object per Unhealthy chip and per chip with a fault class, with its codes, its class and each
+code's class.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ascend_agent.faultclass import FaultClass
 from ascend_agent.model import UNKNOWN_SUPER_POD, Chip, Generation, Inventory
 
 NAMESPACE = "kube-system"
@@ -40,7 +43,6 @@ UNKNOWN_INDEX = UNKNOWN_SUPER_POD
 _FAULT_LISTS = frozenset(
     {Generation.ASCEND910A, Generation.ASCEND910B, Generation.ASCEND910A3, Generation.ASCEND950}
 )
-_SEPARATE = "SeparateNPU"
 _GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
@@ -81,11 +83,15 @@ def device_lists(
         unhealthy = [chip for chip in ordered if _out(chip, separated)]
         lists[resource] = _ids(chip for chip in ordered if chip.healthy)
         lists[f"{resource}-Unhealthy"] = _ids(unhealthy)
-        lists[f"{resource}-NetworkUnhealthy"] = ""
+        lists[f"{resource}-NetworkUnhealthy"] = _ids(c for c in ordered if c.network_fault and c.vnpu is None)
         held = (chip for chip in ordered if (chip.held or chip.health_unknown) and chip not in unhealthy)
         lists[f"{resource}-Recovering"] = _ids(held)
         if ordered[0].generation in _FAULT_LISTS:
-            faults = [_fault(chip, since.get(chip.device_id, now_ms)) for chip in unhealthy]
+            faulty = [chip for chip in ordered if chip in unhealthy or chip.fault_class is not None]
+            faults = [
+                _fault(chip, since.get(chip.device_id, now_ms), chip in unhealthy, separated)
+                for chip in faulty
+            ]
             lists[f"{resource}-Fault"] = go_json(faults)
     return dict(sorted(lists.items()))
 
@@ -146,18 +152,25 @@ def _ids(chips: Any) -> str:
     return ",".join(chip.device_id for chip in chips)
 
 
-def _fault(chip: Chip, since_ms: int) -> dict[str, Any]:
-    """One ``T-Fault`` entry, fields in the order of Huawei's struct: every Unhealthy chip here is out of
-    service until it recovers, so its level and handling are ``SeparateNPU``."""
-    codes = sorted({fault.code.upper() for fault in chip.faults})
+def _fault(chip: Chip, since_ms: int, out: bool, separated: frozenset[str]) -> dict[str, Any]:
+    """One ``T-Fault`` entry, fields in the order of Huawei's struct. Its level and handling are the chip's
+    fault class; a chip out of service for no class of that weight (a separated chip, a device node gone,
+    a Health column with no code) is ``SeparateNPU``. Each code has its own class in the map."""
+    level = chip.fault_class
+    if chip.device_id in separated or (out and (level is None or not level.unhealthy)):
+        level = FaultClass.SEPARATE_NPU
+    assert level is not None  # a chip here is out, or has a class
+    codes = {
+        fault.code.upper(): level if fault.fault_class is None else fault.fault_class for fault in chip.faults
+    }
     return {
         "fault_type": "CardUnhealthy",
         "npu_name": chip.device_id,
-        "large_model_fault_level": _SEPARATE,
-        "fault_level": _SEPARATE,
-        "fault_handling": _SEPARATE,
-        "fault_code": ",".join(codes),
+        "large_model_fault_level": level.huawei,
+        "fault_level": level.huawei,
+        "fault_handling": level.huawei,
+        "fault_code": ",".join(sorted(codes)),
         "fault_time_and_level_map": {
-            code: {"fault_time": since_ms, "fault_level": _SEPARATE} for code in codes
+            code: {"fault_time": since_ms, "fault_level": codes[code].huawei} for code in sorted(codes)
         },
     }

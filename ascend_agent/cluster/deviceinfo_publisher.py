@@ -2,14 +2,14 @@
 ConfigMap ``kube-system/mindx-dl-deviceinfo-<node>`` and the Node annotation ``baseDeviceInfos``; it reads
 back the admin's ``ManuallySeparateNPU`` into :class:`~ascend_agent.health.separation.ManualSeparation`.
 
-    publisher = DeviceInfoPublisher(separation, read_interval=5.0)
+    publisher = DeviceInfoPublisher(separation)
     publisher.observe(inventory)         # after each reconcile: the lists to write, if they changed
-    await publisher.run(api)             # writes at most once a second, rewrites every 5 min, reads back
+    await publisher.run(api)             # writes at most once a second, rewrites every 5 min, watches it
 
-RBAC: configmaps in kube-system get, create, update; nodes patch. The ConfigMap is read, then updated with
-the keys the agent owns set and every other key kept (an admin's ``ManuallySeparateNPU`` is never
-overwritten; an edit between the read and the write is a 409 and the write starts again); a ConfigMap
-deleted by hand is created again at the next change, refresh or read-back.
+RBAC: configmaps in kube-system get, watch, create, update; nodes patch. The ConfigMap is read, then
+updated with the keys the agent owns set and every other key kept (an admin's ``ManuallySeparateNPU`` is
+never overwritten; an edit between the read and the write is a 409 and the write starts again); the map is
+watched, so an admin's edit is taken at once and a map deleted by hand is created again at once.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import anyio
+import httpx2
 from lightkube import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node
@@ -26,7 +27,7 @@ from lightkube.types import PatchType
 
 from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
-from ascend_agent.cluster.writer import LatestWriter
+from ascend_agent.cluster.writer import LatestWriter, api_backoff
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Inventory
 
@@ -34,6 +35,9 @@ log = logging.getLogger("ascend_agent.cluster")
 
 # Volcano restarts its informer on an UpdateTime older than 600 s: rewritten well within that.
 REFRESH_INTERVAL = 300.0
+# How long one watch of the map lasts before it is read and watched again (a watch that silently stopped
+# delivering costs at most this long; the refresh write reads the map too).
+WATCH_SECONDS = 300
 MIN_WRITE_INTERVAL = 1.0
 DESCRIPTION = (
     "Written by ascend-agent. With Volcano's self-maintain-available-card mode on, Volcano counts the free "
@@ -52,17 +56,17 @@ class DeviceInfoPublisher:
     def __init__(
         self,
         separation: ManualSeparation,
-        read_interval: float,
+        watch_seconds: int = WATCH_SECONDS,
         refresh_interval: float = REFRESH_INTERVAL,
         min_write_interval: float = MIN_WRITE_INTERVAL,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._separation = separation
-        self._read_interval = read_interval
+        self._watch_seconds = watch_seconds
         self._refresh_interval = refresh_interval
         self._min_write_interval = min_write_interval
         self._clock = clock
-        self._since: dict[str, int] = {}  # device ID -> Unix ms it was first seen out of service
+        self._since: dict[str, int] = {}  # device ID -> Unix ms it was first seen out of service or faulty
         self._lists: dict[str, str] | None = None
         self._annotation: str | None = None
         self._super_pod = (deviceinfo.UNKNOWN_INDEX, deviceinfo.UNKNOWN_INDEX)
@@ -71,7 +75,7 @@ class DeviceInfoPublisher:
 
     def observe(self, inventory: Inventory) -> None:
         now_ms = int(self._clock() * 1000)
-        out = {chip.device_id for chip in inventory.chips if not chip.healthy}
+        out = {chip.device_id for chip in inventory.chips if not chip.healthy or chip.fault_class is not None}
         self._since = {device: self._since.get(device, now_ms) for device in out}
         self._lists = deviceinfo.device_lists(inventory, self._since, now_ms, self._separation.ids)
         self._annotation = deviceinfo.base_device_infos(inventory) if inventory.chips else None
@@ -116,21 +120,52 @@ class DeviceInfoPublisher:
             writer.refresh()
 
     async def _read_back(self, api: KubeApi, name: str, writer: LatestWriter[dict[str, str]]) -> None:
-        """The admin's ``ManuallySeparateNPU``, every read interval; a map gone is written again."""
+        """The admin's ``ManuallySeparateNPU`` as a watch on the map delivers it; a map deleted is written
+        again. Each round reads the map, then watches it from there for ``watch_seconds``."""
+        backoff = api_backoff()
         while True:
-            await anyio.sleep(self._read_interval)
             try:
-                found = await api.call(
-                    "get", "configmaps", api.client.get(ConfigMap, name, namespace=deviceinfo.NAMESPACE)
+                version = await self._read_map(api, name, writer)
+                watch = api.client.watch(
+                    ConfigMap,
+                    namespace=deviceinfo.NAMESPACE,
+                    fields={"metadata.name": name},
+                    resource_version=version,
+                    server_timeout=self._watch_seconds,
                 )
+                async for kind, found in api.stream("configmaps", watch):
+                    backoff.reset()
+                    if found.metadata is None or found.metadata.name != name:
+                        continue  # an API server that ignores the field selector
+                    if kind == "DELETED":
+                        self._gone(name, writer)
+                    else:
+                        self._take_separation(found)
             except ApiUnavailable:
-                continue
-            except ApiError as exc:
-                if exc.status.code == 404 and not writer.pending:
-                    log.info("ConfigMap %s/%s is gone; writing it again", deviceinfo.NAMESPACE, name)
-                    writer.refresh()
-                continue
-            self._take_separation(found)
+                await anyio.sleep(backoff.next())
+            except (ApiError, httpx2.HTTPError) as exc:
+                log.debug("ConfigMap watch ended: %s", exc)
+                await anyio.sleep(backoff.next())
+
+    async def _read_map(self, api: KubeApi, name: str, writer: LatestWriter[dict[str, str]]) -> str | None:
+        """Take the map's ``ManuallySeparateNPU``; its resourceVersion (None when it is not there)."""
+        try:
+            found = await api.call(
+                "get", "configmaps", api.client.get(ConfigMap, name, namespace=deviceinfo.NAMESPACE)
+            )
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+            self._gone(name, writer)
+            return None
+        self._take_separation(found)
+        return found.metadata.resourceVersion if found.metadata else None
+
+    @staticmethod
+    def _gone(name: str, writer: LatestWriter[dict[str, str]]) -> None:
+        if not writer.pending:
+            log.info("ConfigMap %s/%s is gone; writing it again", deviceinfo.NAMESPACE, name)
+            writer.refresh()
 
     def _take_separation(self, found: ConfigMap) -> None:
         text = (found.data or {}).get(deviceinfo.SEPARATED_KEY, "")

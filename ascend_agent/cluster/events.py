@@ -5,12 +5,15 @@ Event (``count``, ``lastTimestamp``), as the kubelet's event recorder does.
     events.observe(inventory)     # a chip turned Unhealthy: Warning NPUUnhealthy, written at once
     events.observe(inventory)     # Healthy again: Normal NPUHealthy; Unhealthy again: count 2 on the first
 
-Reasons: ``NPUUnhealthy`` (Warning), ``NPUHeld`` (Warning: the flap hold keeps the chip Unhealthy),
-``NPUHealthy`` (Normal); others raise their own through ``note`` (the DRA driver's ``DRACheckpointUnusable``,
-by way of ``ClusterSide.event``). One Event object per chip (or subject) and reason while its message stays
-the same; an Event is written at once the first time, and its repeats, or a new message for the same chip and
-reason, at most once per ``min_interval`` (30 s), so a chip that flaps 100 times a minute costs a handful of
-writes, not hundreds.
+Reasons: ``NPU<class>`` (Warning: ``NPURestartNPU``, ``NPUSeparateNPU``... a chip's fault class, Huawei's
+name, when it turns Unhealthy for it or its class changes, a chip that stays Healthy too), ``NPUUnhealthy``
+(Warning: Unhealthy for no fault class), ``NPUHeld`` (Warning: the flap hold keeps the chip Unhealthy),
+``NPUHealthy`` (Normal), ``NPUNetworkUnhealthy`` (Warning: the chip's RoCE link is down past the debounce),
+``NPUNetworkHealthy`` (Normal: it is up again); others raise their own through ``note`` (the DRA driver's
+``DRACheckpointUnusable``, by way of ``ClusterSide.event``). One Event object per chip (or subject) and reason
+while its message stays the same; an Event is written at once the first time, and its repeats, or a new
+message for the same chip and reason, at most once per ``min_interval`` (30 s), so a chip that flaps 100 times
+a minute costs a handful of writes, not hundreds.
 RBAC: events create, patch.
 """
 
@@ -30,6 +33,7 @@ from lightkube.types import PatchType
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.writer import api_backoff
+from ascend_agent.faultclass import FaultClass
 from ascend_agent.model import Chip, Inventory
 from ascend_agent.naming import object_name
 
@@ -39,6 +43,7 @@ COMPONENT = "ascend-agent"
 # Where the kubelet records a Node's Events; `kubectl describe node` finds them there.
 NAMESPACE = "default"
 UNHEALTHY, HELD, HEALTHY = "NPUUnhealthy", "NPUHeld", "NPUHealthy"
+NETWORK_UNHEALTHY, NETWORK_HEALTHY = "NPUNetworkUnhealthy", "NPUNetworkHealthy"
 MIN_INTERVAL = 30.0
 
 
@@ -63,29 +68,58 @@ class NodeEvents:
 
     def __init__(self, min_interval: float = MIN_INTERVAL) -> None:
         self._min_interval = min_interval
-        self._seen: dict[str, tuple[bool, bool]] = {}  # device -> (healthy, held)
+        self._seen: dict[str, tuple[bool, bool, FaultClass | None]] = {}  # device -> (healthy, held, class)
+        self._network_down: dict[str, bool] = {}  # device -> network-unhealthy
         self._records: dict[tuple[str, str], _Record] = {}
         self._wake = anyio.Event()
 
     # what happened --------------------------------------------------------------------------------------
     def observe(self, inventory: Inventory) -> None:
+        self._observe_network(inventory)
         for chip in inventory.chips:
             if chip.health_unknown and not chip.held:
                 continue  # npu-smi is down: no transition of the chip's own (the agent logs the outage once)
-            now = (chip.healthy, chip.held)
+            now = (chip.healthy, chip.held, chip.fault_class)
             before = self._seen.get(chip.device_id)
             self._seen[chip.device_id] = now
-            if before == now or (before is None and chip.healthy):
+            if before == now or (before is None and chip.healthy and chip.fault_class is None):
                 continue
             if chip.healthy:
-                self.note("Normal", HEALTHY, chip.device_id, f"{chip.device_id} is Healthy again")
+                if before is not None and not before[0]:
+                    self.note("Normal", HEALTHY, chip.device_id, f"{chip.device_id} is Healthy again")
+                if chip.fault_class is not None and (before is None or before[2] != chip.fault_class):
+                    self.note(
+                        "Warning",
+                        fault_reason(chip.fault_class),
+                        chip.device_id,
+                        f"{chip.device_id} stays Healthy with fault class {chip.fault_class.huawei}: "
+                        f"{_cause(chip)}",
+                    )
             elif chip.held and (before is None or not before[1]):
                 self.note(
                     "Warning", HELD, chip.device_id, f"{chip.device_id} is held Unhealthy: {_cause(chip)}"
                 )
-            elif before is None or before[0]:
+            elif before is None or before[0] or before[2] != chip.fault_class:
                 self.note(
-                    "Warning", UNHEALTHY, chip.device_id, f"{chip.device_id} is Unhealthy: {_cause(chip)}"
+                    "Warning",
+                    fault_reason(chip.fault_class) if chip.fault_class is not None else UNHEALTHY,
+                    chip.device_id,
+                    f"{chip.device_id} is Unhealthy: {_cause(chip)}",
+                )
+
+    def _observe_network(self, inventory: Inventory) -> None:
+        for chip in inventory.chips:
+            down = bool(chip.network_fault)
+            before = self._network_down.get(chip.device_id)
+            self._network_down[chip.device_id] = down
+            if before == down or (before is None and not down):
+                continue
+            if down:
+                message = f"{chip.device_id} network is unhealthy: {chip.network_fault}"
+                self.note("Warning", NETWORK_UNHEALTHY, chip.device_id, message)
+            else:
+                self.note(
+                    "Normal", NETWORK_HEALTHY, chip.device_id, f"{chip.device_id} network is healthy again"
                 )
 
     def note(self, kind: str, reason: str, subject: str, message: str) -> None:
@@ -179,9 +213,14 @@ class NodeEvents:
         )
 
 
+def fault_reason(fault_class: FaultClass) -> str:
+    """The Event reason of a chip's fault class: ``NPU`` and Huawei's name (``NPURestartNPU``)."""
+    return f"NPU{fault_class.huawei}"
+
+
 def _cause(chip: Chip) -> str:
     """The chip's reason, with its fault codes when the reason does not name them."""
-    reason = chip.reason or "no reason reported"
+    reason = chip.reason or ("fault" if chip.faults else "no reason reported")
     codes = [fault.code for fault in chip.faults if fault.code not in reason]
     return f"{reason} (fault codes {', '.join(codes)})" if codes else reason
 

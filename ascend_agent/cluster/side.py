@@ -4,6 +4,7 @@
     tasks.start_soon(side.run)          # loads the client in a thread, then one task per feature
     side.observe(inventory)             # after each reconcile; never blocks, never awaits
     side.event("Warning", reason, subject, message)   # an Event on the Node, kept until the side has loaded
+    side.reset_info(value)              # the node annotation ResetInfo (--hot-reset), kept likewise
 
 The client library and the features' modules are imported in a worker thread when :meth:`ClusterSide.run`
 starts, so the agent's start (serving and registering with the kubelet) does not wait for those imports.
@@ -33,6 +34,13 @@ class EventNotes(Protocol):
     """The feature that raises Events on the Node (``NodeEvents``)."""
 
     def note(self, kind: str, reason: str, subject: str, message: str) -> None: ...
+
+
+@runtime_checkable
+class ResetInfoSink(Protocol):
+    """The feature that keeps the node annotation ``ResetInfo`` (``ResetInfoAnnotation``)."""
+
+    def set_reset_info(self, value: str) -> None: ...
 
 
 class Feature(Protocol):
@@ -83,6 +91,7 @@ class ClusterSide:
         self._failed: str | None = None
         self._loaded: anyio.Event | None = None  # made by the first wait_loaded, set by run
         self._events: list[tuple[str, str, str, str]] = []  # raised before the features loaded
+        self._reset_info: str | None = None  # the newest ResetInfo, kept until the features loaded
 
     def observe(self, inventory: Inventory) -> None:
         """Hand ``inventory`` to every feature. Called in the agent's reconcile: a feature that fails here is
@@ -99,6 +108,19 @@ class ClusterSide:
         side has loaded, else once it has. Never blocks."""
         self._events.append((kind, reason, subject, message))
         self._hand_events()
+
+    def reset_info(self, value: str) -> None:
+        """The node annotation ``ResetInfo`` (``--hot-reset``), written by its feature: at once when the side
+        has loaded, else once it has. Never blocks."""
+        self._reset_info = value
+        self._hand_reset_info()
+
+    def _hand_reset_info(self) -> None:
+        if self._reset_info is None:
+            return
+        for feature in self.features:
+            if isinstance(feature, ResetInfoSink):
+                feature.set_reset_info(self._reset_info)
 
     def _hand_events(self) -> None:
         notes = [feature for feature in self.features if isinstance(feature, EventNotes)]
@@ -153,6 +175,7 @@ class ClusterSide:
         if self._latest is not None:
             self.observe(self._latest)
         self._hand_events()
+        self._hand_reset_info()
         try:
             async with anyio.create_task_group() as tasks:
                 for feature in features:

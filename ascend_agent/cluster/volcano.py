@@ -39,10 +39,11 @@ from lightkube.types import PatchType
 from prometheus_client import Gauge
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.cluster.placed import node_address
 from ascend_agent.cluster.podlist import bound_to, list_node_pods, view_of
+from ascend_agent.cluster.ranktable import CONFIGURATION as CONFIGURATION_910
+from ascend_agent.cluster.ranktable import CONFIGURATION_NPU
 from ascend_agent.cluster.volcano_marks import (
-    CONFIGURATION_910,
-    CONFIGURATION_NPU,
     KUBELET_IDS,
     PREDICATE_TIME,
     REAL,
@@ -74,15 +75,30 @@ CHIPS_TAKEN = Gauge(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Patch:
+    """The marks of a pod that got its chips; the configuration annotation is made when it is written (it
+    needs the node's address, read once by the writer)."""
+
+    pod: PodView
+    annotations: dict[str, str]
+    configuration_key: str
+    chips: tuple[Chip, ...]
+
+    def body(self, host_ip: str) -> dict[str, Any]:
+        configured = {self.configuration_key: configuration(self.pod, self.chips, host_ip)}
+        return {"metadata": {"annotations": {**self.annotations, **configured}}}
+
+
 @dataclass(slots=True)
 class _Patches:
     """The pods' patches not written yet, by pod uid; the newest for a pod wins."""
 
-    pending: dict[str, tuple[str, str, dict[str, Any]]] = field(default_factory=dict)
+    pending: dict[str, _Patch] = field(default_factory=dict)
     wake: anyio.Event = field(default_factory=anyio.Event)
 
-    def add(self, pod: PodView, patch: dict[str, Any]) -> None:
-        self.pending[pod.uid] = (pod.namespace, pod.name, patch)
+    def add(self, patch: _Patch) -> None:
+        self.pending[patch.pod.uid] = patch
         self.wake.set()
 
 
@@ -362,13 +378,8 @@ class VolcanoPods:
             ",".join(real),
             ",".join(kubelet_ids),
         )
-        annotations = {
-            PREDICATE_TIME: TAKEN,
-            REAL: ",".join(real),
-            KUBELET_IDS: ",".join(kubelet_ids),
-            key: configuration(pod, chips),
-        }
-        self._patches.add(pod, {"metadata": {"annotations": annotations}})
+        annotations = {PREDICATE_TIME: TAKEN, REAL: ",".join(real), KUBELET_IDS: ",".join(kubelet_ids)}
+        self._patches.add(_Patch(pod, annotations, key, tuple(chips)))
         self._tell_mounted()
 
     async def _read_pods(self) -> None:
@@ -456,24 +467,51 @@ class VolcanoPods:
     # the pods' marks ---------------------------------------------------------------------------------------
     async def _write_patches(self, api: KubeApi) -> None:
         backoff = api_backoff()
+        host_ip: str | None = None  # the Node's address, read before the first patch
         while True:
             await self._patches.wake.wait()
             self._patches.wake = anyio.Event()
             while self._patches.pending:
+                if host_ip is None:
+                    try:
+                        host_ip = await _host_ip(api)
+                    except ApiUnavailable:
+                        await anyio.sleep(backoff.next())
+                        continue
                 uid = next(iter(self._patches.pending))
-                namespace, name, patch = self._patches.pending.pop(uid)
+                patch = self._patches.pending.pop(uid)
+                namespace, name = patch.pod.namespace, patch.pod.name
                 try:
                     await api.call_blocking(
-                        "patch", "pods", functools.partial(_patch, name, namespace, patch)
+                        "patch", "pods", functools.partial(_patch, name, namespace, patch.body(host_ip))
                     )
                 except ApiUnavailable:
-                    self._patches.pending.setdefault(uid, (namespace, name, patch))
+                    self._patches.pending.setdefault(uid, patch)
                     await anyio.sleep(backoff.next())
                     continue
                 except ApiError as exc:  # the pod is gone (404) or refused the patch
                     log.warning("Cannot mark pod %s/%s with its chips: %s", namespace, name, exc)
                     continue
                 backoff.reset()
+
+
+async def _host_ip(api: KubeApi) -> str:
+    """The node's address for the pods' configuration; "" (said once) when the Node names none, is not
+    there, or may not be read (RBAC without nodes get). Raises ApiUnavailable while the API server is down:
+    the patch could not be written either."""
+    try:
+        address = await node_address(api)
+    except ApiError as exc:
+        address, why = "", f"the Node cannot be read ({exc})"
+    except ApiUnavailable as exc:
+        if exc.failure.status != 403:
+            raise
+        address, why = "", "the agent may not get its Node (give it nodes get)"
+    else:
+        why = "the Node has no InternalIP address"
+    if not address:
+        log.warning("Pods' %s are written with host_ip empty: %s", CONFIGURATION_910, why)
+    return address
 
 
 def _patch(name: str, namespace: str, patch: dict[str, Any], client: Client) -> Pod:

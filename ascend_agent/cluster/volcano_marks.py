@@ -41,12 +41,6 @@ REAL = "huawei.com/AscendReal"
 KUBELET_IDS = "huawei.com/kltDev"
 
 
-CONFIGURATION_910 = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
-
-
-CONFIGURATION_NPU = "ascend.kubectl.kubernetes.io/ascend-npu-configuration"
-
-
 class ChipHeld(LookupError):
     """Volcano's choice names a chip another pod has, as far as the cache knows."""
 
@@ -153,7 +147,7 @@ def follow_mounted(holders: Holders, mounted: Iterable[Mounted]) -> Holders:
     >>> kubelets = Holders({(T, "Ascend910-0"): (Holder("ns", "p", "main"),)})
     >>> moved = follow_mounted(kubelets, [Mounted("ns", "p", T, ("Ascend910-0",), ("Ascend910-5",))])
     >>> moved.by_device
-    {('huawei.com/Ascend910', 'Ascend910-5'): (Holder(namespace='ns', pod='p', container='main'),)}
+    {('huawei.com/Ascend910', 'Ascend910-5'): (Holder(namespace='ns', pod='p', container='main', claim=''),)}
     """
     by_device = {key: set(found) for key, found in holders.by_device.items()}
     for pod in mounted:
@@ -205,10 +199,11 @@ def choose(
     return min(candidates, key=lambda pod: (pod.predicate_time or 0, pod.namespace, pod.name), default=None)
 
 
-def configuration(pod: PodView, chips: Sequence[Chip]) -> str:
-    """The rank-table input Huawei's plugin writes: the pod, its uid, the super pod (A3; -2 elsewhere), each
-    chip's physical ID, device IP (empty when it has none, ``127.0.0.1`` for a vNPU) and, on A3, SDID as
-    ``super_device_id``; the server index. Keys in the order of Huawei's struct."""
+def configuration(pod: PodView, chips: Sequence[Chip], host_ip: str = "") -> str:
+    """The rank-table input Huawei's plugin writes: the pod, its uid, the node's address (``host_ip`` and
+    ``server_ip``), the super pod (A3; -2 elsewhere), each chip's physical ID, device IP (empty when it has
+    none, never ``-1``; ``127.0.0.1`` for a vNPU) and, on A3, SDID as ``super_device_id``; the server index.
+    Keys in the order of Huawei's struct (``rack_id``, an A5 field, is left out)."""
     super_pod_id, server_index = UNKNOWN_SUPER_POD, UNKNOWN_SUPER_POD
     known = next((chip.super_pod for chip in chips if chip.super_pod is not None), None)
     if known is not None:
@@ -217,9 +212,11 @@ def configuration(pod: PodView, chips: Sequence[Chip]) -> str:
         {
             "pod_name": pod.name,
             "server_id": pod.uid,
+            "host_ip": host_ip,
             "super_pod_id": super_pod_id,
             "devices": [_configured_device(chip) for chip in chips],
             "server_index": str(server_index),
+            "server_ip": host_ip,
         }
     )
 

@@ -18,9 +18,9 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from ascend_agent import naming
 from ascend_agent._proto.v1beta1 import DevicePluginStub, ListAndWatchResponse
 from ascend_agent.config import Settings
-from ascend_agent.doctor.check import API_TIMEOUT as _API_TIMEOUT
 from ascend_agent.doctor.check import DAEMONSET, AgentDaemonSet, Check, Mode
 from ascend_agent.doctor.check import DIAL_TIMEOUT as _DIAL_TIMEOUT
+from ascend_agent.doctor.holders import holders_check
 from ascend_agent.kubelet.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
 from ascend_agent.model import Generation, Inventory
@@ -129,42 +129,12 @@ async def _ask(path: Path, unhealthy: list[tuple[str, str]]) -> Check:
     )
 
 
-async def _holders(settings: Settings, unhealthy: list[tuple[str, str]]) -> Check:
-    """The pods whose containers hold the Unhealthy devices: the ones to move off this node."""
-    from ascend_agent.kubelet.podresources import PodResourcesError, list_holders
-
-    name = "pods on Unhealthy chips"
-    try:
-        holders = await list_holders(settings.pod_resources_socket)
-    except PodResourcesError as exc:
-        return Check(name, None, f"skipped: {exc}")
-    if settings.volcano:
-        from ascend_agent.cluster import on_mounted_chips
-
-        holders, problem = await on_mounted_chips(settings, holders, _API_TIMEOUT)
-        if problem:
-            return Check(name, None, f"skipped: {problem}")
-    held = [
-        f"{device} held by {', '.join(map(str, holders.by_device[(resource, device)]))}"
-        for resource, device in unhealthy
-        if holders.by_device.get((resource, device))
-    ]
-    if not held:
-        return Check(name, True, f"none: no pod holds {', '.join(device for _, device in unhealthy)}")
-    return Check(
-        name,
-        False,
-        "; ".join(held),
-        "these pods run on failing chips: delete them (their controllers place them again on Healthy chips)",
-    )
-
-
 async def _kubelet_checks(
     settings: Settings, inventory: Inventory | None, daemonset: AgentDaemonSet
 ) -> tuple[list[Check], list[Check]]:
     unhealthy: list[tuple[str, str]] = []
     checks = [_kubelet(settings.kubelet_dir), *await _our_sockets(settings, inventory, unhealthy, daemonset)]
-    return checks, [await _holders(settings, unhealthy)] if unhealthy else []
+    return checks, [await holders_check(settings, unhealthy)] if unhealthy else []
 
 
 async def _capacity_checks(api: KubeApi, settings: Settings, inventory: Inventory | None) -> list[Check]:

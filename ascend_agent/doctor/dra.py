@@ -24,6 +24,7 @@ from ascend_agent._proto.pluginregistration import InfoRequest, PluginInfo, Regi
 from ascend_agent.config import Settings
 from ascend_agent.doctor.check import DIAL_TIMEOUT as _DIAL_TIMEOUT
 from ascend_agent.doctor.check import AgentDaemonSet, Check, Mode
+from ascend_agent.doctor.holders import holders_check
 from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
 from ascend_agent.kubelet.dra.claims import (
     CheckpointError,
@@ -31,7 +32,7 @@ from ascend_agent.kubelet.dra.claims import (
     read_checkpoint,
     spec_file_name,
 )
-from ascend_agent.kubelet.dra.devices import device_name
+from ascend_agent.kubelet.dra.devices import chip_of, device_name
 from ascend_agent.kubelet.dra.paths import DraPaths, other_pods
 from ascend_agent.kubelet.dra.plugin import PLUGIN_TYPE
 from ascend_agent.model import Inventory
@@ -60,6 +61,12 @@ async def kubelet_checks(settings: Settings, inventory: Inventory | None) -> lis
         await _plugin_socket(paths.socket),
         _checkpoint(paths, settings.dra_driver_name, inventory),
     ]
+
+
+def failing_devices(driver: str, inventory: Inventory | None) -> list[tuple[str, str]]:
+    """(driver, device name) of each Unhealthy or held device: the doctor names the pods holding them."""
+    advertised = inventory.advertised if inventory is not None else ()
+    return [(driver, device_name(chip)) for chip in advertised if not chip.healthy or chip.held]
 
 
 def pod_paths(settings: Settings) -> DraPaths:
@@ -186,11 +193,17 @@ def _checkpoint(paths: DraPaths, driver: str, inventory: Inventory | None) -> Ch
         for chip in (inventory.advertised if inventory is not None else ())
         if not chip.healthy or chip.held
     }
-    on_failing = [
-        f"{c.namespace}/{c.name} on {d.device_name} ({failing[d.device_name]})"
+    # A template device of a dynamic chip fails with its chip.
+    reasons = {
+        d.device_name: failing.get(d.device_name) or failing.get(chip_of(d.device_name))
         for c in claims
         for d in c.devices
-        if d.device_name in failing
+    }
+    on_failing = [
+        f"{c.namespace}/{c.name} on {d.device_name} ({reasons[d.device_name]})"
+        for c in claims
+        for d in c.devices
+        if reasons[d.device_name] and not d.admin_access  # monitoring a failing chip is what it is for
     ]
     if on_failing:
         return Check(
@@ -272,7 +285,9 @@ def _plural(items: Collection[object], word: str) -> str:
 async def _kubelet_checks(
     settings: Settings, inventory: Inventory | None, daemonset: AgentDaemonSet
 ) -> tuple[list[Check], list[Check]]:
-    return [*skipped_device_plugin_checks(), *await kubelet_checks(settings, inventory)], []
+    failing = failing_devices(settings.dra_driver_name, inventory)
+    checks = [*skipped_device_plugin_checks(), *await kubelet_checks(settings, inventory)]
+    return checks, [await holders_check(settings, failing)] if failing else []
 
 
 async def _capacity_checks(api: KubeApi, settings: Settings, inventory: Inventory | None) -> list[Check]:

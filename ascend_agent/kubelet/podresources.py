@@ -3,6 +3,7 @@
 
     holders = await list_holders(Path("/var/lib/kubelet/pod-resources/kubelet.sock"))
     holders.of(chip, replicas=1)      # (Holder(namespace='team-a', pod='train-0', container='main'),)
+    holders.of_claimed("npu.huawei.com", chip)   # DRA: the same, with the claim that gave it
 
 :class:`PodHolders` keeps the last answer for the agent, refreshed at each health interval and shortly after
 each Allocate; a missing or refusing socket costs one warning (again only after it worked) and empty holders,
@@ -64,13 +65,22 @@ def _holders(answer: bytes) -> Holders:
     """The holders a ``ListPodResourcesResponse`` names."""
     response = ListPodResourcesResponse.parse(answer)
     found: dict[tuple[str, str], set[Holder]] = {}
+    claimed: dict[tuple[str, str], set[Holder]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             holder = Holder(pod.namespace, pod.name, container.name)
             for devices in container.devices:
                 for device_id in devices.device_ids:
                     found.setdefault((devices.resource_name, device_id), set()).add(holder)
-    return Holders({key: tuple(sorted(holders)) for key, holders in found.items()})
+            for claim in container.dynamic_resources:
+                by_claim = Holder(pod.namespace, pod.name, container.name, claim.claim_name)
+                for resource in claim.claim_resources:
+                    if resource.device_name:
+                        claimed.setdefault((resource.driver_name, resource.device_name), set()).add(by_claim)
+    return Holders(
+        {key: tuple(sorted(holders)) for key, holders in found.items()},
+        {key: tuple(sorted(holders)) for key, holders in claimed.items()},
+    )
 
 
 class PodHolders:

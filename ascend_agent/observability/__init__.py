@@ -171,6 +171,27 @@ CHIP_TRAINING = Gauge(
     "A chip's device IP, vNIC IP (A3) and super-pod identity (A3), empty where it has none; always 1.",
     ["device", "device_ip", "vnic_ip", "super_pod_id", "server_index", "sdid"],
 )
+# The RoCE network of each chip that has a device IP (backends/network.py), read every health interval.
+CHIP_LINK_UP = Gauge(
+    "ascend_agent_chip_link_up",
+    "1 while hccn_tool -link -g says UP, 0 while DOWN; absent when unread.",
+    ["device"],
+)
+CHIP_NET_HEALTH = Gauge(
+    "ascend_agent_chip_net_health_info",
+    "The status hccn_tool -net_health -g printed last (Success, Init, Fault, ...); always 1.",
+    ["device", "status"],
+)
+CHIP_NETWORK_UNHEALTHY = Gauge(
+    "ascend_agent_chip_network_unhealthy",
+    "1 while the chip's link has been DOWN for linkDownDebounce s or more, else 0.",
+    ["device"],
+)
+RESETS = Counter(
+    "ascend_agent_resets",
+    "Hot-reset steps by result (waiting, started, succeeded, failed, ...; docs/metrics.md).",
+    ["result"],
+)
 CHIP_HELD = Gauge(
     "ascend_agent_chip_held", "1 while the chip is held Unhealthy for flapping, else 0.", ["device"]
 )
@@ -342,24 +363,27 @@ def log_accept_failures_briefly(loop: asyncio.AbstractEventLoop) -> None:
 
 
 # Who holds each device, as labels of every per-device series ---------------------------------------------
-HolderOf = Callable[[str], tuple[str, str, str]]
+HolderOf = Callable[[str], tuple[str, ...]]
 HOLDER_LABELS = ("namespace", "pod", "container")
+CLAIM_LABEL = "claim"
 _holder_of: HolderOf | None = None
+_holder_labels: tuple[str, ...] = HOLDER_LABELS
 
 
-def label_devices_with_holders(holder_of: HolderOf | None) -> None:
+def label_devices_with_holders(holder_of: HolderOf | None, claims: bool = False) -> None:
     """From now on every series with a ``device`` label is exposed with ``namespace``, ``pod`` and
-    ``container`` too: ``holder_of(device)`` (empty strings while the device is free), as dcgm-exporter labels
-    GPU metrics."""
-    global _holder_of
+    ``container`` too (and with ``claims``, a DRA driver's, ``claim``): ``holder_of(device)`` (empty strings
+    while the device is free), as dcgm-exporter labels GPU metrics."""
+    global _holder_of, _holder_labels
     _holder_of = holder_of
+    _holder_labels = (*HOLDER_LABELS, CLAIM_LABEL) if claims else HOLDER_LABELS
 
 
 class _Exposed:
     """The default registry as /metrics shows it: per-device series with their holder's labels."""
 
     def collect(self) -> Iterator[Metric]:
-        holder_of = _holder_of
+        holder_of, labels = _holder_of, _holder_labels
         for family in REGISTRY.collect():
             if holder_of is None or not any("device" in sample.labels for sample in family.samples):
                 yield family
@@ -367,7 +391,7 @@ class _Exposed:
             labelled = Metric(family.name, family.documentation, family.type, family.unit)
             for sample in family.samples:
                 if "device" in sample.labels:
-                    held = dict(zip(HOLDER_LABELS, holder_of(sample.labels["device"]), strict=True))
+                    held = dict(zip(labels, holder_of(sample.labels["device"]), strict=True))
                     sample = sample._replace(labels={**sample.labels, **held})
                 labelled.samples.append(sample)
             yield labelled

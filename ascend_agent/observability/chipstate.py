@@ -1,5 +1,6 @@
 """The running agent's view of its chips, served read-only as JSON at ``/chips`` on its HTTP endpoint
-(``metricsAddress``): what only that process knows, the flap hold and whether npu-smi is down. ``list`` and
+(``metricsAddress``): what only that process knows, the flap hold, whether npu-smi is down and which chips
+are network-unhealthy (a link down past the debounce needs queries over time). ``list`` and
 ``doctor`` ask it there, as they run a backend of their own that cannot know either::
 
     document = chip_states(agent.inventory, hold.release_in, hold.reason(), now=time.time())
@@ -44,6 +45,7 @@ def chip_states(
                 "held": chip.held,
                 "held_why": hold_reason if chip.held else "",
                 "held_until": None if seconds is None else _utc(now + seconds),
+                "network_fault": chip.network_fault,
             }
         )
     return {"npu_smi": {"down": bool(inventory.outage), "reason": inventory.outage}, "chips": chips}
@@ -61,6 +63,7 @@ class ChipState:
     held: bool
     held_why: str
     held_until: str | None
+    network_fault: str = ""  # why the chip is network-unhealthy; empty while it is not
 
     def hold_text(self) -> str:
         """``held until 2026-12-04T19:50:00Z: <why>``; empty when not held."""
@@ -144,6 +147,7 @@ def _view(address: str, document: Mapping[str, Any]) -> AgentView:
             held=bool(row["held"]),
             held_why=str(row["held_why"]),
             held_until=None if row["held_until"] is None else str(row["held_until"]),
+            network_fault=str(row.get("network_fault") or ""),  # an older agent has none
         )
         for row in document["chips"]
     }

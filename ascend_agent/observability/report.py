@@ -5,7 +5,7 @@ device for the metrics' labels::
     report = InventoryReport(holders=lambda: holdings.by_chip(), replicas=lambda: settings.replicas)
     report.inventory(inventory)          # after each discovery: logs what changed
     report.count(desired, inventory.vnpus)
-    label_devices_with_holders(report.holder_of)
+    label_devices_with_holders(report.holder_of)   # a DRA driver (claim_driver=...): claims=True
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import enum
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
-from ascend_agent.model import Chip, Health, Holders, Inventory
+from ascend_agent.model import Chip, Health, Holder, Holders, Inventory
 from ascend_agent.observability import (
     CHIP_TRAINING,
     DEVICE_HEALTH,
@@ -39,9 +39,14 @@ class InventoryReport:
     """Logs each change once; keeps the last inventory for :meth:`holder_of`."""
 
     def __init__(
-        self, holders: Callable[[], Holders] = Holders, replicas: Callable[[], int] = lambda: 1
+        self,
+        holders: Callable[[], Holders] = Holders,
+        replicas: Callable[[], int] = lambda: 1,
+        claim_driver: str | None = None,
     ) -> None:
+        """``claim_driver``: as a DRA driver, its name: a device's holders are those of its claims."""
         self.last = Inventory()
+        self._claim_driver = claim_driver
         self._holders = holders
         self._replicas = replicas
         self._known_chips: set[str] = set()
@@ -103,19 +108,32 @@ class InventoryReport:
         training_info(chip for chips in desired.values() for chip in chips)
         _count_vnpus(vnpus)
 
-    def holder_of(self, device: str) -> tuple[str, str, str]:
-        """The (namespace, pod, container) holding a chip or a vNPU, for its metrics; comma-joined when its
-        replicas are held by several."""
+    def holder_of(self, device: str) -> tuple[str, ...]:
+        """The (namespace, pod, container) holding a chip or a vNPU, for its metrics, and as a DRA driver the
+        claim; comma-joined when its replicas (or several claims) are held by several."""
         inventory = self.last
         chip = next((c for c in (*inventory.chips, *inventory.vnpus) if c.device_id == device), None)
         found = self._holders()
+        if self._claim_driver is not None:
+            holders = found.of_claimed(self._claim_driver, chip) if chip is not None else ()
+            return holder_labels(holders, claims=True)
         replicas = 1 if chip is not None and chip.vnpu is not None else self._replicas()
-        holders = found.of(chip, replicas) if chip is not None else ()
-        return (
-            ",".join(h.namespace for h in holders),
-            ",".join(h.pod for h in holders),
-            ",".join(h.container for h in holders),
-        )
+        return holder_labels(found.of(chip, replicas) if chip is not None else ())
+
+
+def holder_labels(holders: Sequence[Holder], claims: bool = False) -> tuple[str, ...]:
+    """The holders as the values of the metrics' labels ``namespace``, ``pod``, ``container`` (and with
+    ``claims``, ``claim``): comma-joined, empty strings for none.
+
+    >>> holder_labels([Holder("a", "p", "c", "x"), Holder("a", "q", "c", "y")], claims=True)
+    ('a,a', 'p,q', 'c,c', 'x,y')
+    """
+    values = (
+        ",".join(h.namespace for h in holders),
+        ",".join(h.pod for h in holders),
+        ",".join(h.container for h in holders),
+    )
+    return (*values, ",".join(h.claim for h in holders)) if claims else values
 
 
 def training_info(chips: Iterable[Chip]) -> None:

@@ -61,7 +61,12 @@ def agent_user(render: Path = CHART_RENDER) -> str:
 def agent_args(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) -> list[str]:
     """`ascend-agent run` with a token of the chart's ServiceAccount and the chart's settings."""
     account = chart_object("ServiceAccount", render)["metadata"]["name"]
-    token = cluster.kubectl("create", "token", account, "-n", NAMESPACE, "--duration=2h").stdout.strip()
+    # Bound to the Node, as a pod's token is to its node: the API server then knows the agent's node (a DRA
+    # driver may write the status of the claims allocated there).
+    token = cluster.kubectl(
+        "create", "token", account, "-n", NAMESPACE, "--duration=2h",
+        "--bound-object-kind=Node", f"--bound-object-name={NODE_NAME}",
+    ).stdout.strip()  # fmt: skip
     kubeconfig = cluster.work / "agent.kubeconfig"
     cluster.write_kubeconfig(kubeconfig, token)
     config = cluster.work / "agent.yaml"

@@ -280,6 +280,28 @@ def test_the_device_info_configmap_is_accepted(cluster: Cluster, agent: AgentPro
     assert "DeviceInfoCfg" in data, data
 
 
+def test_the_fault_config_map_is_read_and_watched(cluster: Cluster, agent: AgentProcess) -> None:
+    """Huawei's mindx-dl-fault-config through the chart's Role (get, watch on that one name, by a field
+    selector): created, it replaces the built-in faultCode.json; deleted, the built-in one applies again."""
+    before = len(agent.lines)
+    table = json.dumps({"SubHealthFaultCodes": ["80E3A201"]})
+    cluster.kubectl(
+        "create",
+        "configmap",
+        "mindx-dl-fault-config",
+        "-n",
+        "kube-system",
+        f"--from-literal=faultCode.json={table}",
+    )
+    try:
+        agent.wait_log("Fault table from ConfigMap kube-system/mindx-dl-fault-config: 1 codes", timeout=60)
+    finally:
+        cluster.kubectl("delete", "configmap", "mindx-dl-fault-config", "-n", "kube-system", check=False)
+    agent.wait_log("mindx-dl-fault-config is gone: the built-in fault table applies again", timeout=60)
+    refused = [line for line in agent.lines[before:] if re.search(r"(?i)forbidden|403", line)]
+    assert not refused, "\n".join(refused)
+
+
 def test_without_the_events_create_verb_the_agent_logs_the_403_once(
     cluster: Cluster, agent: AgentProcess
 ) -> None:

@@ -98,7 +98,9 @@ def test_error_codes_reach_the_kubelet_the_log_and_the_metrics(
         )
         assert sum(health == "Healthy" for health in sick.health().values()) == 15
         line = process.wait_log("Ascend910-3 is Unhealthy: ")[0]
-        assert line.endswith(f"Ascend910-3 is Unhealthy: Alarm, error code 80E3A203 ({FAULT_TEXT})")
+        assert line.endswith(
+            f"Ascend910-3 is Unhealthy: RestartNPU: Alarm, error code 80E3A203 ({FAULT_TEXT})"
+        )
         metrics = _metrics(port)
         assert _sample(metrics, "ascend_agent_chip_fault", device="Ascend910-3", code="80E3A203") == 1
         # Telemetry from the same table: die 0 of NPU 0 and the second die, whose Power is '-'.
@@ -138,10 +140,10 @@ def test_codes_that_change_under_an_unchanged_alarm_are_seen(
     npu_smi.set_output("info", A3_ALARM)
     process = _agent(kubelet, host, npu_smi, _free_port())
     try:
-        process.wait_log("Ascend910-3 is Unhealthy: Alarm, error code 80E3A203")
+        process.wait_log("Ascend910-3 is Unhealthy: RestartNPU: Alarm, error code 80E3A203")
         npu_smi.set_output(HEALTH_ARGS, A3_HEALTH.replace("80E3A203", "80E18005"))
         npu_smi.wait_count(HEALTH_ARGS, 2, timeout=10)
-        process.wait_log("Ascend910-3 is Unhealthy: Alarm, error code 80E18005")
+        process.wait_log("Ascend910-3 is Unhealthy: RestartNPU: Alarm, error code 80E18005")
     finally:
         process.close()
 
@@ -153,13 +155,16 @@ def test_list_shows_the_faults_and_the_policy_decides(
     npu_smi.set_output("info", A3_ALARM)
     row = _list(host, npu_smi)[3]
     assert (row["id"], row["health"]) == ("Ascend910-3", "Unhealthy")
-    assert row["faults"] == [{"code": "80E3A203", "text": FAULT_TEXT}]
-    assert row["reason"] == f"Alarm, error code 80E3A203 ({FAULT_TEXT})"
+    assert row["fault_class"] == "RestartNPU"
+    assert row["faults"] == [{"code": "80E3A203", "text": FAULT_TEXT, "class": "RestartNPU"}]
+    assert row["reason"] == f"RestartNPU: Alarm, error code 80E3A203 ({FAULT_TEXT})"
     config = short_dir / "policy.yaml"
     config.write_text('faultPolicy: {"80E3A203": healthy}\n')
     row = _list(host, npu_smi, "--config", str(config))[3]
-    assert (row["health"], row["reason"]) == ("Healthy", "")
-    assert row["faults"] == [{"code": "80E3A203", "text": FAULT_TEXT}], "the codes stay visible"
+    assert (row["health"], row["reason"], row["fault_class"]) == ("Healthy", "", "NotHandleFault")
+    assert row["faults"] == [{"code": "80E3A203", "text": FAULT_TEXT, "class": "NotHandleFault"}], (
+        "the codes stay visible"
+    )
 
 
 def test_a_flapping_chip_is_held_until_quiet(

@@ -75,7 +75,7 @@ def test_labels_set_on_start_and_follow_the_chip_set(
     )
     agent = _Agent(kubelet, apiserver, short_dir)
     started.append(agent)
-    labels = apiserver.wait_for(lambda: _labels(apiserver), lambda got: "accelerator" in got, timeout=2)
+    labels = apiserver.wait_for(lambda: _labels(apiserver), lambda got: "accelerator" in got, timeout=10)
     assert labels == {
         "kubernetes.io/hostname": NODE,
         "accelerator": "huawei-Ascend910",

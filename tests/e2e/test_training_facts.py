@@ -16,6 +16,8 @@ from tests.e2e.test_volcano_allocate import NODE, _allocate, _annotations, _pod
 from tests.support import CONSTRUCTED, FIXTURES, volcano_types
 from tests.support.agent_process import fake_agent
 from tests.support.apiserver import ApiServer
+from tests.support.cli import run_cli
+from tests.support.hccl import gather, hccl_json
 from tests.support.hccn_fake import FakeHccnTool
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
@@ -122,8 +124,10 @@ def test_fake_a3_node_publishes_ips_and_super_pod_through_volcano(
     kubelet: KubeletStandin, apiserver: ApiServer
 ) -> None:
     """The fake backend's synthetic facts (``--fake-training``) from the agent as a process: the pod's
-    ``ascend-910-configuration``, ``baseDeviceInfos``, ``DeviceInfoCfg`` and the node labels."""
-    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    ``ascend-910-configuration``, ``baseDeviceInfos``, ``DeviceInfoCfg`` and the node labels; then, the pod
+    given Volcano's rank index and an IP, ``ascend-agent ranktable`` prints its valid v1.2 rank table."""
+    addresses = [{"type": "Hostname", "address": NODE}, {"type": "InternalIP", "address": "192.168.0.40"}]
+    apiserver.put("nodes", {"metadata": {"name": NODE}, "status": {"addresses": addresses}})
     agent = fake_agent(
         kubelet.directory,
         *("--fake-model", "910_9392", "--fake-chips", "16", "--fake-training", "--volcano"),
@@ -139,12 +143,35 @@ def test_fake_a3_node_publishes_ips_and_super_pod_through_volcano(
         assert json.loads(annotations[CONFIGURATION]) == {
             "pod_name": "train-0",
             "server_id": "uid-train-0",
+            "host_ip": "192.168.0.40",
             "super_pod_id": 0,
             "devices": [
                 {"device_id": "3", "device_ip": "198.18.0.4", "super_device_id": "3"},
                 {"device_id": "5", "device_ip": "198.18.0.6", "super_device_id": "5"},
             ],
             "server_index": "0",
+            "server_ip": "192.168.0.40",
+        }
+        pod = apiserver.get("pods", "train-0", "team-a")
+        assert pod is not None
+        pod["metadata"]["annotations"]["hccl/rankIndex"] = "0"
+        pod["spec"]["nodeSelector"] = {"accelerator-type": "module-a3-16-super-pod"}
+        pod["status"]["podIP"] = "10.244.0.7"
+        apiserver.put("pods", pod)
+        printed = run_cli(
+            *("ranktable", "--pod", "team-a/train-0"),
+            *("--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE),
+        )
+        assert printed.returncode == 0 and printed.stderr == "", printed.stderr
+        table = hccl_json(gather([json.loads(printed.stdout)]), "1.2")
+        assert table["server_list"][0] == {
+            "device": [
+                {"device_id": "3", "device_ip": "198.18.0.4", "super_device_id": "3", "rank_id": "0"},
+                {"device_id": "5", "device_ip": "198.18.0.6", "super_device_id": "5", "rank_id": "1"},
+            ],
+            "server_id": "uid-train-0",
+            "host_ip": "192.168.0.40",
+            "container_ip": "10.244.0.7",
         }
         node = apiserver.wait_for(
             lambda: apiserver.get("nodes", NODE),

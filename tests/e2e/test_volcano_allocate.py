@@ -152,10 +152,13 @@ def test_volcano_chips_mounted_and_the_pod_marked(
     assert json.loads(annotations["ascend.kubectl.kubernetes.io/ascend-910-configuration"]) == {
         "pod_name": "train-0",
         "server_id": "uid-train-0",
+        "host_ip": "",
         "super_pod_id": -2,
         "devices": [{"device_id": "3", "device_ip": ""}, {"device_id": "5", "device_ip": ""}],
         "server_index": "-2",
+        "server_ip": "",
     }
+    volcano.wait_log("host_ip empty: the Node has no InternalIP address")
     volcano.wait_log("Allocated Ascend910-3,Ascend910-5")
 
 

@@ -1,5 +1,5 @@
-// The grpc-go kubelet stand-in (kubelet/) and the device-info decoder (deviceinfo/), built by `make interop`
-// against the grpc-go and protobuf versions k8s.io/kubernetes v1.36.3's kubelet requires.
+// The grpc-go kubelet stand-in (kubelet/), the device-info decoder (deviceinfo/) and the rank-table decoder
+// (ranktable/), built by `make interop` against the grpc-go and protobuf versions k8s.io/kubernetes v1.36.3 requires.
 module ascend-agent/interop
 
 go 1.26.0

@@ -15,10 +15,11 @@ Outages on demand, for every request or only those of one verb and resource::
     apiserver.fail(500)
     apiserver.behave()
 
-Watches of a resource see the objects ``put`` and everything the client writes. What the emulator does not
-do (kmock 0.8): label and field selectors are ignored (a list or watch gets every object of the resource),
-there is no ``resourceVersion`` or conflict (409 only for a create of an existing name), and every PATCH is
-applied as a JSON merge patch whatever its content type. PUT (update) is served here on top of kmock.
+Watches of a resource see the objects ``put`` (as ADDED or MODIFIED) and everything the client writes.
+What the emulator does not do (kmock 0.8): label and field selectors are ignored (a list or watch gets every
+object of the resource), there is no ``resourceVersion`` or conflict (409 only for a create of an existing
+name), and every PATCH is applied as a JSON merge patch whatever its content type. PUT (update) is served
+here on top of kmock.
 """
 
 from __future__ import annotations
@@ -252,20 +253,38 @@ class ApiServer:
 
     # objects -----------------------------------------------------------------------------------------------
     def put_claim(
-        self, name: str, devices: list[str], *, driver: str, pool: str, uid: str | None = None
+        self,
+        name: str,
+        devices: list[str],
+        *,
+        driver: str,
+        pool: str,
+        uid: str | None = None,
+        admin_access: bool = False,
+        parameters: list[Any] | None = None,
     ) -> str:
         """A ResourceClaim in ``default`` whose allocation gives ``devices`` of ``pool`` to ``driver``, as the
-        scheduler leaves it; its UID (a new one unless given)."""
+        scheduler leaves it (with ``admin_access``, as it leaves an ``adminAccess: true`` request's; with
+        ``parameters``: the driver's opaque config, the claim's, in order); its UID (a new one unless
+        given)."""
         uid = uid if uid is not None else str(uuid.uuid4())
-        results = [{"request": "npus", "driver": driver, "pool": pool, "device": d} for d in devices]
+        admin: dict[str, Any] = {"adminAccess": True} if admin_access else {}
+        results = [{"request": "npus", "driver": driver, "pool": pool, "device": d, **admin} for d in devices]
+        request = {"name": "npus", "exactly": {"deviceClassName": "npu", **admin}}
+        allocation: dict[str, Any] = {"results": results}
+        if parameters:
+            allocation["config"] = [
+                {"source": "FromClaim", "requests": ["npus"], "opaque": {"driver": driver, "parameters": p}}
+                for p in parameters
+            ]
         self.put(
             "resourceclaims",
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
                 "metadata": {"name": name, "namespace": "default", "uid": uid},
-                "spec": {"devices": {"requests": [{"name": "npus", "exactly": {"deviceClassName": "npu"}}]}},
-                "status": {"allocation": {"devices": {"results": results}}},
+                "spec": {"devices": {"requests": [request]}},
+                "status": {"allocation": {"devices": allocation}},
             },
         )
         return uid
@@ -277,9 +296,11 @@ class ApiServer:
 
         async def store() -> None:
             assert self._emulator is not None
-            self._emulator.objects[
-                kmock.resource(group, version, plural), meta.get("namespace"), meta["name"]
-            ] = obj
+            res = kmock.resource(group, version, plural)
+            key = (res, meta.get("namespace"), meta["name"])
+            known = key in self._emulator.objects
+            self._emulator.objects[key] = obj
+            await self._emulator._buses[res].put({"type": "MODIFIED" if known else "ADDED", "object": obj})
 
         self._call(store())
         with self._changed:

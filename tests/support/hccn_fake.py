@@ -12,7 +12,8 @@ _SCRIPT = Path(__file__).parent / "fakes" / "hccn_tool.py"
 
 class FakeHccnTool(FakeExecutable):
     """``FakeHccnTool(dir).path`` is an executable; ``set_output`` and ``set_mode`` change what it does next.
-    A chip with no output set answers as one with no address (exit status 13)."""
+    A chip with no output set answers as one with no address (exit status 13), with its link UP and net
+    health Success."""
 
     def __init__(self, directory: Path) -> None:
         super().__init__(directory, "hccn_tool", _SCRIPT)

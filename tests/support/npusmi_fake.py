@@ -32,7 +32,8 @@ class FakeNpuSmi(FakeExecutable):
         """Answer the vNPU commands from state: ``chips`` by (npu id, chip) with ``phys``, ``aicore``,
         ``memory``, ``aicpu`` and ``vnpus`` (``{"id", "template", "container"?}``); ``templates`` name ->
         (AI cores, memory GB, AI CPUs); ``dev`` gets and loses ``vdavinci<id>`` nodes. ``reject=[..]``:
-        templates create refuses; ``fail_create=True``: every create fails."""
+        templates create refuses; ``fail_create=True``: every create fails; ``hang_after_create=True``: a
+        create makes the vNPU, then hangs. A create given ``-v`` makes that id, or fails when it is taken."""
         state = {
             "dev": str(dev),
             "chips": {f"{npu}:{chip}": dict(value) for (npu, chip), value in chips.items()},
@@ -49,6 +50,23 @@ class FakeNpuSmi(FakeExecutable):
     def vnpu_state(self) -> dict[str, Any]:
         state: dict[str, Any] = json.loads((self.directory / "vnpu.json").read_text())
         return state
+
+    def set_reset(
+        self, result: str, after: Mapping[str, str] | None = None, second_prompt: bool = False
+    ) -> None:
+        """``set -t reset`` asks its confirmation (and with ``second_prompt`` A3's reboot question), then
+        ``result``: ok (``after``'s answers replace those of their arguments: the chip comes back healthy
+        when one is a healthy table), fail, unsupported, or hang."""
+        assert result in ("ok", "fail", "unsupported", "hang"), result
+        plan = {"result": result, "after": dict(after or {}), "second_prompt": second_prompt}
+        temporary = self.directory / "reset.json.tmp"
+        temporary.write_text(json.dumps(plan))
+        temporary.replace(self.directory / "reset.json")
+
+    def resets(self) -> list[str]:
+        """Each reset npu-smi ran: ``<args> | <answers it read>``."""
+        log = self.directory / "resets.log"
+        return log.read_text().splitlines() if log.exists() else []
 
     def calls_of(self, prefix: str) -> list[str]:
         """Every call whose arguments start with ``prefix``, in order."""

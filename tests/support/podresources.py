@@ -5,6 +5,8 @@ generated code), answering ``List`` with the holders a test sets.
     standin = PodResourcesStandin(short_dir / "pod-resources.sock", pb)
     standin.start()
     standin.hold("huawei.com/Ascend910", ["Ascend910-3"], namespace="team-a", pod="train-0", container="main")
+    standin.claim("npu.huawei.com", "node-1", "npu-1", namespace="team-a", pod="train-0", container="main",
+                  claim="train")   # a DRA claim's device, as dynamic_resources
     standin.refuse = True      # List answers UNAVAILABLE
 """
 
@@ -31,6 +33,8 @@ class PodResourcesStandin:
         self.calls = 0
         self._called = threading.Condition()
         self._held: dict[tuple[str, str, str], list[tuple[str, list[str]]]] = {}
+        # (namespace, pod, container) -> claim name -> [(driver, pool, device)]
+        self._claimed: dict[tuple[str, str, str], dict[str, list[tuple[str, str, str]]]] = {}
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pod-resources", daemon=True)
@@ -40,9 +44,17 @@ class PodResourcesStandin:
         with self._lock:
             self._held.setdefault((namespace, pod, container), []).append((resource, list(device_ids)))
 
+    def claim(
+        self, driver: str, pool: str, device: str, namespace: str, pod: str, container: str, claim: str
+    ) -> None:
+        with self._lock:
+            by_claim = self._claimed.setdefault((namespace, pod, container), {})
+            by_claim.setdefault(claim, []).append((driver, pool, device))
+
     def release_all(self) -> None:
         with self._lock:
             self._held.clear()
+            self._claimed.clear()
 
     def wait_calls(self, count: int, timeout: float = 10.0) -> None:
         """Wait until ``List`` has been called ``count`` times in all."""
@@ -91,16 +103,34 @@ class PodResourcesStandin:
         pods: dict[tuple[str, str], Any] = {}
         with self._lock:
             held = dict(self._held)
-        for (namespace, pod, container), devices in held.items():
+            claimed = {key: dict(claims) for key, claims in self._claimed.items()}
+        for key in sorted(held.keys() | claimed.keys()):
+            namespace, pod, container = key
             entry = pods.setdefault((namespace, pod), self.pb.PodResources(name=pod, namespace=namespace))
             entry.containers.append(
                 self.pb.ContainerResources(
                     name=container,
                     devices=[
                         self.pb.ContainerDevices(resource_name=resource, device_ids=ids)
-                        for resource, ids in devices
+                        for resource, ids in held.get(key, ())
                     ],
                     cpu_ids=[2, 3],
+                    dynamic_resources=[
+                        self.pb.DynamicResource(
+                            claim_name=name,
+                            claim_namespace=namespace,
+                            claim_resources=[
+                                self.pb.ClaimResource(
+                                    cdi_devices=[self.pb.CDIDevice(name=f"{driver}/claim={name}-{device}")],
+                                    driver_name=driver,
+                                    pool_name=pool,
+                                    device_name=device,
+                                )
+                                for driver, pool, device in devices
+                            ],
+                        )
+                        for name, devices in claimed.get(key, {}).items()
+                    ],
                 )
             )
         await stream.send_message(self.pb.ListPodResourcesResponse(pod_resources=list(pods.values())))

@@ -237,7 +237,7 @@ def test_dra_mode() -> None:
     }
     assert not _verbs(docs, "", "configmaps") - {"get", "list", "watch"}, "no ConfigMap writes for Volcano"
     dra_example = _by_key(_docs((ROOT / "examples" / "dra" / "daemonset.yaml").read_text(encoding="utf-8")))
-    for resource in ("resourceslices", "resourceclaims"):
+    for resource in ("resourceslices", "resourceclaims", "resourceclaims/status", "resourceclaims/driver"):
         assert _verbs(docs, "resource.k8s.io", resource) == _verbs(dra_example, "resource.k8s.io", resource)
     assert not _verbs(default, "resource.k8s.io", "resourceslices")
     mounts = _mounts(docs)

@@ -88,6 +88,30 @@ async def test_one_event_per_transition(apiserver: ApiServer) -> None:
         assert sum(map(len, found.values())) == 3
 
 
+async def test_a_network_unhealthy_chip_raises_its_own_events_and_stays_healthy(apiserver: ApiServer) -> None:
+    link_down = "RoCE link DOWN for 20 s or more (hccn_tool -link -g)"
+    down = Chip(**{**{f: getattr(HEALTHY, f) for f in HEALTHY.__slots__}, "network_fault": link_down})
+    async with _running(apiserver) as events:
+        events.observe(_inventory(HEALTHY))
+        events.observe(_inventory(down))
+        events.observe(_inventory(down))
+        (event,) = (
+            await _wait(apiserver, lambda: _by_reason(apiserver), lambda f: "NPUNetworkUnhealthy" in f)
+        )["NPUNetworkUnhealthy"]
+        assert (event["type"], event["message"], event["count"]) == (
+            "Warning",
+            f"Ascend910-3 network is unhealthy: {link_down}",
+            1,
+        )
+        events.observe(_inventory(HEALTHY))
+        found = await _wait(apiserver, lambda: _by_reason(apiserver), lambda f: "NPUNetworkHealthy" in f)
+        assert (found["NPUNetworkHealthy"][0]["type"], found["NPUNetworkHealthy"][0]["message"]) == (
+            "Normal",
+            "Ascend910-3 network is healthy again",
+        )
+        assert sorted(found) == ["NPUNetworkHealthy", "NPUNetworkUnhealthy"], "no NPUUnhealthy: still Healthy"
+
+
 async def test_a_flapping_chip_counts_on_one_event_with_few_writes(apiserver: ApiServer) -> None:
     async with _running(apiserver) as events:
         events.observe(_inventory(HEALTHY))

@@ -5,7 +5,7 @@ stand-in)."""
 from __future__ import annotations
 
 from ascend_agent.config import Settings
-from ascend_agent.doctor.deviceplugin import _holders
+from ascend_agent.doctor.holders import holders_check
 from tests.support.apiserver import ApiServer
 from tests.support.podresources import PodResourcesStandin
 
@@ -45,9 +45,9 @@ async def test_the_pod_on_the_chip_really_mounted(
 ) -> None:
     apiserver.put("pods", _marked_pod("node-1"))
     podresources.hold(T, ["Ascend910-0"], "team-a", "train-0", "main")
-    check = await _holders(_settings(apiserver, podresources, volcano=True), [(T, "Ascend910-3")])
+    check = await holders_check(_settings(apiserver, podresources, volcano=True), [(T, "Ascend910-3")])
     assert (check.ok, check.detail) == (False, "Ascend910-3 held by team-a/train-0/main")
-    check = await _holders(_settings(apiserver, podresources, volcano=True), [(T, "Ascend910-0")])
+    check = await holders_check(_settings(apiserver, podresources, volcano=True), [(T, "Ascend910-0")])
     assert check.ok is True, "chip 0 is the kubelet's ID only: nothing runs on it"
 
 
@@ -56,7 +56,7 @@ async def test_without_volcano_the_kubelets_ids(
 ) -> None:
     apiserver.put("pods", _marked_pod("node-1"))
     podresources.hold(T, ["Ascend910-0"], "team-a", "train-0", "main")
-    check = await _holders(_settings(apiserver, podresources, volcano=False), [(T, "Ascend910-0")])
+    check = await holders_check(_settings(apiserver, podresources, volcano=False), [(T, "Ascend910-0")])
     assert (check.ok, check.detail) == (False, "Ascend910-0 held by team-a/train-0/main")
     assert not [s for s in apiserver.seen() if s.resource == "pods"]
 
@@ -66,5 +66,5 @@ async def test_pods_on_another_node_move_nothing(
 ) -> None:
     apiserver.put("pods", _marked_pod("node-2"))
     podresources.hold(T, ["Ascend910-0"], "team-a", "train-0", "main")
-    check = await _holders(_settings(apiserver, podresources, volcano=True), [(T, "Ascend910-3")])
+    check = await holders_check(_settings(apiserver, podresources, volcano=True), [(T, "Ascend910-3")])
     assert check.ok is True

@@ -35,6 +35,7 @@ from ascend_agent.kubelet.dra.claims import (
     read_checkpoint,
 )
 from ascend_agent.kubelet.dra.devices import MAX_DEVICES_WITH_TAINTS, DeviceTaints, pool_slices
+from ascend_agent.kubelet.dra.handlers import grpc_handlers
 from ascend_agent.kubelet.dra.service import DraService
 from ascend_agent.kubelet.dra.slices import ResourceSlice, SlicePublisher, slice_name
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory, VNpu
@@ -100,6 +101,27 @@ def test_unhealthy_and_held_chips_are_tainted_with_a_valid_value() -> None:
         [{"key": "npu.huawei.com/unhealthy", "value": "held", "effect": "NoExecute"}],
     ]
     assert kubernetes_validate.validate(_slice(spec), KUBERNETES, strict=True) == KUBERNETES
+
+
+def test_a_network_unhealthy_chip_gets_the_network_taint_beside_its_health_one() -> None:
+    link_down = "RoCE link DOWN for 20 s or more (hccn_tool -link -g)"
+    chips = (
+        Chip.make(0, "910B4", network_fault=link_down),
+        Chip.make(1, "910B4", network_fault=link_down, health=Health.UNHEALTHY, reason="npu-smi: Critical"),
+        Chip.make(2, "910B4"),
+    )
+    (spec,) = pool_slices(Inventory(chips), DeviceTaints("npu.huawei.com", "NoExecute"))
+    network = {"key": "npu.huawei.com/network-unhealthy", "value": "link-down", "effect": "NoSchedule"}
+    assert [d.get("taints") for d in spec["devices"]] == [
+        [network],  # NoSchedule only: a running single-chip pod is not evicted
+        [{"key": "npu.huawei.com/unhealthy", "value": "npu-smi--Critical", "effect": "NoExecute"}, network],
+        None,
+    ]
+    assert kubernetes_validate.validate(_slice(spec), KUBERNETES, strict=True) == KUBERNETES
+    # A vNPU has no NIC of its own: never the network taint.
+    part = chips[0].slice(VNpu(100, "vir05_1c_16g", aicore=5))
+    (spec,) = pool_slices(Inventory(chips[:1], vnpus=(part,)), TAINTS)
+    assert "taints" not in spec["devices"][0]
 
 
 def test_a_chip_split_into_vnpus_is_published_only_as_its_vnpus() -> None:
@@ -210,7 +232,7 @@ def test_the_method_paths_are_the_kubelets(short_dir: Path) -> None:
     service = DraService(
         "npu.huawei.com", "node-1", Prepared(short_dir / "c.json", short_dir, "npu.huawei.com"), None
     )
-    paths = {path for handler in service.handlers() for path in handler.__mapping__()}  # type: ignore[attr-defined]
+    paths = {path for handler in grpc_handlers(service) for path in handler.__mapping__()}  # type: ignore[attr-defined]
     assert paths == {
         "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
         "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources",

@@ -43,6 +43,10 @@ def test_the_daemonset_runs_the_dra_driver(tmp_path: Path) -> None:
     verbs = {r["resources"][0]: set(r["verbs"]) for r in role["rules"]}
     assert verbs["resourceslices"] == {"list", "create", "patch", "delete"}
     assert verbs["resourceclaims"] == {"get"}
+    assert verbs["resourceclaims/status"] == {"patch"}, "status.devices, by server-side apply"
+    (driver,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert driver["resourceNames"] == ["npu.huawei.com"], "this driver's entries only"
+    assert driver["verbs"] == ["associated-node:patch"], "for claims on the agent's own node only"
     # no feature runs whose RBAC the manifest does not grant (configmaps for device-info, pods for Volcano)
     assert "configmaps" not in verbs and "pods" not in verbs
     assert not loaded.device_info and not loaded.volcano
@@ -82,10 +86,10 @@ def test_selectors_name_published_attributes() -> None:
 
 
 def test_every_device_class_says_whether_it_takes_vnpus() -> None:
-    """A chip split into vNPUs is published as its vNPUs, which carry ``vnpuId``: a class standing for a
-    whole-chip resource (``huawei.com/Ascend910``) must not hand out a vNPU, one for a vNPU type
-    (``huawei.com/Ascend310P-2c``) nothing else."""
-    presence = '"vnpuId" in device.attributes["npu.huawei.com"]'
+    """A chip split into vNPUs is published as its vNPUs, a dynamic chip also as its template devices; both
+    carry ``template``: a class standing for a whole-chip resource (``huawei.com/Ascend910``) must not hand
+    out either, one for a vNPU type (``huawei.com/Ascend310P-2c``) nothing else."""
+    presence = '"template" in device.attributes["npu.huawei.com"]'
     classes = [doc for _, doc in DOCUMENTS if doc["kind"] == "DeviceClass"]
     for doc in classes:
         (selector,) = doc["spec"]["selectors"]

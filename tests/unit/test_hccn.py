@@ -12,15 +12,25 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ascend_agent.backends.hccn import HccnParseError, parse_ip, parse_ipv6, parse_vnic, run_hccn_tool
+from ascend_agent.backends.hccn import (
+    HccnParseError,
+    parse_ip,
+    parse_ipv6,
+    parse_link,
+    parse_net_health,
+    parse_vnic,
+    run_hccn_tool,
+)
 from ascend_agent.backends.npusmi import NpuSmiError, NpuSmiParseError, parse_spod_info
 from ascend_agent.model import SuperPod
 from tests.support.hccn_fake import FakeHccnTool
-from tests.support.training_fixtures import per_chip, read
+from tests.support.training_fixtures import per_chip, per_command, read
 
 EIGHT = per_chip("hccn_tool-ip-g_fixture-8dev.txt")
 A3_IPS = per_chip("hccn_tool-ip-g_A3-log-decoded.txt")
 A3_SPOD = per_chip("npu-smi-info-t-spod-info_A3-log-decoded.txt")
+DOC = per_command("hccn_tool-multi_doc-example_collecting-logs.txt")
+LINK_STAT = per_chip("hccn_tool-link_stat-g_fixture.txt")
 
 
 def test_eight_chips_ip() -> None:
@@ -74,7 +84,71 @@ def test_spod_info_driver_none_is_minus_one_and_bad_numbers_refused() -> None:
         parse_spod_info("This device does not support get spod info.\n")
 
 
+def test_link_and_net_health_doc_examples() -> None:
+    assert parse_link(DOC["-i 0 -link -g"], 0) is True
+    assert parse_net_health(DOC["-i 0 -net_health -g"], 0) == "Init"
+    documented = [line for line in read("hccn_tool-net_health-g_doc-fault-and-success.txt").splitlines()
+                  if not line.startswith("#")]  # fmt: skip
+    assert [parse_net_health(line, 3) for line in documented if line] == ["Fault", "Success"]
+    socket = per_chip("hccn_tool-net_health-g_fixture-socket-failed.txt")[0]
+    assert parse_net_health(socket, 0) == "Socket failed"
+
+
+def test_another_chips_answer_is_refused_naming_it() -> None:
+    # Chip 1 asked, chip 0's -link_stat answer printed: it names chip 0.
+    with pytest.raises(HccnParseError, match="names chip 0: an answer meant for another chip"):
+        parse_link(LINK_STAT[0], 1)
+    with pytest.raises(HccnParseError, match="names chip 0"):
+        parse_net_health(DOC["-i 0 -tls -g"], 5)
+    # The right chip, but another command's answer: still not a link state.
+    with pytest.raises(HccnParseError, match="not one 'link status' line"):
+        parse_link(LINK_STAT[1], 1)
+
+
+def test_another_commands_answer_is_refused() -> None:
+    with pytest.raises(HccnParseError):
+        parse_link(DOC["-i 0 -net_health -g"], 0)
+    with pytest.raises(HccnParseError):
+        parse_net_health(DOC["-i 0 -link -g"], 0)
+    # The whole log of chip 0 (every command's answer at once) is none of them.
+    whole = read("hccn_tool-multi_doc-example_collecting-logs.txt")
+    for parse in (parse_link, parse_net_health):
+        with pytest.raises(HccnParseError):
+            parse(whole, 0)
+    with pytest.raises(HccnParseError, match="neither UP nor DOWN"):
+        parse_link("link status: FLAPPING\n", 0)
+    with pytest.raises(HccnParseError):
+        parse_net_health("net health status: \x1b[31mFault\n", 0)
+
+
 # hypothesis ---------------------------------------------------------------------------------------------
+@given(
+    st.booleans(),
+    st.sampled_from(["", " ", "\t"]),
+    st.sampled_from(["\n", "\r\n", ""]),
+    st.sampled_from(["UP", "DOWN", "up", "Down"]),
+)
+def test_any_link_line_round_trips(blank_before: bool, space: str, newline: str, state: str) -> None:
+    text = ("\n" if blank_before else "") + f"{space}link status{space}:{space}{state}{space}{newline}"
+    assert parse_link(text, 0) is (state.upper() == "UP")
+
+
+@given(st.from_regex(r"[A-Za-z][A-Za-z ]{0,38}[A-Za-z]", fullmatch=True), st.integers(0, 63))
+def test_any_net_health_word_round_trips(status: str, phys_id: int) -> None:
+    assert parse_net_health(f"net health status: {status}\n", phys_id) == status
+
+
+@given(st.integers(0, 63), st.integers(0, 63))
+def test_a_chip_named_in_the_answer_must_be_the_one_asked(asked: int, named: int) -> None:
+    text = f"[devid {named}]link status: UP\n"
+    try:
+        parse_link(text, asked)
+    except HccnParseError as exc:
+        assert ("another chip" in str(exc)) is (asked != named)
+    else:
+        raise AssertionError("a [devid N] line is no -link -g answer")
+
+
 ipv4 = st.ip_addresses(v=4).filter(lambda a: not (a.is_unspecified or a.is_link_local))
 ipv6 = st.ip_addresses(v=6).filter(lambda a: not (a.is_unspecified or a.is_link_local))
 
@@ -102,7 +176,14 @@ def test_any_spod_info_round_trips(sdid: int, size: int, index: int) -> None:
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(sorted(EIGHT.values()) + sorted(A3_SPOD.values())), st.data())
+@given(
+    st.sampled_from(
+        sorted(EIGHT.values())
+        + sorted(A3_SPOD.values())
+        + [DOC["-i 0 -link -g"], DOC["-i 0 -net_health -g"], LINK_STAT[0]]
+    ),
+    st.data(),
+)
 def test_mutated_outputs_raise_only_parse_errors(text: str, data: st.DataObject) -> None:
     position = data.draw(st.integers(0, len(text)))
     cut = data.draw(st.integers(0, 8))
@@ -114,6 +195,10 @@ def test_mutated_outputs_raise_only_parse_errors(text: str, data: st.DataObject)
         except HccnParseError:
             continue
         assert result is None or ipaddress.ip_address(result)
+    with contextlib.suppress(HccnParseError):
+        assert isinstance(parse_link(mutated, 0), bool)
+    with contextlib.suppress(HccnParseError):
+        assert parse_net_health(mutated, 0).strip()
     with contextlib.suppress(NpuSmiParseError):
         parse_spod_info(mutated)
 
@@ -123,6 +208,9 @@ def test_any_text_raises_only_parse_errors(text: str) -> None:
     for parse in (parse_ip, parse_ipv6, parse_vnic):
         with contextlib.suppress(HccnParseError):
             parse(text)
+    for parse_state in (parse_link, parse_net_health):
+        with contextlib.suppress(HccnParseError):
+            parse_state(text, 0)
     with contextlib.suppress(NpuSmiParseError):
         parse_spod_info(text)
 

@@ -156,6 +156,16 @@ _FIRING: dict[str, tuple[list[tuple[str, str]], dict[str, str], str]] = {
         {"instance": "n1", "device": "Ascend910-3"},
         "5m",
     ),
+    "AscendChipNetworkUnhealthy": (
+        [(f'ascend_agent_chip_network_unhealthy{{{_N},device="Ascend910-3"}}', "1x20")],
+        {"instance": "n1", "device": "Ascend910-3"},
+        "5m",
+    ),
+    "AscendChipLeftToAPerson": (
+        [(f'ascend_agent_resets_total{{{_N},result="hung"}}', "0+1x20")],
+        {"instance": "n1"},
+        "10m",
+    ),
     "AscendChipUnhealthy": (
         [(f'ascend_agent_device_health{{{_N},{_R},device="Ascend910-3"}}', "0x20")],
         {"instance": "n1", "resource": "huawei.com/Ascend910", "device": "Ascend910-3"},
@@ -182,6 +192,7 @@ _HEALTHY = [
     (f'ascend_agent_allocations_total{{{_N},{_R},code="OK"}}', "0+2x20"),
     (f"ascend_agent_kubelet_stream_open{{{_N},{_R}}}", "1x20"),
     (f'ascend_agent_chip_held{{{_N},device="Ascend910-3"}}', "0x20"),
+    (f'ascend_agent_chip_network_unhealthy{{{_N},device="Ascend910-3"}}', "0x20"),
     (f"ascend_agent_npu_smi_down{{{_N}}}", "0x20"),
 ]
 

@@ -35,8 +35,11 @@ def test_template_info_sample() -> None:
     assert [t.name for t in templates] == [
         "vir01", "vir02", "vir02_1c", "vir04", "vir04_3c", "vir04_3c_ndvpp", "vir04_4c_dvpp",
     ]  # fmt: skip
-    assert templates[1] == Template("vir02", aicore=2, memory_gb=6, aicpu=2)
-    assert templates[4] == Template("vir04_3c", aicore=4, memory_gb=12, aicpu=3)
+    media = (("vpc", 3), ("venc", 1), ("jpegd", 4), ("pngd", 0), ("vdec", 3), ("jpege", 1))
+    assert templates[1] == Template("vir02", aicore=2, memory_gb=6, aicpu=2, media=media)
+    assert templates[4].aicpu == 3 and dict(templates[4].media)["vdec"] == 6
+    # the media units of the second row (PNGD VDEC JPEGE) under the first's (VPC VENC JPEGD)
+    assert dict(templates[6].media) == {"vpc": 12, "venc": 3, "jpegd": 16, "pngd": 0, "vdec": 12, "jpege": 4}
 
 
 def test_info_vnpu_with_two() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ascend_agent.kubelet.podresources import PodHolders, PodResourcesError, list_holders
-from ascend_agent.model import Chip, Holder
+from ascend_agent.model import Chip, Holder, VNpu
 from tests.support.podresources import PodResourcesStandin
 
 
@@ -48,3 +48,26 @@ async def test_refusing_socket_costs_one_warning_and_empty_holders(
     podresources.refuse = False
     assert await view.refresh() is True
     assert view.error is None
+
+
+async def test_dra_claims_name_their_holders_by_driver_and_device(podresources: PodResourcesStandin) -> None:
+    driver = "npu.huawei.com"
+    podresources.claim(driver, "node-1", "npu-1", "team-a", "train-0", "main", "train")
+    podresources.claim(driver, "node-1", "npu-1", "ops", "monitor", "exporter", "watch-all")
+    podresources.claim(driver, "node-1", "npu-3-vnpu-130", "team-b", "infer", "server", "small")
+    podresources.claim("gpu.example.com", "node-1", "npu-2", "other", "gpu-pod", "c", "gpus")
+    podresources.hold("huawei.com/Ascend910", ["Ascend910-2"], "team-c", "plugin-pod", "c")
+    podresources.claim(driver, "node-1", "", "team-d", "odd", "c", "no-device")  # a resource without a device
+    holders = await list_holders(podresources.path)
+    assert all(device for _, device in holders.by_claimed), "a claim resource without a device names none"
+    chip1, chip2 = Chip.make(1, "910B3"), Chip.make(2, "910B3")
+    assert holders.of_claimed(driver, chip1) == (
+        Holder("ops", "monitor", "exporter", "watch-all"),
+        Holder("team-a", "train-0", "main", "train"),
+    )
+    assert [str(h) for h in holders.of_claimed(driver, chip1)][1] == "team-a/train-0/main (claim train)"
+    assert holders.of_claimed(driver, chip2) == (), "another driver's device of the same name is not ours"
+    assert holders.of(chip2, replicas=1) == (Holder("team-c", "plugin-pod", "c"),), "device plugins as before"
+    vnpu = Chip.make(3, "310P3").slice(VNpu(130, "vir02"))
+    assert holders.of_claimed(driver, vnpu) == (Holder("team-b", "infer", "server", "small"),)
+    assert holders.of_claimed(driver, Chip.make(3, "310P3")) == (), "a vNPU's holder does not hold its chip"

@@ -93,23 +93,27 @@ async def test_the_configmap_is_written_again_when_the_super_pod_changes(apiserv
 def test_configuration_annotation_of_a3_and_910b_pods() -> None:
     pod = PodView("ns", "worker-0", "uid-1", {}, {})
     a3 = _a3_node().chips
-    assert json.loads(configuration(pod, [a3[0], a3[1]])) == {
+    assert json.loads(configuration(pod, [a3[0], a3[1]], "192.168.0.40")) == {
         "pod_name": "worker-0",
         "server_id": "uid-1",
+        "host_ip": "192.168.0.40",
         "super_pod_id": 0,
         "devices": [
             {"device_id": "0", "device_ip": "10.0.245.11", "super_device_id": "167772160"},
             {"device_id": "1", "device_ip": "10.0.244.11", "super_device_id": "167837697"},
         ],
         "server_index": "40",
+        "server_ip": "192.168.0.40",
     }
     b = _910b_node().chips
     assert json.loads(configuration(pod, [b[3]])) == {
         "pod_name": "worker-0",
         "server_id": "uid-1",
+        "host_ip": "",
         "super_pod_id": -2,
         "devices": [{"device_id": "3", "device_ip": "10.10.0.13"}],
         "server_index": "-2",
+        "server_ip": "",
     }
     part = b[3].slice(VNpu(148, "vir05_1c_16g"))
     assert json.loads(configuration(pod, [part]))["devices"] == [{"device_id": "3", "device_ip": "127.0.0.1"}]

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 from prometheus_client import REGISTRY
 
 from ascend_agent.cluster.client import ApiUnavailable
@@ -111,6 +111,15 @@ class _BurstApi:
 
     def patch(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+    def get(self, *args: Any, **kwargs: Any) -> Node:
+        """The agent's Node, for the pods' configuration (its address)."""
+        return Node.from_dict(
+            {
+                "metadata": {"name": self.node},
+                "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.1"}]},
+            }
+        )
 
     async def stream(self, resource: str, watch: None) -> AsyncIterator[tuple[str, Pod]]:
         for n in range(self._burst):

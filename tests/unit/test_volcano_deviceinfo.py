@@ -20,7 +20,7 @@ from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
 from ascend_agent.health.separation import ManualSeparation
-from ascend_agent.model import Chip, Fault, Health, Inventory
+from ascend_agent.model import Chip, Fault, Health, Inventory, VNpu
 from tests.support import ROOT, volcano_types
 from tests.support.apiserver import ApiServer
 
@@ -77,6 +77,21 @@ def test_the_lists_for_healthy_faulty_held_and_separated_chips() -> None:
     assert list(lists) == sorted(lists)
 
 
+def test_network_unhealthy_chips_are_listed_and_stay_available_to_single_chip_jobs() -> None:
+    link_down = "RoCE link DOWN for 20 s or more (hccn_tool -link -g)"
+    chips = list(_chips())
+    chips[4] = replace(chips[4], network_fault=link_down)
+    chips[1] = replace(chips[1], network_fault=link_down)  # Unhealthy and its link down: in both lists
+    lists = deviceinfo.device_lists(Inventory(tuple(chips)), {}, 2000)
+    assert lists[f"{T}-NetworkUnhealthy"] == "Ascend910-1,Ascend910-4"
+    assert "Ascend910-4" in lists[T].split(",")
+    assert lists[f"{T}-Unhealthy"] == "Ascend910-1"
+    # A vNPU of such a chip is never listed: it has no NIC of its own.
+    part = chips[4].slice(VNpu(100, "vir05_1c_16g"))
+    lists = deviceinfo.device_lists(Inventory(tuple(chips), vnpus=(part,)), {}, 2000)
+    assert lists[f"{part.resource}-NetworkUnhealthy"] == ""
+
+
 def test_310p_has_no_fault_list() -> None:
     lists = deviceinfo.device_lists(Inventory((Chip.make(0, "310P3"),)), {}, 0)
     assert sorted(lists) == [
@@ -111,7 +126,7 @@ async def _publishing(
     apiserver.put("nodes", {"metadata": {"name": NODE, "annotations": {"other": "kept"}}})
     api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), NODE)
     publisher = DeviceInfoPublisher(
-        separation, read_interval=0.2, refresh_interval=refresh, min_write_interval=0.05, clock=clock
+        separation, watch_seconds=300, refresh_interval=refresh, min_write_interval=0.05, clock=clock
     )
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(publisher.run, api)
@@ -176,6 +191,10 @@ async def test_admin_separation_is_read_back_kept_and_listed(apiserver: ApiServe
         )
         assert found["data"]["ManuallySeparateNPU"] == "Ascend910-4", "the admin's entry is never cleared"
         assert found["metadata"]["labels"] == {"mx-consumer-cim": "true"}
+    verbs = [s.verb for s in apiserver.seen() if s.resource == "configmaps" and s.verb in ("get", "watch")]
+    # The write's read and the watch round's read, the watch, then the second write's read: the edit came
+    # by the watch, not by reading the map again and again.
+    assert verbs.count("watch") == 1 and verbs.count("get") <= 3, verbs
 
 
 async def test_rewritten_every_refresh_and_recreated_when_deleted(apiserver: ApiServer) -> None:

@@ -72,12 +72,19 @@ def test_the_config_turns_volcano_on(tmp_path: Path) -> None:
 
 def _rules(kind: str) -> dict[str, set[str]]:
     (role,) = [doc for _, doc in KUBE if doc["kind"] == kind]
-    return {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}
+    return {
+        "/".join([resource, *rule.get("resourceNames", [])]): set(rule["verbs"])
+        for rule in role["rules"]
+        for resource in rule["resources"]
+    }
 
 
 def test_rbac_is_exactly_what_the_volcano_features_use() -> None:
-    assert _rules("Role") == {"configmaps": {"get", "create", "update"}}
-    assert _rules("ClusterRole") == {"pods": {"list", "watch", "patch"}, "nodes": {"patch"}}
+    assert _rules("Role") == {
+        "configmaps": {"get", "watch", "create", "update"},
+        "configmaps/mindx-dl-fault-config": {"get", "watch"},
+    }
+    assert _rules("ClusterRole") == {"pods": {"list", "watch", "patch"}, "nodes": {"get", "patch"}}
     for kind in ("RoleBinding", "ClusterRoleBinding"):
         (binding,) = [doc for _, doc in KUBE if doc["kind"] == kind]
         assert binding["subjects"] == [

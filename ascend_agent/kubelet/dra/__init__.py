@@ -6,6 +6,7 @@ for the node's chips.
 - :mod:`.slices`: the ResourceSlice publisher, a cluster feature.
 - :mod:`.claimread`: a claim's allocation, read from its ResourceClaim once and kept.
 - :mod:`.claims`: one CDI spec per prepared claim, and the checkpoint of prepared claims.
+- :mod:`.claimstatus`: each prepared claim's ``status.devices``: conditions and what hardware it is.
 - :mod:`.service`: NodePrepareResources / NodeUnprepareResources (v1, v1beta1) and NodeWatchResources.
 - :mod:`.plugin`: serving ``dra.sock`` and the registration socket for the kubelet's plugin watcher.
 
@@ -24,10 +25,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import anyio
+
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.container import container_spec
+from ascend_agent.kubelet.dra.carving import MADE_VNPUS, Carving, MadeVnpus, VnpuCarver
 from ascend_agent.kubelet.dra.claimread import ClaimReader
 from ascend_agent.kubelet.dra.claims import CheckpointError, Prepared, read_boot_id
+from ascend_agent.kubelet.dra.claimstatus import ClaimStatuses
+from ascend_agent.kubelet.dra.partitions import chip_offer
 from ascend_agent.kubelet.dra.paths import DraPaths
 from ascend_agent.kubelet.dra.plugin import DraPlugin
 from ascend_agent.kubelet.dra.serialize import CallLock
@@ -58,6 +64,7 @@ def slice_publisher(settings: Settings) -> Feature:
         settings.dra_taint_effect,
         cleanup=settings.dra_cleanup,
         others_serving=lambda: others_serving(paths, driver),
+        fault_effects=settings.dra_fault_taints,
     )
 
 
@@ -67,6 +74,8 @@ class DraDriver:
     def __init__(self, service: DraService, plugin: DraPlugin) -> None:
         self.service = service
         self.plugin = plugin
+        self._carver_set = anyio.Event()
+        self._left_out: tuple[str, ...] = ()
 
     @classmethod
     def open(cls, settings: Settings, side: ClusterSide | None, paths: DraPaths | None = None) -> DraDriver:
@@ -89,6 +98,18 @@ class DraDriver:
             log.error("DRA driver %s: %s", driver, message)
             if side is not None:
                 side.event("Warning", CHECKPOINT_UNUSABLE, str(paths.checkpoint), message[:_EVENT_MESSAGE])
+        try:
+            made, made_aside = MadeVnpus.open(paths.checkpoint.with_name(MADE_VNPUS))
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from None
+        if made_aside is not None:
+            log.error(
+                "DRA driver %s: %s; kept as %s: the vNPUs it named are not destroyed by the driver "
+                "(check npu-smi info -t info-vnpu)",
+                driver,
+                made_aside.reason,
+                made_aside.kept_as.name,
+            )
         pool = side.node if side is not None else ""
         reader = None
         if side is not None:
@@ -100,7 +121,10 @@ class DraDriver:
             reader,
             health_refresh=max(settings.health_interval, 5.0),
             calls=CallLock(paths.lock),
+            statuses=ClaimStatuses(driver, lambda: side.api) if side is not None else None,
+            carving=Carving(made),
         )
+        service.sweep_allowed = aside is None
         return cls(service, DraPlugin(paths, service))
 
     @property
@@ -108,11 +132,26 @@ class DraDriver:
         """The directories whose socket files the plugin serves: changes there poke it."""
         return (self.plugin.paths.socket.parent, self.plugin.paths.registration.parent)
 
-    def publish(self, inventory: Inventory) -> None:
-        """The devices now (every vNPU, every chip not split into vNPUs); a claim's CDI spec holds what
-        Allocate gives for its devices (no CDI names)."""
+    def publish(self, inventory: Inventory, carver: object = None) -> None:
+        """The devices now (every vNPU, every chip not split into vNPUs, the dynamic chips' offers); a claim's
+        CDI spec holds what Allocate gives for its devices (no CDI names). ``carver``: the backend, which
+        carves dynamic vNPUs when it is a :class:`~ascend_agent.kubelet.dra.carving.VnpuCarver`."""
         base = replace(inventory.container, cdi=False)
-        self.service.publish(inventory.advertised, lambda chips: container_spec(chips, base))
+        offers = {c.phys_id: chip_offer(c) for c in inventory.carvable}
+        left_out = tuple(line for offer in offers.values() for line in offer.left_out)
+        if left_out != self._left_out:
+            for line in left_out:
+                log.warning("Dynamic vNPUs: %s", line)
+            self._left_out = left_out
+        self.service.publish(
+            inventory.advertised,
+            lambda chips: container_spec(chips, base),
+            offers={phys: offer for phys, offer in offers.items() if offer.counters},
+            container=base,
+        )
+        self.service.carving.carver = carver if isinstance(carver, VnpuCarver) else None
+        if self.service.carving.carver is not None:
+            self._carver_set.set()
 
     @property
     def side_by_side(self) -> bool:
@@ -127,7 +166,17 @@ class DraDriver:
         return self.plugin.status()
 
     async def run(self) -> None:
-        await self.plugin.run()
+        async with anyio.create_task_group() as tasks:
+            if self.service.statuses is not None:
+                tasks.start_soon(self.service.statuses.run, name="claim statuses")
+            tasks.start_soon(self._sweep_once)
+            await self.plugin.run()
+            tasks.cancel_scope.cancel()
+
+    async def _sweep_once(self) -> None:
+        """Once the backend can carve: destroy the vNPUs made for claims that are not prepared."""
+        await self._carver_set.wait()
+        await self.service.sweep()
 
 
 def _no_client(side: ClusterSide) -> str:

@@ -23,7 +23,7 @@ _CACHED = 1024
 
 
 @cache
-def _resource_claim() -> Any:
+def resource_claim() -> Any:
     """lightkube's class for ResourceClaims. Made on first use: the client library is loaded in a worker
     thread by the cluster side, and importing it here would make the agent's start (the kubelet's
     registration) wait for it."""
@@ -42,6 +42,9 @@ class Allocated:
 
     request: str
     device: str
+    admin_access: bool = False  # the request asked for admin access: monitoring, not exclusive use
+    # This driver's opaque parameters that apply to the result's request, in order (the class's first).
+    parameters: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +91,7 @@ class ClaimReader:
             found = await api.call(
                 "get",
                 "resourceclaims",
-                api.client.get(_resource_claim(), claim.name, namespace=claim.namespace),
+                api.client.get(resource_claim(), claim.name, namespace=claim.namespace),
             )
         except ApiUnavailable as exc:
             raise ClaimError(f"cannot read ResourceClaim {claim}: {exc.failure}") from None
@@ -109,9 +112,24 @@ class ClaimReader:
         allocation = (found.get("status") or {}).get("allocation")
         if not allocation:
             raise ClaimError(f"ResourceClaim {claim} is not allocated")
+        devices = allocation.get("devices") or {}
+        configs = [
+            (tuple(c.get("requests") or ()), (c.get("opaque") or {}).get("parameters"))
+            for c in sorted(devices.get("config") or (), key=lambda c: c.get("source") != "FromClass")
+            if (c.get("opaque") or {}).get("driver") == self.driver
+        ]
         results = tuple(
-            Allocated(r.get("request", ""), r["device"])
-            for r in (allocation.get("devices") or {}).get("results") or ()
+            Allocated(
+                r.get("request", ""),
+                r["device"],
+                r.get("adminAccess") is True,
+                tuple(
+                    parameters
+                    for requests, parameters in configs
+                    if not requests or _names(r.get("request", "")) & set(requests)
+                ),
+            )
+            for r in devices.get("results") or ()
             if r.get("driver") == self.driver and r.get("pool") == self.pool and "device" in r
         )
         if not results:
@@ -119,3 +137,9 @@ class ClaimReader:
                 f"ResourceClaim {claim} has no device of driver {self.driver} in pool {self.pool}"
             )
         return results
+
+
+def _names(request: str) -> set[str]:
+    """The names a config's ``requests`` may give a result's request: ``train/large`` (a prioritized list's
+    subrequest) is ``train/large`` or ``train``."""
+    return {request, request.split("/", 1)[0]}

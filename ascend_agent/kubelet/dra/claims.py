@@ -63,12 +63,19 @@ def uid_problem(uid: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class PreparedDevice:
-    """One device of a prepared claim, as NodePrepareResources answers it."""
+    """One device of a prepared claim, as NodePrepareResources answers it. A device allocated with admin
+    access (``adminAccess: true``) is there for monitoring: it is shared with any other claim, no vNPU is
+    made or destroyed for it."""
 
     request_names: tuple[str, ...]
     pool_name: str
     device_name: str
     cdi_device_ids: tuple[str, ...]
+    admin_access: bool = False
+    # A vNPU carved for this device at prepare (a template device, or a whole chip with an NpuConfig
+    # template): its id and template; carved again with the same id when a reboot took it.
+    vnpu_id: int | None = None
+    template: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,7 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...]
     boot_id: str = ""  # the boot its CDI spec was written in ("" when unknown)
+    runtime: str = ""  # the NpuConfig's runtime mode ("" when it gave none)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,10 +111,14 @@ class PreparedClaim:
                     _string(d, "pool_name"),
                     _string(d, "device_name"),
                     _strings(d, "cdi_device_ids"),
+                    _flag(d, "admin_access"),
+                    _vnpu_id(d),
+                    _string(d, "template") if "template" in d else "",
                 )
                 for d in devices
             ),
             _string(data, "boot_id") if "boot_id" in data else "",
+            _string(data, "runtime") if "runtime" in data else "",
         )
 
 
@@ -116,6 +128,23 @@ def _string(data: Any, key: str) -> str:
     value = data[key]
     if not isinstance(value, str):
         raise TypeError(f"{key} is not a string")
+    return value
+
+
+def _flag(data: Any, key: str) -> bool:
+    """A boolean field; False when absent (checkpoints written before it)."""
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} is not a boolean")
+    return value
+
+
+def _vnpu_id(data: Any) -> int | None:
+    value = data.get("vnpu_id") if isinstance(data, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 31:
+        raise TypeError("vnpu_id is not a vNPU id")
     return value
 
 
@@ -188,10 +217,18 @@ def read_checkpoint(path: Path) -> list[PreparedClaim]:
     """The claims in the checkpoint ``path`` (none when there is no file). Never follows a link, never opens
     anything but a regular file, never reads more than 16 MiB. UnusableCheckpoint when the file is not a
     checkpoint, CheckpointError when it cannot be read."""
+    data = read_regular(path)
+    return [] if data is None else parse_checkpoint(path, data)
+
+
+def read_regular(path: Path) -> bytes | None:
+    """The bytes of the regular file ``path`` (None when there is none), read as the checkpoint is: never
+    through a link, never over 16 MiB. UnusableCheckpoint for anything else, CheckpointError when it cannot
+    be read."""
     try:
         found = os.lstat(path)
     except FileNotFoundError:
-        return []
+        return None
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(found.st_mode):
@@ -203,7 +240,7 @@ def read_checkpoint(path: Path) -> list[PreparedClaim]:
     try:
         descriptor = open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        return []
+        return None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnusableCheckpoint(
@@ -219,7 +256,7 @@ def read_checkpoint(path: Path) -> list[PreparedClaim]:
             raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_CHECKPOINT_BYTES:
         raise UnusableCheckpoint(f"{path} holds over the 16 MiB a checkpoint may hold")
-    return parse_checkpoint(path, data)
+    return data
 
 
 def parse_checkpoint(path: Path, data: bytes) -> list[PreparedClaim]:
@@ -289,7 +326,7 @@ class Prepared:
         self.driver = driver
         self.boot_id = boot_id
         self._claims = {claim.uid: claim for claim in claims}
-        self._seen = _identity(checkpoint)  # the checkpoint as last read or written
+        self._seen = identity(checkpoint)  # the checkpoint as last read or written
 
     @classmethod
     def open(
@@ -311,7 +348,7 @@ class Prepared:
         """Read the checkpoint again if it is not the file this instance last read or wrote: the other
         instance of a rolling update wrote it. One that is not a checkpoint is kept aside and no claims are
         prepared (the SetAside says so); CheckpointError when it cannot be read or moved."""
-        seen = _identity(self.checkpoint)
+        seen = identity(self.checkpoint)
         if seen == self._seen:
             return None
         try:
@@ -426,10 +463,10 @@ class Prepared:
     def _save(self) -> None:
         document = {"version": CHECKPOINT_VERSION, "claims": [c.as_json() for c in self._claims.values()]}
         replace_file(self.checkpoint, json.dumps(document))
-        self._seen = _identity(self.checkpoint)
+        self._seen = identity(self.checkpoint)
 
 
-def _identity(path: Path) -> tuple[int, int, int] | None:
+def identity(path: Path) -> tuple[int, int, int] | None:
     """What tells one version of a file from the next (each is a new file renamed into place): its inode,
     modification time and size; None when there is none."""
     try:

@@ -16,13 +16,16 @@ the node's pool. Pure functions of the inventory; no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ascend_agent import naming
 from ascend_agent.allocation import Layout, Topology, topology_for
 from ascend_agent.container import device_order
-from ascend_agent.model import Chip, Inventory
+from ascend_agent.faultclass import FaultClass
+from ascend_agent.kubelet.dra.partitions import MAX_COUNTER_SETS, ChipOffer, chip_offer, template_device_name
+from ascend_agent.model import Chip, Inventory, VNpu
 
 # resource.k8s.io/v1: at most 128 devices per slice, 64 when any device has taints.
 MAX_DEVICES = 128
@@ -43,15 +46,13 @@ def device_name(chip: Chip) -> str:
     >>> device_name(Chip.make(3, "310P3")), device_name(Chip.make(3, "310P3").slice(VNpu(130, "vir02")))
     ('npu-3', 'npu-3-vnpu-130')
     """
-    if chip.vnpu is not None:
-        return f"npu-{chip.phys_id}-vnpu-{chip.vnpu.vnpu_id}"
-    return f"npu-{chip.phys_id}"
+    return naming.dra_device_name(chip.phys_id, chip.vnpu.vnpu_id if chip.vnpu is not None else None)
 
 
 NPU_SMI_DOWN = "npu-smi-down"  # the taint value of a chip whose health is unknown
 
 
-_VNPU_NAME = re.compile(r"(npu-[0-9]+)-vnpu-[0-9]+")
+_VNPU_NAME = re.compile(r"(npu-[0-9]+)-(?:vnpu-[0-9]+|vir[0-9]{2}(?:-[0-9a-z]+)*-[0-9]{1,3})")
 
 
 def overlap(first: str, second: str) -> bool:
@@ -88,22 +89,73 @@ def taint_key(driver: str) -> str:
     return f"{driver}/unhealthy"
 
 
+# The taint effect of a chip's fault class, Huawei's name -> effect ("None": no taint); draFaultTaints in
+# the config overrides any of them.
+FAULT_TAINTS: Mapping[str, str] = {
+    FaultClass.NOT_HANDLE.huawei: "None",
+    FaultClass.SUB_HEALTH.huawei: "None",
+    FaultClass.RESTART_REQUEST.huawei: "None",
+    FaultClass.RESTART_BUSINESS.huawei: "None",
+    FaultClass.FREE_RESTART_NPU.huawei: "NoSchedule",
+    FaultClass.RESTART_NPU.huawei: "NoSchedule",
+    FaultClass.PRE_SEPARATE_NPU.huawei: "NoSchedule",
+    FaultClass.SEPARATE_NPU.huawei: "NoExecute",
+}
+
+
+def network_taint_key(driver: str) -> str:
+    """The key of the network taint: ``<driver>/network-unhealthy``."""
+    return f"{driver}/network-unhealthy"
+
+
+LINK_DOWN = "link-down"  # the network taint's value
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceTaints:
-    """How an Unhealthy or held chip is tainted: the driver's key and the effect (``--dra-taint-effect``).
-    A chip whose health is unknown while npu-smi is down is only ``NoSchedule``: a tool's outage never
-    evicts."""
+    """How a chip is tainted: the driver's key, the effect by its fault class (:data:`FAULT_TAINTS` with
+    ``fault_effects`` over them, ``draFaultTaints``), and ``effect`` (``--dra-taint-effect``) for a chip
+    Unhealthy or held for no fault class (a device node gone, the flap hold, the admin's separation). A
+    chip whose health is unknown while npu-smi is down is only ``NoSchedule``: a tool's outage never evicts.
+    A chip whose RoCE link is down (``network_fault``) gets ``<driver>/network-unhealthy`` as well,
+    ``NoSchedule`` only: it still serves claims that tolerate it (a single-chip job); a vNPU never (it has
+    no NIC of its own).
+
+    >>> from ascend_agent.model import Health
+    >>> chip = Chip.make(0, "910B3", fault_class=FaultClass.SEPARATE_NPU)
+    >>> DeviceTaints("npu.huawei.com", "NoSchedule").for_chip(chip.with_health(Health.UNHEALTHY, "Alarm"))
+    [{'key': 'npu.huawei.com/unhealthy', 'value': 'Alarm', 'effect': 'NoExecute'}]
+    """
 
     driver: str
     effect: str
+    fault_effects: tuple[tuple[str, str], ...] = ()
+
+    def effect_of(self, fault_class: FaultClass) -> str:
+        """The taint effect of a chip of ``fault_class``: NoSchedule, NoExecute, or None (no taint)."""
+        return dict(self.fault_effects).get(fault_class.huawei, FAULT_TAINTS[fault_class.huawei])
 
     def for_chip(self, chip: Chip) -> list[dict[str, str]]:
-        if chip.healthy and not chip.held:
-            return []
+        taints = self._health_taints(chip)
+        if chip.network_fault and chip.vnpu is None:
+            taints.append({"key": network_taint_key(self.driver), "value": LINK_DOWN, "effect": "NoSchedule"})
+        return taints
+
+    def _health_taints(self, chip: Chip) -> list[dict[str, str]]:
         if chip.health_unknown and not chip.held:
+            if chip.healthy:
+                return []
             return [{"key": taint_key(self.driver), "value": NPU_SMI_DOWN, "effect": "NoSchedule"}]
+        by_class = self.effect_of(chip.fault_class) if chip.fault_class is not None else "None"
+        if chip.healthy and not chip.held:
+            if by_class == "None":
+                return []
+            reason = chip.fault_class.huawei if chip.fault_class is not None else "unhealthy"
+            return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": by_class}]
         reason = "held" if chip.held else (chip.reason or "unhealthy")
-        return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": self.effect}]
+        own = chip.fault_class is not None and chip.fault_class.unhealthy and not chip.held
+        effect = by_class if own and by_class != "None" else self.effect
+        return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": effect}]
 
 
 def taint_value(reason: str) -> str:
@@ -257,10 +309,63 @@ def _quantity(mib: int) -> str:
 
 
 def pool_slices(inventory: Inventory, taints: DeviceTaints) -> list[dict[str, Any]]:
-    """The ``spec.devices`` of each slice of the node's pool, in order; one slice unless there are more
-    devices than one may hold. A chip split into vNPUs is published only as its vNPUs (never whole as
-    well). Generation, names and counts are the publisher's."""
+    """The ``spec`` of each slice of the node's pool past driver, node and pool (``devices``, or
+    ``sharedCounters`` in slices of their own, at most 8 sets each, first), in order; one device slice
+    unless there are more devices than one may hold. A chip split into vNPUs is published only as its
+    vNPUs (never whole as well); a dynamic chip whole and as its template devices, all consuming its
+    counters. Generation, names and counts are the publisher's."""
     node = NodeChips.of(tuple(sorted(inventory.chips, key=lambda c: c.phys_id)), inventory.driver_version)
-    devices = [slice_device(chip, node, taints) for chip in sorted(inventory.advertised, key=device_order)]
-    limit = MAX_DEVICES_WITH_TAINTS if any("taints" in d for d in devices) else MAX_DEVICES
-    return [{"devices": devices[i : i + limit]} for i in range(0, len(devices), limit)] or [{"devices": []}]
+    offers = {c.phys_id: chip_offer(c) for c in inventory.carvable}
+    offers = {phys: offer for phys, offer in offers.items() if offer.counters}
+    devices = []
+    for chip in sorted(inventory.advertised, key=device_order):
+        offer = offers.get(chip.phys_id)
+        if offer is None:
+            devices.append(slice_device(chip, node, taints))
+        elif chip.vnpu is None:
+            devices.extend(_dynamic_devices(chip, node, taints, offer))
+    advanced = any("taints" in d or "consumesCounters" in d for d in devices)
+    limit = MAX_DEVICES_WITH_TAINTS if advanced else MAX_DEVICES
+    sets = [offers[phys].counter_set() for phys in sorted(offers)]
+    counters = [
+        {"sharedCounters": sets[i : i + MAX_COUNTER_SETS]} for i in range(0, len(sets), MAX_COUNTER_SETS)
+    ]
+    return counters + (
+        [{"devices": devices[i : i + limit]} for i in range(0, len(devices), limit)] or [{"devices": []}]
+    )
+
+
+def _dynamic_devices(
+    chip: Chip, node: NodeChips, taints: DeviceTaints, offer: ChipOffer
+) -> list[dict[str, Any]]:
+    """A dynamic chip: whole (consuming all its counters), then its template devices."""
+    whole = slice_device(chip, node, taints)
+    whole["consumesCounters"] = offer.whole_consumption()
+    devices = [whole]
+    chip_taints = taints.for_chip(chip)
+    for template, needs, count in offer.templates:
+        part = chip.slice(VNpu(0, template.name))
+        attributes: dict[str, dict[str, Any]] = {
+            "deviceType": {"string": part.vnpu_type[:_MAX_STRING]},
+            "template": {"string": template.name[:_MAX_STRING]},
+            "parent": {"string": whole["name"]},
+            "physicId": {"int": chip.phys_id},
+            "model": {"string": chip.model[:_MAX_STRING]},
+            "generation": {"string": chip.generation.value},
+        }
+        if chip.numa_node is not None:
+            attributes["numaNode"] = {"int": chip.numa_node}
+        capacity = {"aiCores": {"value": str(template.aicore)}}
+        if template.memory_gb is not None:
+            capacity["memory"] = {"value": f"{template.memory_gb}Gi"}
+        for index in range(count):
+            device: dict[str, Any] = {
+                "name": template_device_name(chip.phys_id, template.name, index),
+                "attributes": attributes,
+                "capacity": capacity,
+                "consumesCounters": offer.consumption(needs),
+            }
+            if chip_taints:
+                device["taints"] = chip_taints
+            devices.append(device)
+    return devices

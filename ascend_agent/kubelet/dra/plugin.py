@@ -26,6 +26,7 @@ import anyio
 from ascend_agent.files import make_dirs
 from ascend_agent.kubelet.deviceplugin.kubelet import WatcherRegistration
 from ascend_agent.kubelet.deviceplugin.transport import BoundedServer, SocketIdentity, socket_identity
+from ascend_agent.kubelet.dra.handlers import grpc_handlers
 from ascend_agent.kubelet.dra.paths import DraPaths, remove_stale
 from ascend_agent.kubelet.dra.service import DraService
 from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
@@ -109,7 +110,7 @@ class DraPlugin:
                         self.service.driver,
                     )
             served: list[tuple[list[object], Path]] = [
-                (self.service.handlers(), self.paths.socket),
+                (grpc_handlers(self.service), self.paths.socket),
                 ([registration], self.paths.registration),
             ]
             for handlers, path in served:

@@ -1,17 +1,19 @@
-"""The DRA kubelet plugin's gRPC services on ``dra.sock``: ``DRAPlugin`` (v1 and v1beta1: the same answers,
-v1beta1 without share IDs) and ``DRAResourceHealth`` (KEP-4680; v1alpha1, the one released kubelets call, and
-v1: the same messages).
+"""What the DRA kubelet plugin's gRPC services on ``dra.sock`` do (:mod:`.handlers` serves them):
+``DRAPlugin`` (v1 and v1beta1: the same answers, v1beta1 without share IDs) and ``DRAResourceHealth``
+(KEP-4680; v1alpha1, the one released kubelets call, and v1: the same messages).
 
     prepared, _ = Prepared.open(checkpoint, cdi_dir, "npu.huawei.com", read_boot_id())
     service = DraService("npu.huawei.com", pool="node-1", prepared=prepared, reader=reader)
     service.publish(chips, spec_for)        # after each reconcile: chips, health, what Allocate gives
-    handlers = service.handlers()           # for a grpclib server on dra.sock
+    grpc_handlers(service)                  # for a grpclib server on dra.sock (.handlers)
 
 NodePrepareResources answers each claim on its own: a claim that cannot be prepared (a UID, namespace or
 name the API server would not give, a device another prepared claim holds, among them) gets its ``error`` and
 the others are prepared. A claim prepared before gets the same answer again without any request, and without
 a write while its CDI spec is there and from this boot. Prepare and unprepare run one call at a time
-(``calls``: with a pod UID, across the two pods of a rolling update).
+(``calls``: with a pod UID, across the two pods of a rolling update). A device allocated with admin access is
+prepared as its whole chip and is never exclusive. With ``statuses`` each prepared claim's
+``status.devices`` is kept up to date (written by its own task, never on the kubelet's path).
 """
 
 from __future__ import annotations
@@ -19,18 +21,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 import anyio
 
-from ascend_agent._proto import v1 as health_v1
-from ascend_agent._proto import v1alpha1 as health_v1alpha1
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
-from ascend_agent.container import device_order
+from ascend_agent.container import container_spec, device_order
 from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
+from ascend_agent.kubelet.dra.carving import MADE_VNPUS, Carving, MadeVnpus
 from ascend_agent.kubelet.dra.claimread import ClaimError, ClaimReader, ClaimRef
 from ascend_agent.kubelet.dra.claims import (
     CheckpointError,
@@ -42,9 +42,12 @@ from ascend_agent.kubelet.dra.claims import (
     uid_problem,
     valid_uid,
 )
+from ascend_agent.kubelet.dra.claimstatus import ClaimStatuses
 from ascend_agent.kubelet.dra.devices import chip_of, device_name, overlap
+from ascend_agent.kubelet.dra.npuconfig import NpuConfigError, npu_config, runtime_base
+from ascend_agent.kubelet.dra.partitions import ChipOffer, template_device_of
 from ascend_agent.kubelet.dra.serialize import CallLock, CallLockError
-from ascend_agent.model import Chip, ContainerSpec
+from ascend_agent.model import Chip, ContainerBase, ContainerSpec, VNpu
 from ascend_agent.observability import log_fields
 
 log = logging.getLogger(__name__)
@@ -64,13 +67,21 @@ class DraService:
         reader: ClaimReader | None,
         health_refresh: float = 10.0,
         calls: CallLock | None = None,
+        statuses: ClaimStatuses | None = None,
+        carving: Carving | None = None,
     ) -> None:
         self.driver = driver
+        self.statuses = statuses
         self.pool = pool
         self.prepared = prepared
         self._reader = reader
         self._chips: dict[str, Chip] = {}
+        self._whole: dict[str, Chip] = {}
         self._spec_for: SpecFor | None = None
+        self._offers: dict[int, ChipOffer] = {}
+        self._container: ContainerBase | None = None
+        self.sweep_allowed = True  # False once the checkpoint was set aside at start
+        self.carving = carving or Carving(MadeVnpus(prepared.checkpoint.with_name(MADE_VNPUS)))
         self.calls = calls or CallLock(None)
         self.calls_in_flight = 0
         self._idle = anyio.Event()
@@ -79,22 +90,36 @@ class DraService:
         self.health_refresh = health_refresh
         self.health_streams = 0
 
-    def publish(self, chips: Iterable[Chip], spec_for: SpecFor) -> None:
-        """The node's devices now (whole chips and vNPUs) and what a container that gets some of them needs.
-        Never blocks."""
+    def publish(
+        self,
+        chips: Iterable[Chip],
+        spec_for: SpecFor,
+        offers: Mapping[int, ChipOffer] | None = None,
+        container: ContainerBase | None = None,
+    ) -> None:
+        """The node's devices now (whole chips and vNPUs) and what a container that gets some of them needs;
+        the dynamic chips' offers by physical id, and the node's container base (for a claim's NpuConfig
+        runtime). Never blocks."""
+        chips_before = self._chips
         self._chips = {device_name(chip): chip for chip in chips}
+        # Every chip whole, also one split into vNPUs: what a device with admin access gets.
+        self._whole = {
+            device_name(whole): whole for whole in (replace(chip, vnpu=None) for chip in self._chips.values())
+        }
         self._spec_for = spec_for
+        self._offers = dict(offers or {})
+        self._container = container
         health = tuple(
             (name, chip.healthy and not chip.held, _health_message(chip))
             for name, chip in sorted(self._chips.items(), key=lambda item: device_order(item[1]))
         )
+        if self.statuses is not None and self._chips != chips_before:
+            for claim in self.prepared:
+                self.statuses.set(claim, self._devices_of(claim))
         if health != self._health:
             self._health = health
             self._health_changed.set()
             self._health_changed = anyio.Event()
-
-    def handlers(self) -> list[object]:
-        return [_PluginV1(self), _PluginV1beta1(self), _HealthV1(self), _HealthV1alpha1(self)]
 
     @contextlib.contextmanager
     def serving_call(self) -> Iterator[None]:
@@ -155,7 +180,23 @@ class DraService:
             for claim in valid:
                 self._refuse(claim, str(exc))
                 answers[claim.uid] = str(exc)
+        if self.statuses is not None:
+            for answer in answers.values():
+                if isinstance(answer, PreparedClaim):
+                    self.statuses.set(answer, self._devices_of(answer))
         return {claim.uid: answers[claim.uid] for claim in claims}
+
+    def _devices_of(self, claim: PreparedClaim) -> dict[str, Chip | None]:
+        """The chip (or vNPU) each device of a prepared claim is now; None for one no longer here."""
+        return {d.device_name: self._device_now(d) for d in claim.devices}
+
+    def _device_now(self, device: PreparedDevice) -> Chip | None:
+        if device.admin_access:
+            return self._whole.get(chip_of(device.device_name))
+        if device.vnpu_id is not None:  # carved at prepare: its dynamic chip, with the vNPU
+            chip = self._chips.get(chip_of(device.device_name))
+            return None if chip is None else self._carved(chip, VNpu(device.vnpu_id, device.template))
+        return self._chips.get(device.device_name)
 
     async def _prepare_held(
         self, claims: Sequence[ClaimRef], unread: Mapping[str, str]
@@ -175,9 +216,7 @@ class DraService:
             try:
                 if is_new and claim.uid in unread:
                     raise ClaimError(unread[claim.uid])
-                prepared, document = await self._build(claim)
-                if is_new:
-                    held.check_free(prepared)
+                prepared, document = await self._build(claim, held if is_new else None)
             except ClaimError as exc:
                 self._refuse(claim, str(exc))
                 answers[claim.uid] = str(exc)
@@ -196,6 +235,8 @@ class DraService:
                     f"cannot write the CDI spec {self.prepared.spec_path(claim.uid)} or the checkpoint: "
                     f"{result.strerror or result}"
                 )
+                if self.prepared.get(claim.uid) is None:
+                    await self.carving.release(claim.uid)
                 self._refuse(claim, failure)
                 answers[claim.uid] = failure
                 continue
@@ -220,6 +261,22 @@ class DraService:
                 aside.reason,
                 aside.kept_as.name,
             )
+        aside = await anyio.to_thread.run_sync(self.carving.made.reload)
+        if aside is not None:
+            log.error("DRA driver %s: %s; kept as %s", self.driver, aside.reason, aside.kept_as.name)
+
+    async def sweep(self) -> None:
+        """Destroy the vNPUs this driver made for claims that are not prepared (a crash between create and
+        checkpoint); once the backend can carve, at start. Not after a checkpoint was set aside: its claims
+        are unknown, and are released when the kubelet unprepares them."""
+        if self.carving.carver is None or not self.sweep_allowed:
+            return
+        try:
+            async with self.calls.held():
+                await self._reload()
+                await self.carving.sweep({claim.uid for claim in self.prepared})
+        except (CallLockError, CheckpointError) as exc:
+            log.warning("vNPUs made for claims that are not prepared are kept for now: %s", exc)
 
     @staticmethod
     def _refuse(claim: ClaimRef, reason: str) -> None:
@@ -230,55 +287,155 @@ class DraService:
             extra=log_fields(claim=str(claim), uid=claim.uid, reason=reason),
         )
 
-    async def _build(self, claim: ClaimRef) -> tuple[PreparedClaim, dict[str, Any]]:
+    async def _build(self, claim: ClaimRef, held: _Holders | None) -> tuple[PreparedClaim, dict[str, Any]]:
         """The claim as prepared and its CDI spec: for a claim in the checkpoint (its spec gone, or from an
-        earlier boot) from the devices recorded there, else from its ResourceClaim."""
+        earlier boot) from the devices recorded there (its vNPUs carved again where a reboot took them),
+        else from its ResourceClaim, checked free against ``held``, its vNPUs carved."""
         known = self.prepared.get(claim.uid)
         if known is not None:
             if self._spec_for is None:
                 raise ClaimError("the chips are not discovered yet; the kubelet retries")
-            chips = self._chips_of(claim, [device.device_name for device in known.devices])
-            return known, self._document(claim, chips)
+            chips: dict[str, Chip] = {}
+            for device in known.devices:
+                monitored = (device.device_name,) if device.admin_access else ()
+                chip = self._chips_of(claim, [device.device_name], {}, monitored)[device.device_name]
+                if device.vnpu_id is not None:
+                    vnpu = await self.carving.carve(
+                        claim.uid, device.device_name, chip, device.template, device.vnpu_id
+                    )
+                    chip = self._carved(chip, vnpu)
+                chips[device.device_name] = chip
+            return known, self._document(claim, chips, known.runtime or None)
         if self._reader is None:
             raise ClaimError("the Kubernetes API is not available to read the claim (cluster side off)")
         if self._spec_for is None:
             raise ClaimError("the chips are not discovered yet; the kubelet retries")
         allocated = await self._reader.allocated(claim)
-        chips = self._chips_of(claim, [result.device for result in allocated])
+        # A device is for monitoring only when every request that got it asked for admin access.
+        admin = {r.device for r in allocated if r.admin_access} - {
+            r.device for r in allocated if not r.admin_access
+        }
+        carve: dict[str, str] = {}
+        runtimes = set()
+        for result in allocated:
+            try:
+                config = npu_config(result.parameters)
+            except NpuConfigError as exc:
+                raise ClaimError(f"ResourceClaim {claim}, request {result.request or '-'}: {exc}") from None
+            runtimes.add(config.runtime)
+            if config.template is not None:
+                carve[result.device] = config.template
+        if len(runtimes) > 1:
+            raise ClaimError(f"ResourceClaim {claim}: its NpuConfigs give two runtimes; give a claim one")
+        runtime = runtimes.pop() if runtimes else None
+        chips = self._chips_of(claim, [result.device for result in allocated], carve, admin)
         requests: dict[str, list[str]] = {}
         for result in allocated:
             requests.setdefault(result.device, []).append(result.request)
+        order = sorted(chips, key=lambda name: device_order(chips[name]))
+        devices = [
+            PreparedDevice(
+                tuple(r for r in requests[device] if r),
+                self.pool,
+                device,
+                (cdi_device_id(self.driver, claim.uid, device),),
+                admin_access=device in admin,
+                template=carve.get(device, ""),
+            )
+            for device in order
+        ]
         prepared = PreparedClaim(
-            uid=claim.uid,
-            namespace=claim.namespace,
-            name=claim.name,
-            devices=tuple(
-                PreparedDevice(
-                    tuple(r for r in requests[device] if r),
-                    self.pool,
-                    device,
-                    (cdi_device_id(self.driver, claim.uid, device),),
-                )
-                for device in sorted(chips, key=lambda name: device_order(chips[name]))
-            ),
+            claim.uid, claim.namespace, claim.name, tuple(devices), runtime=runtime or ""
         )
-        return prepared, self._document(claim, chips)
+        if held is not None:
+            held.check_free(prepared)
+        for index, device in enumerate(devices):
+            if device.template:
+                try:
+                    vnpu = await self.carving.carve(
+                        claim.uid, device.device_name, chips[device.device_name], device.template
+                    )
+                except ClaimError:
+                    await self.carving.release(claim.uid)  # what this claim's other devices got
+                    raise
+                devices[index] = replace(device, vnpu_id=vnpu.vnpu_id)
+                chips[device.device_name] = self._carved(chips[device.device_name], vnpu)
+        try:
+            document = self._document(claim, chips, runtime)
+        except ClaimError:
+            await self.carving.release(claim.uid)
+            raise
+        return replace(prepared, devices=tuple(devices)), document
 
-    def _chips_of(self, claim: ClaimRef, devices: Sequence[str]) -> dict[str, Chip]:
+    def _carved(self, chip: Chip, vnpu: VNpu) -> Chip:
+        """The chip's vNPU as a device, with what its template gives."""
+        offer = self._offers.get(chip.phys_id)
+        template = offer.template(vnpu.template) if offer is not None else None
+        if template is not None:
+            vnpu = replace(vnpu, aicore=template.aicore, memory_gb=template.memory_gb, aicpu=template.aicpu)
+        return chip.slice(vnpu)
+
+    def _chips_of(
+        self, claim: ClaimRef, devices: Sequence[str], carve: dict[str, str], admin: Collection[str] = ()
+    ) -> dict[str, Chip]:
+        """The chip of each device. A template device is its dynamic chip, to carve its template from
+        (added to ``carve``); so is a whole dynamic chip that ``carve`` gives a template. A device with admin
+        access is its whole chip: a monitoring container sees the chip's own device node, and nothing is
+        carved or made for it."""
         chips: dict[str, Chip] = {}
         for device in devices:
-            chip = self._chips.get(device)
+            if device in admin:
+                carve.pop(device, None)
+                whole = self._whole.get(chip_of(device))
+                if whole is None:
+                    raise ClaimError(
+                        f"device {device} of ResourceClaim {claim} is not on this node "
+                        f"(devices here: {', '.join(self._chips) or 'none'})"
+                    )
+                chips[device] = whole
+                continue
+            parent = template_device_of(device)
+            if parent is not None:
+                if device in carve:
+                    raise ClaimError(
+                        f"ResourceClaim {claim}: NpuConfig template applies to a whole chip; {device} is a "
+                        f"{parent[1]} already"
+                    )
+                carve[device] = parent[1]
+            chip = self._chips.get(device if parent is None else f"npu-{parent[0]}")
             if chip is None:
                 raise ClaimError(
                     f"device {device} of ResourceClaim {claim} is not on this node "
                     f"(devices here: {', '.join(self._chips) or 'none'})"
                 )
+            template = carve.get(device)
+            if template is not None:
+                offer = self._offers.get(chip.phys_id)
+                if offer is None or chip.vnpu is not None:
+                    raise ClaimError(
+                        f"ResourceClaim {claim}: {device} is no dynamic chip (vnpu: {{dynamic: true}}); it "
+                        f"cannot be carved into {template}"
+                    )
+                if offer.template(template) is None:
+                    offered = ", ".join(t.name for t, _, _ in offer.templates) or "none"
+                    raise ClaimError(
+                        f"ResourceClaim {claim}: chip {chip.phys_id} ({chip.model}) offers no template "
+                        f"{template} (it offers {offered})"
+                    )
             chips[device] = chip
         return chips
 
-    def _document(self, claim: ClaimRef, chips: Mapping[str, Chip]) -> dict[str, Any]:
+    def _document(self, claim: ClaimRef, chips: Mapping[str, Chip], runtime: str | None) -> dict[str, Any]:
         assert self._spec_for is not None
-        return claim_spec(self.driver, claim.uid, chips, self._spec_for(list(chips.values())))
+        parts = list({chip.device_path: chip for chip in chips.values()}.values())
+        if runtime is None or self._container is None:
+            spec = self._spec_for(parts)
+        else:
+            try:
+                spec = container_spec(parts, runtime_base(self._container, runtime))
+            except NpuConfigError as exc:
+                raise ClaimError(f"ResourceClaim {claim}: {exc}") from None
+        return claim_spec(self.driver, claim.uid, chips, spec)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Remove what was prepared for each claim (the checkpoint written once); an error line per claim,
@@ -288,7 +445,17 @@ class DraService:
         try:
             async with self.calls.held():
                 await self._reload()
-                ours = [c for c in claims if valid_uid(c.uid) and self.prepared.get(c.uid) is not None]
+                released = {
+                    c.uid: await self.carving.release(c.uid)
+                    for c in claims
+                    if valid_uid(c.uid) and self.carving.holds(c.uid)
+                }
+                answers.update({uid: problem for uid, problem in released.items() if problem})
+                ours = [
+                    c
+                    for c in claims
+                    if valid_uid(c.uid) and self.prepared.get(c.uid) is not None and not released.get(c.uid)
+                ]
                 removed = (
                     await anyio.to_thread.run_sync(self.prepared.remove, [c.uid for c in ours])
                     if ours
@@ -301,6 +468,8 @@ class DraService:
             if error is not None:
                 answers[claim.uid] = f"cannot remove the CDI spec of {claim}: {error.strerror or error}"
                 continue
+            if self.statuses is not None:
+                self.statuses.forget(claim.uid)
             log.info("Unprepared claim %s", claim, extra=log_fields(claim=str(claim), uid=claim.uid))
         return {claim.uid: answers[claim.uid] for claim in claims}
 
@@ -342,13 +511,16 @@ class _Holders:
 
     def add(self, claim: PreparedClaim) -> None:
         for device in claim.devices:
-            if device.pool_name == self.pool:
+            if device.pool_name == self.pool and not device.admin_access:
                 self._by_chip.setdefault(chip_of(device.device_name), []).append((device.device_name, claim))
 
     def check_free(self, claim: PreparedClaim) -> None:
         """ClaimError when a device of ``claim`` shares a chip with one another prepared claim holds: the
-        scheduler should never allocate it twice, and the driver is the last that can refuse."""
+        scheduler should never allocate it twice, and the driver is the last that can refuse. Devices with
+        admin access are shared: neither refused nor holding."""
         for device in claim.devices:
+            if device.admin_access:
+                continue
             for name, other in self._by_chip.get(chip_of(device.device_name), ()):
                 if other.uid != claim.uid and overlap(device.device_name, name):
                     shared = name if name == device.device_name else f"{name} (the same chip)"
@@ -375,97 +547,3 @@ def _health_message(chip: Chip) -> str:
     if chip.healthy:
         return ""
     return (chip.reason or "unhealthy")[:_MAX_MESSAGE]
-
-
-def _refs(claims: Iterable[dra_v1.Claim | dra_v1beta1.Claim]) -> list[ClaimRef]:
-    return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
-
-
-def _prepare_answer(api: ModuleType, answers: Mapping[str, PreparedClaim | str]) -> Any:
-    """``answers`` as the NodePrepareResourcesResponse of ``api`` (v1 and v1beta1 share the messages)."""
-
-    def one(answer: PreparedClaim | str) -> Any:
-        if isinstance(answer, str):
-            return api.NodePrepareResourceResponse(error=answer)
-        devices = [
-            api.Device(
-                request_names=list(d.request_names),
-                pool_name=d.pool_name,
-                device_name=d.device_name,
-                cdi_device_ids=list(d.cdi_device_ids),
-            )
-            for d in answer.devices
-        ]
-        return api.NodePrepareResourceResponse(devices=devices)
-
-    return api.NodePrepareResourcesResponse(claims={uid: one(a) for uid, a in answers.items()})
-
-
-def _unprepare_answer(api: ModuleType, answers: Mapping[str, str]) -> Any:
-    return api.NodeUnprepareResourcesResponse(
-        claims={uid: api.NodeUnprepareResourceResponse(error=e) for uid, e in answers.items()}
-    )
-
-
-class _PluginV1(dra_v1.DraPluginBase):
-    def __init__(self, service: DraService) -> None:
-        self._service = service
-
-    async def node_prepare_resources(
-        self, message: dra_v1.NodePrepareResourcesRequest
-    ) -> dra_v1.NodePrepareResourcesResponse:
-        with self._service.serving_call():
-            answers = await self._service.prepare(_refs(message.claims))
-        answer: dra_v1.NodePrepareResourcesResponse = _prepare_answer(dra_v1, answers)
-        return answer
-
-    async def node_unprepare_resources(
-        self, message: dra_v1.NodeUnprepareResourcesRequest
-    ) -> dra_v1.NodeUnprepareResourcesResponse:
-        with self._service.serving_call():
-            answers = await self._service.unprepare(_refs(message.claims))
-        answer: dra_v1.NodeUnprepareResourcesResponse = _unprepare_answer(dra_v1, answers)
-        return answer
-
-
-class _PluginV1beta1(dra_v1beta1.DraPluginBase):
-    def __init__(self, service: DraService) -> None:
-        self._service = service
-
-    async def node_prepare_resources(
-        self, message: dra_v1beta1.NodePrepareResourcesRequest
-    ) -> dra_v1beta1.NodePrepareResourcesResponse:
-        with self._service.serving_call():
-            answers = await self._service.prepare(_refs(message.claims))
-        answer: dra_v1beta1.NodePrepareResourcesResponse = _prepare_answer(dra_v1beta1, answers)
-        return answer
-
-    async def node_unprepare_resources(
-        self, message: dra_v1beta1.NodeUnprepareResourcesRequest
-    ) -> dra_v1beta1.NodeUnprepareResourcesResponse:
-        with self._service.serving_call():
-            answers = await self._service.unprepare(_refs(message.claims))
-        answer: dra_v1beta1.NodeUnprepareResourcesResponse = _unprepare_answer(dra_v1beta1, answers)
-        return answer
-
-
-class _HealthV1(health_v1.DraResourceHealthBase):
-    def __init__(self, service: DraService) -> None:
-        self._service = service
-
-    async def node_watch_resources(
-        self, message: health_v1.NodeWatchResourcesRequest
-    ) -> AsyncIterator[health_v1.NodeWatchResourcesResponse]:
-        async for update in self._service.health_updates(health_v1):
-            yield update
-
-
-class _HealthV1alpha1(health_v1alpha1.DraResourceHealthBase):
-    def __init__(self, service: DraService) -> None:
-        self._service = service
-
-    async def node_watch_resources(
-        self, message: health_v1alpha1.NodeWatchResourcesRequest
-    ) -> AsyncIterator[health_v1alpha1.NodeWatchResourcesResponse]:
-        async for update in self._service.health_updates(health_v1alpha1):
-            yield update

@@ -49,6 +49,12 @@ def _generation(found: dict[str, Any]) -> int:
     return int(((found.get("spec") or {}).get("pool") or {}).get("generation") or 0)
 
 
+def _published(found: dict[str, Any]) -> dict[str, Any]:
+    """What a published slice holds past driver, node and pool: its devices or its counter sets."""
+    spec = found.get("spec") or {}
+    return {key: spec[key] for key in ("devices", "sharedCounters") if key in spec}
+
+
 def slice_name(node: str, driver: str, index: int) -> str:
     """``<node>-<driver>-<index>``: a DNS subdomain as long as the node's name is one; shortened with a hash
     where a long node name would make it longer than an object name may be."""
@@ -65,12 +71,13 @@ class SlicePublisher:
         cleanup: bool = False,
         refresh: float = REFRESH,
         others_serving: Callable[[], Sequence[Path]] = list,
+        fault_effects: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.driver = driver
         self.cleanup = cleanup
         self._others_serving = others_serving  # blocks: asked in a worker thread
         self._refresh = refresh
-        self._taints = DeviceTaints(driver, taint_effect)
+        self._taints = DeviceTaints(driver, taint_effect, fault_effects)
         self._writer: LatestWriter[Specs] | None = None
         self._pending: Specs | None = None
         self._generation = 0
@@ -133,8 +140,7 @@ class SlicePublisher:
         names = [slice_name(api.node, self.driver, i) for i in range(len(specs))]
         generation = max([self._generation] + [_generation(s) for s in existing.values()])
         unchanged = set(existing) == set(names) and all(
-            (existing[name].get("spec") or {}).get("devices") == spec["devices"]
-            for name, spec in zip(names, specs, strict=True)
+            _published(existing[name]) == spec for name, spec in zip(names, specs, strict=True)
         )
         if not unchanged or generation == 0:
             generation += 1
@@ -147,18 +153,20 @@ class SlicePublisher:
                     "driver": self.driver,
                     "nodeName": api.node,
                     "pool": {"name": api.node, "generation": generation, "resourceSliceCount": len(specs)},
-                    "devices": spec["devices"],
+                    **spec,
                 },
             }
             old = existing.get(name)
             if old is None:
                 await api.call("create", "resourceslices", api.client.create(ResourceSlice(**body)))
             elif old.get("spec") != body["spec"]:
-                # A merge patch replaces lists whole: the devices are exactly these afterwards.
+                # A merge patch replaces lists whole: the devices are exactly these afterwards; a slice
+                # that held devices and now holds counter sets (or the reverse) loses the other (null).
+                patch = {"devices": None, "sharedCounters": None, **body["spec"]}
                 await api.call(
                     "patch",
                     "resourceslices",
-                    api.client.patch(ResourceSlice, name, {"spec": body["spec"]}, patch_type=PatchType.MERGE),
+                    api.client.patch(ResourceSlice, name, {"spec": patch}, patch_type=PatchType.MERGE),
                 )
         for name in sorted(set(existing) - set(names)):
             await self._delete(api, name)
@@ -166,7 +174,7 @@ class SlicePublisher:
             log.info(
                 "ResourceSlices of pool %s: %d devices in %d slices, generation %d",
                 api.node,
-                sum(len(s["devices"]) for s in specs),
+                sum(len(s.get("devices", ())) for s in specs),
                 len(specs),
                 generation,
             )
@@ -189,6 +197,9 @@ class SlicePublisher:
         times: dict[tuple[Any, ...], str] = {}
         stamped: Specs = []
         for spec in specs:
+            if "devices" not in spec:
+                stamped.append(spec)
+                continue
             devices = []
             for device in spec["devices"]:
                 if device.get("taints"):

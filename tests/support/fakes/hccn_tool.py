@@ -1,7 +1,8 @@
 """A stand-in for the hccn_tool executable, controlled through files next to it (read on every run): ``mode``
 (ok, fail, hang, garbage), ``out/<args>.txt`` (printed, exit status 0) and ``err/<args>.txt`` (printed on
-stderr, exit status from ``err/<args>.status``, 1 without one). Arguments without an answer: what hccn_tool
-prints for a chip with no address, exit status 13."""
+stderr, exit status from ``err/<args>.status``, 1 without one). Arguments without an answer: a healthy
+network for ``-link -g`` and ``-net_health -g``, else what hccn_tool prints for a chip with no address, exit
+status 13."""
 
 import os
 import sys
@@ -32,6 +33,11 @@ if os.path.exists(error):
     with open(status) as handle:
         sys.exit(int(handle.read()))
 path = os.path.join(here, "out", name)
+healthy = {"-link -g": "link status: UP\n", "-net_health -g": "net health status: Success\n"}
+command = " ".join(sys.argv[3:])
+if not os.path.exists(path) and command in healthy:
+    sys.stdout.write(healthy[command])
+    sys.exit(0)
 if not os.path.exists(path):
     sys.stderr.write("Get ipconf failed, because no ip was preset there!\n")
     sys.exit(13)

@@ -3,7 +3,9 @@ running agent sees changes at once): ``mode`` (ok, fail, hang, garbage, flood: p
 orphan: a child that holds the output open outlives it), ``out/<args>.txt`` (printed), ``err/<args>.txt``
 (printed on stderr, exit status 1) and ``vnpu.json``, the chips' vNPUs, which makes it answer
 ``info -t info-vnpu``, ``set -t create-vnpu`` and ``set -t destroy-vnpu`` as a node would, device nodes
-``vdavinci<id>`` included."""
+``vdavinci<id>`` included; ``reset.json`` makes it answer ``set -t reset`` as a node would: its confirmation
+prompts on stdout, the answers read from stdin and logged to ``resets.log``, then ``result`` ok (the files of
+``after`` become its answers, e.g. a healthy table: the chip comes back), fail, unsupported or hang."""
 
 import json
 import os
@@ -123,11 +125,20 @@ def vnpu_command():
         if used + templates[template][0] > chip["aicore"]:
             sys.stdout.write("       Status : FAILED\n       Message : Not enough resources\n")
             sys.exit(1)
-        taken = {v["id"] for v in chip["vnpus"]}
-        vnpu_id = next(i for i in range(chip["phys"] * 16 + 100, chip["phys"] * 16 + 116) if i not in taken)
+        taken = {v["id"] for other in state["chips"].values() for v in other["vnpus"]}
+        asked = option("-v")
+        if asked is not None and int(asked) in taken:
+            sys.stdout.write(f"       Status : FAILED\n       Message : vnpu id {asked} is in use\n")
+            sys.exit(1)
+        first = chip["phys"] * 16 + 100
+        vnpu_id = (
+            int(asked) if asked is not None else next(i for i in range(first, first + 16) if i not in taken)
+        )
         chip["vnpus"].append({"id": vnpu_id, "template": template})
         save(state)
         open(os.path.join(state["dev"], f"vdavinci{vnpu_id}"), "w").close()
+        if state.get("hang_after_create"):  # made, but the answer never comes
+            time.sleep(3600)
         sys.stdout.write("       Status : OK\n       Message : Create vnpu success\n")
         return True
     if args.startswith("set -t destroy-vnpu"):
@@ -144,7 +155,51 @@ def vnpu_command():
     return False
 
 
-if vnpu_command():
+def reset_command():
+    """Answer ``set -t reset`` from reset.json; False when it is not one."""
+    path = os.path.join(here, "reset.json")
+    if not args.startswith("set -t reset") or not os.path.exists(path):
+        return False
+    with open(path) as handle:
+        plan = json.load(handle)
+    if plan["result"] == "unsupported":
+        sys.stdout.write("This device does not support setting reset.\n")
+        sys.exit(1)
+    sys.stdout.write(
+        "Resetting the standard PCIe card or NPU chip may cause a system hang or abnormal reset during "
+        "service running.\nAre you sure you want to continue resetting?(Y/N)"
+    )
+    sys.stdout.flush()
+    answers = [sys.stdin.readline().strip()]
+    if plan.get("second_prompt"):
+        sys.stdout.write("It will reboot all devices, do you want to continue reboot? [y/n]")
+        sys.stdout.flush()
+        answers.append(sys.stdin.readline().strip())
+    with open(os.path.join(here, "resets.log"), "a") as log:
+        log.write(args + " | " + " ".join(answers) + "\n")
+    if any(answer not in ("Y", "y") for answer in answers):
+        sys.stdout.write("\tStatus                         : Fail\n")
+        sys.stdout.write("\tMessage                        : User aborts reset chip by inband.\n")
+        sys.exit(1)
+    sys.stdout.write("\tMessage                        : resetting (about 150 seconds) ...\n")
+    sys.stdout.flush()
+    if plan["result"] == "hang":
+        time.sleep(3600)
+    if plan["result"] == "fail":
+        sys.stdout.write("\tStatus                         : Fail\n")
+        sys.stdout.write("\tMessage                        : Failed to reset chip\n")
+        sys.exit(1)
+    for answered, text in plan.get("after", {}).items():
+        target = os.path.join(here, "out", answered.replace(" ", "_") + ".txt")
+        with open(target + ".tmp", "w") as handle:
+            handle.write(text)
+        os.replace(target + ".tmp", target)
+    sys.stdout.write("\tStatus                         : OK\n")
+    sys.stdout.write("\tMessage                        : Reset chip successfully.\n")
+    return True
+
+
+if vnpu_command() or reset_command():
     sys.exit(0)
 path = os.path.join(here, "out", name)
 if not os.path.exists(path):

@@ -1,0 +1,91 @@
+"""``ascend-agent ranktable --pod NS/NAME`` as a process against the API emulator: a pod it cannot make a rank
+table of is one line on stderr naming the pod and what to do, exit 1; a chip without a device IP is printed
+and named on stderr. (Its output for a pod the agent marked: ``test_training_facts.py``.)"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.apiserver import ApiServer
+from tests.support.cli import run_cli
+
+NODE = "node-1"
+CONFIGURATION = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
+
+
+def _pod(name: str, node: str = NODE, **annotations: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}", "annotations": annotations},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": "Running", "podIP": "10.244.0.7"},
+    }
+
+
+def _ranktable(apiserver: ApiServer, pod: str, *extra: str) -> tuple[int, str, str]:
+    done = run_cli(
+        *("ranktable", "--pod", pod, "--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE),
+        *extra,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def _one_line(stderr: str) -> str:
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    return stderr.strip()
+
+
+@pytest.mark.parametrize(
+    ("pod", "line"),
+    [
+        (
+            "team-a/absent",
+            "ascend-agent: there is no pod team-a/absent: check the name with kubectl get pods",
+        ),
+        ("team-a/elsewhere", "pod team-a/elsewhere is on node node-2, not on this node (node-1)"),
+        (
+            "team-a/unmarked",
+            "pod team-a/unmarked has no ascend.kubectl.kubernetes.io/ascend-910-configuration",
+        ),
+    ],
+)
+def test_a_pod_it_cannot_use_is_one_line(apiserver: ApiServer, pod: str, line: str) -> None:
+    apiserver.put("pods", _pod("elsewhere", node="node-2"))
+    apiserver.put("pods", _pod("unmarked", **{"hccl/rankIndex": "0"}))
+    code, out, err = _ranktable(apiserver, pod)
+    assert (code, out) == (1, "")
+    assert line in _one_line(err)
+
+
+def test_an_api_server_refusing_is_one_line(apiserver: ApiServer) -> None:
+    apiserver.fail(403, verb="list", resource="pods")
+    code, out, err = _ranktable(apiserver, "team-a/p")
+    assert (code, out) == (1, "")
+    assert "could not be read: 403 Forbidden: the agent may not list pods" in _one_line(err)
+
+
+def test_a_chip_without_an_ip_is_printed_and_named(apiserver: ApiServer) -> None:
+    configuration = {
+        "pod_name": "p",
+        "server_id": "uid-p",
+        "host_ip": "192.168.0.11",
+        "super_pod_id": -2,
+        "devices": [{"device_id": "0", "device_ip": "10.10.0.10"}, {"device_id": "1", "device_ip": ""}],
+        "server_index": "-2",
+        "server_ip": "192.168.0.11",
+    }
+    apiserver.put("pods", _pod("p", **{CONFIGURATION: json.dumps(configuration), "hccl/rankIndex": "3"}))
+    code, out, err = _ranktable(apiserver, "team-a/p", "--version", "1.0")
+    assert code == 0
+    assert [d["rank_id"] for d in json.loads(out)["server_list"][0]["device"]] == ["6", "7"]
+    assert "pod team-a/p: device 1 has no device_ip" in _one_line(err)
+
+
+def test_bad_flags_are_usage_errors(apiserver: ApiServer) -> None:
+    assert _ranktable(apiserver, "no-slash")[0] == 2
+    code, _, err = _ranktable(apiserver, "team-a/p", "--version", "2.0")
+    assert code == 2 and "--version is 1.0 or 1.2, got '2.0'" in _one_line(err)

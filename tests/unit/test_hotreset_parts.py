@@ -1,0 +1,167 @@
+"""The hot reset's parts: reset groups per model, the process table, npu-smi's reset run against a fake
+npu-smi (its prompts answered, failing, hanging, unsupported), the budget and the ResetInfo document."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ascend_agent.backends.npusmi import parse_info
+from ascend_agent.backends.npusmi_processes import parse_processes
+from ascend_agent.backends.npusmi_reset import reset_chip, reset_result
+from ascend_agent.config import ConfigError, SettingsSource
+from ascend_agent.faultclass import FaultClass
+from ascend_agent.health.hotreset import cleared_by_reset
+from ascend_agent.health.hotreset.budget import ResetBudget
+from ascend_agent.health.hotreset.groups import reset_groups
+from ascend_agent.health.hotreset.resetinfo import ResetDevice, reset_info
+from ascend_agent.model import Chip
+from tests.support import CONSTRUCTED, FIXTURES
+from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.training_fixtures import TRAINING
+
+
+def _groups(chips: list[Chip]) -> set[tuple[int, ...]]:
+    return {tuple(sorted(group)) for group in reset_groups(chips).values()}
+
+
+def test_910a_resets_by_hccs_ring_of_four() -> None:
+    chips = [Chip.make(i, "910A", npu_id=i) for i in range(8)]
+    assert _groups(chips) == {(0, 1, 2, 3), (4, 5, 6, 7)}
+
+
+def test_910b_resets_its_hccs_box_or_alone_without_hccs() -> None:
+    assert _groups([Chip.make(i, "910B3", npu_id=i) for i in range(8)]) == {tuple(range(8))}
+    assert _groups([Chip.make(i, "910B4", npu_id=i) for i in range(16)]) == {tuple(range(16))}
+    pcie = [Chip.make(i, "910B4", npu_id=i, board_id=0x3C) for i in range(8)]
+    assert _groups(pcie) == {(i,) for i in range(8)}
+
+
+def test_a3_resets_the_die_pair_with_its_paired_card() -> None:
+    table = parse_info((FIXTURES / "Ascend910-A3x16-24.1.rc3.7-info.txt").read_text())
+    dies = [
+        Chip.make(row.device or 0, "910_93", npu_id=row.npu_id, chip_on_card=row.chip) for row in table.chips
+    ]
+    groups = reset_groups(dies)
+    # NPU 1 holds Phy-IDs 2 and 3, its paired card NPU 5 holds 10 and 11.
+    assert sorted(groups[3]) == [2, 3, 10, 11]
+    assert len(_groups(dies)) == 4
+
+
+def test_300i_duo_resets_the_card_and_single_chips_alone() -> None:
+    table = parse_info((CONSTRUCTED / "310P3-duo-23.0.0-info.txt").read_text())
+    duo = [
+        Chip.make(row.device or 0, row.name, npu_id=row.npu_id, chip_on_card=row.chip) for row in table.chips
+    ]
+    assert _groups(duo) == {(0, 1), (2, 3)}
+    assert _groups([Chip.make(i, "950PR", npu_id=i) for i in range(2)]) == {(0,), (1,)}
+
+
+def test_only_the_reset_classes_are_cleared_by_a_reset() -> None:
+    cleared = {c for c in FaultClass if cleared_by_reset(Chip.make(0, "910B3", fault_class=c))}
+    assert cleared == {FaultClass.FREE_RESTART_NPU, FaultClass.RESTART_NPU}
+    assert not cleared_by_reset(Chip.make(0, "910B3"))
+
+
+def test_the_process_table_says_which_chips_run_processes() -> None:
+    busy = parse_processes((FIXTURES / "910B3x8-26.1.0-info-with-process.txt").read_text())
+    assert [busy.count(npu, 0) for npu in range(8)] == [1, 0, 0, 0, 0, 0, 0, 0]
+    warning = parse_processes((FIXTURES / "910A-24.1.RC2-info-warning.txt").read_text())
+    # Four processes on chip 0; the author cut the table after them: the others are not known.
+    assert warning.count(0, 0) == 4 and warning.count(1, 0) is None
+    assert parse_processes((CONSTRUCTED / "910B3-health-26.0.0-info.txt").read_text()).count(0, 0) is None
+    in_container = parse_processes((CONSTRUCTED / "910B3x2-26.1.0-info-in-container.txt").read_text())
+    assert in_container.count(32768, 0) == 1 and in_container.count(96, 0) == 0
+
+
+@given(st.text(max_size=400))
+def test_the_process_table_parser_takes_any_text(text: str) -> None:
+    processes = parse_processes(text)
+    assert all(count >= 1 for count in processes.per_chip.values())
+    assert not processes.idle_npus & {npu for npu, _ in processes.per_chip}
+
+
+def test_reset_results_as_npu_smi_words_them() -> None:
+    assert reset_result(0, "\tStatus : OK\n\tMessage : Reset chip successfully.\n").ok
+    failed = reset_result(1, "\tMessage : resetting ...\n\tStatus : Fail\n\tMessage : Failed to reset chip\n")
+    assert (failed.ok, failed.detail) == (False, "Failed to reset chip (exit status 1)")
+    documented = (TRAINING / "npu-smi-set-t-reset_doc-Atlas200IA2-unsupported.txt").read_text()
+    unsupported = reset_result(0, documented.split("$ ")[2].split("\n", 1)[1])
+    assert (unsupported.ok, unsupported.detail) == (False, "This device does not support setting reset.")
+    busy = reset_result(1, "Another user is resetting the NPU(s). Please try again later.\n")
+    assert busy.detail.startswith("Another user is resetting")
+
+
+@pytest.fixture
+def npu_smi(short_dir: Path) -> FakeNpuSmi:
+    return FakeNpuSmi(short_dir / "npu-smi")
+
+
+@pytest.mark.parametrize("second_prompt", [False, True])
+def test_the_reset_answers_each_confirmation_prompt(npu_smi: FakeNpuSmi, second_prompt: bool) -> None:
+    npu_smi.set_reset("ok", second_prompt=second_prompt)
+    outcome = anyio.run(reset_chip, str(npu_smi.path), 5, 1, 10.0)
+    assert (outcome.ok, outcome.reason, outcome.detail) == (True, "ok", "Reset chip successfully.")
+    answers = "Y y" if second_prompt else "Y"
+    assert npu_smi.resets() == [f"set -t reset -i 5 -c 1 -m 1 | {answers}"]
+
+
+@pytest.mark.parametrize(
+    ("result", "detail"),
+    [
+        ("fail", "Failed to reset chip (exit status 1)"),
+        ("unsupported", "This device does not support setting reset. (exit status 1)"),
+    ],
+)
+def test_a_reset_npu_smi_refuses_is_a_failure_in_its_words(
+    npu_smi: FakeNpuSmi, result: str, detail: str
+) -> None:
+    npu_smi.set_reset(result)
+    outcome = anyio.run(reset_chip, str(npu_smi.path), 0, 0, 10.0)
+    assert (outcome.ok, outcome.reason, outcome.detail) == (False, "failed", detail)
+
+
+def test_a_hanging_reset_is_killed_at_its_timeout(npu_smi: FakeNpuSmi) -> None:
+    npu_smi.set_reset("hang")
+    started = time.monotonic()
+    outcome = anyio.run(reset_chip, str(npu_smi.path), 0, 0, 1.0)
+    assert (outcome.ok, outcome.reason) == (False, "hung")
+    assert "timed out after 1 s and was killed" in outcome.detail
+    assert time.monotonic() - started < 10, "bounded by the timeout and the reap"
+
+
+def test_the_budget_counts_resets_per_chip_within_its_window() -> None:
+    now = [0.0]
+    budget = ResetBudget(limit=3, window=6 * 3600, clock=lambda: now[0])
+    for _ in range(3):
+        assert budget.allows(5)
+        budget.spend(5)
+    assert not budget.allows(5) and budget.allows(4)
+    now[0] = 6 * 3600 + 1
+    assert budget.allows(5) and budget.used(5) == 0
+
+
+def test_reset_info_has_huaweis_shape() -> None:
+    documented = json.loads((TRAINING / "node-annotation-ResetInfo_doc-example.json").read_text())
+    dies = [Chip.make(p, "910_93", npu_id=p // 2, chip_on_card=p % 2, logic_id=p) for p in range(16)]
+    written = json.loads(reset_info([ResetDevice.of(dies[2], dies)]))
+    assert written.keys() == documented.keys()
+    assert written["ManualResetDevs"] == documented["ManualResetDevs"], "card 1 die 0, paired with card 5"
+    assert written["ThirdPartyResetDevs"] == []
+    plain = ResetDevice.of(Chip.make(3, "910B3", npu_id=3), [])
+    assert (plain.associated_card_id, plain.logic_id) == (-1, -1)
+
+
+def test_hot_reset_settings_refuse_bad_values_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"^--hot-reset must be one of off, idle, dry-run$"):
+        SettingsSource({"hot_reset": "always"}).load()
+    with pytest.raises(ConfigError, match=r"^--hot-reset-idle must be a finite number above 0$"):
+        SettingsSource({"hot_reset_idle": -1}).load()
+    settings = SettingsSource({"hot_reset": "dry-run", "hot_reset_limit": 5}).load()
+    assert (settings.hot_reset, settings.hot_reset_limit, settings.hot_reset_recover) == ("dry-run", 5, 180.0)
