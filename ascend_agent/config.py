@@ -23,8 +23,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ascend_agent.faultclass import HUAWEI_NAMES
 from ascend_agent.faults import VERDICTS
 from ascend_agent.kube_names import is_dns_subdomain
@@ -451,44 +449,6 @@ def decode_utf8(data: bytes, what: str) -> str:
         ) from None
 
 
-class _AliasFound(Exception):
-    def __init__(self, line: int) -> None:
-        super().__init__(line)
-        self.line = line
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: Any, first: int, again: int) -> None:
-        super().__init__(key, first, again)
-        self.key, self.first, self.again = key, first, again
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without aliases: one short string referenced many times under a list expands
-    into gigabytes (an "alias bomb"), and no setting needs one. A key given twice in one mapping is refused:
-    PyYAML would keep the last one without a word, and which of two values was meant is the reader's guess."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise _AliasFound(self.peek_event().start_mark.line + 1)  # type: ignore[no-untyped-call]
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        lines: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                if key in lines:
-                    raise _DuplicateKey(key, lines[key], line)
-                lines[key] = line
-            except TypeError:  # an unhashable key: the base class says so
-                continue
-        return super().construct_mapping(node, deep=deep)
-
-
 def read_config_file(path: Path) -> dict[str, Any]:
     """The settings a YAML file sets, by field name; :class:`ConfigError` names the file and the key."""
     try:
@@ -496,18 +456,20 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     text = decode_utf8(data, f"config file {path}")
+    from ascend_agent.strict_yaml import AliasFound, DuplicateKey, YAMLError, load_document
+
     try:
-        document = yaml.load(text, Loader=_NoAliasLoader)
-    except _AliasFound as found:
+        document = load_document(text)
+    except AliasFound as found:
         raise ConfigError(
             f"config file {path} uses a YAML alias at line {found.line}; write the value out instead"
         ) from None
-    except _DuplicateKey as twice:
+    except DuplicateKey as twice:
         raise ConfigError(
             f"config file {path}: {twice.key} is given twice (lines {twice.first} and {twice.again}); "
             "keep one"
         ) from None
-    except yaml.YAMLError as exc:
+    except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"config file {path} is not valid YAML{where}") from None

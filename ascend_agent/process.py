@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import os
 import signal
@@ -111,6 +112,9 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
             )
         else:
             log.info("Serving /metrics, /healthz and /readyz on %s", settings.metrics_address)
+    # What starting made (modules, classes, settings) lives as long as the process: out of the collector's
+    # reach, a full collection, which may come in the middle of an Allocate, walks only what was made since.
+    gc.freeze()
     failures: list[BaseException] = []
     bad_usage: list[BaseException] = []
     try:
