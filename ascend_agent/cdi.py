@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import yaml
 
 from ascend_agent.backoff import Backoff
 from ascend_agent.container import container_spec
@@ -107,6 +106,8 @@ def _node(host_path: str, container_path: str, permissions: str) -> dict[str, st
 
 async def write_spec(directory: Path, document: dict[str, Any]) -> Path:
     """Write the spec atomically (a temporary file in the same directory, then rename); the path written."""
+    import yaml  # only an agent with --cdi-spec-dir writes YAML
+
     return await asyncio.to_thread(_write, directory, yaml.safe_dump(document, sort_keys=False))
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import math
 import re
 import shutil
 from collections.abc import Callable, Mapping
@@ -24,12 +23,22 @@ from pathlib import Path
 from typing import Any
 
 from ascend_agent.faultclass import HUAWEI_NAMES
-from ascend_agent.kube_names import is_dns_subdomain
-from ascend_agent.model import UnknownModelError, classify
 from ascend_agent.naming import NAMING_SCHEMES
+from ascend_agent.setting_values import (
+    boolean,
+    chip_model,
+    dns_subdomain,
+    file_path,
+    non_negative_int,
+    one_of,
+    optional,
+    plain_text,
+    positive_float,
+    positive_int,
+    seconds,
+    text_list,
+)
 from ascend_agent.vnpu_layout import Layout, is_chip_id, parse_layout
-from ascend_agent.yamlfile import ConfigError as ConfigError
-from ascend_agent.yamlfile import load_yaml
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -75,6 +84,10 @@ VERDICTS = (HEALTHY, UNHEALTHY)
 
 
 DEFAULT_API_LIST_LIMIT_MIB = 64
+
+
+class ConfigError(ValueError):
+    """Bad usage or configuration: the CLI prints it as one line and exits 2."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,43 +220,8 @@ def camel_case(name: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
-def _positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("must be a whole number of at least 1")
-    return value
-
-
-def _positive_float(value: Any) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError("must be a finite number above 0")
-    return float(value)
-
-
-def _seconds(minimum: float) -> Callable[[Any], float]:
-    def check(value: Any) -> float:
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < minimum
-        ):
-            raise ValueError(f"must be a finite number of seconds, at least {minimum:g}")
-        return float(value)
-
-    return check
-
-
-def _non_negative_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError("must be a whole number of at least 0 (0: off)")
-    return value
-
-
+# faultPolicy holds codes and prefixes; thousands are a mistake or worse.
+MAX_POLICY_ENTRIES = 256
 _HEX_PREFIX = re.compile(r"^[0-9A-Fa-f]{1,8}$")
 
 
@@ -285,63 +263,6 @@ def _fault_taints(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(name), str(effect)) for name, effect in value.items()))
 
 
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError("must be true or false")
-    return value
-
-
-# List settings hold a handful of entries (driver paths, Health values); a long one is a mistake or worse.
-MAX_LIST_ITEMS = 64
-MAX_POLICY_ENTRIES = 256
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _text(value: Any) -> str:
-    """A string without control characters: a newline or NUL in a setting would forge or break log lines."""
-    if not isinstance(value, str):
-        raise ValueError("must be a string")
-    found = _CONTROL.search(value)
-    if found is not None:
-        raise ValueError(
-            f"contains the control character U+{ord(found.group()):04X} at position {found.start()}; "
-            "remove it"
-        )
-    return value
-
-
-def _model(value: Any) -> str:
-    """A chip model that names an Ascend chip; YAML reads ``model: 310`` as a number, meant as the name."""
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else _text(value)
-    try:
-        classify(text)
-    except UnknownModelError:
-        raise ValueError(
-            f"{text!r} is not an Ascend chip model (e.g. 910B4, 910A, 910_9392, 950PR, 310P3, 310)"
-        ) from None
-    return text
-
-
-def _path(value: Any) -> Path:
-    return Path(_text(str(value) if isinstance(value, Path) else value))
-
-
-def _text_list(value: Any) -> tuple[str, ...]:
-    if isinstance(value, tuple):
-        value = list(value)
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ValueError("must be a list of strings")
-    if len(value) > MAX_LIST_ITEMS:
-        raise ValueError(f"has {len(value)} entries; at most {MAX_LIST_ITEMS} are accepted")
-    return tuple(_text(item) for item in value)
-
-
-def _dns_subdomain(value: str) -> str:
-    if not is_dns_subdomain(value, most=63):
-        raise ValueError("must be a lower-case DNS subdomain of at most 63 characters, e.g. npu.huawei.com")
-    return value
-
-
 def fake_vnpus(value: Any) -> Layout:
     """``"0:vir02,0:vir02,1:vir04"`` (the flag) or ``{"0": [vir02, vir02]}`` (the file): templates by
     physical id."""
@@ -360,79 +281,82 @@ def fake_vnpus(value: Any) -> Layout:
     return layout
 
 
-def _one_of(*choices: str) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}")
-        return str(value)
-
-    return check
-
-
-def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else convert(value)
-
-
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
-    "backend": _text,
-    "kubelet_dir": _path,
-    "registration": _one_of(*REGISTRATIONS),
-    "plugins_registry_dir": _optional(_path),
-    "plugin_dir": _optional(_path),
-    "serve_timeout": _seconds(1.0),
-    "host_root": _path,
-    "dev_root": _optional(_path),
-    "sys_root": _optional(_path),
-    "npu_smi": _optional(_text),
-    "npu_smi_timeout": _seconds(MIN_NPU_SMI_TIMEOUT),
-    "hccn_tool": _optional(_text),
-    "network_health": _bool,
-    "link_down_debounce": _seconds(0),
-    "health_interval": _seconds(MIN_HEALTH_INTERVAL),
-    "health_failure_threshold": _positive_int,
-    "healthy_states": _text_list,
+    "backend": plain_text,
+    "kubelet_dir": file_path,
+    "registration": one_of(*REGISTRATIONS),
+    "plugins_registry_dir": optional(file_path),
+    "plugin_dir": optional(file_path),
+    "serve_timeout": seconds(1.0),
+    "host_root": file_path,
+    "dev_root": optional(file_path),
+    "sys_root": optional(file_path),
+    "npu_smi": optional(plain_text),
+    "npu_smi_timeout": seconds(MIN_NPU_SMI_TIMEOUT),
+    "hccn_tool": optional(plain_text),
+    "network_health": boolean,
+    "link_down_debounce": seconds(0),
+    "health_interval": seconds(MIN_HEALTH_INTERVAL),
+    "health_failure_threshold": positive_int,
+    "healthy_states": text_list,
     "fault_policy": _fault_policy,
-    "flap_threshold": _non_negative_int,
-    "flap_window": _positive_float,
-    "flap_quiet": _positive_float,
-    "mode": _one_of(*MODES),
-    "driver_mounts": _text_list,
-    "model": _optional(_model),
-    "resource_naming": _one_of(*NAMING_SCHEMES),
-    "replicas": _positive_int,
-    "rename_shared": _bool,
-    "fail_requests_greater_than_one": _bool,
-    "cdi_spec_dir": _optional(_path),
-    "metrics_address": _text,
-    "log_format": _one_of(*LOG_FORMATS),
-    "log_level": _one_of(*LOG_LEVELS),
-    "fake_chips": _positive_int,
-    "fake_model": _model,
-    "fake_state": _optional(_path),
-    "cluster": _bool,
-    "kubeconfig": _optional(_path),
-    "node_name": _optional(_text),
-    "pod_resources_socket": _path,
-    "api_list_limit_mib": _positive_int,
-    "device_info": _bool,
-    "volcano": _bool,
-    "volcano_scheduler_name": lambda value: _dns_subdomain(_text(value)),
-    "kubelet_api": _one_of(*KUBELET_APIS),
-    "dra_driver_name": lambda value: _dns_subdomain(_text(value)),
-    "dra_taint_effect": _one_of(*DRA_TAINT_EFFECTS),
+    "flap_threshold": non_negative_int,
+    "flap_window": positive_float,
+    "flap_quiet": positive_float,
+    "mode": one_of(*MODES),
+    "driver_mounts": text_list,
+    "model": optional(chip_model),
+    "resource_naming": one_of(*NAMING_SCHEMES),
+    "replicas": positive_int,
+    "rename_shared": boolean,
+    "fail_requests_greater_than_one": boolean,
+    "cdi_spec_dir": optional(file_path),
+    "metrics_address": plain_text,
+    "log_format": one_of(*LOG_FORMATS),
+    "log_level": one_of(*LOG_LEVELS),
+    "fake_chips": positive_int,
+    "fake_model": chip_model,
+    "fake_state": optional(file_path),
+    "cluster": boolean,
+    "kubeconfig": optional(file_path),
+    "node_name": optional(plain_text),
+    "pod_resources_socket": file_path,
+    "api_list_limit_mib": positive_int,
+    "device_info": boolean,
+    "volcano": boolean,
+    "volcano_scheduler_name": lambda value: dns_subdomain(plain_text(value)),
+    "kubelet_api": one_of(*KUBELET_APIS),
+    "dra_driver_name": lambda value: dns_subdomain(plain_text(value)),
+    "dra_taint_effect": one_of(*DRA_TAINT_EFFECTS),
     "dra_fault_taints": _fault_taints,
-    "dra_cleanup": _bool,
-    "vnpu": _optional(parse_layout),
-    "fake_vnpus": _optional(fake_vnpus),
-    "fake_training": _bool,
-    "hot_reset": _one_of(*HOT_RESET_MODES),
-    "hot_reset_idle": _positive_float,
-    "hot_reset_timeout": _positive_float,
-    "hot_reset_recover": _positive_float,
-    "hot_reset_limit": _positive_int,
-    "hot_reset_window": _positive_float,
+    "dra_cleanup": boolean,
+    "vnpu": optional(parse_layout),
+    "fake_vnpus": optional(fake_vnpus),
+    "fake_training": boolean,
+    "hot_reset": one_of(*HOT_RESET_MODES),
+    "hot_reset_idle": positive_float,
+    "hot_reset_timeout": positive_float,
+    "hot_reset_recover": positive_float,
+    "hot_reset_limit": positive_int,
+    "hot_reset_window": positive_float,
 }
 assert set(_CONVERTERS) == {f.name for f in fields(Settings)}
+
+
+def decode_utf8(data: bytes, what: str) -> str:
+    """``data`` as text; :class:`ConfigError` names ``what`` and the first byte that is not UTF-8::
+
+    decode_utf8(b"a: 1 # \xb2\xe2", "config file c.yaml")
+    # ConfigError: config file c.yaml is not UTF-8: byte 0xb2 at offset 7 (line 1); save it as UTF-8
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{what} is not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} (line {line}); "
+            "save it as UTF-8"
+        ) from None
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -441,7 +365,24 @@ def read_config_file(path: Path) -> dict[str, Any]:
         data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    document = load_yaml(data, f"config file {path}")
+    text = decode_utf8(data, f"config file {path}")
+    from ascend_agent.strict_yaml import AliasFound, DuplicateKey, YAMLError, load_document
+
+    try:
+        document = load_document(text)
+    except AliasFound as found:
+        raise ConfigError(
+            f"config file {path} uses a YAML alias at line {found.line}; write the value out instead"
+        ) from None
+    except DuplicateKey as twice:
+        raise ConfigError(
+            f"config file {path}: {twice.key} is given twice (lines {twice.first} and {twice.again}); "
+            "keep one"
+        ) from None
+    except YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):

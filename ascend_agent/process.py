@@ -10,6 +10,7 @@ config file.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -92,6 +93,9 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         await agent.endpoint.open()
     except OSError as exc:
         raise ConfigError(f"--metrics-address {settings.metrics_address}: {exc.strerror or exc}") from None
+    # What starting made (modules, classes, settings) lives as long as the process: out of the collector's
+    # reach, a full collection, which may come in the middle of an Allocate, walks only what was made since.
+    gc.freeze()
     failures: list[BaseException] = []
     bad_usage: list[BaseException] = []
     try:

@@ -31,7 +31,7 @@ import aiofiles
 from ascend_agent.backends._container import container_base
 from ascend_agent.backends.training import trains
 from ascend_agent.backends.vnpu import VNPU_ID_BASE, VNPU_IDS_PER_CHIP
-from ascend_agent.config import ConfigError, Settings, fake_vnpus
+from ascend_agent.config import ConfigError, Settings, decode_utf8, fake_vnpus
 from ascend_agent.model import (
     Chip,
     DeviceNode,
@@ -45,7 +45,6 @@ from ascend_agent.model import (
 )
 from ascend_agent.observability import ProblemLog, log_fields
 from ascend_agent.vnpu_layout import Layout, parse_layout, template_cores
-from ascend_agent.yamlfile import decode_utf8
 
 log = logging.getLogger(__name__)
 

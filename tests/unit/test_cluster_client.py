@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from lightkube.types import PatchType
 from prometheus_client import REGISTRY
 
 from ascend_agent.cluster import find_target, node_name, open_side
-from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
+from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi, _transport_options
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.labels import NodeLabels, _patch_labels, node_labels, sanitise
 from ascend_agent.cluster.side import ClusterSide
@@ -100,6 +101,26 @@ def test_agent_without_cluster_side_never_imports_the_client() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(("scheme", "verified"), [("http", False), ("https", True)])
+def test_only_a_server_behind_tls_gets_a_verifying_context(
+    tmp_path: Path, scheme: str, verified: bool
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: '{scheme}://127.0.0.1:1'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    api = KubeApi.connect(ClusterTarget("kubeconfig", kubeconfig), "node-1")
+    assert api._config is not None
+    context = _transport_options(api._config)["verify"]
+    # Plain HTTP has no certificate to verify: no CA bundle is read for it.
+    assert (context.verify_mode == ssl.CERT_REQUIRED) is verified
+    if not verified:
+        assert context.cert_store_stats()["x509_ca"] == 0
 
 
 async def test_requests_reach_the_server_and_mark_it_up(apiserver: ApiServer) -> None:

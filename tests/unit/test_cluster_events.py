@@ -112,6 +112,26 @@ async def test_a_network_unhealthy_chip_raises_its_own_events_and_stays_healthy(
         assert sorted(found) == ["NPUNetworkHealthy", "NPUNetworkUnhealthy"], "no NPUUnhealthy: still Healthy"
 
 
+async def test_an_address_that_changes_is_a_warning_event(apiserver: ApiServer) -> None:
+    fields = {f: getattr(HEALTHY, f) for f in HEALTHY.__slots__}
+    first = Chip(**{**fields, "device_ip": "29.1.0.3"})
+    moved = Chip(**{**fields, "device_ip": "29.1.0.9"})
+    async with _running(apiserver) as events:
+        events.observe(_inventory(HEALTHY))
+        events.observe(_inventory(first))  # an address learnt is no change
+        events.observe(_inventory(first))
+        events.observe(_inventory(moved))
+        (event,) = (
+            await _wait(apiserver, lambda: _by_reason(apiserver), lambda f: "NPUAddressChanged" in f)
+        )["NPUAddressChanged"]
+        assert (event["type"], event["message"]) == (
+            "Warning",
+            "Ascend910-3 device IP changed from 29.1.0.3 to 29.1.0.9: pods placed on it before keep the old "
+            "address in their configuration and rank tables",
+        )
+        assert sorted(_by_reason(apiserver)) == ["NPUAddressChanged"]
+
+
 async def test_a_flapping_chip_counts_on_one_event_with_few_writes(apiserver: ApiServer) -> None:
     async with _running(apiserver) as events:
         events.observe(_inventory(HEALTHY))

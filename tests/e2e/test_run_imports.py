@@ -1,0 +1,79 @@
+"""What ``ascend-agent run`` loads as a device plugin: the modules of the other commands, of the DRA driver,
+of a cluster side that is off, PyYAML without a file to read and rich (the help's tables) stay out of the
+process. Each module costs resident memory on every node (bench/cluster.py measures it).
+
+The agent runs as a real process with ``PYTHONPROFILEIMPORTTIME`` set: the interpreter writes one line per
+module it imports, at whatever time it does, to stderr."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from tests.support.agent_process import AgentProcess, fake_agent
+from tests.support.apiserver import ApiServer
+from tests.support.kubelet_standin import KubeletStandin
+
+NODE = "imports-node"
+_IMPORT = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$")
+# Loaded by no device plugin: the DRA driver and its generated APIs, the other commands' modules, the test
+# suite's gRPC library.
+NEVER = (
+    "ascend_agent.kubelet.dra",
+    "ascend_agent._proto.k8s",
+    "ascend_agent._proto.v1alpha1",
+    "ascend_agent.doctor",
+    "ascend_agent.kubelet.sim",
+    "rich",
+    "grpc",
+)
+# Loaded only by the cluster side.
+CLUSTER_SIDE = ("lightkube", "httpx2", "httpcore2", "msgspec", "ascend_agent.cluster.client")
+
+
+def _imported(agent: AgentProcess) -> set[str]:
+    return {match[1] for line in agent.lines if (match := _IMPORT.match(line))}
+
+
+def _under(modules: set[str], packages: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(f"{p}.") for p in packages))
+
+
+def _registered_then_stopped(
+    kubelet: KubeletStandin, agent: AgentProcess, log: str | None = None
+) -> set[str]:
+    try:
+        kubelet.wait_registrations(1)
+        kubelet.wait_update(lambda u: len(u.devices) == 8, what="the first device list")
+        if log is not None:
+            agent.wait_log(log)
+        code, _ = agent.terminate(signal.SIGTERM)
+        assert code == 0, agent.output()
+    finally:
+        agent.close()
+    return _imported(agent)
+
+
+def test_a_device_plugin_without_the_cluster_side_loads_none_of_it(kubelet: KubeletStandin) -> None:
+    agent = fake_agent(kubelet.directory, "--no-cluster", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    modules = _registered_then_stopped(kubelet, agent)
+    seen = "no import lines read: the test sees nothing"
+    assert "ascend_agent.kubelet.deviceplugin.service" in modules, seen
+    assert "ascend_agent._proto.v1beta1" in modules
+    assert _under(modules, NEVER) == []
+    assert _under(modules, CLUSTER_SIDE) == []
+    assert _under(modules, ("yaml",)) == [], "PyYAML loaded with no config file and no CDI spec to write"
+
+
+def test_a_device_plugin_with_the_cluster_side_loads_no_dra_driver(
+    kubelet: KubeletStandin, apiserver: ApiServer
+) -> None:
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    agent = fake_agent(
+        kubelet.directory,
+        *("--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE),
+        env={"PYTHONPROFILEIMPORTTIME": "1"},
+    )
+    modules = _registered_then_stopped(kubelet, agent, log=f"Node {NODE} labels: ")
+    assert "lightkube" in modules, "the cluster side did not load: the test sees nothing"
+    assert _under(modules, NEVER) == []
