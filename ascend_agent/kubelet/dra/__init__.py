@@ -7,14 +7,18 @@ for the node's chips.
 - :mod:`.claimread`: a claim's allocation, read from its ResourceClaim once and kept.
 - :mod:`.claims`: one CDI spec per prepared claim, and the checkpoint of prepared claims.
 - :mod:`.claimstatus`: each prepared claim's ``status.devices``: conditions and what hardware it is.
-- :mod:`.service`: NodePrepareResources / NodeUnprepareResources (v1, v1beta1) and NodeWatchResources.
+- :mod:`.partitions`: a dynamic chip's counter sets and template devices; pure.
+- :mod:`.npuconfig`: a claim's opaque parameters (``NpuConfig``).
+- :mod:`.carving`: the vNPUs carved for claims at prepare and destroyed at unprepare, and their record.
+- :mod:`.service`: what NodePrepareResources / NodeUnprepareResources do, and the health NodeWatchResources
+  sends; :mod:`.handlers`: the gRPC handlers of each API version (v1, v1beta1; v1, v1alpha1) over it.
 - :mod:`.plugin`: serving ``dra.sock`` and the registration socket for the kubelet's plugin watcher.
 
 The agent holds a :class:`DraDriver` in place of its device plugins::
 
     driver = DraDriver.open(settings, cluster_side)   # ConfigError for a checkpoint it cannot read or move
     task_group.start_soon(driver.run)
-    driver.publish(inventory)                         # after each reconcile
+    driver.publish(inventory, backend)                # after each reconcile (the backend carves)
 """
 
 from __future__ import annotations
