@@ -162,16 +162,21 @@ def _dynamic(key: str, entry: dict[object, object]) -> bool:
     return flag
 
 
-def _check_splittable(key: str) -> None:
-    """ValueError when a chip name ``key`` names chips that cannot be split into vNPUs."""
-    if is_chip_id(key):
-        return
+def _generation_of(key: str) -> str:
+    """The generation a chip name ``key`` names; ValueError for a key that is no chip name."""
     try:
-        generation = classify(key).value
+        return classify(key).value
     except UnknownModelError:
         raise ValueError(
             f"{key!r} is neither a physical chip id (3) nor an Ascend chip name (310P3)"
         ) from None
+
+
+def _check_splittable(key: str) -> None:
+    """ValueError when a chip name ``key`` names chips that cannot be split into vNPUs."""
+    if is_chip_id(key):
+        return
+    generation = _generation_of(key)
     if generation not in SPLITTABLE_GENERATIONS:
         raise ValueError(f"{key}: {normalise_model(key)} chips cannot be split into vNPUs")
 
@@ -186,12 +191,7 @@ def _check_entry(key: str, templates: tuple[str, ...]) -> None:
         products: tuple[Product, ...] = PRODUCTS
         what = f"chip {key}"
     else:
-        try:
-            generation = classify(key).value
-        except UnknownModelError:
-            raise ValueError(
-                f"{key!r} is neither a physical chip id (3) nor an Ascend chip name (310P3)"
-            ) from None
+        generation = _generation_of(key)
         products = tuple(product for product in PRODUCTS if product.generation == generation)
         what = f"a {normalise_model(key)} chip"
         if not products:

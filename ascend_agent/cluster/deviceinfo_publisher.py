@@ -150,9 +150,7 @@ class DeviceInfoPublisher:
     async def _read_map(self, api: KubeApi, name: str, writer: LatestWriter[dict[str, str]]) -> str | None:
         """Take the map's ``ManuallySeparateNPU``; its resourceVersion (None when it is not there)."""
         try:
-            found = await api.call(
-                "get", "configmaps", api.client.get(ConfigMap, name, namespace=deviceinfo.NAMESPACE)
-            )
+            found = await _get_map(api, name)
         except ApiError as exc:
             if exc.status.code != 404:
                 raise
@@ -190,9 +188,7 @@ class DeviceInfoPublisher:
                 deviceinfo.DESCRIPTION_KEY: DESCRIPTION,
             }
             try:
-                found = await api.call(
-                    "get", "configmaps", api.client.get(ConfigMap, name, namespace=deviceinfo.NAMESPACE)
-                )
+                found = await _get_map(api, name)
             except ApiError as exc:
                 if exc.status.code != 404:
                     raise
@@ -235,3 +231,9 @@ class DeviceInfoPublisher:
             raise
         log.info("Created ConfigMap %s/%s for Volcano", deviceinfo.NAMESPACE, name)
         return True
+
+
+async def _get_map(api: KubeApi, name: str) -> ConfigMap:
+    return await api.call(
+        "get", "configmaps", api.client.get(ConfigMap, name, namespace=deviceinfo.NAMESPACE)
+    )

@@ -235,19 +235,13 @@ def slice_device(chip: Chip, node: NodeChips, taints: DeviceTaints) -> dict[str,
     if node.driver_version is not None:
         attributes["driverVersion"] = {"version": node.driver_version}
     attributes.update(training_attributes(chip))
-    device: dict[str, Any] = {"name": device_name(chip), "attributes": attributes}
     capacity: dict[str, dict[str, str]] = {}
     if chip.hbm_mb:
         capacity["memory"] = {"value": _quantity(chip.hbm_mb)}
     cores = _AI_CORES.get(chip.model)
     if cores is not None:
         capacity["aiCores"] = {"value": str(cores)}
-    if capacity:
-        device["capacity"] = capacity
-    chip_taints = taints.for_chip(chip)
-    if chip_taints:
-        device["taints"] = chip_taints
-    return device
+    return _device(chip, attributes, capacity, taints)
 
 
 def training_attributes(chip: Chip) -> dict[str, dict[str, Any]]:
@@ -289,17 +283,24 @@ def _vnpu_device(part: Chip, taints: DeviceTaints) -> dict[str, Any]:
     if part.numa_node is not None:
         attributes["numaNode"] = {"int": part.numa_node}
     attributes.update(training_attributes(part))
-    device: dict[str, Any] = {"name": device_name(part), "attributes": attributes}
     capacity: dict[str, dict[str, str]] = {}
     if part.vnpu.aicore is not None:
         capacity["aiCores"] = {"value": str(part.vnpu.aicore)}
     if part.vnpu.memory_gb is not None:
         capacity["memory"] = {"value": f"{part.vnpu.memory_gb}Gi"}
+    return _device(part, attributes, capacity, taints)
+
+
+def _device(
+    chip: Chip, attributes: dict[str, Any], capacity: dict[str, dict[str, str]], taints: DeviceTaints
+) -> dict[str, Any]:
+    """A device of the slice: its name, attributes, capacity and taints (the last two left out when none)."""
+    device: dict[str, Any] = {"name": device_name(chip), "attributes": attributes}
     if capacity:
         device["capacity"] = capacity
-    part_taints = taints.for_chip(part)
-    if part_taints:
-        device["taints"] = part_taints
+    chip_taints = taints.for_chip(chip)
+    if chip_taints:
+        device["taints"] = chip_taints
     return device
 
 
