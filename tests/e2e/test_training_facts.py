@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.test_volcano_allocate import NODE, _allocate, _annotations, _pod
 from tests.support import CONSTRUCTED, FIXTURES, volcano_types
-from tests.support.agent_process import fake_agent
+from tests.support.agent_process import AgentProcess, fake_agent
 from tests.support.apiserver import ApiServer
 from tests.support.cli import run_cli
 from tests.support.hccl import gather, hccl_json
@@ -188,5 +188,61 @@ def test_fake_a3_node_publishes_ips_and_super_pod_through_volcano(
         )
         cache = volcano_types.node_device_info_cache(configmap["data"]["DeviceInfoCfg"])
         assert (cache["SuperPodID"], cache["ServerIndex"]) == (0, 0)
+    finally:
+        agent.close()
+
+
+def _with_chip_3(info: str, health: str) -> str:
+    lines = info.splitlines(keepends=True)
+    row = next(i for i, line in enumerate(lines) if line.startswith("| 3 "))
+    lines[row] = lines[row].replace("| OK            |", f"| {health:<13} |")
+    return "".join(lines)
+
+
+def test_an_address_that_changes_under_a_running_pod_is_an_event_not_a_rewrite(
+    kubelet: KubeletStandin, apiserver: ApiServer, host: HostTree, npu_smi: FakeNpuSmi, tool: FakeHccnTool
+) -> None:
+    """Chip 3 goes away and comes back with another device IP (a reset, say) while a pod Volcano placed holds
+    it: a Warning Event names both addresses; the pod's configuration, written at Allocate, stays."""
+    host.add_chips(range(8))
+    info = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
+    npu_smi.set_output("info", info)
+    for chip, text in EIGHT.items():
+        tool.set_output(f"-i {chip} -ip -g", text)
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    agent = AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--hccn-tool", str(tool.path), "--npu-smi-timeout", "2", "--health-interval", "1",
+         "--metrics-address", "", "--kubelet-dir", str(kubelet.directory), "--volcano",
+         "--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE],
+    )  # fmt: skip
+    try:
+        kubelet.wait_update(lambda u: len(u.devices) == 8, what="the device list")
+        apiserver.put("pods", _pod("train-0", "Ascend910-3,Ascend910-5", "1700000000000"))
+        _allocate(kubelet, ["Ascend910-0", "Ascend910-1"])
+        written = apiserver.wait_for(
+            lambda: _annotations(apiserver, "train-0"), lambda a: bool(a.get(CONFIGURATION))
+        )[CONFIGURATION]
+        assert [d["device_ip"] for d in json.loads(written)["devices"]] == ["10.10.0.13", "10.10.0.15"]
+
+        npu_smi.set_output("info", _with_chip_3(info, "Alarm"))
+        kubelet.wait_update(lambda u: u.health().get("Ascend910-3") == "Unhealthy", what="chip 3 Unhealthy")
+        tool.set_output("-i 3 -ip -g", "ipaddr:10.10.0.99\nnetmask:255.255.255.0\n")
+        npu_smi.set_output("info", info)
+        events = apiserver.wait_for(
+            lambda: [e for e in apiserver.list("events", "default") if e["reason"] == "NPUAddressChanged"],
+            bool,
+            timeout=20,
+        )
+        assert [(e["type"], e["message"]) for e in events] == [
+            (
+                "Warning",
+                "Ascend910-3 device IP changed from 10.10.0.13 to 10.10.0.99: pods placed on it before keep "
+                "the old address in their configuration and rank tables",
+            )
+        ]
+        assert _annotations(apiserver, "train-0")[CONFIGURATION] == written
+        patches = [s for s in apiserver.seen() if s.resource == "pods" and s.verb == "patch"]
+        assert len(patches) == 1, "the pod is patched once, at Allocate"
     finally:
         agent.close()

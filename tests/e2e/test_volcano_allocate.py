@@ -113,7 +113,7 @@ def _allocate(kubelet: KubeletStandin, ids: list[str], timeout: float = 10) -> A
 
 
 def _create(apiserver: ApiServer, pod: dict[str, Any]) -> None:
-    """Create ``pod`` through the API, as Kubernetes would (``put`` stores it unseen by watches)."""
+    """Create ``pod`` by a POST to the API, as a client of Kubernetes does."""
     request = urllib.request.Request(
         f"{apiserver.url}/api/v1/namespaces/{pod['metadata']['namespace']}/pods",
         json.dumps(pod).encode(),
