@@ -167,6 +167,7 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         from ascend_agent.kubelet.dra import DraDriver
 
         driver = DraDriver.open(settings, side)
+        holdings.claimed = driver.service.held_device_ids
     resets = HotReset(
         settings,
         resetter=lambda: agent.backend,

@@ -6,6 +6,9 @@ not shown yet (the vNPU layout must not destroy it)::
     holdings.allocated("huawei.com/Ascend910", ["Ascend910-3"])     # the device plugin's on_allocated
     holdings.by_chip()          # Holders by the devices really handed over (the metrics' pod labels)
     holdings.held_devices()     # frozenset of device IDs held now; None while PodResources does not answer
+
+As a DRA driver, ``claimed`` gives the device IDs its prepared claims hold (PodResources names claims' devices
+by their DRA names, and lists a pod only once it runs).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Holdings:
         self.pods = pods
         self.follow_mounted = follow_mounted
         self.handed_out = HandedOut()
+        self.claimed: Callable[[], frozenset[str]] | None = None
         pods.on_answer = self._observe
 
     def allocated(self, resource: str, device_ids: Sequence[str]) -> None:
@@ -39,12 +43,13 @@ class Holdings:
         return self.follow_mounted(holders) if self.follow_mounted is not None else holders
 
     def held_devices(self) -> frozenset[str] | None:
-        """The device IDs pods hold, as PodResources last said, and what Allocate handed over that it has
-        not shown freed yet; None while PodResources does not answer."""
+        """The device IDs pods hold, as PodResources last said, what Allocate handed over that it has not
+        shown freed yet, and what prepared claims hold; None while PodResources does not answer."""
         if self.pods.error is not None:
             return None
         listed = frozenset(device_id for _, device_id in self.by_chip().by_device)
-        return listed | self.handed_out.device_ids()
+        claimed = self.claimed() if self.claimed is not None else frozenset()
+        return listed | self.handed_out.device_ids() | claimed
 
     def _observe(self, holders: Holders, asked_at: float) -> None:
         self.handed_out.observe(self.by_chip(holders).by_device.keys(), asked_at)

@@ -25,6 +25,8 @@ from ascend_agent.kubelet.dra.claims import Prepared, PreparedClaim, UnusableChe
 from ascend_agent.kubelet.dra.claimstatus import ClaimStatuses
 from ascend_agent.kubelet.dra.paths import DraPaths
 from ascend_agent.kubelet.dra.service import DraService
+from ascend_agent.kubelet.holders import Holdings
+from ascend_agent.kubelet.podresources import PodHolders
 from ascend_agent.model import Chip, ContainerBase, ContainerSpec, Health, Inventory, VNpu
 from tests.support.apiserver import ApiServer
 
@@ -104,6 +106,51 @@ async def test_an_exclusive_claim_is_still_refused_beside_another_exclusive_one(
     answers = await service.prepare([monitor, first, second])
     assert isinstance(answers[monitor.uid], PreparedClaim) and isinstance(answers[first.uid], PreparedClaim)
     assert "npu-2 is in use: ResourceClaim default/first" in str(answers[second.uid])
+    await api.close()
+
+
+async def test_what_prepared_claims_hold_is_held_for_the_hot_reset_and_the_vnpu_layout(
+    short_dir: Path, apiserver: ApiServer
+) -> None:
+    """A claim holds its devices from its prepare: the hot reset and the vNPU layout read them through
+    ``Holdings.held_devices`` (PodResources names a claim's devices by their DRA names, once its pod runs)."""
+    api = _api(apiserver)
+    service = _service(short_dir, api)
+    train = _claim(apiserver, "train", ["npu-1", "npu-3-vnpu-130"])
+    monitor = _claim(apiserver, "monitor", ["npu-2"], admin=True)
+    assert service.held_device_ids() == frozenset()
+    answers = await service.prepare([train, monitor])
+    assert all(isinstance(answer, PreparedClaim) for answer in answers.values()), answers
+    held = {CHIPS[1].device_id, VNPU.device_id, CHIPS[2].device_id}
+    assert service.held_device_ids() == held
+
+    pods = PodHolders(short_dir / "no-kubelet.sock", 5.0)
+    holdings = Holdings(pods)
+    holdings.claimed = service.held_device_ids
+    assert holdings.held_devices() == held
+    assert await service.unprepare([train, monitor]) == {train.uid: "", monitor.uid: ""}
+    assert holdings.held_devices() == frozenset()
+    await api.close()
+
+
+async def test_an_admin_claim_on_a_split_chip_gets_the_chips_own_health(
+    short_dir: Path, apiserver: ApiServer
+) -> None:
+    """One vNPU's own fault (its device node gone) is not the whole chip's an admin claim watches."""
+    api = _api(apiserver)
+    prepared, _ = Prepared.open(short_dir / "checkpoint.json", short_dir / "cdi", DRIVER, "boot-1")
+    service = DraService(DRIVER, "node-1", prepared, ClaimReader(lambda: api, DRIVER, "node-1"))
+    chip = Chip.make(1, "310P3")
+    healthy = chip.slice(VNpu(116, "vir02"))
+    gone = chip.slice(VNpu(117, "vir02")).with_health(
+        Health.UNHEALTHY, "device node /dev/vdavinci117 is missing"
+    )
+    service.publish([healthy, gone], lambda chips: container_spec(chips, ContainerBase()), wholes=[chip])
+    monitor = _claim(apiserver, "monitor", ["npu-1-vnpu-117"], admin=True)
+    answer = (await service.prepare([monitor]))[monitor.uid]
+    assert isinstance(answer, PreparedClaim), answer
+    # what its status is written from: the chip as npu-smi reports it, Healthy
+    assert service._devices_of(answer) == {"npu-1-vnpu-117": chip}
     await api.close()
 
 

@@ -13,12 +13,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ascend_agent._proto import v1 as health_v1
+from ascend_agent.container import container_spec
 from ascend_agent.kubelet.dra.carving import Made, MadeVnpus
 from ascend_agent.kubelet.dra.claimread import ClaimReader, ClaimRef
+from ascend_agent.kubelet.dra.claims import Prepared
 from ascend_agent.kubelet.dra.devices import DeviceTaints, chip_of, overlap, pool_slices
 from ascend_agent.kubelet.dra.npuconfig import API_VERSION, KIND, NpuConfig, NpuConfigError, npu_config
 from ascend_agent.kubelet.dra.partitions import chip_offer, template_device_name, template_device_of
-from ascend_agent.model import Carvable, Chip, Inventory, Template
+from ascend_agent.kubelet.dra.service import DraService
+from ascend_agent.model import Carvable, Chip, ContainerBase, Health, Inventory, Template
 from ascend_agent.vnpu_layout import DYNAMIC, is_dynamic, parse_layout
 from backends.npusmi_vnpu import parse_info_vnpu, parse_template_info
 from tests.support.vnpu_node import INFO_VNPU_TWO, TEMPLATE_INFO
@@ -271,3 +275,19 @@ def test_what_a_chip_offers_never_adds_up_to_more_than_it_has(
             assert count * need <= counters[counter]
     offered = {t.name for t, _, _ in offer.templates}
     assert len(offered) + len(offer.left_out) == len(templates)
+
+
+async def test_a_template_device_is_in_the_health_stream_with_its_chips_health(tmp_path: Path) -> None:
+    prepared, _ = Prepared.open(tmp_path / "checkpoint.json", tmp_path / "cdi", "npu.huawei.com", "boot-1")
+    service = DraService("npu.huawei.com", "node-1", prepared, None)
+    chip = Chip.make(1, "310P3", npu_id=1).with_health(Health.UNHEALTHY, "Alarm")
+    offer = chip_offer(Carvable(1, TEMPLATES_310P, TOTALS_310P))
+    service.publish([chip], lambda chips: container_spec(chips, ContainerBase()), offers={1: offer})
+    updates = service.health_updates(health_v1)
+    first = await updates.__anext__()
+    await updates.aclose()
+    health = {d.device.device_name: (d.health, d.message) for d in first.devices}
+    names = {template_device_name(1, t.name, i) for t, _, count in offer.templates for i in range(count)}
+    assert "npu-1-vir04-0" in names and names | {"npu-1"} == set(health)
+    assert {health[name] for name in names} == {health["npu-1"]}
+    assert health["npu-1"][0] == health_v1.HealthStatus.UNHEALTHY

@@ -152,6 +152,7 @@ class DraDriver:
             lambda chips: container_spec(chips, base),
             offers={phys: offer for phys, offer in offers.items() if offer.counters},
             container=base,
+            wholes=inventory.chips,
         )
         self.service.carving.carver = carver if isinstance(carver, VnpuCarver) else None
         if self.service.carving.carver is not None:

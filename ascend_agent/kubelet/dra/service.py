@@ -45,9 +45,10 @@ from ascend_agent.kubelet.dra.claims import (
 from ascend_agent.kubelet.dra.claimstatus import ClaimStatuses
 from ascend_agent.kubelet.dra.devices import chip_of, device_name, overlap
 from ascend_agent.kubelet.dra.npuconfig import NpuConfigError, npu_config, runtime_base
-from ascend_agent.kubelet.dra.partitions import ChipOffer, template_device_of
+from ascend_agent.kubelet.dra.partitions import ChipOffer, template_device_name, template_device_of
 from ascend_agent.kubelet.dra.serialize import CallLock, CallLockError
 from ascend_agent.model import Chip, ContainerBase, ContainerSpec, VNpu
+from ascend_agent.naming import dra_device_name
 from ascend_agent.observability import log_fields
 
 log = logging.getLogger(__name__)
@@ -96,22 +97,33 @@ class DraService:
         spec_for: SpecFor,
         offers: Mapping[int, ChipOffer] | None = None,
         container: ContainerBase | None = None,
+        wholes: Iterable[Chip] | None = None,
     ) -> None:
         """The node's devices now (whole chips and vNPUs) and what a container that gets some of them needs;
-        the dynamic chips' offers by physical id, and the node's container base (for a claim's NpuConfig
-        runtime). Never blocks."""
+        the dynamic chips' offers by physical id, the node's container base (for a claim's NpuConfig
+        runtime), and every chip whole, also one split into vNPUs (what a device with admin access gets; by
+        default each chip of ``chips``, a vNPU's made whole). Never blocks."""
         chips_before = self._chips
         self._chips = {device_name(chip): chip for chip in chips}
-        # Every chip whole, also one split into vNPUs: what a device with admin access gets.
-        self._whole = {
-            device_name(whole): whole for whole in (replace(chip, vnpu=None) for chip in self._chips.values())
-        }
+        if wholes is None:
+            wholes = (replace(chip, vnpu=None) for chip in self._chips.values())
+        self._whole = {device_name(whole): whole for whole in wholes}
         self._spec_for = spec_for
         self._offers = dict(offers or {})
         self._container = container
+        # A template device of a dynamic chip has its chip's health.
+        devices = list(self._chips.items())
+        for phys_id, offer in sorted(self._offers.items()):
+            chip = self._chips.get(dra_device_name(phys_id))
+            if chip is not None:
+                devices.extend(
+                    (template_device_name(phys_id, template.name, index), chip)
+                    for template, _, count in offer.templates
+                    for index in range(count)
+                )
         health = tuple(
             (name, chip.healthy and not chip.held, _health_message(chip))
-            for name, chip in sorted(self._chips.items(), key=lambda item: device_order(item[1]))
+            for name, chip in sorted(devices, key=lambda item: device_order(item[1]))
         )
         if self.statuses is not None and self._chips != chips_before:
             for claim in self.prepared:
@@ -189,6 +201,21 @@ class DraService:
     def _devices_of(self, claim: PreparedClaim) -> dict[str, Chip | None]:
         """The chip (or vNPU) each device of a prepared claim is now; None for one no longer here."""
         return {d.device_name: self._device_now(d) for d in claim.devices}
+
+    def held_device_ids(self) -> frozenset[str]:
+        """The device IDs of every chip and vNPU a prepared claim holds, a carved vNPU's chip with it: what
+        the hot reset and the vNPU layout must leave alone (a claim is held from its prepare, before
+        PodResources lists its pod)."""
+        ids: set[str] = set()
+        for claim in self.prepared:
+            for device in claim.devices:
+                chip = self._device_now(device)
+                if chip is None:
+                    continue
+                ids.add(chip.device_id)
+                if device.vnpu_id is not None:
+                    ids.add(chip.chip_device_id)
+        return frozenset(ids)
 
     def _device_now(self, device: PreparedDevice) -> Chip | None:
         if device.admin_access:
