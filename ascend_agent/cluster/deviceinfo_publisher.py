@@ -75,7 +75,12 @@ class DeviceInfoPublisher:
 
     def observe(self, inventory: Inventory) -> None:
         now_ms = int(self._clock() * 1000)
-        out = {chip.device_id for chip in inventory.chips if not chip.healthy or chip.fault_class is not None}
+        # Every device the lists name: a vNPU carries its chip's codes and class.
+        out = {
+            chip.device_id
+            for chip in (*inventory.chips, *inventory.advertised)
+            if not chip.healthy or chip.fault_class is not None
+        }
         self._since = {device: self._since.get(device, now_ms) for device in out}
         self._lists = deviceinfo.device_lists(inventory, self._since, now_ms, self._separation.ids)
         self._annotation = deviceinfo.base_device_infos(inventory) if inventory.chips else None

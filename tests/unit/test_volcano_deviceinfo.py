@@ -19,6 +19,8 @@ from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.deviceinfo_publisher import DeviceInfoPublisher
+from ascend_agent.faultclass import FaultClass
+from ascend_agent.health.pipeline import follow_chips
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Chip, Fault, Health, Inventory, VNpu
 from tests.support import ROOT, volcano_types
@@ -240,3 +242,35 @@ async def test_an_unchanged_inventory_is_not_written_again(apiserver: ApiServer)
         s.verb for s in apiserver.seen() if s.resource == "configmaps" and s.verb in ("create", "update")
     ]
     assert writes == ["create", "update"], "created at the first write, updated at the change only"
+
+
+async def test_a_split_chip_with_a_fault_class_keeps_its_fault_time(apiserver: ApiServer) -> None:
+    """A vNPU carries its chip's codes and class: its ``fault_time`` is when it was first seen so, not now."""
+    separation, clock = ManualSeparation(), _Clock()
+    whole = Chip.make(0, "910B3")
+    chip = Chip.make(5, "910B3", fault_class=FaultClass.SUB_HEALTH)
+    chip = replace(chip, faults=(Fault("80E18005", fault_class=FaultClass.SUB_HEALTH),))
+    parts = follow_chips((chip,), (chip.slice(VNpu(100, "vir05_1c_16g")),))
+    async with _publishing(apiserver, separation, clock) as (publisher, _):
+        publisher.observe(Inventory(chips=(whole, chip), vnpus=parts))
+        await _wait(apiserver, lambda: _configmap(apiserver), lambda cm: cm is not None)
+        clock.now += 5
+        publisher.observe(Inventory(chips=(whole, chip), vnpus=parts))
+        publisher.observe(Inventory(chips=(whole.with_health(Health.UNHEALTHY, "x"), chip), vnpus=parts))
+        found = await _wait(
+            apiserver,
+            lambda: _configmap(apiserver),
+            lambda cm: (
+                "Ascend910-0"
+                in json.loads(cm["data"]["DeviceInfoCfg"])["DeviceInfo"]["DeviceList"][f"{T}-Unhealthy"]
+            ),
+        )
+    lists = json.loads(found["data"]["DeviceInfoCfg"])["DeviceInfo"]["DeviceList"]
+    times = {
+        entry["npu_name"]: [code["fault_time"] for code in entry["fault_time_and_level_map"].values()]
+        for key, value in lists.items()
+        if key.endswith("-Fault")
+        for entry in json.loads(value)
+    }
+    first_ms = int((clock.now - 5) * 1000)
+    assert times[parts[0].device_id] == [first_ms], "the vNPU's fault time is when it was first seen so"
