@@ -118,8 +118,11 @@ def test_the_taint_effects_are_configurable() -> None:
     ]
     gone = Chip.make(2, "910B3").with_health(Health.UNHEALTHY, "gone")
     assert taints.for_chip(gone)[0]["effect"] == "NoSchedule", "no class: --dra-taint-effect"
+    # The flap hold keeps a chip out after it goes quiet; while its own fault is still there, its class rules.
     held = replace(separate, held=True)
-    assert DeviceTaints("npu.huawei.com", "NoSchedule").for_chip(held)[0]["effect"] == "NoSchedule"
+    assert DeviceTaints("npu.huawei.com", "NoSchedule").for_chip(held)[0]["effect"] == "NoExecute"
+    quiet = replace(Chip.make(3, "910B3"), held=True).with_health(Health.UNHEALTHY, "held")
+    assert DeviceTaints("npu.huawei.com", "NoSchedule").for_chip(quiet)[0]["effect"] == "NoSchedule"
 
 
 async def _wait(apiserver: ApiServer, read: Callable[[], Any], ready: Callable[[Any], bool]) -> Any:

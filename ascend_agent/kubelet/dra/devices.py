@@ -115,7 +115,8 @@ LINK_DOWN = "link-down"  # the network taint's value
 class DeviceTaints:
     """How a chip is tainted: the driver's key, the effect by its fault class (:data:`FAULT_TAINTS` with
     ``fault_effects`` over them, ``draFaultTaints``), and ``effect`` (``--dra-taint-effect``) for a chip
-    Unhealthy or held for no fault class (a device node gone, the flap hold, the admin's separation). A
+    Unhealthy or held for no fault class (a device node gone, the flap hold of a chip gone quiet, the
+    admin's separation); a held chip whose own fault is still there keeps its class's effect. A
     chip whose health is unknown while npu-smi is down is only ``NoSchedule``: a tool's outage never evicts.
     A chip whose RoCE link is down (``network_fault``) gets ``<driver>/network-unhealthy`` as well,
     ``NoSchedule`` only: it still serves claims that tolerate it (a single-chip job); a vNPU never (it has
@@ -153,7 +154,7 @@ class DeviceTaints:
             reason = chip.fault_class.huawei if chip.fault_class is not None else "unhealthy"
             return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": by_class}]
         reason = "held" if chip.held else (chip.reason or "unhealthy")
-        own = chip.fault_class is not None and chip.fault_class.unhealthy and not chip.held
+        own = chip.fault_class is not None and chip.fault_class.unhealthy
         effect = by_class if own and by_class != "None" else self.effect
         return [{"key": taint_key(self.driver), "value": taint_value(reason), "effect": effect}]
 
