@@ -384,7 +384,24 @@ class Holders:
         ['a/p/c (claim train)']
         """
         name = naming.dra_device_name(chip.phys_id, chip.vnpu.vnpu_id if chip.vnpu is not None else None)
-        return self.by_claimed.get((driver, name), ())
+        return self.claimed_on(driver, name)
+
+    def claimed_on(self, driver: str, name: str) -> tuple[Holder, ...]:
+        """The containers holding the DRA device ``name`` through a claim of ``driver``, a chip's with those
+        holding a template device carved from it at prepare (``npu-1-vir04-0`` is part of ``npu-1``; a vNPU
+        of a static layout, ``npu-1-vnpu-130``, is a device of its own), sorted.
+
+        >>> holders = Holders(by_claimed={("d", "npu-1-vir04-0"): (Holder("a", "p", "c", "infer"),)})
+        >>> [str(h) for h in holders.claimed_on("d", "npu-1")], holders.claimed_on("d", "npu-10")
+        (['a/p/c (claim infer)'], ())
+        """
+        found = {
+            holder
+            for (claim_driver, device), held in self.by_claimed.items()
+            if claim_driver == driver and (device == name or device.startswith(f"{name}-vir"))
+            for holder in held
+        }
+        return tuple(sorted(found))
 
     def of(self, chip: Chip, replicas: int) -> tuple[Holder, ...]:
         """The containers holding ``chip`` (through any of its replicas), sorted."""

@@ -28,12 +28,19 @@ async def holders_check(settings: Settings, failing: list[tuple[str, str]]) -> C
         holders, problem = await on_mounted_chips(settings, holders, API_TIMEOUT)
         if problem:
             return Check(name, None, f"skipped: {problem}")
-    # As a DRA driver, (driver, device name) of the claims' devices; else (resource, device ID).
-    by = holders.by_claimed if settings.kubelet_api == DRA_API else holders.by_device
-    held = [
-        f"{device} held by {', '.join(map(str, by[(resource, device)]))}"
+    # As a DRA driver, (driver, device name) of the claims' devices, parts carved from a chip with it; else
+    # (resource, device ID).
+    dra = settings.kubelet_api == DRA_API
+    found = {
+        (resource, device): holders.claimed_on(resource, device)
+        if dra
+        else holders.by_device.get((resource, device), ())
         for resource, device in failing
-        if by.get((resource, device))
+    }
+    held = [
+        f"{device} held by {', '.join(map(str, found[(resource, device)]))}"
+        for resource, device in failing
+        if found[(resource, device)]
     ]
     if not held:
         return Check(name, True, f"none: no pod holds {', '.join(device for _, device in failing)}")

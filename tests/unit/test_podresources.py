@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ascend_agent.config import Settings
+from ascend_agent.doctor.holders import holders_check
 from ascend_agent.kubelet.podresources import PodHolders, PodResourcesError, list_holders
 from ascend_agent.model import Chip, Holder, VNpu
 from tests.support.podresources import PodResourcesStandin
@@ -71,3 +73,18 @@ async def test_dra_claims_name_their_holders_by_driver_and_device(podresources: 
     vnpu = Chip.make(3, "310P3").slice(VNpu(130, "vir02"))
     assert holders.of_claimed(driver, vnpu) == (Holder("team-b", "infer", "server", "small"),)
     assert holders.of_claimed(driver, Chip.make(3, "310P3")) == (), "a vNPU's holder does not hold its chip"
+    podresources.claim(driver, "node-1", "npu-4-vir04-0", "team-c", "carved", "main", "vir04")
+    carved = await list_holders(podresources.path)
+    assert carved.of_claimed(driver, Chip.make(4, "310P3")) == (
+        Holder("team-c", "carved", "main", "vir04"),
+    ), "a template device carved from a dynamic chip at prepare is held on that chip"
+
+
+async def test_the_doctor_names_a_pod_on_a_template_device_of_a_failing_chip(
+    podresources: PodResourcesStandin,
+) -> None:
+    driver = "npu.huawei.com"
+    podresources.claim(driver, "node-1", "npu-1-vir04-0", "team-a", "infer", "main", "small")
+    settings = Settings(kubelet_api="dra", pod_resources_socket=podresources.path)
+    check = await holders_check(settings, [(driver, "npu-1")])
+    assert (check.ok, check.detail) == (False, "npu-1 held by team-a/infer/main (claim small)")
