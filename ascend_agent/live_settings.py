@@ -98,8 +98,12 @@ class SettingsChange:
             )
         if dynamic_entries(self.loaded.vnpu) != dynamic_entries(self.running.vnpu):
             log.warning(
-                "vnpu: which chips are dynamic changes when the backend starts again (the next start)"
+                "vnpu: which chips are dynamic changes when a backend starts: at the next start, or now "
+                "where this reload starts one (%s)",
+                "it does" if self.new_backend else "it does not",
             )
+        if self.loaded.hot_reset != "off" and self.running.hot_reset == "off":
+            log.warning("hotReset turned on: the node annotation ResetInfo is written from the next start")
         if self.loaded.effective_plugin_dir != self.running.effective_plugin_dir:
             log.warning(
                 "pluginDir changed: the instance lock stays in %s until the agent restarts",
