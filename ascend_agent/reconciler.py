@@ -26,7 +26,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ascend_agent import cdi
-from ascend_agent.backends import Backend, backend_for
+from ascend_agent.backends import Backend, Successor, backend_for
 from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, ConfigError, Settings, SettingsSource
 from ascend_agent.health.grading import FaultGrading
@@ -336,6 +336,8 @@ class Agent:
             except ConfigError as exc:
                 log.error("Config not applied, keeping the running settings: %s", exc)
                 return
+            if isinstance(backend, Successor):
+                backend.take_over(self.backend)
             await self.backend.close()
             self.backend = backend
             await backend.query()

@@ -69,6 +69,14 @@ class VnpuLayoutBackend(Protocol):
         ``vnpu_layout.LayoutRefused`` when the layout names a chip id the node does not have."""
 
 
+@runtime_checkable
+class Successor(Protocol):
+    """A backend that goes on from what the one it replaces at a config reload learnt over time."""
+
+    def take_over(self, previous: Backend) -> None:
+        """Keep what ``previous`` saw that a first query cannot see again (devfs: a link's outage so far)."""
+
+
 class BackendFactory(Protocol):
     def __call__(self, settings: Settings) -> Backend: ...
 

@@ -567,6 +567,11 @@ class DevfsBackend:
         """A host absolute path as the agent sees it, under ``--host-root``."""
         return self._settings.host_root / path.lstrip("/")
 
+    def take_over(self, previous: object) -> None:
+        """A reload's new backend: each link's outage goes on, so that the debounce is not started again."""
+        if isinstance(previous, DevfsBackend):
+            self._network.take_over(previous._network)
+
     async def close(self) -> None:
         return None
 

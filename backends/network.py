@@ -21,7 +21,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import anyio
 
@@ -124,6 +124,14 @@ class NetworkProbe:
         self._chips: dict[int, _Chip] = {}
         self._problems: dict[tuple[int, str], ProblemLog] = {}
         self._missing = ProblemLog()
+
+    def take_over(self, previous: NetworkProbe) -> None:
+        """Go on from what ``previous`` (a reload's old backend) saw: each chip's outage so far, with this
+        probe's debounce."""
+        self._chips = {
+            phys_id: replace(chip, outage=replace(chip.outage, debounce=self._settings.link_down_debounce))
+            for phys_id, chip in previous._chips.items()
+        }
 
     def fault(self, phys_id: int) -> str:
         """Why the chip is network-unhealthy; empty while it is not (or its network is not read)."""

@@ -6,6 +6,7 @@ test's: the 20 s debounce passes without waiting."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,33 @@ async def test_the_devfs_backend_reads_the_network_of_chips_with_an_address_unle
     assert read == ([0, 1, 2, 3, 4, 6, 7] if network_health else [])
     assert [c.phys_id for c in chips if c.network_fault] == ([3] if network_health else [])
     assert all(c.healthy for c in chips)
+
+
+async def test_a_reloads_new_backend_goes_on_from_each_links_outage(
+    tool: FakeHccnTool, short_dir: Path
+) -> None:
+    """A reload that starts a new backend keeps each link's outage: a chip network-unhealthy stays so, and a
+    link DOWN for part of the debounce counts the rest against the new debounce."""
+    host = HostTree(short_dir / "host").add_driver().add_management().add_chips(range(8))
+    npu_smi = FakeNpuSmi(short_dir / "npu-smi")
+    npu_smi.set_output("info", (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text())
+    for chip, text in per_chip("hccn_tool-ip-g_fixture-8dev.txt").items():
+        tool.set_output(f"-i {chip} -ip -g", text)
+    tool.set_output("-i 3 -link -g", DOWN)
+    tool.set_output("-i 4 -link -g", DOWN)
+    settings = Settings(
+        backend="devfs", host_root=host.root, npu_smi=str(npu_smi.path), hccn_tool=str(tool.path),
+        link_down_debounce=0,
+    )  # fmt: skip
+    old = DevfsBackend(settings)
+    await old.query()
+    assert [c.phys_id for c in (await old.discover()).chips if c.network_fault] == [3, 4]
+
+    new = DevfsBackend(replace(settings, link_down_debounce=3600, npu_smi_timeout=3))
+    new.take_over(old)
+    await old.close()
+    tool.set_output("-i 4 -link -g", DOC["-i 0 -link -g"])
+    await new.query()
+    faults = {c.phys_id: c.network_fault for c in (await new.discover()).chips if c.network_fault}
+    assert faults == {3: "RoCE link DOWN for 3600 s or more (hccn_tool -link -g)"}, "3 stays, 4 is up again"
+    await new.close()
