@@ -21,15 +21,16 @@ _LIST_API_TIMEOUT = 5.0
 
 
 def _agent_fields(device: str, agent: AgentView | str) -> dict[str, Any]:
-    """What the running agent says of a chip: its health as the kubelet sees it, its hold and why it is
-    network-unhealthy; ``held`` and ``network_fault`` are None when no agent could be asked (this process
-    cannot know either)."""
+    """What the running agent says of a chip: its health as the kubelet sees it, its fault class by its own
+    table (the fault-config map's, with escalations), its hold and why it is network-unhealthy; ``held`` and
+    ``network_fault`` are None when no agent could be asked (this process cannot know either)."""
     state = None if isinstance(agent, str) else agent.chips.get(device)
     if state is None:
         return {"held": None, "held_why": "", "held_until": None, "network_fault": None}
     return {
         "health": state.health,
         "reason": state.reason,
+        "fault_class": state.fault_class,
         "held": state.held,
         "held_why": state.held_why,
         "held_until": state.held_until,

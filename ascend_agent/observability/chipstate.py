@@ -46,6 +46,7 @@ def chip_states(
                 "held_why": hold_reason if chip.held else "",
                 "held_until": None if seconds is None else _utc(now + seconds),
                 "network_fault": chip.network_fault,
+                "fault_class": chip.fault_class.huawei if chip.fault_class is not None else None,
             }
         )
     return {"npu_smi": {"down": bool(inventory.outage), "reason": inventory.outage}, "chips": chips}
@@ -64,6 +65,8 @@ class ChipState:
     held_why: str
     held_until: str | None
     network_fault: str = ""  # why the chip is network-unhealthy; empty while it is not
+    # its fault class by the running agent's table (mindx-dl-fault-config, escalations); None: no code
+    fault_class: str | None = None
 
     def hold_text(self) -> str:
         """``held until 2026-12-04T19:50:00Z: <why>``; empty when not held."""
@@ -148,6 +151,7 @@ def _view(address: str, document: Mapping[str, Any]) -> AgentView:
             held_why=str(row["held_why"]),
             held_until=None if row["held_until"] is None else str(row["held_until"]),
             network_fault=str(row.get("network_fault") or ""),  # an older agent has none
+            fault_class=None if row.get("fault_class") is None else str(row["fault_class"]),
         )
         for row in document["chips"]
     }

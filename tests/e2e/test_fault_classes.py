@@ -15,7 +15,9 @@ from typing import Any
 from tests.support import FIXTURES
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer
+from tests.support.cli import run_cli
 from tests.support.host_tree import HostTree
+from tests.support.http_probe import free_port
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi
 from tests.support.training_fixtures import read
@@ -73,9 +75,10 @@ def test_the_class_decides_health_deviceinfo_and_events_and_the_fault_config_reg
     npu_smi = FakeNpuSmi(short_dir / "npu-smi")
     npu_smi.set_output("info", _b4_with_chip_5("Alarm"))
     npu_smi.set_output("info -t health -i 5 -c 0", ALARM)
+    devfs = ["--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+             "--metrics-address", f"127.0.0.1:{free_port()}"]  # fmt: skip
     agent = AgentProcess(
-        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
-         "--kubelet-dir", str(kubelet.directory), "--health-interval", "1",
+        ["run", *devfs, "--kubelet-dir", str(kubelet.directory), "--health-interval", "1",
          "--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE]
     )  # fmt: skip
     try:
@@ -103,6 +106,10 @@ def test_the_class_decides_health_deviceinfo_and_events_and_the_fault_config_reg
         )
         agent.wait_log(f"Fault table from ConfigMap kube-system/{FAULT_CONFIG}: 3 codes")
         assert _chip_5_fault(apiserver, "SubHealthFault")["fault_level"] == "SubHealthFault"
+        # `list` reads the codes itself, but shows the class the running agent gives them (its map's).
+        listed = json.loads(run_cli("list", *devfs, "--json", timeout=60).stdout)
+        (row,) = [r for r in listed if r["id"] == "Ascend910-5"]
+        assert (row["health"], row["fault_class"]) == ("Healthy", "SubHealthFault")
 
         bad_duration = {
             "FaultDuration": [{"EventId": ["8C03A000"], "FaultTimeout": 700, "FaultHandling": "SeparateNPU"}]
