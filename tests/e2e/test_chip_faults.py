@@ -18,7 +18,7 @@ from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.agent_process import AgentProcess
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
-from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.npusmi_fake import FakeNpuSmi, with_health
 
 A3_OK = (FIXTURES / "Ascend910-A3x16-24.1.rc3.7-info.txt").read_text()
 A3_ALARM = (CONSTRUCTED / "Ascend910-A3x16-24.1.rc3.7-info-alarm.txt").read_text()
@@ -26,13 +26,6 @@ A3_HEALTH = (CONSTRUCTED / "Ascend910-A3-24.1.rc3.7-info-t-health-i-1-c-1-alarm.
 HEALTH_ARGS = "info -t health -i 1 -c 1"
 FAULT_TEXT = "node type=CPU, sensor type=Heartbeat, event state=heartbeat lost"
 B4_OK = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
-
-
-def _b4_with_chip_5(health: str) -> str:
-    lines = B4_OK.splitlines(keepends=True)
-    row = next(i for i, line in enumerate(lines) if line.startswith("| 5 "))
-    lines[row] = lines[row].replace("| OK            |", f"| {health:<13} |")
-    return "".join(lines)
 
 
 @pytest.fixture
@@ -183,12 +176,12 @@ def test_a_flapping_chip_is_held_until_quiet(
 
     try:
         seen = chip_5("Healthy", 0)
-        npu_smi.set_output("info", _b4_with_chip_5("Critical"))
+        npu_smi.set_output("info", with_health(B4_OK, 5, "Critical"))
         seen = chip_5("Unhealthy", seen)
         npu_smi.set_output("info", B4_OK)
         seen = chip_5("Healthy", seen)  # recovered once: back at once
         assert not process.matching("held Unhealthy")
-        npu_smi.set_output("info", _b4_with_chip_5("Critical"))
+        npu_smi.set_output("info", with_health(B4_OK, 5, "Critical"))
         seen = chip_5("Unhealthy", seen)
         process.wait_log("Ascend910-5 is held Unhealthy: it turned Unhealthy 2 times within 60 s")
         npu_smi.set_output("info", B4_OK)

@@ -17,7 +17,7 @@ from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.agent_process import AgentProcess
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
-from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.npusmi_fake import FakeNpuSmi, with_health
 
 B4_INFO = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
 B4_BUS = ["0000:C1:00.0", "0000:C2:00.0", "0000:81:00.0", "0000:82:00.0",
@@ -336,10 +336,7 @@ def test_hanging_npu_smi_fails_after_the_threshold_and_recovers(
 def test_health_from_npu_smi_goes_and_comes_back(
     kubelet: KubeletStandin, devfs_agent: AgentProcess, npu_smi: FakeNpuSmi
 ) -> None:
-    lines = B4_INFO.splitlines(keepends=True)
-    row = next(i for i, line in enumerate(lines) if line.startswith("| 5 "))
-    lines[row] = lines[row].replace("| OK            |", "| Critical      |")
-    npu_smi.set_output("info", "".join(lines))
+    npu_smi.set_output("info", with_health(B4_INFO, 5, "Critical"))
     sick = kubelet.wait_update(lambda u: u.health()["Ascend910-5"] == "Unhealthy")
     assert sum(h == "Healthy" for h in sick.health().values()) == 7
     npu_smi.set_output("info", B4_INFO)

@@ -19,7 +19,7 @@ from tests.support.cli import run_cli
 from tests.support.host_tree import HostTree
 from tests.support.http_probe import free_port
 from tests.support.kubelet_standin import KubeletStandin
-from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.npusmi_fake import FakeNpuSmi, with_health
 from tests.support.training_fixtures import read
 
 NODE = "node-1"
@@ -28,13 +28,6 @@ FAULT_CONFIG = "mindx-dl-fault-config"
 # The sample as npu-smi prints it: the capture's first line is the command that printed it.
 ALARM = read("npu-smi-info-t-health_fixture-alarm.txt").split("\n", 1)[1]
 B4_OK = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
-
-
-def _b4_with_chip_5(health: str) -> str:
-    lines = B4_OK.splitlines(keepends=True)
-    row = next(i for i, line in enumerate(lines) if line.startswith("| 5 "))
-    lines[row] = lines[row].replace("| OK            |", f"| {health:<13} |")
-    return "".join(lines)
 
 
 def _write_map(apiserver: ApiServer, data: dict[str, str], create: bool) -> None:
@@ -73,7 +66,7 @@ def test_the_class_decides_health_deviceinfo_and_events_and_the_fault_config_reg
     apiserver.put("nodes", {"metadata": {"name": NODE}})
     host.add_chips(range(8))
     npu_smi = FakeNpuSmi(short_dir / "npu-smi")
-    npu_smi.set_output("info", _b4_with_chip_5("Alarm"))
+    npu_smi.set_output("info", with_health(B4_OK, 5, "Alarm"))
     npu_smi.set_output("info -t health -i 5 -c 0", ALARM)
     devfs = ["--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
              "--metrics-address", f"127.0.0.1:{free_port()}"]  # fmt: skip

@@ -18,20 +18,13 @@ from tests.support.apiserver import ApiServer
 from tests.support.host_tree import HostTree
 from tests.support.http_probe import free_port
 from tests.support.kubelet_standin import KubeletStandin
-from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.npusmi_fake import FakeNpuSmi, with_health
 from tests.support.podresources import PodResourcesStandin
 from tests.support.training_fixtures import TRAINING
 
 NODE = "node-1"
 B4_OK = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
 ALARM = (TRAINING / "npu-smi-info-t-health_fixture-alarm.txt").read_text()  # 8C03A000: RestartNPU
-
-
-def _sick(table: str) -> str:
-    lines = table.splitlines(keepends=True)
-    row = next(i for i, line in enumerate(lines) if line.startswith("| 5 "))
-    lines[row] = lines[row].replace("| OK            |", "| Alarm         |")
-    return "".join(lines)
 
 
 def _agent(
@@ -64,7 +57,7 @@ def _setup(host: HostTree, npu_smi_dir: Path, apiserver: ApiServer) -> FakeNpuSm
     apiserver.put("nodes", {"metadata": {"name": NODE}})
     host.add_chips(range(8))
     npu_smi = FakeNpuSmi(npu_smi_dir)
-    npu_smi.set_output("info", _sick(B4_OK))
+    npu_smi.set_output("info", with_health(B4_OK, 5, "Alarm"))
     npu_smi.set_output("info -t health -i 5 -c 0", ALARM)
     npu_smi.set_output("info -m", (FIXTURES / "910B4x8-25.0.rc1.1-info-m.txt").read_text())
     return npu_smi

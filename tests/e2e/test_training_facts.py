@@ -21,7 +21,7 @@ from tests.support.hccl import gather, hccl_json
 from tests.support.hccn_fake import FakeHccnTool
 from tests.support.host_tree import HostTree
 from tests.support.kubelet_standin import KubeletStandin
-from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.npusmi_fake import FakeNpuSmi, with_health
 from tests.support.training_fixtures import per_chip
 
 CONFIGURATION = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
@@ -192,13 +192,6 @@ def test_fake_a3_node_publishes_ips_and_super_pod_through_volcano(
         agent.close()
 
 
-def _with_chip_3(info: str, health: str) -> str:
-    lines = info.splitlines(keepends=True)
-    row = next(i for i, line in enumerate(lines) if line.startswith("| 3 "))
-    lines[row] = lines[row].replace("| OK            |", f"| {health:<13} |")
-    return "".join(lines)
-
-
 def test_an_address_that_changes_under_a_running_pod_is_an_event_not_a_rewrite(
     kubelet: KubeletStandin, apiserver: ApiServer, host: HostTree, npu_smi: FakeNpuSmi, tool: FakeHccnTool
 ) -> None:
@@ -225,7 +218,7 @@ def test_an_address_that_changes_under_a_running_pod_is_an_event_not_a_rewrite(
         )[CONFIGURATION]
         assert [d["device_ip"] for d in json.loads(written)["devices"]] == ["10.10.0.13", "10.10.0.15"]
 
-        npu_smi.set_output("info", _with_chip_3(info, "Alarm"))
+        npu_smi.set_output("info", with_health(info, 3, "Alarm"))
         kubelet.wait_update(lambda u: u.health().get("Ascend910-3") == "Unhealthy", what="chip 3 Unhealthy")
         tool.set_output("-i 3 -ip -g", "ipaddr:10.10.0.99\nnetmask:255.255.255.0\n")
         npu_smi.set_output("info", info)

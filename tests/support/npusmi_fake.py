@@ -15,6 +15,18 @@ from tests.support.fake_executable import FakeExecutable
 _SCRIPT = Path(__file__).parent / "fakes" / "npu_smi.py"
 
 
+def with_health(table: str, npu_id: int, health: str) -> str:
+    """``npu-smi info``'s ``table`` with NPU ``npu_id``'s Health column saying ``health`` instead of OK.
+
+    >>> with_health("| 5     910B4               | OK            | 87.2  |", 5, "Alarm")
+    '| 5     910B4               | Alarm         | 87.2  |'
+    """
+    lines = table.splitlines(keepends=True)
+    row = next(i for i, line in enumerate(lines) if line.startswith(f"| {npu_id} "))
+    lines[row] = lines[row].replace("| OK            |", f"| {health:<13} |")
+    return "".join(lines)
+
+
 class FakeNpuSmi(FakeExecutable):
     """``FakeNpuSmi(dir).path`` is an executable; ``set_output`` and ``set_mode`` change what it does next."""
 
