@@ -24,18 +24,11 @@ from ascend_agent.health.faulttable import (
 )
 from ascend_agent.health.grading import FaultGrading
 from ascend_agent.model import Chip, Fault, Health, Inventory
+from tests.support.clock import ManualClock
 from tests.support.training_fixtures import read
 
 ALARM = "npu-smi-info-t-health_fixture-alarm.txt"
 OK = "npu-smi-info-t-health_fixture-ok.txt"
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _chip_from(sample: str) -> Chip:
@@ -147,7 +140,7 @@ _FREQUENCY = {
 
 
 def test_fault_frequency_raises_the_class_and_releases_it() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     table = FaultTable.builtin().replaced(customization=json.dumps(_FREQUENCY))
     grading = FaultGrading(table, clock=clock)
     assert _graded(grading, _chip("A4025021")).fault_class is FaultClass.NOT_HANDLE  # once
@@ -172,7 +165,7 @@ _DURATION = {
 
 
 def test_fault_duration_raises_the_class_until_it_has_recovered() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     table = FaultTable.builtin().replaced(customization=json.dumps(_DURATION))
     grading = FaultGrading(table, clock=clock)
     assert _graded(grading, _chip("81078603")).fault_class is FaultClass.NOT_HANDLE
@@ -187,7 +180,7 @@ def test_fault_duration_raises_the_class_until_it_has_recovered() -> None:
 
 def test_the_shipped_customization_escalates_the_link_down_code() -> None:
     """Huawei's own file: 81078603 (NotHandleFault) lasting 20 s is PreSeparateNPU."""
-    clock = _Clock()
+    clock = ManualClock()
     grading = FaultGrading(FaultTable.builtin(), clock=clock)
     _graded(grading, _chip("81078603"))
     clock.now += 20

@@ -6,21 +6,14 @@ import doctest
 
 from ascend_agent.health import flaphold
 from ascend_agent.health.flaphold import FlapHold, HoldEvent, HoldStep
+from tests.support.clock import ManualClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _hold(clock: Clock, threshold: int = 3, window: float = 600, quiet: float = 600) -> FlapHold:
+def _hold(clock: ManualClock, threshold: int = 3, window: float = 600, quiet: float = 600) -> FlapHold:
     return FlapHold(threshold=threshold, window=window, quiet=quiet, clock=clock)
 
 
-def _flap(hold: FlapHold, clock: Clock, times: int, step: float = 10) -> list[HoldStep]:
+def _flap(hold: FlapHold, clock: ManualClock, times: int, step: float = 10) -> list[HoldStep]:
     steps = []
     for _ in range(times):
         steps.append(hold.observe("a", healthy=False))
@@ -35,13 +28,13 @@ def test_doctests() -> None:
 
 
 def test_a_chip_that_recovers_once_comes_back_at_once() -> None:
-    clock = Clock()
+    clock = ManualClock()
     hold = _hold(clock)
     assert _flap(hold, clock, 2) == [HoldStep(held=False)] * 4
 
 
 def test_the_third_turn_within_the_window_starts_a_hold() -> None:
-    clock = Clock()
+    clock = ManualClock()
     hold = _hold(clock)
     _flap(hold, clock, 2)
     assert hold.observe("a", healthy=False) == HoldStep(held=True, event=HoldEvent.STARTED)
@@ -52,7 +45,7 @@ def test_the_third_turn_within_the_window_starts_a_hold() -> None:
 
 
 def test_the_hold_ends_after_the_quiet_period_healthy() -> None:
-    clock = Clock()
+    clock = ManualClock()
     hold = _hold(clock, quiet=300)
     _flap(hold, clock, 2)
     hold.observe("a", healthy=False)
@@ -71,7 +64,7 @@ def test_the_hold_ends_after_the_quiet_period_healthy() -> None:
 
 
 def test_a_fault_during_the_quiet_period_restarts_it() -> None:
-    clock = Clock()
+    clock = ManualClock()
     hold = _hold(clock, quiet=300)
     _flap(hold, clock, 3)
     clock.now += 200
@@ -85,7 +78,7 @@ def test_a_fault_during_the_quiet_period_restarts_it() -> None:
 
 
 def test_turns_older_than_the_window_do_not_count() -> None:
-    clock = Clock()
+    clock = ManualClock()
     hold = _hold(clock, window=100)
     _flap(hold, clock, 2, step=20)  # turns at 0 and 40
     clock.now += 40  # the third turn at 120: the one at 0 is out of the window
@@ -96,14 +89,14 @@ def test_turns_older_than_the_window_do_not_count() -> None:
 
 
 def test_threshold_zero_never_holds() -> None:
-    clock = Clock()
+    clock = ManualClock()
     hold = _hold(clock, threshold=0)
     assert not any(step.held for step in _flap(hold, clock, 10))
     assert hold.seconds_to_release() is None
 
 
 def test_the_reason_names_the_settings() -> None:
-    reason = _hold(Clock(), threshold=3, window=600, quiet=120).reason()
+    reason = _hold(ManualClock(), threshold=3, window=600, quiet=120).reason()
     assert (
         reason
         == "held Unhealthy: it turned Unhealthy 3 times within 600 s; it comes back once Healthy for 120 s"

@@ -11,21 +11,14 @@ from ascend_agent.kubelet.handed_out import HandedOut
 from ascend_agent.kubelet.holders import Holdings
 from ascend_agent.kubelet.podresources import PodHolders
 from ascend_agent.model import Chip, Holder, Holders, Inventory
+from tests.support.clock import ManualClock
 
 TWO = "huawei.com/Ascend310P-2c"
 KEY = (TWO, "Ascend310P-2c-118-1")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_held_until_listed_and_then_no_longer() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     handed = HandedOut(clock, grace=60)
     handed.observe(set(), 100.0)
     handed.record(TWO, ["Ascend310P-2c-118-1"])
@@ -40,7 +33,7 @@ def test_held_until_listed_and_then_no_longer() -> None:
 
 
 def test_one_never_listed_is_let_go_after_the_grace() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     handed = HandedOut(clock, grace=60)
     handed.record(TWO, ["Ascend310P-2c-118-1", "Ascend310P-2c-117-1"])
     handed.observe({(TWO, "Ascend310P-2c-117-1")}, 159.0)
@@ -50,7 +43,7 @@ def test_one_never_listed_is_let_go_after_the_grace() -> None:
 
 
 def test_handed_out_again_counts_from_the_new_allocate() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     handed = HandedOut(clock, grace=60)
     handed.record(TWO, ["Ascend310P-2c-118-1"])
     handed.observe({KEY}, 101.0)
@@ -73,7 +66,7 @@ async def test_with_volcano_what_was_handed_over_is_seen_under_the_chip_really_m
     pods.observe(Inventory(tuple(Chip.make(n, "910B3") for n in range(8))))
     pods._store(PodView("team-a", "train", "uid-train", {t: "Ascend910-3", "predicate-time": "1"}, {t: 1}))
     holdings = Holdings(PodHolders(short_dir / "pod-resources.sock", 5.0), pods.follow_mounted)
-    clock = Clock()
+    clock = ManualClock(100.0)
     holdings.handed_out = HandedOut(clock=clock)
 
     assert await pods.remap(t, [["Ascend910-0"]]) == [["Ascend910-3"]]

@@ -18,6 +18,7 @@ from ascend_agent.backends.devfs import DevfsBackend
 from ascend_agent.backends.network import CONCURRENT_CALLS, Change, LinkOutage, NetworkProbe, NetworkTarget
 from ascend_agent.config import Settings
 from tests.support import FIXTURES
+from tests.support.clock import ManualClock
 from tests.support.hccn_fake import FakeHccnTool
 from tests.support.host_tree import HostTree
 from tests.support.npusmi_fake import FakeNpuSmi
@@ -34,14 +35,6 @@ DOWN = "link status: DOWN\n"
 INTERVAL = 5.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def tool(short_dir: Path) -> FakeHccnTool:
     fake = FakeHccnTool(short_dir / "hccn")
@@ -52,12 +45,12 @@ def tool(short_dir: Path) -> FakeHccnTool:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 def _probe(
-    tool: FakeHccnTool | Path, clock: Clock, debounce: float = 20.0, timeout: float = 2.0
+    tool: FakeHccnTool | Path, clock: ManualClock, debounce: float = 20.0, timeout: float = 2.0
 ) -> NetworkProbe:
     path = tool.path if isinstance(tool, FakeHccnTool) else tool
     settings = Settings(hccn_tool=str(path), npu_smi_timeout=timeout, link_down_debounce=debounce)
@@ -106,7 +99,7 @@ def test_network_unhealthy_exactly_when_the_reads_since_the_last_up_span_the_deb
 
 
 async def test_a_link_down_past_the_debounce_is_network_unhealthy_and_up_clears_it(
-    tool: FakeHccnTool, clock: Clock, caplog: pytest.LogCaptureFixture
+    tool: FakeHccnTool, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ascend_agent.backends.network")
     probe = _probe(tool, clock)
@@ -150,7 +143,7 @@ async def test_a_link_down_past_the_debounce_is_network_unhealthy_and_up_clears_
 
 
 async def test_a_link_up_again_within_the_debounce_is_never_network_unhealthy(
-    tool: FakeHccnTool, clock: Clock, caplog: pytest.LogCaptureFixture
+    tool: FakeHccnTool, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ascend_agent.backends.network")
     probe = _probe(tool, clock)
@@ -166,7 +159,7 @@ async def test_a_link_up_again_within_the_debounce_is_never_network_unhealthy(
     ]
 
 
-async def test_debounce_zero_is_at_once(tool: FakeHccnTool, clock: Clock) -> None:
+async def test_debounce_zero_is_at_once(tool: FakeHccnTool, clock: ManualClock) -> None:
     tool.set_output("-i 0 -link -g", DOWN)
     probe = _probe(tool, clock, debounce=0)
     await probe.refresh(_targets(range(2)), INTERVAL)
@@ -176,7 +169,7 @@ async def test_debounce_zero_is_at_once(tool: FakeHccnTool, clock: Clock) -> Non
 
 @pytest.mark.parametrize("mode", ["hang", "garbage", "fail"])
 async def test_a_bad_tool_changes_nothing_with_one_line_per_change(
-    tool: FakeHccnTool, clock: Clock, mode: str, caplog: pytest.LogCaptureFixture
+    tool: FakeHccnTool, clock: ManualClock, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     tool.set_output("-i 1 -link -g", DOWN)
     probe = _probe(tool, clock, debounce=0, timeout=1.0)
@@ -204,7 +197,7 @@ async def test_a_bad_tool_changes_nothing_with_one_line_per_change(
 
 
 async def test_another_chips_answer_is_refused_naming_it(
-    tool: FakeHccnTool, clock: Clock, caplog: pytest.LogCaptureFixture
+    tool: FakeHccnTool, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     tool.set_output("-i 2 -link -g", DOWN)
     probe = _probe(tool, clock, debounce=0)
@@ -225,7 +218,7 @@ async def test_another_chips_answer_is_refused_naming_it(
 
 
 async def test_no_hccn_tool_is_one_line_for_the_node(
-    clock: Clock, short_dir: Path, caplog: pytest.LogCaptureFixture
+    clock: ManualClock, short_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ascend_agent.backends.network")
     probe = _probe(short_dir / "no" / "hccn_tool", clock, debounce=0)
@@ -239,7 +232,7 @@ async def test_no_hccn_tool_is_one_line_for_the_node(
 
 
 async def test_calls_are_bounded_and_the_round_by_its_deadline(
-    tool: FakeHccnTool, clock: Clock, caplog: pytest.LogCaptureFixture
+    tool: FakeHccnTool, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     tool.set_mode("hang")
     caplog.set_level(logging.WARNING, logger="ascend_agent.backends.network")
@@ -252,7 +245,7 @@ async def test_calls_are_bounded_and_the_round_by_its_deadline(
 
 
 async def test_chips_no_longer_read_are_forgotten_with_their_series(
-    tool: FakeHccnTool, clock: Clock, caplog: pytest.LogCaptureFixture
+    tool: FakeHccnTool, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     tool.set_output("-i 5 -link -g", DOWN)
     probe = _probe(tool, clock, debounce=0)

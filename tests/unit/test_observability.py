@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 
 from ascend_agent import __version__
 from ascend_agent.observability import RepeatLimiter, configure_logging, log_fields
+from tests.support.clock import ManualClock
 
 
 @pytest.fixture
@@ -72,20 +73,12 @@ def test_names_the_record_uses_are_refused(name: str) -> None:
         log_fields(**{name: "x"})
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _suppressed(event: str) -> float:
     return REGISTRY.get_sample_value("ascend_agent_log_lines_suppressed_total", {"event": event}) or 0.0
 
 
 def test_the_first_line_passes_then_one_per_interval_with_the_count() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     limiter = RepeatLimiter("unit_interval", 10.0, clock=clock)
     assert limiter.admit("a") == 0
     assert [limiter.admit("a") for _ in range(1000)] == [None] * 1000
@@ -102,7 +95,7 @@ def test_the_first_line_passes_then_one_per_interval_with_the_count() -> None:
 
 
 def test_log_writes_the_admitted_lines_only(caplog: pytest.LogCaptureFixture) -> None:
-    clock = _Clock()
+    clock = ManualClock()
     limiter = RepeatLimiter("unit_log", 5.0, clock=clock)
     log = logging.getLogger("ascend_agent.test")
     with caplog.at_level(logging.WARNING):
@@ -130,7 +123,7 @@ def test_log_writes_the_admitted_lines_only(caplog: pytest.LogCaptureFixture) ->
 
 
 def test_keys_are_bounded() -> None:
-    clock = _Clock()
+    clock = ManualClock()
     limiter = RepeatLimiter("unit_bounded", 10.0, clock=clock, max_keys=3)
     for key in range(3):
         assert limiter.admit(key) == 0

@@ -13,6 +13,7 @@ import pytest
 from ascend_agent.backends.training import ChipFacts, TrainingProbe, TrainingTarget
 from ascend_agent.config import Settings
 from ascend_agent.model import Generation, SuperPod
+from tests.support.clock import ManualClock
 from tests.support.hccn_fake import FakeHccnTool
 from tests.support.npusmi_fake import FakeNpuSmi
 from tests.support.training_fixtures import per_chip
@@ -21,14 +22,6 @@ EIGHT = per_chip("hccn_tool-ip-g_fixture-8dev.txt")
 A3_IPS = per_chip("hccn_tool-ip-g_A3-log-decoded.txt")
 A3_SPOD = per_chip("npu-smi-info-t-spod-info_A3-log-decoded.txt")
 VNIC = "vnic link status: UP\nvnic ipaddr: 192.168.2.{}\nvnic netmask: 255.255.255.0\n"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -45,8 +38,8 @@ def npu_smi(short_dir: Path) -> FakeNpuSmi:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 def _probe_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -54,7 +47,7 @@ def _probe_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [record for record in caplog.records if record.name == "ascend_agent.backends.training"]
 
 
-def _probe(tool: FakeHccnTool | Path, npu_smi: FakeNpuSmi, clock: Clock) -> TrainingProbe:
+def _probe(tool: FakeHccnTool | Path, npu_smi: FakeNpuSmi, clock: ManualClock) -> TrainingProbe:
     path = tool.path if isinstance(tool, FakeHccnTool) else tool
     settings = Settings(hccn_tool=str(path), npu_smi=str(npu_smi.path), npu_smi_timeout=1.0)
     return TrainingProbe(settings, clock=clock)
@@ -70,7 +63,7 @@ def _ips(probe: TrainingProbe, ids: range | list[int]) -> list[str | None]:
 
 
 async def test_eight_chips_at_start_then_spread_over_the_minute(
-    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: Clock
+    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock
 ) -> None:
     probe = _probe(tool, npu_smi, clock)
     await probe.refresh(_targets(range(8)), interval=5.0)
@@ -91,7 +84,7 @@ async def test_eight_chips_at_start_then_spread_over_the_minute(
 
 
 async def test_a_chip_that_comes_back_is_read_at_once(
-    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: Clock
+    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock
 ) -> None:
     probe = _probe(tool, npu_smi, clock)
     await probe.refresh(_targets(range(2)), interval=5.0)
@@ -106,7 +99,7 @@ async def test_a_chip_that_comes_back_is_read_at_once(
 
 
 async def test_no_ip_preset_is_none_and_ipv6_is_asked_then(
-    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: Clock
+    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock
 ) -> None:
     tool.clear("-i 2 -ip -g")
     tool.set_output("-i 3 -ip -g", "ipaddr:0.0.0.0\nnetmask:0.0.0.0\n")
@@ -119,7 +112,7 @@ async def test_no_ip_preset_is_none_and_ipv6_is_asked_then(
 
 @pytest.mark.parametrize("mode", ["hang", "garbage", "fail"])
 async def test_a_bad_read_keeps_the_last_good_value_with_one_line_per_change(
-    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: Clock, mode: str, caplog: pytest.LogCaptureFixture
+    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     probe = _probe(tool, npu_smi, clock)
     await probe.refresh(_targets(range(2)), interval=60.0)
@@ -141,7 +134,7 @@ async def test_a_bad_read_keeps_the_last_good_value_with_one_line_per_change(
 
 
 async def test_another_chips_answer_is_refused(
-    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: Clock, caplog: pytest.LogCaptureFixture
+    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     probe = _probe(tool, npu_smi, clock)
     await probe.refresh(_targets(range(3)), interval=60.0)
@@ -157,7 +150,7 @@ async def test_another_chips_answer_is_refused(
 
 
 async def test_two_chips_with_one_address_at_start_get_none(
-    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: Clock
+    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock
 ) -> None:
     tool.set_output("-i 1 -ip -g", EIGHT[0])
     probe = _probe(tool, npu_smi, clock)
@@ -165,7 +158,9 @@ async def test_two_chips_with_one_address_at_start_get_none(
     assert _ips(probe, range(3)) == [None, None, "10.10.0.12"]
 
 
-async def test_a3_dies_get_vnic_and_super_pod(tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: Clock) -> None:
+async def test_a3_dies_get_vnic_and_super_pod(
+    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock
+) -> None:
     dies = [0, 1, 10, 11, 12]
     for die in dies:
         tool.set_output(f"-i {die} -ip -g", A3_IPS[die])
@@ -181,7 +176,7 @@ async def test_a3_dies_get_vnic_and_super_pod(tool: FakeHccnTool, npu_smi: FakeN
 
 
 async def test_no_hccn_tool_is_one_line_and_no_addresses(
-    npu_smi: FakeNpuSmi, clock: Clock, short_dir: Path, caplog: pytest.LogCaptureFixture
+    npu_smi: FakeNpuSmi, clock: ManualClock, short_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="ascend_agent.backends.training")
     probe = _probe(short_dir / "no" / "hccn_tool", npu_smi, clock)
@@ -192,7 +187,7 @@ async def test_no_hccn_tool_is_one_line_and_no_addresses(
 
 
 async def test_a3_without_super_pod_support_is_none_quietly(
-    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: Clock, caplog: pytest.LogCaptureFixture
+    tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     npu_smi.set_error("info -t spod-info -i 0 -c 0", "This device does not support get spod info.\n")
     npu_smi.set_output("info -t spod-info -i 0 -c 1", "garbage\n")
@@ -205,7 +200,7 @@ async def test_a3_without_super_pod_support_is_none_quietly(
     assert [r.getMessage()[:35] for r in _probe_records(caplog)] == ["Cannot read the super pod of chip 1"]
 
 
-async def test_310p_chips_run_nothing(tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: Clock) -> None:
+async def test_310p_chips_run_nothing(tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock) -> None:
     probe = _probe(tool, npu_smi, clock)
     await probe.refresh(_targets(range(4), Generation.ASCEND310P), interval=5.0)
     assert tool.calls() == 0

@@ -25,6 +25,7 @@ from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Chip, Fault, Health, Inventory, VNpu
 from tests.support import ROOT, volcano_types
 from tests.support.apiserver import ApiServer
+from tests.support.clock import ManualClock
 
 SAMPLE = ROOT / "tests/fixtures/volcano/deviceinfo-a3-sample.json"
 NODE = "node-1"
@@ -105,14 +106,6 @@ def test_310p_has_no_fault_list() -> None:
 
 
 # against the API emulator --------------------------------------------------------------------------------
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def _wait(apiserver: ApiServer, read: Callable[[], Any], ready: Callable[[Any], bool]) -> Any:
     return await anyio.to_thread.run_sync(lambda: apiserver.wait_for(read, ready, timeout=5))
 
@@ -123,7 +116,7 @@ def _configmap(apiserver: ApiServer) -> dict[str, Any] | None:
 
 @asynccontextmanager
 async def _publishing(
-    apiserver: ApiServer, separation: ManualSeparation, clock: _Clock, refresh: float = 300.0
+    apiserver: ApiServer, separation: ManualSeparation, clock: ManualClock, refresh: float = 300.0
 ) -> AsyncIterator[tuple[DeviceInfoPublisher, KubeApi]]:
     apiserver.put("nodes", {"metadata": {"name": NODE, "annotations": {"other": "kept"}}})
     api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), NODE)
@@ -140,7 +133,7 @@ async def _publishing(
 async def test_configmap_decodes_into_the_go_types_with_the_label_and_check_code(
     apiserver: ApiServer,
 ) -> None:
-    separation, clock = ManualSeparation(), _Clock()
+    separation, clock = ManualSeparation(), ManualClock(1_700_000_000.0)
     async with _publishing(apiserver, separation, clock) as (publisher, _):
         publisher.observe(Inventory(_chips()))
         found = await _wait(apiserver, lambda: _configmap(apiserver), lambda cm: cm is not None)
@@ -168,7 +161,7 @@ async def test_configmap_decodes_into_the_go_types_with_the_label_and_check_code
 
 async def test_admin_separation_is_read_back_kept_and_listed(apiserver: ApiServer) -> None:
     woken = anyio.Event()
-    separation, clock = ManualSeparation(woken.set), _Clock()
+    separation, clock = ManualSeparation(woken.set), ManualClock(1_700_000_000.0)
     async with _publishing(apiserver, separation, clock) as (publisher, _):
         publisher.observe(Inventory(_chips()))
         found = await _wait(apiserver, lambda: _configmap(apiserver), lambda cm: cm is not None)
@@ -200,7 +193,7 @@ async def test_admin_separation_is_read_back_kept_and_listed(apiserver: ApiServe
 
 
 async def test_rewritten_every_refresh_and_recreated_when_deleted(apiserver: ApiServer) -> None:
-    separation, clock = ManualSeparation(), _Clock()
+    separation, clock = ManualSeparation(), ManualClock(1_700_000_000.0)
     async with _publishing(apiserver, separation, clock, refresh=0.3) as (publisher, api):
         publisher.observe(Inventory(_chips()))
         found = await _wait(apiserver, lambda: _configmap(apiserver), lambda cm: cm is not None)
@@ -222,7 +215,7 @@ async def test_rewritten_every_refresh_and_recreated_when_deleted(apiserver: Api
 
 
 async def test_an_unchanged_inventory_is_not_written_again(apiserver: ApiServer) -> None:
-    separation, clock = ManualSeparation(), _Clock()
+    separation, clock = ManualSeparation(), ManualClock(1_700_000_000.0)
     async with _publishing(apiserver, separation, clock) as (publisher, _):
         for _ in range(3):
             publisher.observe(Inventory(_chips()))
@@ -246,7 +239,7 @@ async def test_an_unchanged_inventory_is_not_written_again(apiserver: ApiServer)
 
 async def test_a_split_chip_with_a_fault_class_keeps_its_fault_time(apiserver: ApiServer) -> None:
     """A vNPU carries its chip's codes and class: its ``fault_time`` is when it was first seen so, not now."""
-    separation, clock = ManualSeparation(), _Clock()
+    separation, clock = ManualSeparation(), ManualClock(1_700_000_000.0)
     whole = Chip.make(0, "910B3")
     chip = Chip.make(5, "910B3", fault_class=FaultClass.SUB_HEALTH)
     chip = replace(chip, faults=(Fault("80E18005", fault_class=FaultClass.SUB_HEALTH),))
