@@ -17,7 +17,8 @@ from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Inventory
 from tests.support import ROOT
 from tests.support.apiserver import ApiServer
-from tests.unit.test_volcano_deviceinfo import NAME, SAMPLE, _chips, _Clock, _publishing, _wait
+from tests.support.clock import ManualClock
+from tests.unit.test_volcano_deviceinfo import NAME, SAMPLE, _chips, _publishing, _wait
 
 pytestmark = pytest.mark.interop
 
@@ -50,7 +51,7 @@ def test_huaweis_own_sample_decodes(decoder: Path) -> None:
 async def test_what_the_agent_publishes_decodes_in_go(decoder: Path, apiserver: ApiServer) -> None:
     separation = ManualSeparation()
     separation.update(frozenset({"Ascend910-5"}))
-    async with _publishing(apiserver, separation, _Clock()) as (publisher, _):
+    async with _publishing(apiserver, separation, ManualClock(1_700_000_000.0)) as (publisher, _):
         publisher.observe(separation.apply(Inventory(_chips())))
         found = await _wait(apiserver, lambda: apiserver.get("configmaps", NAME, "kube-system"), bool)
         node = await _wait(

@@ -19,9 +19,10 @@ from ascend_agent.kubelet.dra.devices import DeviceTaints, NodeChips, slice_devi
 from ascend_agent.model import Chip, Inventory, SuperPod, VNpu
 from ascend_agent.observability.report import training_info as _training_info
 from tests.support.apiserver import ApiServer
+from tests.support.clock import ManualClock
 from tests.support.training_fixtures import per_chip, read
 from tests.support.volcano_types import base_device_infos, node_device_info_cache
-from tests.unit.test_volcano_deviceinfo import NAME, _Clock, _publishing, _wait
+from tests.unit.test_volcano_deviceinfo import NAME, _publishing, _wait
 
 EIGHT_IPS = {
     chip: text.split("\n")[0].removeprefix("ipaddr:")
@@ -73,7 +74,7 @@ def test_device_info_cfg_super_pod_field_by_field_with_huaweis_a3_example() -> N
 
 async def test_the_configmap_is_written_again_when_the_super_pod_changes(apiserver: ApiServer) -> None:
     separation = ManualSeparation()
-    async with _publishing(apiserver, separation, _Clock()) as (publisher, _):
+    async with _publishing(apiserver, separation, ManualClock(1_700_000_000.0)) as (publisher, _):
         inventory = _a3_node()
         publisher.observe(inventory)
 
