@@ -21,17 +21,21 @@ PYTHON_MIN := 3.11
 _python_version = $(shell $(PYTHON) -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)
 _python_ok = $(shell $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < ($(subst .,$(comma),$(PYTHON_MIN))))' 2>/dev/null && echo yes)
 comma := ,
+# The agent's runner uses -OO (no docstrings in memory) where this bytecode is installed (ascend_agent/runner.py).
+COMPILE_OO = $(BIN)/python -OO -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 
 $(STAMP): pyproject.toml
 	$(if $(_python_ok),,$(error ascend-agent needs Python $(PYTHON_MIN) or newer but $(PYTHON) is $(or $(_python_version),not found); pick another with make PYTHON=python$(PYTHON_MIN)))
 	$(PYTHON) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(COMPILE_OO)
 	touch $(STAMP) $(RUN_STAMP)
 
 $(RUN_STAMP): pyproject.toml
 	$(if $(_python_ok),,$(error ascend-agent needs Python $(PYTHON_MIN) or newer but $(PYTHON) is $(or $(_python_version),not found); pick another with make PYTHON=python$(PYTHON_MIN)))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e .
+	$(COMPILE_OO)
 	touch $(RUN_STAMP)
 
 install: $(STAMP)

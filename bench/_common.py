@@ -48,9 +48,12 @@ def grpc_api() -> tuple[ModuleType, ModuleType]:
 
 def start_agent(kubelet_dir: Path, *flags: str) -> AgentProcess:
     """``ascend-agent run`` against ``kubelet_dir`` with metrics off: the fake backend unless ``flags`` name
-    another (a repeated flag takes its last value)."""
+    another (a repeated flag takes its last value). The package's bytecode is written as its modules load
+    (``PYTHONDONTWRITEBYTECODE`` cleared), so after the first start the agent loads it as an installed agent
+    does instead of compiling its source at every start."""
     return AgentProcess(
-        ["run", "--backend", "fake", "--kubelet-dir", str(kubelet_dir), "--metrics-address", "", *flags]
+        ["run", "--backend", "fake", "--kubelet-dir", str(kubelet_dir), "--metrics-address", "", *flags],
+        env={"PYTHONDONTWRITEBYTECODE": ""},
     )
 
 

@@ -164,10 +164,14 @@ def run(
     overrides = dict(locals())
     overrides.pop("dry_run_vnpu")
     source, settings = _settings(overrides)
-    from ascend_agent.process import print_vnpu_plan, run_agent
+    if not dry_run_vnpu:
+        from ascend_agent.runner import exec_agent
+
+        exec_agent(source)
+    from ascend_agent.process import print_vnpu_plan
 
     try:
-        code = asyncio.run(print_vnpu_plan(settings) if dry_run_vnpu else run_agent(source, settings))
+        code = asyncio.run(print_vnpu_plan(settings))
     except ConfigError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     raise typer.Exit(code)

@@ -71,6 +71,21 @@ def _feed(fifo: Path, text: bytes, agent: AgentProcess) -> None:
             os.close(descriptor)
 
 
+def _release_expecting_0(agent: subprocess.Popen[str], start: int) -> None:
+    """Let the held start go on: the agent, which has a stop signal waiting, exits 0 without a traceback."""
+    os.write(start, b"")
+    os.close(start)
+    output, _ = agent.communicate(timeout=20)
+    assert agent.returncode == 0, output
+    assert "Traceback" not in output
+
+
+def _kill(agent: subprocess.Popen[str]) -> None:
+    if agent.poll() is None:
+        agent.kill()
+        agent.wait(5)
+
+
 def test_sigterm_while_starting_exits_0(short_dir: Path) -> None:
     config = short_dir / "config.yaml"
     os.mkfifo(config)
@@ -135,15 +150,9 @@ def test_a_signal_before_the_command_line_is_imported_exits_0(
         start = _wait_reader(fifo, agent)
         assert _catches(agent.pid, signum), "the signal is not caught before the command line is imported"
         agent.send_signal(signum)
-        os.write(start, b"")
-        os.close(start)
-        output, _ = agent.communicate(timeout=20)
-        assert agent.returncode == 0, output
-        assert "Traceback" not in output
+        _release_expecting_0(agent, start)
     finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait(5)
+        _kill(agent)
 
 
 def test_signals_while_stopping_do_not_cut_the_stop_short(kubelet: KubeletStandin) -> None:
@@ -161,3 +170,53 @@ def test_signals_while_stopping_do_not_cut_the_stop_short(kubelet: KubeletStandi
         assert not kubelet.plugin_socket().exists()
     finally:
         agent.close()
+
+
+_HOLD_RUNNER = """\
+import os
+marker = {marker!r}
+if os.path.exists(marker):  # the second interpreter: the runner the command line execs
+    with open({fifo!r}, "rb") as held:
+        held.read()
+else:
+    open(marker, "w").close()
+"""
+
+
+def _blocks(pid: int, signum: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_hand_over_to_the_runner_waits_for_it_and_exits_0(
+    short_dir: Path, signum: signal.Signals
+) -> None:
+    """The command line execs the runner with SIGTERM and SIGINT blocked: one sent before the runner's own
+    handler is in place (here while its interpreter starts, held in ``sitecustomize``) waits, and then stops
+    the agent with status 0."""
+    held = short_dir / "held"
+    held.mkdir()
+    fifo = short_dir / "start"
+    os.mkfifo(fifo)
+    hold = _HOLD_RUNNER.format(marker=str(short_dir / "command-line-started"), fifo=str(fifo))
+    (held / "sitecustomize.py").write_text(hold)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "ascend_agent", "run", "--backend", "fake",
+         "--kubelet-dir", str(short_dir / "kubelet"), "--metrics-address", ""],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(held)},
+    )  # fmt: skip
+    try:
+        start = _wait_reader(fifo, agent)
+        assert _blocks(agent.pid, signum), "the runner starts with the signal deliverable"
+        agent.send_signal(signum)
+        assert agent.poll() is None, "the signal killed the runner while it started"
+        _release_expecting_0(agent, start)
+    finally:
+        _kill(agent)

@@ -1,9 +1,11 @@
 """What ``ascend-agent run`` loads as a device plugin: the modules of the other commands, of the DRA driver,
-of a cluster side that is off, PyYAML without a file to read and rich (the help's tables) stay out of the
-process. Each module costs resident memory on every node (bench/cluster.py measures it).
+of a cluster side that is off, PyYAML without a file to read, rich (the help's tables) and, once the command
+line has handed over to the runner, the command line itself stay out of the process. Each module costs
+resident memory on every node (bench/cluster.py measures it).
 
-The agent runs as a real process with ``PYTHONPROFILEIMPORTTIME`` set: the interpreter writes one line per
-module it imports, at whatever time it does, to stderr."""
+The agent runs as a real process with ``PYTHONPROFILEIMPORTTIME`` set: each interpreter writes a header, then
+one line per module it imports, at whatever time it does, to stderr. The command line's interpreter comes
+first; the runner it execs writes the second header."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from tests.support.kubelet_standin import KubeletStandin
 
 NODE = "imports-node"
 _IMPORT = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$")
+_HEADER = re.compile(r"^import time: self \[us\] \| cumulative \| imported package$")
 # Loaded by no device plugin: the DRA driver and its generated APIs, the other commands' modules, the test
 # suite's gRPC library.
 NEVER = (
@@ -27,12 +30,17 @@ NEVER = (
     "rich",
     "grpc",
 )
+# Loaded by the command line only, never by the runner it hands over to.
+COMMAND_LINE = ("click", "typer", "shellingham", "ascend_agent.cli")
 # Loaded only by the cluster side.
 CLUSTER_SIDE = ("lightkube", "httpx2", "httpcore2", "msgspec", "ascend_agent.cluster.client")
 
 
 def _imported(agent: AgentProcess) -> set[str]:
-    return {match[1] for line in agent.lines if (match := _IMPORT.match(line))}
+    """The modules the runner imported: those after the second interpreter's header."""
+    headers = [index for index, line in enumerate(agent.lines) if _HEADER.match(line)]
+    assert len(headers) == 2, f"not one command line and one runner: {len(headers)} interpreters"
+    return {match[1] for line in agent.lines[headers[1] :] if (match := _IMPORT.match(line))}
 
 
 def _under(modules: set[str], packages: tuple[str, ...]) -> list[str]:
@@ -61,6 +69,7 @@ def test_a_device_plugin_without_the_cluster_side_loads_none_of_it(kubelet: Kube
     assert "ascend_agent.kubelet.deviceplugin.service" in modules, seen
     assert "ascend_agent._proto.v1beta1" in modules
     assert _under(modules, NEVER) == []
+    assert _under(modules, COMMAND_LINE) == []
     assert _under(modules, CLUSTER_SIDE) == []
     assert _under(modules, ("yaml",)) == [], "PyYAML loaded with no config file and no CDI spec to write"
 
@@ -77,3 +86,4 @@ def test_a_device_plugin_with_the_cluster_side_loads_no_dra_driver(
     modules = _registered_then_stopped(kubelet, agent, log=f"Node {NODE} labels: ")
     assert "lightkube" in modules, "the cluster side did not load: the test sees nothing"
     assert _under(modules, NEVER) == []
+    assert _under(modules, COMMAND_LINE) == []

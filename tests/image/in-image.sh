@@ -57,6 +57,26 @@ await "$agent_log" "Registered resource huawei.com/Ascend910"
 await "$sim_log" "ListAndWatch huawei.com/Ascend910: 8 devices, 8 healthy"
 await "$sim_log" "Allocate Ascend910-"
 
+# The command line has handed over to the runner, with -OO, and the runner's modules (the standard library's
+# too: the official python base ships none) load from bytecode rather than being compiled at every start.
+tr '\0' ' ' <"/proc/$agent/cmdline" | grep -q -- "-OO -m ascend_agent.runner" ||
+    fail "the agent is not the runner with -OO: $(tr '\0' ' ' <"/proc/$agent/cmdline")"
+runner_python=$(tr '\0' '\n' <"/proc/$agent/cmdline" | head -n 1)
+uncompiled=$("$runner_python" -OO -c '
+import importlib.util, sys
+import ascend_agent.process, anyio._backends._asyncio
+for name, module in sorted(sys.modules.items()):
+    source = getattr(module, "__file__", None) or ""
+    if source.endswith(".py") and not importlib.util.find_spec(name) is None:
+        cached = importlib.util.cache_from_source(source, optimization=2)
+        try:
+            open(cached, "rb").close()
+        except OSError:
+            print(name)
+')
+[ -z "$uncompiled" ] || fail "modules the runner would compile at every start: $(echo $uncompiled)"
+echo "in-image: the runner's resident memory after registration: $(grep VmRSS "/proc/$agent/status")"
+
 status=0
 kill -TERM "$agent"
 wait "$agent" || status=$?
