@@ -1,7 +1,7 @@
 """The ``run`` command as a process: logging, the backend, the HTTP endpoint, the instance lock and the
 signals around one :class:`~ascend_agent.reconciler.Agent`; its exit status::
 
-    sys.exit(asyncio.run(run_agent(source, settings)))
+    sys.exit(asyncio.run(run_agent(source, source.load_effective())))
 
 SIGTERM and SIGINT stop the agent (every plugin stops serving and removes its sockets), SIGHUP re-reads the
 config file.
@@ -24,7 +24,7 @@ import anyio
 from ascend_agent import __version__, cluster
 from ascend_agent.backends import Backend, VnpuLayoutBackend, backend_for
 from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper, plans_now
-from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
+from ascend_agent.config import DRA_API, ConfigError, EffectiveSettings, Settings, SettingsSource
 from ascend_agent.health.grading import FaultGrading
 from ascend_agent.health.hotreset import HotReset
 from ascend_agent.health.separation import ManualSeparation
@@ -61,8 +61,10 @@ def _reap_children_by_pidfd() -> None:
     asyncio.set_child_watcher(watcher)
 
 
-async def run_agent(source: SettingsSource, settings: Settings) -> int:
-    """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status."""
+async def run_agent(source: SettingsSource, effective: EffectiveSettings) -> int:
+    """The ``run`` command: the agent until SIGTERM or SIGINT; the exit status. ``effective``: ``source``
+    as loaded, the settings with where each came from."""
+    settings = effective.settings
     configure_logging(settings.log_level, settings.log_format)
     log_accept_failures_briefly(asyncio.get_running_loop())
     _reap_children_by_pidfd()
@@ -74,7 +76,7 @@ async def run_agent(source: SettingsSource, settings: Settings) -> int:
         settings.backend,
         settings.kubelet_dir,
     )
-    log_configuration(source.load_effective())
+    log_configuration(effective)
     agent = _build(source, settings, backend)
     if settings.vnpu is not None and isinstance(backend, VnpuLayoutBackend):
         await backend.query()

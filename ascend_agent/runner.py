@@ -1,9 +1,10 @@
-"""The agent's own process. ``ascend-agent run`` reads its flags, environment and config file, checks them,
-then replaces itself (``execv``, same PID) with ``python -P [-OO] -m ascend_agent.runner FD``, which reads
-the checked sources back from the pipe FD and runs the agent. The command line's libraries (typer, click)
-and the other commands' modules never load into the process that lives as long as the node::
+"""The agent's own process. ``ascend-agent run`` reads its flags and environment, then replaces itself
+(``execv``, same PID) with ``python -P [-OO] -m ascend_agent.runner FD``, which reads them back from the pipe
+FD, reads the config file, checks the settings (a bad one is one line, exit status 2) and runs the agent. The
+command line's libraries (typer, click) and the other commands' modules never load into the process that
+lives as long as the node::
 
-    exec_agent(source)        # in the command line, once SettingsSource.load() has passed; never returns
+    exec_agent(source)        # in the command line, its flags parsed; never returns
 
 ``-OO`` (no docstrings or asserts in memory) is used where the installation has that level's bytecode
 (the image compiles it, and so does ``make install``); compiled from source at every start it would cost
@@ -112,7 +113,7 @@ def main(argv: list[str]) -> int:
     from ascend_agent.process import run_agent
 
     try:
-        return asyncio.run(run_agent(source, source.load()))
+        return asyncio.run(run_agent(source, source.load_effective()))
     except ConfigError as exc:
         print(f"ascend-agent: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -74,6 +74,7 @@ from ascend_agent.cli.flags import (
     VolcanoSchedulerName,
 )
 from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
+from ascend_agent.runner import EXIT_USAGE, exec_agent
 from ascend_agent.stopping import catch_early
 
 app = typer.Typer(
@@ -85,7 +86,6 @@ app = typer.Typer(
     help="Kubernetes device plugin for Huawei Ascend NPUs.",
 )
 
-EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
 
@@ -94,13 +94,18 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _settings(overrides: dict[str, Any]) -> tuple[SettingsSource, Settings]:
+def _source(overrides: dict[str, Any]) -> SettingsSource:
+    """The flags' and variables' values and the config file, not read yet."""
     config_file = overrides.pop("config", None)
     context = click.get_current_context()
     from_environment = frozenset(
         name for name in overrides if context.get_parameter_source(name) is ParameterSource.ENVIRONMENT
     )
-    source = SettingsSource(overrides=overrides, config_file=config_file, from_environment=from_environment)
+    return SettingsSource(overrides=overrides, config_file=config_file, from_environment=from_environment)
+
+
+def _settings(overrides: dict[str, Any]) -> tuple[SettingsSource, Settings]:
+    source = _source(overrides)
     try:
         return source, source.load()
     except ConfigError as exc:
@@ -163,11 +168,9 @@ def run(
     catch_early()
     overrides = dict(locals())
     overrides.pop("dry_run_vnpu")
-    source, settings = _settings(overrides)
     if not dry_run_vnpu:
-        from ascend_agent.runner import exec_agent
-
-        exec_agent(source)
+        exec_agent(_source(overrides))  # the runner reads the config file and checks the settings
+    _, settings = _settings(overrides)
     from ascend_agent.process import print_vnpu_plan
 
     try:

@@ -67,7 +67,7 @@ import importlib.util, sys
 import ascend_agent.process, anyio._backends._asyncio
 for name, module in sorted(sys.modules.items()):
     source = getattr(module, "__file__", None) or ""
-    if source.endswith(".py") and not importlib.util.find_spec(name) is None:
+    if source.endswith(".py"):
         cached = importlib.util.cache_from_source(source, optimization=2)
         try:
             open(cached, "rb").close()

@@ -24,7 +24,7 @@ _VALUES = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
     config_file=st.none() | st.just(Path("/etc/ascend-agent/config.yaml")),
     from_environment=st.frozensets(st.text()),
 )
-def test_what_the_command_line_checked_is_what_the_runner_loads(
+def test_what_the_command_line_parsed_is_what_the_runner_loads(
     overrides: dict[str, object], config_file: Path | None, from_environment: frozenset[str]
 ) -> None:
     source = SettingsSource(overrides=overrides, config_file=config_file, from_environment=from_environment)
