@@ -37,6 +37,7 @@ from ascend_agent.kubelet.dra.claims import (
     UnusableCheckpoint,
     identity,
     keep_aside,
+    parse_records,
     read_regular,
     valid_uid,
 )
@@ -163,17 +164,7 @@ def _read(path: Path) -> list[Made]:
     data = read_regular(path)
     if data is None:
         return []
-    try:
-        document = json.loads(data.decode("utf-8"))
-        if not isinstance(document, dict) or document.get("version") != 1:
-            raise ValueError("not version 1")
-        entries = document["vnpus"]
-        if not isinstance(entries, list):
-            raise TypeError("vnpus is not a list")
-        return [Made.from_json(entry) for entry in entries]
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        reason = f"{type(exc).__name__}: {exc}"[:200]
-        raise UnusableCheckpoint(f"{path} is not a record of vNPUs made ({reason})") from None
+    return parse_records(path, data, "vnpus", (1,), Made.from_json, "a record of vNPUs made")
 
 
 class Carving:

@@ -26,10 +26,10 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ascend_agent.cdi import CDI_VERSION, chip_edits, shared_edits
 from ascend_agent.container import device_order
@@ -44,6 +44,7 @@ MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 _SHOWN = 80  # characters of a refused value shown in a message
+R = TypeVar("R")
 
 
 def valid_uid(uid: str) -> bool:
@@ -261,20 +262,32 @@ def read_regular(path: Path) -> bytes | None:
 
 def parse_checkpoint(path: Path, data: bytes) -> list[PreparedClaim]:
     """The claims in the bytes of a checkpoint; UnusableCheckpoint (naming ``path``) for anything else."""
+    what = "a checkpoint of prepared claims"
+    return parse_records(path, data, "claims", (1, CHECKPOINT_VERSION), PreparedClaim.from_json, what)
+
+
+def parse_records(
+    path: Path, data: bytes, key: str, versions: tuple[int, ...], record: Callable[[Any], R], what: str
+) -> list[R]:
+    """The entries of ``{"version": V, key: [...]}`` (V one of ``versions``), each made by ``record``;
+    UnusableCheckpoint saying ``path`` is not ``what`` for anything else::
+
+        parse_records(path, data, "vnpus", (1,), Made.from_json, "a record of vNPUs made")
+    """
     try:
         document = json.loads(data.decode("utf-8"))
         if not isinstance(document, dict):
             raise TypeError("the document is not an object")
         version = document.get("version")
-        if version not in (1, CHECKPOINT_VERSION):
-            raise ValueError(f"version {str(version)[:_SHOWN]!r}, not 1 or {CHECKPOINT_VERSION}")
-        claims = document["claims"]
-        if not isinstance(claims, list):
-            raise TypeError("claims is not a list")
-        return [PreparedClaim.from_json(claim) for claim in claims]
+        if version not in versions:
+            raise ValueError(f"version {str(version)[:_SHOWN]!r}, not {' or '.join(map(str, versions))}")
+        entries = document[key]
+        if not isinstance(entries, list):
+            raise TypeError(f"{key} is not a list")
+        return [record(entry) for entry in entries]
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         reason = f"{type(exc).__name__}: {exc}"[:200]
-        raise UnusableCheckpoint(f"{path} is not a checkpoint of prepared claims ({reason})") from None
+        raise UnusableCheckpoint(f"{path} is not {what} ({reason})") from None
 
 
 def _file_kind(mode: int) -> str:
