@@ -5,6 +5,7 @@ ServiceAccount, so that real RBAC decides every request it makes. The fake backe
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RENDERS = ROOT / "tests" / "fixtures" / "helm"
 CHART_RENDER = RENDERS / "default.yaml"
 DRA_RENDER = RENDERS / "dra.yaml"  # the chart with its DRA values
+DRA_DRIVER = "npu.huawei.com"
 NAMESPACE = "kube-system"
 
 
@@ -116,3 +118,35 @@ def running_agent(
         yield process
     finally:
         stop_agent(cluster, process, log_name)
+
+
+@contextmanager
+def fake_dra_agent(cluster: Cluster, log_name: str, state: Path, **overrides: Any) -> Iterator[AgentProcess]:
+    """The chart's DRA values and the example DeviceClasses applied, then the agent on 8 fake 910B4 chips
+    whose state file is ``state`` (empty at first), once it has registered its DRA driver."""
+    apply_chart(cluster, DRA_RENDER)
+    cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
+    state.write_text("{}")
+    with running_agent(
+        cluster,
+        log_name,
+        DRA_RENDER,
+        registered=f"Registered DRA driver {DRA_DRIVER}",
+        backend="fake",
+        fakeChips=8,
+        fakeModel="910B4",
+        fakeState=str(state),
+        **overrides,
+    ) as process:
+        yield process
+
+
+def agent_metrics(cluster: Cluster) -> str:
+    """The agent's /metrics on the chart's address, as Prometheus on the node reads it ("" unanswered)."""
+    return subprocess.run(
+        cluster.in_netns(["curl", "-sf", "http://127.0.0.1:9410/metrics"]),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    ).stdout

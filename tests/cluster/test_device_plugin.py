@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from ascend_agent.allocation import preferred, topology_for
 from ascend_agent.model import Chip
-from tests.cluster.agent import apply_chart, chart_objects, start_agent, stop_agents
+from tests.cluster.agent import agent_metrics, apply_chart, chart_objects, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.node import wait_allocatable, watch_capacity
 from tests.cluster.pods import (
@@ -27,6 +26,7 @@ from tests.cluster.pods import (
     recorded_envs,
     wait_running,
 )
+from tests.cluster.polling import poll
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
@@ -245,17 +245,7 @@ def test_the_real_kubelets_podresources_name_the_holder(cluster: Cluster, agent:
         ((chip,),) = [chip_devices(r) for r in recorded_containers(cluster, "holds")]
         device = "Ascend910-" + chip.removeprefix("/dev/davinci")
         wanted = re.compile(rf'device="{device}"[^}}]*pod="holder"|pod="holder"[^}}]*device="{device}"')
-        deadline = time.monotonic() + 60
-        metrics = ""
-        while not wanted.search(metrics) and time.monotonic() < deadline:
-            metrics = subprocess.run(
-                cluster.in_netns(["curl", "-sf", "http://127.0.0.1:9410/metrics"]),
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=False,
-            ).stdout
-            time.sleep(0.5)
+        metrics = poll(lambda: agent_metrics(cluster), wanted.search)
         assert wanted.search(metrics), [line for line in metrics.splitlines() if device in line][:5]
         listed = subprocess.run(
             [sys.executable, "-m", "ascend_agent", "list", "--config", str(cluster.work / "agent.yaml")],
@@ -274,11 +264,10 @@ def test_the_real_kubelets_podresources_name_the_holder(cluster: Cluster, agent:
 def test_the_device_info_configmap_is_accepted(cluster: Cluster, agent: AgentProcess) -> None:
     """The device-info ConfigMap through the real API server's validation and the chart's Role."""
     name = f"mindx-dl-deviceinfo-{NODE_NAME}"
-    deadline = time.monotonic() + 60
-    answer = cluster.kubectl("get", "configmap", name, "-n", "kube-system", "-o", "json", check=False)
-    while answer.returncode != 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
-        answer = cluster.kubectl("get", "configmap", name, "-n", "kube-system", "-o", "json", check=False)
+    answer = poll(
+        lambda: cluster.kubectl("get", "configmap", name, "-n", "kube-system", "-o", "json", check=False),
+        lambda got: got.returncode == 0,
+    )
     assert answer.returncode == 0, answer.stderr
     data = json.loads(answer.stdout)["data"]
     assert "DeviceInfoCfg" in data, data

@@ -7,39 +7,25 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, running_agent
+from tests.cluster.agent import DRA_DRIVER as DRIVER
+from tests.cluster.agent import fake_dra_agent
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.pods import IMAGE, claim_pod, one_pod_spec, recorded_containers, wait_running
+from tests.cluster.polling import poll
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
 
-DRIVER = "npu.huawei.com"
-
 
 @pytest.fixture(scope="module")
 def dra_agent(cluster: Cluster) -> Iterator[AgentProcess]:
-    apply_chart(cluster, DRA_RENDER)
-    cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
-    state = cluster.work / "fake-state-dra.json"
-    state.write_text("{}")
-    with running_agent(
-        cluster,
-        "agent-dra",
-        DRA_RENDER,
-        registered=f"Registered DRA driver {DRIVER}",
-        backend="fake",
-        fakeChips=8,
-        fakeModel="910B4",
-        fakeState=str(state),
-    ) as process:
+    with fake_dra_agent(cluster, "agent-dra", cluster.work / "fake-state-dra.json") as process:
         yield process
 
 
@@ -51,11 +37,7 @@ def node_slices(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 def test_the_resourceslice_is_accepted(cluster: Cluster, dra_agent: AgentProcess) -> None:
-    deadline = time.monotonic() + 60
-    slices = node_slices(cluster)
-    while not slices and time.monotonic() < deadline:
-        time.sleep(0.5)
-        slices = node_slices(cluster)
+    slices = poll(lambda: node_slices(cluster), bool)
     assert slices, dra_agent.output[-3000:]
     devices = [d["name"] for s in slices for d in s["spec"].get("devices", [])]
     assert len(devices) == 8, devices
@@ -133,16 +115,15 @@ def test_a_tainted_chip_is_never_allocated(cluster: Cluster, dra_agent: AgentPro
     claim of seven gets every chip but that one."""
     (cluster.work / "fake-state-dra.json").write_text(json.dumps({"unhealthy": [3]}))
     try:
-        deadline = time.monotonic() + 60
-        tainted: list[str] = []
-        while not tainted and time.monotonic() < deadline:
-            time.sleep(0.5)
-            tainted = [
+        tainted = poll(
+            lambda: [
                 d["name"]
                 for s in node_slices(cluster)
                 for d in s["spec"].get("devices", [])
                 if d.get("taints")
-            ]
+            ],
+            bool,
+        )
         assert len(tainted) == 1, node_slices(cluster)
         claim_pod(cluster, "eight", count=8)
         cluster.kubectl(

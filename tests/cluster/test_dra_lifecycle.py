@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent, stop
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.node import kubectl_watch
 from tests.cluster.pods import claim_pod, recorded_containers, wait_running
+from tests.cluster.polling import until
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
@@ -89,17 +89,17 @@ def delete_pod(cluster: Cluster, name: str) -> None:
 
 def wait_resource_health(cluster: Cluster, pod: str, health: str, timeout: float = 90) -> dict[str, Any]:
     """Until the pod's container status carries ``claim:npus`` with every device's health ``health``."""
-    deadline = time.monotonic() + timeout
-    statuses: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
+
+    def claim_npus() -> dict[str, Any]:
         containers = get_json(cluster, "pod", pod)["status"].get("containerStatuses", [])
         statuses = [s for c in containers for s in c.get("allocatedResourcesStatus") or []]
-        entries = [s for s in statuses if s["name"] == "claim:npus"]
-        resources = entries[0]["resources"] if entries else []
-        if resources and all(r["health"] == health for r in resources):
-            return entries[0]
-        time.sleep(0.5)
-    raise AssertionError(f"pod {pod}: no claim:npus with health {health} in {statuses}")
+        return next((s for s in statuses if s["name"] == "claim:npus"), {})
+
+    def healthy(entry: dict[str, Any]) -> bool:
+        resources = entry.get("resources") or []
+        return bool(resources) and all(r["health"] == health for r in resources)
+
+    return until(claim_npus, healthy, f"pod {pod}: claim:npus with health {health}", timeout)
 
 
 def test_an_unhealthy_chip_reaches_the_pods_status_and_recovers(

@@ -11,52 +11,28 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, running_agent
+from tests.cluster.agent import DRA_DRIVER as DRIVER
+from tests.cluster.agent import agent_metrics, fake_dra_agent
 from tests.cluster.harness import Cluster
 from tests.cluster.pods import claim_pod, one_pod_spec, wait_running
+from tests.cluster.polling import until
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
 
-DRIVER = "npu.huawei.com"
 ADMIN_NAMESPACE = "npu-ops"
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
 def dra_agent(cluster: Cluster) -> Iterator[AgentProcess]:
-    apply_chart(cluster, DRA_RENDER)
-    cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
     state = cluster.work / "fake-state-dra-status.json"
-    state.write_text("{}")
-    with running_agent(
-        cluster,
-        "agent-dra-status",
-        DRA_RENDER,
-        registered=f"Registered DRA driver {DRIVER}",
-        backend="fake",
-        fakeChips=8,
-        fakeModel="910B4",
-        fakeState=str(state),
-        healthInterval=2,
-    ) as process:
+    with fake_dra_agent(cluster, "agent-dra-status", state, healthInterval=2) as process:
         yield process
-
-
-def _until(read: Callable[[], T], ready: Callable[[T], bool], what: str, timeout: float = 60) -> T:
-    deadline = time.monotonic() + timeout
-    found = read()
-    while not ready(found):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {timeout:g} s; last seen: {str(found)[:3000]}")
-        time.sleep(0.5)
-        found = read()
-    return found
 
 
 def _claim_of(cluster: Cluster, pod: str, namespace: str = "default") -> dict[str, Any]:
@@ -91,16 +67,6 @@ def _admin_pod(cluster: Cluster) -> None:
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
 
 
-def _metrics(cluster: Cluster) -> str:
-    return subprocess.run(
-        cluster.in_netns(["curl", "-sf", "http://127.0.0.1:9410/metrics"]),
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=False,
-    ).stdout
-
-
 def test_an_admin_claim_runs_beside_an_exclusive_one_both_get_status_and_holders_are_named(
     cluster: Cluster, dra_agent: AgentProcess
 ) -> None:
@@ -116,7 +82,7 @@ def test_an_admin_claim_runs_beside_an_exclusive_one_both_get_status_and_holders
         ran = time.monotonic() - started
 
         # The exclusive claim: one device; its status written by the agent within a few seconds.
-        train = _until(
+        train = until(
             lambda: _claim_of(cluster, "status-train"),
             lambda c: len(c["status"].get("devices") or []) == 1,
             "status.devices of the exclusive claim",
@@ -130,7 +96,7 @@ def test_an_admin_claim_runs_beside_an_exclusive_one_both_get_status_and_holders
         assert entry["data"] == {"model": "910B4", "physicId": physic}
 
         # The admin claim: every device, the exclusive one's too, marked adminAccess by the scheduler.
-        monitor = _until(
+        monitor = until(
             lambda: _claim_of(cluster, "monitor", ADMIN_NAMESPACE),
             lambda c: len(c["status"].get("devices") or []) == 8,
             "status.devices of the admin claim",
@@ -150,10 +116,10 @@ def test_an_admin_claim_runs_beside_an_exclusive_one_both_get_status_and_holders
         series = re.compile(rf'ascend_agent_chip_held\{{[^}}]*device="{device}"[^}}]*\}}')
 
         def held() -> str:
-            found = series.search(_metrics(cluster))
+            found = series.search(agent_metrics(cluster))
             return found.group(0) if found else ""
 
-        labels = _until(held, lambda s: "status-train" in s and "monitor" in s, f"{device}'s holders")
+        labels = until(held, lambda s: "status-train" in s and "monitor" in s, f"{device}'s holders")
         assert f'claim="{train_name},{monitor_name}"' in labels, labels
         assert f'namespace="default,{ADMIN_NAMESPACE}"' in labels, labels
         listed = subprocess.run(

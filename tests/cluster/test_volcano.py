@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -26,6 +25,7 @@ from tests.cluster.pods import (
     recorded_envs,
     wait_running,
 )
+from tests.cluster.polling import poll
 from tests.support.agent_process import AgentProcess
 from tests.support.hccl import gather, hccl_json
 
@@ -68,12 +68,12 @@ def test_the_chips_volcano_chose_and_the_marks_written_back(
         (request,) = recorded_containers(cluster, "placed")
         assert chip_devices(request) == {"/dev/davinci3", "/dev/davinci5"}, request["config"].get("devices")
         assert recorded_envs(request)["ASCEND_VISIBLE_DEVICES"] == "3,5"
-        deadline = time.monotonic() + 60
-        annotations: dict[str, str] = {}
-        while annotations.get("huawei.com/AscendReal") is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            got = json.loads(cluster.kubectl("get", "pod", "placed", "-o", "json").stdout)
-            annotations = got["metadata"].get("annotations", {})
+        annotations: dict[str, str] = poll(
+            lambda: json.loads(cluster.kubectl("get", "pod", "placed", "-o", "json").stdout)["metadata"].get(
+                "annotations", {}
+            ),
+            lambda got: got.get("huawei.com/AscendReal") is not None,
+        )
         assert annotations.get("huawei.com/AscendReal") == "Ascend910-3,Ascend910-5", annotations
         assert annotations.get("predicate-time") == "18446744073709551615", annotations
         _the_rank_table(cluster, annotations)
