@@ -85,6 +85,8 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 PROTOC_GEN_GO := $(GO_CACHE_DIR)/tools/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(GO_CACHE_DIR)/tools/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
 INTEROP_GO_SOURCES := $(wildcard tests/interop/kubelet/*.go) tests/interop/go.mod tests/interop/go.sum
+# What the two decoders share: one strict decode (unknown fields and trailing data refused).
+INTEROP_STRICT := tests/interop/strictjson/strictjson.go
 INTEROP_PROTO_OPT = module=ascend-agent/protos,Mdeviceplugin/v1beta1/api.proto=ascend-agent/protos/deviceplugin/v1beta1
 
 interop-packages:
@@ -113,11 +115,11 @@ $(INTEROP)/kubelet-standin: $(INTEROP_GO_SOURCES) $(INTEROP)/protos/go.mod
 	cd tests/interop && nice -n 10 $(GO) build -mod=readonly -o "$(CURDIR)/$@" ./kubelet
 
 # The device-info ConfigMap decoded by Go's encoding/json into ascend-for-volcano's types (standard library only).
-$(INTEROP)/deviceinfo-decode: tests/interop/deviceinfo/main.go tests/interop/go.mod $(INTEROP)/protos/go.mod
+$(INTEROP)/deviceinfo-decode: tests/interop/deviceinfo/main.go $(INTEROP_STRICT) tests/interop/go.mod $(INTEROP)/protos/go.mod
 	cd tests/interop && nice -n 10 $(GO) build -mod=readonly -o "$(CURDIR)/$@" ./deviceinfo
 
 # The pods' ascend-910-configuration and hccl.json v1.0/v1.2 decoded by Go's encoding/json (standard library only).
-$(INTEROP)/ranktable-decode: tests/interop/ranktable/main.go tests/interop/go.mod $(INTEROP)/protos/go.mod
+$(INTEROP)/ranktable-decode: tests/interop/ranktable/main.go $(INTEROP_STRICT) tests/interop/go.mod $(INTEROP)/protos/go.mod
 	cd tests/interop && nice -n 10 $(GO) build -mod=readonly -o "$(CURDIR)/$@" ./ranktable
 
 interop: $(STAMP) $(INTEROP)/kubelet-standin $(INTEROP)/deviceinfo-decode $(INTEROP)/ranktable-decode

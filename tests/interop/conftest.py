@@ -3,23 +3,18 @@ plain ``pytest`` stays green), a failure instead under ``make interop``, which b
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.interop import built
 from tests.support.gokubelet import BINARY, GoKubelet
 
 
 @pytest.fixture(scope="session")
 def standin_binary() -> Path:
-    if BINARY.is_file() and os.access(BINARY, os.X_OK):
-        return BINARY
-    reason = f"the grpc-go kubelet stand-in is not built ({BINARY}): `make interop` builds it and runs these"
-    if os.environ.get("INTEROP_REQUIRE_STANDIN"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+    return built(BINARY, "the grpc-go kubelet stand-in")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Inventory
+from tests.interop import built
 from tests.support import ROOT
 from tests.support.apiserver import ApiServer
 from tests.support.clock import ManualClock
@@ -27,12 +27,7 @@ BINARY = ROOT / "build" / "interop" / "deviceinfo-decode"
 
 @pytest.fixture(scope="module")
 def decoder() -> Path:
-    if BINARY.is_file() and os.access(BINARY, os.X_OK):
-        return BINARY
-    reason = f"the Go decoder is not built ({BINARY}): `make interop` builds it and runs this"
-    if os.environ.get("INTEROP_REQUIRE_STANDIN"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+    return built(BINARY, "the Go decoder")
 
 
 def _decode(decoder: Path, device_info_cfg: str, base_device_infos: str) -> str:

@@ -8,7 +8,6 @@ without the binaries, a failure under ``make interop``."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.ranktable import CONFIGURATION, fragment, render
 from ascend_agent.model import Inventory
+from tests.interop import built
 from tests.support import ROOT
 from tests.support.hccl import gather
 from tests.unit.test_ranktable import A3_SELECTOR, _full_a3_node, _placed, _second_910b_node
@@ -28,13 +28,7 @@ BUILT = ROOT / "build" / "interop"
 
 
 def _binary(name: str) -> Path:
-    path = BUILT / name
-    if path.is_file() and os.access(path, os.X_OK):
-        return path
-    reason = f"the Go decoder is not built ({path}): `make interop` builds it and runs this"
-    if os.environ.get("INTEROP_REQUIRE_STANDIN"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+    return built(BUILT / name, "the Go decoder")
 
 
 def _go(binary: str, document: dict[str, str]) -> str:

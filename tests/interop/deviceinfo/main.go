@@ -16,6 +16,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"ascend-agent/interop/strictjson"
 )
 
 // NodeDeviceInfo and NodeDeviceInfoCache as ascend-for-volcano declares them.
@@ -54,18 +56,6 @@ type NpuBaseInfo struct {
 	SuperDeviceID uint32
 }
 
-func strict(data string, into interface{}) error {
-	decoder := json.NewDecoder(strings.NewReader(data))
-	decoder.DisallowUnknownFields()
-	if err := decoder.Decode(into); err != nil {
-		return err
-	}
-	if decoder.More() {
-		return fmt.Errorf("data after the JSON value")
-	}
-	return nil
-}
-
 func run() (string, error) {
 	raw, err := io.ReadAll(os.Stdin)
 	if err != nil {
@@ -75,11 +65,11 @@ func run() (string, error) {
 		DeviceInfoCfg   string
 		BaseDeviceInfos string `json:"baseDeviceInfos"`
 	}
-	if err := strict(string(raw), &input); err != nil {
+	if err := strictjson.Decode(string(raw), &input); err != nil {
 		return "", fmt.Errorf("input: %v", err)
 	}
 	var cache NodeDeviceInfoCache
-	if err := strict(input.DeviceInfoCfg, &cache); err != nil {
+	if err := strictjson.Decode(input.DeviceInfoCfg, &cache); err != nil {
 		return "", fmt.Errorf("DeviceInfoCfg: %v", err)
 	}
 	marshalled, err := json.Marshal(cache.DeviceInfo)
@@ -104,7 +94,7 @@ func run() (string, error) {
 		keys = append(keys, key)
 		if strings.HasSuffix(key, "-Fault") {
 			var entries []FaultDeviceInfo
-			if err := strict(value, &entries); err != nil {
+			if err := strictjson.Decode(value, &entries); err != nil {
 				return "", fmt.Errorf("%s: %v", key, err)
 			}
 			faults += len(entries)
@@ -112,7 +102,7 @@ func run() (string, error) {
 	}
 	sort.Strings(keys)
 	var base map[string]NpuBaseInfo
-	if err := strict(input.BaseDeviceInfos, &base); err != nil {
+	if err := strictjson.Decode(input.BaseDeviceInfos, &base); err != nil {
 		return "", fmt.Errorf("baseDeviceInfos: %v", err)
 	}
 	return fmt.Sprintf("ok keys=%s faults=%d chips=%d", strings.Join(keys, ","), faults, len(base)), nil

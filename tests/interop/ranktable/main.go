@@ -15,6 +15,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"ascend-agent/interop/strictjson"
 )
 
 // Dev and Instance: the pod's configuration annotation.
@@ -73,21 +75,9 @@ type RankTableV12 struct {
 	SuperPodList []SuperPod `json:"super_pod_list"`
 }
 
-func strict(data string, into interface{}) error {
-	decoder := json.NewDecoder(strings.NewReader(data))
-	decoder.DisallowUnknownFields()
-	if err := decoder.Decode(into); err != nil {
-		return err
-	}
-	if decoder.More() {
-		return fmt.Errorf("data after the JSON value")
-	}
-	return nil
-}
-
 func configuration(text string) (string, error) {
 	var instance Instance
-	if err := strict(text, &instance); err != nil {
+	if err := strictjson.Decode(text, &instance); err != nil {
 		return "", fmt.Errorf("configuration: %v", err)
 	}
 	if len(instance.Devices) == 0 {
@@ -115,13 +105,13 @@ func hccl(text, version string) (string, error) {
 	superPods := 0
 	switch version {
 	case "1.0":
-		if err = strict(text, &table); err != nil {
+		if err = strictjson.Decode(text, &table); err != nil {
 			return "", fmt.Errorf("hccl.json v1.0: %v", err)
 		}
 		again, err = json.Marshal(table)
 	case "1.2":
 		var v12 RankTableV12
-		if err = strict(text, &v12); err != nil {
+		if err = strictjson.Decode(text, &v12); err != nil {
 			return "", fmt.Errorf("hccl.json v1.2: %v", err)
 		}
 		table, superPods = v12.RankTable, len(v12.SuperPodList)
@@ -168,7 +158,7 @@ func run() (string, error) {
 		HCCL          string `json:"hccl"`
 		Version       string `json:"version"`
 	}
-	if err := strict(string(raw), &input); err != nil {
+	if err := strictjson.Decode(string(raw), &input); err != nil {
 		return "", fmt.Errorf("input: %v", err)
 	}
 	parts := []string{"ok"}
