@@ -64,6 +64,16 @@ class _Host:
         self.agents.append(agent)
         return agent
 
+    def cli_config(self, **more: Any) -> Path:
+        """A config file for ``list`` and the doctor: this host's fake chips and directories, and ``more``."""
+        config = self.directory / "doctor.yaml"
+        settings = {
+            "backend": "fake", "fakeChips": 4, "fakeModel": "910B3", "fakeState": str(self.state),
+            "kubeletDir": str(self.kubelet_dir), "cdiSpecDir": str(self.cdi), "metricsAddress": "", **more,
+        }  # fmt: skip
+        config.write_text(yaml.safe_dump(settings))
+        return config
+
     def faults(self, unhealthy: list[int]) -> None:
         temporary = self.state.with_name(".state.tmp")
         temporary.write_text(json.dumps({"unhealthy": unhealthy}))
@@ -312,15 +322,7 @@ async def test_the_doctor_checks_the_dra_driver_not_the_device_plugin(
     await kubelet.prepare([dra_v1.Claim(namespace="default", uid=uid, name="train")])
     host.faults([3])
     apiserver.wait_for(lambda: _devices(apiserver), lambda found: bool(found["npu-3"].get("taints")))
-    config = host.directory / "doctor.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "backend": "fake", "fakeChips": 4, "fakeModel": "910B3", "fakeState": str(host.state),
-                "kubeletDir": str(host.kubelet_dir), "cdiSpecDir": str(host.cdi), "metricsAddress": "",
-            }
-        )
-    )  # fmt: skip
+    config = host.cli_config()
     result = await anyio.to_thread.run_sync(
         lambda: run_cli(
             "doctor",

@@ -13,7 +13,6 @@ from typing import Any
 
 import anyio
 import pytest
-import yaml
 
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from tests.e2e.test_dra import DRIVER, NODE, _devices, _Host, _slices
@@ -99,16 +98,7 @@ async def test_claims_get_their_status_and_their_holders_are_named(
     apiserver.wait_for(lambda: _devices(apiserver), lambda found: bool(found["npu-1"].get("taints")))
 
     # `list` and the doctor name the pods and claims holding the failing chip.
-    config = host.directory / "doctor.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "backend": "fake", "fakeChips": 4, "fakeModel": "910B3", "fakeState": str(host.state),
-                "kubeletDir": str(host.kubelet_dir), "cdiSpecDir": str(host.cdi), "metricsAddress": "",
-                "kubeletApi": "dra", "podResourcesSocket": str(podresources.path),
-            }
-        )
-    )  # fmt: skip
+    config = host.cli_config(kubeletApi="dra", podResourcesSocket=str(podresources.path))
     listed = await anyio.to_thread.run_sync(lambda: run_cli("list", "--json", "--config", str(config)))
     assert listed.returncode == 0, listed.stderr
     rows = {row["id"]: row for row in json.loads(listed.stdout)}

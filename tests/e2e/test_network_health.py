@@ -50,9 +50,8 @@ def _events(apiserver: ApiServer) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def test_a_link_down_is_network_unhealthy_for_volcano_not_for_the_kubelet(
-    kubelet: KubeletStandin, apiserver: ApiServer, host: HostTree, short_dir: Path
-) -> None:
+def _eight_chips(host: HostTree, short_dir: Path, apiserver: ApiServer) -> tuple[FakeNpuSmi, FakeHccnTool]:
+    """Eight chips on the host, npu-smi printing the 910B4 sample, hccn_tool each chip's address, the Node."""
     host.add_chips(range(8))
     npu_smi = FakeNpuSmi(short_dir / "npu-smi")
     npu_smi.set_output("info", (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text())
@@ -60,6 +59,13 @@ def test_a_link_down_is_network_unhealthy_for_volcano_not_for_the_kubelet(
     for chip, text in per_chip("hccn_tool-ip-g_fixture-8dev.txt").items():
         tool.set_output(f"-i {chip} -ip -g", text)
     apiserver.put("nodes", {"metadata": {"name": NODE}})
+    return npu_smi, tool
+
+
+def test_a_link_down_is_network_unhealthy_for_volcano_not_for_the_kubelet(
+    kubelet: KubeletStandin, apiserver: ApiServer, host: HostTree, short_dir: Path
+) -> None:
+    npu_smi, tool = _eight_chips(host, short_dir, apiserver)
     address = f"127.0.0.1:{free_port()}"
     devfs = ["--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
              "--hccn-tool", str(tool.path), "--npu-smi-timeout", "2",
@@ -108,13 +114,7 @@ def test_a_link_down_is_network_unhealthy_for_volcano_not_for_the_kubelet(
 def test_a_hung_then_garbled_hccn_tool_is_one_line_per_change_and_no_traceback(
     kubelet: KubeletStandin, apiserver: ApiServer, host: HostTree, short_dir: Path
 ) -> None:
-    host.add_chips(range(8))
-    npu_smi = FakeNpuSmi(short_dir / "npu-smi")
-    npu_smi.set_output("info", (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text())
-    tool = FakeHccnTool(short_dir / "hccn")
-    for chip, text in per_chip("hccn_tool-ip-g_fixture-8dev.txt").items():
-        tool.set_output(f"-i {chip} -ip -g", text)
-    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    npu_smi, tool = _eight_chips(host, short_dir, apiserver)
     process = AgentProcess(
         ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
          "--hccn-tool", str(tool.path), "--npu-smi-timeout", "2", "--health-interval", "1",

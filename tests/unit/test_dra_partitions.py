@@ -26,6 +26,7 @@ from ascend_agent.model import Carvable, Chip, ContainerBase, Health, Inventory,
 from ascend_agent.vnpu_layout import DYNAMIC, is_dynamic, parse_layout
 from backends.npusmi_vnpu import parse_info_vnpu, parse_template_info
 from tests.support.vnpu_node import INFO_VNPU_TWO, TEMPLATE_INFO
+from tests.unit.test_dra import _slice
 
 KUBERNETES = "1.36"
 TAINTS = DeviceTaints("npu.huawei.com", "NoSchedule")
@@ -49,20 +50,6 @@ TEMPLATES_910B = (
 TOTALS_910B = (("aicore", 20), ("memory", 64), ("aicpu", 7))
 TEMPLATES_A3 = (Template("vir06_1c_16g", 6, 16, 1), Template("vir12_3c_32g", 12, 32, 3))
 TOTALS_A3 = (("aicore", 24), ("memory", 64), ("aicpu", 6))
-
-
-def _slice(spec: dict[str, Any], index: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"node-1-npu.huawei.com-{index}"},
-        "spec": {
-            "driver": "npu.huawei.com",
-            "nodeName": "node-1",
-            "pool": {"name": "node-1", "generation": 1, "resourceSliceCount": 1},
-            **spec,
-        },
-    }
 
 
 def test_a_310p_offers_each_template_as_often_as_its_counters_allow() -> None:
