@@ -80,13 +80,16 @@ class _Host:
         os.replace(temporary, self.state)
 
 
-@pytest.fixture
-def host(short_dir: Path, apiserver: ApiServer) -> Iterator[_Host]:
+def dra_host(short_dir: Path, apiserver: ApiServer) -> Iterator[_Host]:
+    """The DRA tests' ``host``: the node in the API server; every agent started is closed at the end."""
     apiserver.put("nodes", {"metadata": {"name": NODE, "uid": "node-uid-1"}})
     made = _Host(short_dir, apiserver)
     yield made
     for agent in made.agents:
         agent.close()
+
+
+host = pytest.fixture(dra_host, name="host")
 
 
 def _claim(apiserver: ApiServer, name: str, devices: list[str], pool: str = NODE) -> str:

@@ -7,29 +7,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
-from tests.e2e.test_dra import DRIVER, NODE, _devices, _Host, _slices
+from tests.e2e.test_dra import DRIVER, NODE, _devices, _Host, _slices, dra_host
 from tests.support.apiserver import ApiServer
 from tests.support.cli import run_cli
 from tests.support.dra_kubelet import DraKubelet
 from tests.support.http_probe import free_port, wait_answer
 from tests.support.podresources import PodResourcesStandin
 
-
-@pytest.fixture
-def host(short_dir: Path, apiserver: ApiServer) -> Iterator[_Host]:
-    apiserver.put("nodes", {"metadata": {"name": NODE, "uid": "node-uid-1"}})
-    made = _Host(short_dir, apiserver)
-    yield made
-    for agent in made.agents:
-        agent.close()
+host = pytest.fixture(dra_host, name="host")
 
 
 def _status(apiserver: ApiServer, name: str) -> list[dict[str, Any]]:
