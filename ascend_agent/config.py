@@ -13,7 +13,6 @@ file underneath it::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import re
 import shutil
@@ -413,6 +412,8 @@ def _nearest_setting(key: str) -> str:
     >>> _nearest_setting("colour")
     'settings are the flags in camelCase: --kubelet-dir is kubeletDir'
     """
+    import difflib  # only a misspelt key needs it
+
     keys = {_folded(camel_case(name)): camel_case(name) for name in _CONVERTERS}
     nearest = difflib.get_close_matches(_folded(key), keys, n=1, cutoff=0.75)
     if nearest:

@@ -1,8 +1,8 @@
 """The agent's own process. ``ascend-agent run`` reads its flags and environment, then replaces itself
-(``execv``, same PID) with ``python -P [-OO] -m ascend_agent.runner FD``, which reads them back from the pipe
-FD, reads the config file, checks the settings (a bad one is one line, exit status 2) and runs the agent. The
-command line's libraries (typer, click) and the other commands' modules never load into the process that
-lives as long as the node::
+(``execv``, same PID) with ``python -P -X no_debug_ranges [-OO] -m ascend_agent.runner FD``, which reads them
+back from the pipe FD, reads the config file, checks the settings (a bad one is one line, exit status 2) and
+runs the agent. The command line's libraries (typer, click) and the other commands' modules never load into
+the process that lives as long as the node::
 
     exec_agent(source)        # in the command line, its flags parsed; never returns
 
@@ -58,12 +58,15 @@ def decode(data: bytes) -> SettingsSource:
 
 
 def interpreter_flags() -> list[str]:
-    """``-P``: the working directory stays off ``sys.path``; ``-OO`` where its bytecode is installed."""
+    """``-P``: the working directory stays off ``sys.path``; ``-X no_debug_ranges``: code objects keep line
+    numbers but not the column ranges that mark a traceback's expression (0.25 MiB fewer with the agent's
+    modules); ``-OO`` where its bytecode is installed."""
+    flags = ["-P", "-X", "no_debug_ranges"]
     spec = importlib.util.find_spec(_BYTECODE_PROBE)
     origin = spec.origin if spec is not None else None
     if origin and os.path.exists(importlib.util.cache_from_source(origin, optimization=2)):
-        return ["-P", "-OO"]
-    return ["-P"]
+        flags.append("-OO")
+    return flags
 
 
 def exec_agent(source: SettingsSource) -> NoReturn:

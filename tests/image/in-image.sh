@@ -59,8 +59,8 @@ await "$sim_log" "Allocate Ascend910-"
 
 # The command line has handed over to the runner, with -OO, and the runner's modules (the standard library's
 # too: the official python base ships none) load from bytecode rather than being compiled at every start.
-tr '\0' ' ' <"/proc/$agent/cmdline" | grep -q -- "-OO -m ascend_agent.runner" ||
-    fail "the agent is not the runner with -OO: $(tr '\0' ' ' <"/proc/$agent/cmdline")"
+tr '\0' ' ' <"/proc/$agent/cmdline" | grep -q -- "-X no_debug_ranges -OO -m ascend_agent.runner" ||
+    fail "the agent is not the runner with -X no_debug_ranges and -OO: $(tr '\0' ' ' <"/proc/$agent/cmdline")"
 runner_python=$(tr '\0' '\n' <"/proc/$agent/cmdline" | head -n 1)
 uncompiled=$("$runner_python" -OO -c '
 import importlib.util, sys

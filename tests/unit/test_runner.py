@@ -49,13 +49,13 @@ def probe(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_without_the_OO_bytecode_the_runner_keeps_the_docstrings(probe: Path) -> None:
     py_compile.compile(str(probe), cfile=importlib.util.cache_from_source(str(probe)))  # level 0 only
-    assert runner.interpreter_flags() == ["-P"]
+    assert runner.interpreter_flags() == ["-P", "-X", "no_debug_ranges"]
 
 
 def test_with_the_OO_bytecode_installed_the_runner_leaves_them_out(probe: Path) -> None:
     cached = importlib.util.cache_from_source(str(probe), optimization=2)
     py_compile.compile(str(probe), cfile=cached, optimize=2)
-    assert runner.interpreter_flags() == ["-P", "-OO"]
+    assert runner.interpreter_flags() == ["-P", "-X", "no_debug_ranges", "-OO"]
 
 
 def test_a_runner_started_by_hand_says_what_starts_it() -> None:
