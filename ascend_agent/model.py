@@ -48,6 +48,12 @@ class Generation(enum.StrEnum):
         Huawei advertises Atlas 350/850/950."""
         return naming.DEFAULT_FAMILIES[self.value]
 
+    @property
+    def trains(self) -> bool:
+        """Whether its chips have a RoCE NIC for collective communication (a device IP, read through
+        hccn_tool): every 910 generation."""
+        return self in _TRAINING_GENERATIONS
+
 
 # Huawei's classification order. ``910_93`` and ``910_93xx`` are the agent's own model names for A3 dies
 # (npu-smi prints ``Ascend910`` there; devfs tells A3 by the table's shape), ``910C*`` is what some A3
@@ -61,6 +67,9 @@ _GENERATION_PATTERNS: tuple[tuple[re.Pattern[str], Generation], ...] = (
     (re.compile(r"^910"), Generation.ASCEND910A),
     (re.compile(r"^950"), Generation.ASCEND950),
 )
+
+
+_TRAINING_GENERATIONS = frozenset({Generation.ASCEND910A, Generation.ASCEND910B, Generation.ASCEND910A3})
 
 
 class UnknownModelError(ValueError):
@@ -136,6 +145,9 @@ class VNpu:
         return self.container_id.lower() not in NO_CONTAINER_IDS
 
 
+# npu-smi numbers the vNPUs of chip N from N*16+100 (inference chips use the first 8, training chips all 16).
+VNPU_ID_BASE = 100
+VNPU_IDS_PER_CHIP = 16
 # What Huawei publishes as a vNPU's device IP (a vNPU has no NIC of its own).
 VNPU_DEVICE_IP = "127.0.0.1"
 # Huawei's value for a super-pod id or server index the driver does not give (every model but A3).

@@ -29,10 +29,10 @@ from pathlib import Path
 import aiofiles
 
 from ascend_agent.backends._container import container_base
-from ascend_agent.backends.training import trains
-from ascend_agent.backends.vnpu import VNPU_ID_BASE, VNPU_IDS_PER_CHIP
 from ascend_agent.config import ConfigError, Settings, decode_utf8, fake_vnpus
 from ascend_agent.model import (
+    VNPU_ID_BASE,
+    VNPU_IDS_PER_CHIP,
     Chip,
     DeviceNode,
     Generation,
@@ -220,7 +220,7 @@ class FakeBackend:
             naming_scheme=self._settings.resource_naming,
         )
         chip = replace(chip, hbm_mb=_HBM_MB_BY_MODEL.get(chip.model, _HBM_MB.get(chip.generation)))
-        if self._settings.fake_training and trains(chip.generation):
+        if self._settings.fake_training and chip.generation.trains:
             chip = replace(chip, device_ip=str(_DEVICE_IPS + phys_id + 1))
             if chip.generation is Generation.ASCEND910A3:
                 super_pod = SuperPod(sdid=phys_id, size=chips, super_pod_id=0, server_index=0)

@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 REREAD_SECONDS = 60.0
 # Chips read at once (at start, or when many come back together): each read is a few hccn_tool runs.
 _CONCURRENT_READS = 4
-# The models whose chips have a RoCE NIC for collective communication, asked through hccn_tool.
-TRAINING_GENERATIONS = frozenset({Generation.ASCEND910A, Generation.ASCEND910B, Generation.ASCEND910A3})
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +76,6 @@ _Read = tuple[str | _Unread | None, str | _Unread | None, SuperPod | _Unread | N
 _FIELDS = ("device IP", "vNIC IP", "super pod")
 
 
-def trains(generation: Generation) -> bool:
-    return generation in TRAINING_GENERATIONS
-
-
 class TrainingProbe:
     """Each chip's :class:`ChipFacts`, read on the schedule in the module's docstring."""
 
@@ -110,7 +104,7 @@ class TrainingProbe:
         """Read the chips that are due: every one never read or just come back, and of the others those read
         longest ago, as many as spread a whole round over :data:`REREAD_SECONDS` of ``interval``-second
         queries. Never raises for what the tools do."""
-        training = [target for target in targets if trains(target.generation)]
+        training = [target for target in targets if target.generation.trains]
         now = self._clock()
         back = {t.phys_id for t in training if t.answering and t.phys_id not in self._answering}
         self._answering = frozenset(t.phys_id for t in training if t.answering)

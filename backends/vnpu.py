@@ -30,7 +30,7 @@ from ascend_agent.backends.npusmi_vnpu import (
     query_vnpus,
 )
 from ascend_agent.config import Settings
-from ascend_agent.model import Carvable, Chip, Health, Template, VNpu
+from ascend_agent.model import VNPU_ID_BASE, VNPU_IDS_PER_CHIP, Carvable, Chip, Health, Template, VNpu
 from ascend_agent.observability import log_fields
 from ascend_agent.vnpu_layout import (
     DYNAMIC,
@@ -49,9 +49,6 @@ from ascend_agent.vnpu_layout import (
 
 log = logging.getLogger(__name__)
 
-# npu-smi numbers the vNPUs of chip N from N*16+100 (inference chips use the first 8, training chips all 16).
-VNPU_ID_BASE = 100
-VNPU_IDS_PER_CHIP = 16
 # A vNPU's device node under /dev, its npu-smi vNPU id in the group.
 VNPU_NODE = re.compile(r"^vdavinci(\d+)$")
 # npu-smi's Status column: numbers (0 idle, 1 in use) say nothing of health; so does OK.

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from ascend_agent.backends import discover_once
 from ascend_agent.backends.npusmi import NpuSmiError, physical_ids
 from ascend_agent.backends.tool import query_info
-from ascend_agent.backends.training import trains
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.doctor.check import Check
 from ascend_agent.model import Inventory
@@ -177,7 +176,7 @@ def _device_ips(inventory: Inventory) -> list[Check]:
     >>> print(_device_ips(Inventory(chips))[0].detail)
     1 of 2 chips have no device IP: Ascend910-1
     """
-    chips = [chip for chip in inventory.chips if trains(chip.generation)]
+    chips = [chip for chip in inventory.chips if chip.generation.trains]
     if not chips:
         return []
     name = "device IPs"

@@ -1,7 +1,7 @@
 """What ``ascend-agent run`` loads as a device plugin: the modules of the other commands, of the DRA driver,
-of a cluster side that is off, PyYAML without a file to read, rich (the help's tables) and, once the command
-line has handed over to the runner, the command line itself stay out of the process. Each module costs
-resident memory on every node (bench/cluster.py measures it).
+of a cluster side that is off, of real hardware's tools under the fake backend, PyYAML without a file to read,
+rich (the help's tables) and, once the command line has handed over to the runner, the command line itself
+stay out of the process. Each module costs resident memory on every node (bench/cluster.py measures it).
 
 The agent runs as a real process with ``PYTHONPROFILEIMPORTTIME`` set: each interpreter writes a header, then
 one line per module it imports, at whatever time it does, to stderr. The command line's interpreter comes
@@ -32,6 +32,16 @@ NEVER = (
 )
 # Loaded by the command line only, never by the runner it hands over to.
 COMMAND_LINE = ("click", "typer", "shellingham", "ascend_agent.cli")
+# The tools of real hardware (npu-smi, hccn_tool) and their parsers: never loaded by the fake backend. difflib
+# only for a misspelt config key.
+HARDWARE_TOOLS = (
+    "ascend_agent.backends.npusmi",
+    "ascend_agent.backends.npusmi_vnpu",
+    "ascend_agent.backends.hccn",
+    "ascend_agent.backends.tool",
+    "ascend_agent.backends.training",
+    "ascend_agent.backends.vnpu",
+)
 # Loaded only by the cluster side.
 CLUSTER_SIDE = ("lightkube", "httpx2", "httpcore2", "msgspec", "ascend_agent.cluster.client")
 
@@ -71,6 +81,8 @@ def test_a_device_plugin_without_the_cluster_side_loads_none_of_it(kubelet: Kube
     assert _under(modules, NEVER) == []
     assert _under(modules, COMMAND_LINE) == []
     assert _under(modules, CLUSTER_SIDE) == []
+    assert _under(modules, HARDWARE_TOOLS) == [], "the fake backend loaded the hardware tools' modules"
+    assert "difflib" not in modules, "difflib loaded with no config key to suggest"
     assert _under(modules, ("yaml",)) == [], "PyYAML loaded with no config file and no CDI spec to write"
 
 
