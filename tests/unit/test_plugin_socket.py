@@ -19,6 +19,7 @@ import pytest
 from grpclib.client import Channel, UnaryUnaryMethod
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
+from inotify_simple import INotify, flags
 
 from ascend_agent._proto.v1beta1 import AllocateResponse
 from ascend_agent.kubelet.deviceplugin import wire
@@ -316,3 +317,25 @@ def test_more_containers_than_a_pod_has_are_refused_and_the_largest_accepted_is_
     sets = [[ids[(n + k) % 8] for k in range(1 + n % 8)] for n in range(MAX_CONTAINERS)]
     answer, _ = service.allocate(_allocate_request(sets))
     assert len(AllocateResponse.parse(answer).container_responses) == MAX_CONTAINERS
+
+
+async def test_the_socket_file_appears_under_its_name_only_once_listened_on(short_dir: Path) -> None:
+    """A client that connects the moment it sees the file (the kubelet's plugin watcher acts on the inotify
+    event) must not be refused: the file is bound under a dot name and renamed in once listening, never
+    created under its own name. A stale file there is replaced."""
+    path = short_dir / "plugin.sock"
+    path.write_text("stale")
+    watch = INotify()
+    watch.add_watch(short_dir, flags.CREATE | flags.MOVED_TO)
+    server = BoundedServer([DevicePluginService(RESOURCE, on_stream_change=lambda: None)], codec=BytesCodec())
+    await server.serve(path)
+    try:
+        events = [(event.name, flags.from_mask(event.mask)) for event in watch.read(timeout=0)]
+        assert (path.name, [flags.MOVED_TO]) in events
+        assert (path.name, [flags.CREATE]) not in events
+        assert sorted(p.name for p in short_dir.iterdir()) == [path.name]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))
+    finally:
+        watch.close()
+        await server.shut()

@@ -358,26 +358,36 @@ class BoundedServer(Server):
             protocol.abort()
 
     async def serve(self, path: Path) -> SocketIdentity:
-        """Listen on ``path`` (a stale file is removed first), mode 0600 before any client can connect; the
-        socket file's identity."""
+        """Listen on ``path`` (a stale file is replaced), mode 0600 before any client can connect; the
+        socket file's identity. The file appears under its name only once it is listened on: bound as
+        ``.<name>`` (the kubelet's plugin watcher skips dot files), then renamed, so a client that connects
+        as soon as it sees the file is never refused."""
         # The directory is the kubelet's, or the agent's own made with the instance lock: never made here.
         if path.parent.exists() and not path.parent.is_dir():  # a plain file where the directory should be
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent))
+        bound = path.with_name(f".{path.name}")
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+            bound.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             # The file is made 0600 by bind() itself: a chmod after it would follow a link put in its place.
             previous = os.umask(0o177)
             try:
-                listener.bind(str(path))
+                listener.bind(str(bound))
             finally:
                 os.umask(previous)
             await self.start(sock=listener)
         except BaseException:  # cancelled too (SIGTERM): the file we bound goes with the listener
             listener.close()
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                bound.unlink()
+            raise
+        try:
+            os.rename(bound, path)
+        except OSError:
+            self.close()
+            with contextlib.suppress(FileNotFoundError):
+                bound.unlink()
             raise
         identity = socket_identity(path)
         if identity is None:
