@@ -26,7 +26,6 @@ from ascend_agent.backends import Backend, VnpuLayoutBackend, backend_for
 from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper, plans_now
 from ascend_agent.config import DRA_API, ConfigError, EffectiveSettings, Settings, SettingsSource
 from ascend_agent.health.grading import FaultGrading
-from ascend_agent.health.hotreset import HotReset
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.instance import exclusive
 from ascend_agent.kubelet import dirs as kubelet_dirs
@@ -43,6 +42,7 @@ from ascend_agent.stopping import ignore_while_stopping, stop_requested
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import Feature
+    from ascend_agent.health.hotreset.manager import HotReset
 
 log = logging.getLogger(__name__)
 
@@ -170,15 +170,20 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
 
         driver = DraDriver.open(settings, side)
         holdings.claimed = driver.service.held_device_ids
-    resets = HotReset(
-        settings,
-        resetter=lambda: agent.backend,
-        held=holdings.held_devices,
-        refresh_holders=pods.refresh,
-        wake=lambda: agent.wake(),
-        note=side.event if side is not None else None,
-        manual_resets=side.reset_info if side is not None else None,
-    )
+
+    def make_resets(settings: Settings) -> HotReset:
+        from ascend_agent.health.hotreset.manager import HotReset  # loaded only once hotReset is on
+
+        return HotReset(
+            settings,
+            resetter=lambda: agent.backend,
+            held=holdings.held_devices,
+            refresh_holders=pods.refresh,
+            wake=lambda: agent.wake(),
+            note=side.event if side is not None else None,
+            manual_resets=side.reset_info if side is not None else None,
+        )
+
     agent = Agent(
         settings,
         backend,
@@ -191,7 +196,7 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         mounted=mounted,
         vnpu=VnpuLayoutKeeper(holdings.held_devices),
         grading=grading,
-        resets=resets,
+        make_resets=make_resets,
     )
     return agent
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,6 @@ from ascend_agent.backends import Backend, Successor, backend_for
 from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, ConfigError, Settings, SettingsSource
 from ascend_agent.health.grading import FaultGrading
-from ascend_agent.health.hotreset import HotReset
 from ascend_agent.health.pipeline import HealthPipeline
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.kubelet.deviceplugin.kubelet import KUBELET_SOCKET
@@ -53,6 +53,7 @@ from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.side import ClusterSide
+    from ascend_agent.health.hotreset.manager import HotReset
     from ascend_agent.kubelet.dra import DraDriver
     from ascend_agent.kubelet.mounted import MountedChips
 
@@ -85,16 +86,16 @@ class Agent:
         mounted: MountedChips | None = None,
         vnpu: VnpuLayoutKeeper | None = None,
         grading: FaultGrading | None = None,
-        resets: HotReset | None = None,
+        make_resets: Callable[[Settings], HotReset] | None = None,
     ) -> None:
         """The parts default to what a device-plugin agent without a cluster side needs. ``dra`` serves in
         place of ``plugins``; ``mounted`` (``--volcano``) wakes the agent when the chips the pods got
-        changed; ``resets`` is the hot reset (none by default)."""
+        changed; ``make_resets`` makes the hot reset once ``hotReset`` is on (none by default)."""
         self.settings = settings
         self.backend = backend
         self.cluster = cluster
         self.health = HealthPipeline(
-            settings, grading=grading, separation=separation, resets=resets, wake=self.wake
+            settings, grading=grading, separation=separation, make_resets=make_resets, wake=self.wake
         )
         self.separation = self.health.separation
         self.holdings = holdings or Holdings(
@@ -123,6 +124,7 @@ class Agent:
         self._reload = False
         self._last_reload = -math.inf
         self._tasks: TaskGroup | None = None
+        self._resetting: HotReset | None = None  # the hot reset whose task runs
         self._standby: str | None = None
         self._missing: Path | None = None
         self._watching: list[anyio.CancelScope] = []
@@ -210,8 +212,7 @@ class Agent:
                 label_devices_with_holders(self.report.holder_of, claims=self.dra is not None)
                 serve_json(CHIPS_PATH, self.chip_states)
                 tasks.start_soon(self.holdings.pods.run, name="pod resources")
-                if self.health.resets is not None:
-                    tasks.start_soon(self.health.resets.run, name="hot reset")
+                self._run_resets()
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -308,6 +309,13 @@ class Agent:
                 if changed:
                     self.wake()
 
+    def _run_resets(self) -> None:
+        """Start the hot reset's task once the health pipeline has made it."""
+        resets = self.health.resets
+        if resets is not None and resets is not self._resetting and self._tasks is not None:
+            self._resetting = resets
+            self._tasks.start_soon(resets.run, name="hot reset")
+
     async def _run_cluster(self) -> None:
         """The cluster side, once the kubelet registered a resource (loading the client library meanwhile
         would delay that registration) or after a few seconds without."""
@@ -343,6 +351,7 @@ class Agent:
             await backend.query()
         configure_logging(settings.log_level, settings.log_format)
         self.health.configure(settings)
+        self._run_resets()
         if settings.metrics_address != self.settings.metrics_address and not await self.endpoint.move(
             settings.metrics_address
         ):

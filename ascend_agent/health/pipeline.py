@@ -3,7 +3,8 @@ table grades each chip's codes (:mod:`.grading`), the hot reset sees each chip's
 (:mod:`.hotreset`), the flap hold (:mod:`.flaphold`), the admin's separation (:mod:`.separation`), the reset
 group under reset; the vNPUs of a chip follow it::
 
-    health = HealthPipeline(settings, grading=grading, separation=separation, resets=resets, wake=agent.wake)
+    health = HealthPipeline(settings, grading=grading, separation=separation, make_resets=make_resets,
+                            wake=agent.wake)
     inventory = health.apply(await backend.discover())
     health.configure(reloaded)       # a config reload: the flap hold, the hot reset, faultPolicy
 """
@@ -12,19 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from ascend_agent.config import Settings
+from ascend_agent.config import HOT_RESET_OFF, Settings
 from ascend_agent.health.flaphold import ChipHold
 from ascend_agent.health.grading import FaultGrading
-from ascend_agent.health.hotreset import HotReset
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Chip, Health, Inventory
+
+if TYPE_CHECKING:
+    from ascend_agent.health.hotreset.manager import HotReset
 
 
 class HealthPipeline:
     """The stages the agent keeps for its lifetime (a backend made anew by a config reload keeps the chips
-    held and their history); ``wake`` runs when the admin's separation or the fault table changes. Without
-    ``resets`` there is no hot reset."""
+    held and their history); ``wake`` runs when the admin's separation or the fault table changes.
+    ``make_resets(settings)`` makes the hot reset the first time ``hotReset`` is on, at start or at a
+    reload; it then stays (a reload that turns it off keeps the budget spent). Without it there is none."""
 
     def __init__(
         self,
@@ -32,7 +37,7 @@ class HealthPipeline:
         *,
         grading: FaultGrading | None = None,
         separation: ManualSeparation | None = None,
-        resets: HotReset | None = None,
+        make_resets: Callable[[Settings], HotReset] | None = None,
         wake: Callable[[], None] = lambda: None,
     ) -> None:
         # The fault table grading each chip's codes: built in, or the cluster side's mindx-dl-fault-config.
@@ -41,7 +46,9 @@ class HealthPipeline:
         # Chips an admin separates in the device-info ConfigMap: the cluster side sets them, Unhealthy here.
         self.separation = separation or ManualSeparation()
         self.separation.on_change = wake
-        self.resets = resets
+        self._make_resets = make_resets
+        self.resets: HotReset | None = None
+        self._resets_if_on(settings)
         self.hold = ChipHold(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
 
     def apply(self, discovered: Inventory) -> Inventory:
@@ -61,7 +68,13 @@ class HealthPipeline:
         self.hold.configure(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
         if self.resets is not None:
             self.resets.configure(settings)
+        else:
+            self._resets_if_on(settings)
         self.grading.configure(dict(settings.fault_policy))
+
+    def _resets_if_on(self, settings: Settings) -> None:
+        if self._make_resets is not None and settings.hot_reset != HOT_RESET_OFF:
+            self.resets = self._make_resets(settings)
 
 
 def follow_chips(chips: Sequence[Chip], parts: Sequence[Chip]) -> tuple[Chip, ...]:

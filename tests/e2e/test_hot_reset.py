@@ -5,7 +5,9 @@ PodResources stand-in and the Kubernetes API emulator; what the kubelet sees, th
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import urllib.request
 from datetime import datetime
 from pathlib import Path
@@ -108,6 +110,31 @@ def test_a_reset_cycle_the_kubelet_and_the_cluster_see(
             f"{(_stamp(done) - _stamp(waiting)).total_seconds():.1f} s, reset start to Healthy "
             f"{(_stamp(done) - _stamp(started[0])).total_seconds():.1f} s"
         )
+    finally:
+        process.close()
+
+
+def test_a_reload_that_turns_the_hot_reset_on_starts_it(
+    kubelet: KubeletStandin, host: HostTree, apiserver: ApiServer, podresources: PodResourcesStandin,
+    short_dir: Path,
+) -> None:  # fmt: skip
+    """Off at start, the hot reset's code is not even loaded; a reload that turns it on makes it and starts
+    its task, which then sees the chip that was already faulty."""
+    npu_smi = _setup(host, short_dir / "npu-smi", apiserver)
+    config = short_dir / "config.yaml"
+    config.write_text("hotResetIdle: 1\n")
+    process = _agent(kubelet, host, npu_smi, apiserver, podresources, free_port(), "--config", str(config))
+    try:
+        kubelet.wait_update(lambda u: len(u.devices) == 8 and u.health()["Ascend910-5"] == "Unhealthy")
+        assert process.matching("Hot reset of") == []
+        replaced = short_dir / "config.yaml.new"
+        replaced.write_text("hotReset: dry-run\nhotResetIdle: 1\n")
+        os.replace(replaced, config)
+        process.proc.send_signal(signal.SIGHUP)
+        process.wait_log("Config applied: hot_reset changed")
+        would = "Hot reset of Ascend910-5: would run npu-smi set -t reset -i 5 -c 0 -m 1 for Ascend910-5"
+        process.wait_log(would, timeout=20)
+        assert npu_smi.resets() == []
     finally:
         process.close()
 

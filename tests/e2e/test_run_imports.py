@@ -42,6 +42,8 @@ HARDWARE_TOOLS = (
     "ascend_agent.backends.training",
     "ascend_agent.backends.vnpu",
 )
+# The hot reset's task and its steps, while hotReset is off (the default).
+HOT_RESET = ("ascend_agent.health.hotreset.manager",)
 # Loaded only by the cluster side.
 CLUSTER_SIDE = ("lightkube", "httpx2", "httpcore2", "msgspec", "ascend_agent.cluster.client")
 
@@ -83,6 +85,7 @@ def test_a_device_plugin_without_the_cluster_side_loads_none_of_it(kubelet: Kube
     assert _under(modules, CLUSTER_SIDE) == []
     assert _under(modules, HARDWARE_TOOLS) == [], "the fake backend loaded the hardware tools' modules"
     assert "difflib" not in modules, "difflib loaded with no config key to suggest"
+    assert _under(modules, HOT_RESET) == [], "the hot reset loaded with hotReset off"
     assert _under(modules, ("yaml",)) == [], "PyYAML loaded with no config file and no CDI spec to write"
 
 

@@ -19,8 +19,8 @@ from prometheus_client import REGISTRY
 from ascend_agent.backends.devfs import DevfsBackend
 from ascend_agent.config import Settings
 from ascend_agent.health.grading import FaultGrading
-from ascend_agent.health.hotreset import HotReset
 from ascend_agent.health.hotreset import manager as steps
+from ascend_agent.health.hotreset.manager import HotReset
 from ascend_agent.model import Health, Inventory
 from tests.support import FIXTURES
 from tests.support.host_tree import HostTree

@@ -17,9 +17,9 @@ from ascend_agent.backends.npusmi_processes import parse_processes
 from ascend_agent.backends.npusmi_reset import reset_chip, reset_result
 from ascend_agent.config import ConfigError, SettingsSource
 from ascend_agent.faultclass import FaultClass
-from ascend_agent.health.hotreset import cleared_by_reset
 from ascend_agent.health.hotreset.budget import ResetBudget
 from ascend_agent.health.hotreset.groups import reset_groups
+from ascend_agent.health.hotreset.manager import cleared_by_reset
 from ascend_agent.health.hotreset.resetinfo import ResetDevice, reset_info
 from ascend_agent.model import Chip
 from tests.support import CONSTRUCTED, FIXTURES
