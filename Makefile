@@ -60,10 +60,16 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest $(PYTEST_FLAGS)
 
+# The DRA driver's APIs into a package of their own: dra-health v1 shares protobuf package v1 with podresources,
+# and generated together a device plugin would load the DRA health messages with the pod resources.
 proto: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
 		--python_betterproto2_out=ascend_agent/_proto \
-		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO) $(DRA_PROTO)
+		--python_betterproto2_opt=client_generation=async,server_generation=async $(PROTO)
+	mkdir -p ascend_agent/_proto/dra
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m grpc_tools.protoc -I protos \
+		--python_betterproto2_out=ascend_agent/_proto/dra \
+		--python_betterproto2_opt=client_generation=async,server_generation=async $(DRA_PROTO)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from bench._common import Row, quick, report, stats
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer

@@ -19,7 +19,7 @@ import anyio
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from ascend_agent import naming
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from ascend_agent._proto.pluginregistration import InfoRequest, PluginInfo, RegistrationStub
 from ascend_agent.config import Settings
 from ascend_agent.doctor.check import DIAL_TIMEOUT as _DIAL_TIMEOUT

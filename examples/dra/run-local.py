@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer
 from tests.support.dra_kubelet import DraKubelet, HealthUpdates

@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer
 from tests.support.cli import run_cli

@@ -17,7 +17,7 @@ import anyio
 import kubernetes_validate
 import pytest
 
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer
 from tests.support.dra_kubelet import DraKubelet

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from tests.e2e.test_dra import DRIVER, NODE, _devices, _Host, _slices, dra_host
 from tests.support.apiserver import ApiServer
 from tests.support.cli import run_cli

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import anyio
 
-from ascend_agent._proto import v1 as health_v1
-from ascend_agent._proto import v1alpha1 as health_v1alpha1
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from ascend_agent._proto.dra import v1 as health_v1
+from ascend_agent._proto.dra import v1alpha1 as health_v1alpha1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from ascend_agent._proto.pluginregistration import (
     InfoRequest,
     PluginInfo,

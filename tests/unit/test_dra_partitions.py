@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ascend_agent._proto import v1 as health_v1
+from ascend_agent._proto.dra import v1 as health_v1
 from ascend_agent.container import container_spec
 from ascend_agent.kubelet.dra.carving import Made, MadeVnpus
 from ascend_agent.kubelet.dra.claimread import ClaimReader, ClaimRef

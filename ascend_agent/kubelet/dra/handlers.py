@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from ascend_agent._proto import v1 as health_v1
-from ascend_agent._proto import v1alpha1 as health_v1alpha1
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
-from ascend_agent._proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
+from ascend_agent._proto.dra import v1 as health_v1
+from ascend_agent._proto.dra import v1alpha1 as health_v1alpha1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from ascend_agent._proto.dra.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_v1beta1
 from ascend_agent.kubelet.dra.claimread import ClaimRef
 from ascend_agent.kubelet.dra.claims import PreparedClaim
 from ascend_agent.kubelet.dra.service import DraService
