@@ -23,8 +23,7 @@ _HEADER = re.compile(r"^import time: self \[us\] \| cumulative \| imported packa
 # suite's gRPC library.
 NEVER = (
     "ascend_agent.kubelet.dra",
-    "ascend_agent._proto.k8s",
-    "ascend_agent._proto.v1alpha1",
+    "ascend_agent._proto.dra",
     "ascend_agent.doctor",
     "ascend_agent.kubelet.sim",
     "rich",
@@ -42,6 +41,8 @@ HARDWARE_TOOLS = (
     "ascend_agent.backends.training",
     "ascend_agent.backends.vnpu",
 )
+# The plugin watcher's registration API, while registering over kubelet.sock (the default).
+PLUGIN_WATCHER = ("ascend_agent.kubelet.plugin_watcher", "ascend_agent._proto.pluginregistration")
 # The hot reset's task and its steps, while hotReset is off (the default).
 HOT_RESET = ("ascend_agent.health.hotreset.manager",)
 # Loaded only by the cluster side.
@@ -86,6 +87,7 @@ def test_a_device_plugin_without_the_cluster_side_loads_none_of_it(kubelet: Kube
     assert _under(modules, HARDWARE_TOOLS) == [], "the fake backend loaded the hardware tools' modules"
     assert "difflib" not in modules, "difflib loaded with no config key to suggest"
     assert _under(modules, HOT_RESET) == [], "the hot reset loaded with hotReset off"
+    assert _under(modules, PLUGIN_WATCHER) == [], "the plugin watcher's API loaded with registration: kubelet"
     assert _under(modules, ("yaml",)) == [], "PyYAML loaded with no config file and no CDI spec to write"
 
 

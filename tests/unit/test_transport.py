@@ -15,10 +15,10 @@ import pytest
 from grpclib.const import Status
 
 from ascend_agent.kubelet.deviceplugin import wire
-from ascend_agent.kubelet.deviceplugin.kubelet import WatcherRegistration
 from ascend_agent.kubelet.deviceplugin.service import DevicePluginService
 from ascend_agent.kubelet.deviceplugin.transport import BoundedServer, Limits
 from ascend_agent.kubelet.deviceplugin.wire import BytesCodec
+from ascend_agent.kubelet.plugin_watcher import WatcherRegistration
 from ascend_agent.model import Chip, ContainerBase
 from tests.support.h2_client import RawGrpcClient, grpc_message, request_headers
 
@@ -145,7 +145,12 @@ async def test_the_registration_socket_caps_requests_and_drops_unknown_fields(sh
     """One GetInfo of 1 MiB of unknown fields kept grpclib's decoder busy for tens of seconds."""
     infos: list[bool] = []
     registration = WatcherRegistration(
-        "huawei.com/Ascend910", short_dir / "plugin.sock", lambda: infos.append(True), lambda ok, why: None
+        "huawei.com/Ascend910",
+        short_dir / "plugin.sock",
+        lambda: infos.append(True),
+        lambda ok, why: None,
+        plugin_type="DevicePlugin",
+        versions=("v1beta1",),
     )
     server = BoundedServer([registration])
     path = short_dir / "registration.sock"

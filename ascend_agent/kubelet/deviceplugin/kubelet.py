@@ -1,24 +1,14 @@
-"""Registration with the kubelet: ``register()`` over kubelet.sock, and the plugin-watcher registration
-service that the kubelet's plugin manager calls instead::
+"""Registration with the kubelet over kubelet.sock (the plugin watcher's way is :mod:`..plugin_watcher`)::
 
-    await register(Path("/var/lib/kubelet/device-plugins"), "Ascend910.sock", "huawei.com/Ascend910", options)
-    server = BoundedServer([WatcherRegistration("huawei.com/Ascend910", endpoint, on_status)])
+await register(Path("/var/lib/kubelet/device-plugins"), "Ascend910.sock", "huawei.com/Ascend910", options)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from ascend_agent._proto.pluginregistration import (
-    InfoRequest,
-    PluginInfo,
-    RegistrationBase,
-    RegistrationStatus,
-    RegistrationStatusResponse,
-)
 from ascend_agent._proto.v1beta1 import DevicePluginOptions, RegisterRequest, RegistrationStub
 from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
 
@@ -64,33 +54,3 @@ async def register(
         ) from None
     finally:
         channel.close()
-
-
-class WatcherRegistration(RegistrationBase):
-    """``pluginregistration.Registration`` for one resource: GetInfo names the DevicePlugin endpoint (and
-    ``on_info()`` runs: the kubelet dials it next), and the kubelet's verdict arrives through
-    NotifyRegistrationStatus as ``on_status(registered, error)``. A DRA driver is the same with
-    ``plugin_type="DRAPlugin"``, its driver name and its service versions."""
-
-    def __init__(
-        self,
-        resource: str,
-        endpoint: Path,
-        on_info: Callable[[], None],
-        on_status: Callable[[bool, str], None],
-        plugin_type: str = "DevicePlugin",
-        versions: Sequence[str] = (API_VERSION,),
-    ) -> None:
-        self._info = PluginInfo(
-            type=plugin_type, name=resource, endpoint=str(endpoint), supported_versions=list(versions)
-        )
-        self._on_info = on_info
-        self._on_status = on_status
-
-    async def get_info(self, message: InfoRequest) -> PluginInfo:
-        self._on_info()
-        return self._info
-
-    async def notify_registration_status(self, message: RegistrationStatus) -> RegistrationStatusResponse:
-        self._on_status(message.plugin_registered, message.error)
-        return RegistrationStatusResponse()

@@ -34,9 +34,9 @@ from ascend_agent._proto.v1beta1 import DevicePluginOptions, DevicePluginStub, P
 from ascend_agent.backoff import Backoff
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, Settings
 from ascend_agent.kubelet.deviceplugin.kubelet import (
+    API_VERSION,
     KUBELET_SOCKET,
     RegistrationError,
-    WatcherRegistration,
     register,
 )
 from ascend_agent.kubelet.deviceplugin.service import DevicePluginService, Preference
@@ -194,8 +194,15 @@ class ResourcePlugin:
             await self._self_check()
             if self.registry_path is not None:
                 path = self.registry_path
+                from ascend_agent.kubelet.plugin_watcher import WatcherRegistration  # this mode only
+
                 registration = WatcherRegistration(
-                    self.resource, self.socket_path, self._expect_kubelet, self._on_watcher_status
+                    self.resource,
+                    self.socket_path,
+                    self._expect_kubelet,
+                    self._on_watcher_status,
+                    plugin_type="DevicePlugin",
+                    versions=(API_VERSION,),
                 )
                 await self._listen(BoundedServer([registration]), path)
         except (OSError, TimeoutError, GRPCError, StreamTerminatedError) as exc:

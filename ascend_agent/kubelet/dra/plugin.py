@@ -24,11 +24,11 @@ from pathlib import Path
 import anyio
 
 from ascend_agent.files import make_dirs
-from ascend_agent.kubelet.deviceplugin.kubelet import WatcherRegistration
 from ascend_agent.kubelet.deviceplugin.transport import BoundedServer, SocketIdentity, socket_identity
 from ascend_agent.kubelet.dra.handlers import grpc_handlers
 from ascend_agent.kubelet.dra.paths import DraPaths, remove_stale
 from ascend_agent.kubelet.dra.service import DraService
+from ascend_agent.kubelet.plugin_watcher import WatcherRegistration
 from ascend_agent.observability import REGISTRATIONS, ProblemLog, log_fields
 
 log = logging.getLogger(__name__)
