@@ -137,7 +137,9 @@ def test_after_a_restart_the_rescan_registers_it_again(
         # The attempt is reported after NotifyRegistrationStatus, which may come after the list.
         watching_kubelet.wait_event("register", after=attempts)
         new_attempts = watching_kubelet.of_kind("register", attempts)
-        assert [(a["ok"], a["registry"]) for a in new_attempts] == [(True, str(registry_socket))]
+        assert [(a["ok"], a["registry"]) for a in new_attempts] == [(True, str(registry_socket))], [
+            a.fields for a in new_attempts
+        ]
         assert [d["error"] for d in watching_kubelet.of_kind("dial", dials) if not d["ok"]] == []
     # Neither socket was made again: the wipe touched only the device-plugins directory.
     assert (registry_socket.stat().st_ino, endpoint.stat().st_ino) == identity

@@ -77,7 +77,12 @@ func (w *registryWatcher) rescan() {
 	}
 }
 
+// consider registers the socket name, unless it starts with a dot: the kubelet's plugin watcher skips those
+// (a plugin may bind under a dot name and rename the socket in once it listens).
 func (w *registryWatcher) consider(name string) {
+	if strings.HasPrefix(name, ".") {
+		return
+	}
 	path := filepath.Join(w.dir, name)
 	if info, err := os.Stat(path); err != nil || info.Mode()&os.ModeSocket == 0 {
 		return
@@ -97,7 +102,10 @@ func (w *registryWatcher) forget(name string) {
 	resource, found := w.registered[path]
 	delete(w.registered, path)
 	w.mu.Unlock()
-	if found && w.manager.disconnect(resource, path) {
+	if found {
+		// The kubelet deregisters a removed socket it had registered whether or not the plugin's stream is
+		// still open: a plugin that sees its socket gone serves again, ending the stream, at once.
+		w.manager.disconnect(resource, path)
 		w.events.emit("deregistered", fields{"resource": resource, "registry": path})
 	}
 }
