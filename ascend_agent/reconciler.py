@@ -124,7 +124,6 @@ class Agent:
         self._reload = False
         self._last_reload = -math.inf
         self._tasks: TaskGroup | None = None
-        self._resetting: HotReset | None = None  # the hot reset whose task runs
         self._standby: str | None = None
         self._missing: Path | None = None
         self._watching: list[anyio.CancelScope] = []
@@ -212,7 +211,8 @@ class Agent:
                 label_devices_with_holders(self.report.holder_of, claims=self.dra is not None)
                 serve_json(CHIPS_PATH, self.chip_states)
                 tasks.start_soon(self.holdings.pods.run, name="pod resources")
-                self._run_resets()
+                if self.health.resets is not None:
+                    tasks.start_soon(self.health.resets.run, name="hot reset")
                 await self.backend.query()
                 self._start_watching()
                 while True:
@@ -309,13 +309,6 @@ class Agent:
                 if changed:
                     self.wake()
 
-    def _run_resets(self) -> None:
-        """Start the hot reset's task once the health pipeline has made it."""
-        resets = self.health.resets
-        if resets is not None and resets is not self._resetting and self._tasks is not None:
-            self._resetting = resets
-            self._tasks.start_soon(resets.run, name="hot reset")
-
     async def _run_cluster(self) -> None:
         """The cluster side, once the kubelet registered a resource (loading the client library meanwhile
         would delay that registration) or after a few seconds without."""
@@ -350,8 +343,9 @@ class Agent:
             self.backend = backend
             await backend.query()
         configure_logging(settings.log_level, settings.log_format)
-        self.health.configure(settings)
-        self._run_resets()
+        made = self.health.configure(settings)
+        if made is not None and self._tasks is not None:  # hotReset turned on by this reload
+            self._tasks.start_soon(made.run, name="hot reset")
         if settings.metrics_address != self.settings.metrics_address and not await self.endpoint.move(
             settings.metrics_address
         ):

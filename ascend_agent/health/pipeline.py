@@ -63,18 +63,20 @@ class HealthPipeline:
             inventory = self.resets.apply(inventory)
         return replace(inventory, vnpus=follow_chips(inventory.chips, inventory.vnpus))
 
-    def configure(self, settings: Settings) -> None:
-        """The settings of a config reload; what each stage saw so far is kept."""
+    def configure(self, settings: Settings) -> HotReset | None:
+        """The settings of a config reload; what each stage saw so far is kept. The hot reset when this
+        reload made it (``hotReset`` turned on): its task is the caller's to start."""
         self.hold.configure(settings.flap_threshold, settings.flap_window, settings.flap_quiet)
+        self.grading.configure(dict(settings.fault_policy))
         if self.resets is not None:
             self.resets.configure(settings)
-        else:
-            self._resets_if_on(settings)
-        self.grading.configure(dict(settings.fault_policy))
+            return None
+        return self._resets_if_on(settings)
 
-    def _resets_if_on(self, settings: Settings) -> None:
+    def _resets_if_on(self, settings: Settings) -> HotReset | None:
         if self._make_resets is not None and settings.hot_reset != HOT_RESET_OFF:
             self.resets = self._make_resets(settings)
+        return self.resets
 
 
 def follow_chips(chips: Sequence[Chip], parts: Sequence[Chip]) -> tuple[Chip, ...]:
