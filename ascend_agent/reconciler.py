@@ -35,6 +35,7 @@ from ascend_agent.health.pipeline import HealthPipeline
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.kubelet.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.kubelet.deviceplugin.plugins import DevicePlugins
+from ascend_agent.kubelet.deviceplugin.transport import is_socket_name
 from ascend_agent.kubelet.dirs import waiting_reason
 from ascend_agent.kubelet.holders import Holdings
 from ascend_agent.kubelet.podresources import PodHolders
@@ -248,14 +249,14 @@ class Agent:
             old.cancel()
         self._watching = [anyio.CancelScope(), anyio.CancelScope()]
         watcher = Watcher()
-        watcher.watch(self.settings.kubelet_dir, _KUBELET_TAG, lambda name: name.endswith(".sock"))
+        watcher.watch(self.settings.kubelet_dir, _KUBELET_TAG, is_socket_name)
         endpoints = {self.settings.endpoint_dir}
         if self.settings.registration == PLUGIN_WATCHER_REGISTRATION:
             endpoints.add(self.settings.effective_plugins_registry_dir)
         if self.dra is not None:
             endpoints.update(self.dra.socket_dirs)
         for directory in sorted(endpoints - {self.settings.kubelet_dir}):
-            watcher.watch(directory, _ENDPOINTS_TAG, lambda name: name.endswith(".sock"))
+            watcher.watch(directory, _ENDPOINTS_TAG, is_socket_name)
         for directory, accept in self.backend.watch_paths():
             watcher.watch(directory, _BACKEND_TAG, accept)
         if self._source is not None and self._source.config_file is not None:

@@ -80,6 +80,12 @@ SERVER_CONFIG = Configuration(http2_connection_window_size=1 << 20, http2_stream
 _SHUTDOWN_GRACE = 0.3
 
 
+def is_socket_name(name: str) -> bool:
+    """Whether ``name`` is a socket's as the agent and the kubelet serve them: ``*.sock``, not the dot name
+    :meth:`BoundedServer.serve` binds under before it renames the socket in."""
+    return name.endswith(".sock") and not name.startswith(".")
+
+
 def socket_identity(path: Path) -> SocketIdentity | None:
     """What tells one incarnation of a socket file from the next: its device, inode and change time (a file
     made again right after the old one was removed can get the same inode number)."""
@@ -385,9 +391,9 @@ class BoundedServer(Server):
         try:
             os.rename(bound, path)
         except OSError:
-            self.close()
             with contextlib.suppress(FileNotFoundError):
                 bound.unlink()
+            await self.shut()
             raise
         identity = socket_identity(path)
         if identity is None:
