@@ -34,7 +34,11 @@ COMMAND_LINE = ("click", "typer", "shellingham", "ascend_agent.cli")
 # The tools of real hardware (npu-smi, hccn_tool) and their parsers: never loaded by the fake backend. difflib
 # only for a misspelt config key.
 HARDWARE_TOOLS = (
+    "ascend_agent.backends.devfs",
+    "ascend_agent.backends.network",
     "ascend_agent.backends.npusmi",
+    "ascend_agent.backends.npusmi_processes",
+    "ascend_agent.backends.npusmi_reset",
     "ascend_agent.backends.npusmi_vnpu",
     "ascend_agent.backends.hccn",
     "ascend_agent.backends.tool",
