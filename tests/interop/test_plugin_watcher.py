@@ -6,6 +6,7 @@ only its device-plugins directory."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,3 +154,26 @@ def test_removing_the_registry_socket_deregisters(watching_kubelet: GoKubelet, a
     deregistered = watching_kubelet.wait_event("deregistered")
     assert deregistered["resource"] == RESOURCE
     watching_kubelet.wait_event("stream-ended", after=ended)
+
+
+def test_an_agent_killed_and_started_again_registers_again(
+    watching_kubelet: GoKubelet, agent: AgentProcess, plugin_dir: Path
+) -> None:
+    """SIGKILL leaves the registry socket behind; the next agent renames its own over it (no delete event
+    first), and the plugin watcher registers the new one."""
+    assert watching_kubelet.registry_dir is not None
+    registry_socket = watching_kubelet.registry_dir / REGISTRY_SOCKET
+    attempts, updates = watching_kubelet.count("register"), len(watching_kubelet.updates)
+    agent.terminate(signal.SIGKILL)
+    assert registry_socket.is_socket(), "the killed agent's registry socket is gone: the test sees nothing"
+    again = _started(_watcher_agent(watching_kubelet.directory, watching_kubelet.registry_dir, plugin_dir))
+    try:
+        watching_kubelet.wait_update(lambda u: len(u.devices) == 8, after=updates, what="the new list")
+        watching_kubelet.wait_event("register", after=attempts)
+        new_attempts = watching_kubelet.of_kind("register", attempts)
+        assert [(a["ok"], a["registry"]) for a in new_attempts] == [(True, str(registry_socket))], [
+            a.fields for a in new_attempts
+        ]
+        again.wait_log(r"Registered resource huawei\.com/Ascend910$")
+    finally:
+        again.close()

@@ -88,6 +88,14 @@ func (w *registryWatcher) consider(name string) {
 		return
 	}
 	w.mu.Lock()
+	_, registered := w.registered[path]
+	w.mu.Unlock()
+	if registered {
+		// A new socket renamed over the registered one (no delete came first): the kubelet's plugin manager
+		// records it under a new UUID and so deregisters the old and registers it anew.
+		w.forget(name)
+	}
+	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, done := w.registered[path]; done || w.inFlight[path] {
 		return
