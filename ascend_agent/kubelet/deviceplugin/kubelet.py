@@ -1,6 +1,7 @@
-"""Registration with the kubelet over kubelet.sock (the plugin watcher's way is :mod:`..plugin_watcher`)::
+"""Registration with the kubelet over kubelet.sock (the plugin watcher's way is
+:mod:`ascend_agent.kubelet.plugin_watcher`)::
 
-await register(Path("/var/lib/kubelet/device-plugins"), "Ascend910.sock", "huawei.com/Ascend910", options)
+    await register(Path("/var/lib/kubelet/device-plugins"), "Ascend910.sock", "huawei.com/Ascend910", options)
 """
 
 from __future__ import annotations
