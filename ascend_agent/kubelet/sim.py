@@ -39,6 +39,7 @@ from ascend_agent._proto.v1beta1 import (
 from ascend_agent.config import ConfigError
 from ascend_agent.kubelet.deviceplugin.kubelet import API_VERSION, KUBELET_SOCKET
 from ascend_agent.kubelet.deviceplugin.transport import LocalChannel, socket_identity
+from ascend_agent.stopping import ignore_while_stopping
 
 _DIAL_TIMEOUT = 10.0
 _PROBE_TIMEOUT = 2.0
@@ -160,6 +161,11 @@ async def run_simulator(directory: Path, *, allocate: int = 1) -> int:
     # Only now: whoever waits for this line may stop us at once, and gets a clean exit.
     _say(f"listening on {socket_path}")
     await stop.wait()
+    # A second signal (the walk-through's clean-up after Ctrl-C) must find no handler of the loop: closing,
+    # the loop closes its wakeup socket before it removes them, and a signal in between prints a traceback.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(signum)
+    ignore_while_stopping()
     service.stop()
     server.close()
     with contextlib.suppress(TimeoutError):
