@@ -31,8 +31,7 @@ NEVER = (
 )
 # Loaded by the command line only, never by the runner it hands over to.
 COMMAND_LINE = ("click", "typer", "shellingham", "ascend_agent.cli")
-# The tools of real hardware (npu-smi, hccn_tool) and their parsers: never loaded by the fake backend. difflib
-# only for a misspelt config key.
+# The tools of real hardware (npu-smi, hccn_tool) and their parsers: never loaded by the fake backend.
 HARDWARE_TOOLS = (
     "ascend_agent.backends.devfs",
     "ascend_agent.backends.network",
