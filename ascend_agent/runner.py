@@ -1,6 +1,6 @@
 """The agent's own process. ``ascend-agent run`` reads its flags and environment, then replaces itself
 (``execv``, same PID) with ``python -P -X no_debug_ranges [-OO] -m ascend_agent.runner FD``, which reads them
-back from the pipe FD, reads the config file, checks the settings (a bad one is one line, exit status 2) and
+back from the file FD, reads the config file, checks the settings (a bad one is one line, exit status 2) and
 runs the agent. The command line's libraries (typer, click) and the other commands' modules never load into
 the process that lives as long as the node::
 
@@ -70,23 +70,24 @@ def interpreter_flags() -> list[str]:
 
 
 def exec_agent(source: SettingsSource) -> NoReturn:
-    """Replace this process with the runner, handing it ``source`` through a pipe. A stop signal that came
-    while the command line started ends the process here, with status 0."""
+    """Replace this process with the runner, handing it ``source`` in an anonymous file. A stop signal that
+    came while the command line started ends the process here, with status 0."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     if stop_requested():
         sys.exit(0)
-    data = encode(source)
-    read, write = os.pipe()
-    # The pipe's buffer (64 KiB) holds the flags' values with room to spare: the write cannot block.
-    os.write(write, data)
-    os.close(write)
-    os.set_inheritable(read, True)
+    # An anonymous file, not a pipe: nobody reads a pipe before the exec, so values past its 64 KiB buffer
+    # would block the write for good (with the stop signals blocked too).
+    handed = os.memfd_create("ascend-agent-settings", 0)
+    with os.fdopen(handed, "wb", closefd=False) as file:
+        file.write(encode(source))
+    os.lseek(handed, 0, os.SEEK_SET)
+    os.set_inheritable(handed, True)
     sys.stdout.flush()
     sys.stderr.flush()
     # /proc/self/exe: the running interpreter even where a directory on its path is closed to this user (the
     # kernel resolves that link, not the path); argv[0] keeps the virtual environment it was started in.
     try:
-        os.execv(_SELF, [sys.executable, *interpreter_flags(), "-m", "ascend_agent.runner", str(read)])
+        os.execv(_SELF, [sys.executable, *interpreter_flags(), "-m", "ascend_agent.runner", str(handed)])
     except OSError as exc:
         print(
             f"ascend-agent: cannot start the agent's runner ({_SELF}: {exc.strerror}); is /proc mounted?",

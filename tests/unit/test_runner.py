@@ -1,5 +1,5 @@
-"""The hand-over from the command line to the runner: the settings' sources survive the pipe, ``-OO`` only
-where its bytecode is installed, and a runner started by hand says what starts it."""
+"""The hand-over from the command line to the runner: the settings' sources arrive whole, ``-OO`` only where
+its bytecode is installed, and a runner started by hand says what starts it."""
 
 from __future__ import annotations
 
@@ -64,3 +64,18 @@ def test_a_runner_started_by_hand_says_what_starts_it() -> None:
     )
     assert result.returncode == runner.EXIT_USAGE
     assert result.stderr == "ascend-agent: the runner is started by `ascend-agent run`, not by hand\n"
+
+
+def test_flag_values_larger_than_a_pipe_holds_reach_the_runner_whole(short_dir: Path) -> None:
+    """100 KB of one flag's value (a pipe holds 64 KiB, and nobody reads it before the exec) neither blocks
+    the command line nor arrives cut: the runner refuses the whole name."""
+    name = "b" * 100_000
+    result = subprocess.run(
+        [sys.executable, "-m", "ascend_agent", "run", "--backend", name, "--kubelet-dir", str(short_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == runner.EXIT_USAGE, result.stderr[-500:]
+    assert f"unknown backend '{name}'" in result.stderr, result.stderr[-500:]
