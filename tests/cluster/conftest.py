@@ -3,6 +3,10 @@
 Without the binary (``E2E_K8S_BINARY``) these tests skip, so a plain ``pytest`` stays green; under
 ``make e2e`` (``E2E_REQUIRE_CLUSTER=1``) they fail instead. Where a kubelet already answers at
 /var/lib/kubelet/device-plugins/kubelet.sock the run stops at once with exit status 2.
+
+The kubelet runs on containerd (tests/cluster/runtime/build.sh builds it, cached), which gets the images of
+``E2E_IMAGES`` (OCI archives, ``:``-separated; ``make e2e`` passes the agent's image);
+``E2E_RUNTIME=recording`` runs it on the recording CRI stand-in instead.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import Cluster, KubeletPresent
+from tests.cluster.harness import FIGURES, Cluster, KubeletPresent
+from tests.cluster.runtime import binaries
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +34,9 @@ def k8s_binary() -> Path:
 
 @pytest.fixture(scope="session")
 def cluster(k8s_binary: Path) -> Iterator[Cluster]:
-    started = Cluster(k8s_binary)
+    tools = None if os.environ.get("E2E_RUNTIME") == "recording" else binaries()
+    images = tuple(Path(path) for path in os.environ.get("E2E_IMAGES", "").split(":") if path)
+    started = Cluster(k8s_binary, runtime_tools=tools, images=images)
     try:
         started.start()
     except KubeletPresent as refusal:
@@ -43,3 +50,11 @@ def cluster(k8s_binary: Path) -> Iterator[Cluster]:
     yield started
     problems = started.stop() + started.leftovers()
     assert not problems, "the cluster left things behind:\n" + "\n".join(problems)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """What the scenarios measured, one line each."""
+    if FIGURES:
+        terminalreporter.section("measured on the real node")
+        for name, value in FIGURES.items():
+            terminalreporter.write_line(f"{name}: {value}")

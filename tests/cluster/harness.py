@@ -1,9 +1,12 @@
 """A single-node Kubernetes cluster from the binary tests/cluster/build.sh makes: etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, the recording CRI runtime and the kubelet, each a process of its own.
+kube-controller-manager, kube-scheduler and the kubelet, each a process of its own, with a container runtime:
+containerd, runc and the CNI plugins (tests/cluster/runtime/), or the recording CRI stand-in in the binary.
 
 Everything that speaks TCP runs inside a network namespace made here (``lo`` and a veth pair, one end carrying
-the node IP), so nothing the cluster sends leaves it; kubectl joins it. Unix sockets (CRI, device plugin, DRA,
-PodResources) live in the filesystem. The kubelet's device-plugin socket is fixed at
+the node IP), so nothing the cluster sends leaves it; kubectl joins it. Pods get addresses on a bridge inside
+it, and reach the API server at the ``kubernetes`` Service's address, which ``lo`` carries (there is no
+kube-proxy: the API server listens on every address of the namespace, on the Service's port). Unix sockets
+(CRI, device plugin, DRA, PodResources) live in the filesystem. The kubelet's device-plugin socket is fixed at
 /var/lib/kubelet/device-plugins/kubelet.sock: the cluster does not start where a kubelet answers there.
 The kernel settings the kubelet writes at start are put back as soon as it is up, and again at the end.
 """
@@ -26,13 +29,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from tests.cluster.devices import CHIPS, MANAGEMENT, DevicesPresent, StandInDevices
+from tests.cluster.runtime import Containerd, pause_archive
+
 KUBELET_DIR = Path("/var/lib/kubelet")
 # What the kubelet makes on the host besides its root directory: removed at the end unless they were there.
 KUBELET_HOST_DIRS = (KUBELET_DIR, Path("/var/log/pods"), Path("/var/log/containers"))
 KUBELET_SOCKET = KUBELET_DIR / "device-plugins" / "kubelet.sock"
+# Where every containerd shim puts its socket, whatever containerd's state directory.
+CONTAINERD_SHIM_DIR = Path("/run/containerd")
 NODE_NAME = "ascend-e2e"
 NODE_IP = "10.123.0.2"
-API_PORT = 6443
+# The kubernetes Service's port and ClusterIP (the first of --service-cluster-ip-range), which pods are told.
+API_PORT = 443
+SERVICE_IP = "10.96.0.1"
 API_SERVER = f"https://{NODE_IP}:{API_PORT}"
 # The kubelet's setupKernelTunables (pkg/kubelet/cm/container_manager_linux.go) writes these.
 KUBELET_SYSCTLS = (
@@ -45,6 +55,8 @@ KUBELET_SYSCTLS = (
 )
 START_TIMEOUT = 120.0
 STOP_TIMEOUT = 30.0
+# What the scenarios measured on the way (name -> value with its unit), printed at the end of the run.
+FIGURES: dict[str, str] = {}
 
 
 class ClusterError(Exception):
@@ -52,7 +64,8 @@ class ClusterError(Exception):
 
 
 class KubeletPresent(ClusterError):
-    """A kubelet already answers at /var/lib/kubelet/device-plugins/kubelet.sock."""
+    """A kubelet already answers at /var/lib/kubelet/device-plugins/kubelet.sock, or the host has Ascend
+    devices of its own."""
 
 
 def kubelet_answers(path: Path = KUBELET_SOCKET) -> bool:
@@ -114,6 +127,13 @@ class Cluster:
     host_dirs_made: tuple[Path, ...] = ()
     # The users whose requests the API server writes to audit.log (one JSON line per stage, Metadata level).
     audited_users: tuple[str, ...] = ()
+    # containerd's executables (tests/cluster/runtime/build.sh): the kubelet runs on containerd, which gets
+    # the pause image and ``images`` (OCI archives); None: on the recording CRI stand-in.
+    runtime_tools: dict[str, Path] | None = None
+    images: tuple[Path, ...] = ()
+    runtime: Containerd | None = None
+    # With containerd: the chips' and management devices' nodes in /dev (tests add vNPUs' with make()).
+    devices: StandInDevices = field(default_factory=StandInDevices)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
     @property
@@ -154,7 +174,13 @@ class Cluster:
                 f"a kubelet already answers at {KUBELET_SOCKET}: the test cluster's kubelet needs that "
                 "socket; run the cluster tests on a machine without one"
             )
-        self.host_dirs_made = tuple(path for path in KUBELET_HOST_DIRS if not path.exists())
+        if self.runtime_tools is not None:
+            try:
+                self.devices.make((*CHIPS, *MANAGEMENT))
+            except DevicesPresent as present:
+                raise KubeletPresent(str(present)) from None
+        host_dirs = KUBELET_HOST_DIRS + ((CONTAINERD_SHIM_DIR,) if self.runtime_tools else ())
+        self.host_dirs_made = tuple(path for path in host_dirs if not path.exists())
         self.sysctls = read_sysctls()
         self._network()
         self._credentials()
@@ -191,21 +217,42 @@ class Cluster:
                 "--bind-address=127.0.0.1",
             ],
         )
-        self._spawn(
-            "cri",
-            ["cri", f"--listen=unix://{self.work / 'cri.sock'}", f"--record-dir={self.records}"],
-        )
-        self._wait_log("cri", "cri: serving")
+        if self.runtime_tools is None:
+            self._spawn(
+                "cri",
+                ["cri", f"--listen=unix://{self.work / 'cri.sock'}", f"--record-dir={self.records}"],
+            )
+            self._wait_log("cri", "cri: serving")
+        else:
+            self._start_containerd(self.runtime_tools)
         self._spawn("kubelet", self._kubelet_args())
         self.wait_node_ready()
         self._wait_default_service_account()
         # The kubelet wrote its kernel settings at start; they are the machine's, not the cluster's.
         write_sysctls(self.sysctls)
 
+    @property
+    def cdi_dir(self) -> Path:
+        """Where the agent writes its CDI specs and containerd reads them."""
+        return self.work / "cdi"
+
+    def _start_containerd(self, tools: dict[str, Path]) -> None:
+        self.runtime = Containerd(tools, self.work / "containerd", cdi_dirs=[self.cdi_dir])
+        self.runtime.write_config()
+        self._spawn("containerd", self.runtime.args(), self.runtime.tools["containerd"], self.runtime.env())
+        process = self.components["containerd"].process
+        try:
+            self.runtime.wait_serving(lambda: process.poll() is None)
+        except Exception as problem:
+            raise self._failed("containerd", str(problem)) from None
+        for archive in (pause_archive(self.work.parent / "ascend-e2e-images"), *self.images):
+            self.runtime.import_image(archive)
+
     def _network(self) -> None:
         steps = [
             ["ip", "netns", "add", self.netns],
             ["ip", "-n", self.netns, "link", "set", "lo", "up"],
+            ["ip", "-n", self.netns, "addr", "add", f"{SERVICE_IP}/32", "dev", "lo"],
             # A veth pair with both ends inside: this kernel has no dummy device type.
             ["ip", "-n", self.netns, "link", "add", "e2e0", "type", "veth", "peer", "name", "e2e1"],
             ["ip", "-n", self.netns, "addr", "add", f"{NODE_IP}/24", "dev", "e2e0"],
@@ -218,17 +265,29 @@ class Cluster:
             if answer.returncode != 0:
                 raise ClusterError(f"{' '.join(step)}: {answer.stderr.strip()}")
 
-    def _credentials(self) -> None:
-        key = self.work / "sa.key"
-        answer = subprocess.run(
-            ["openssl", "genrsa", "-out", str(key), "2048"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+    def _openssl(self, *args: str) -> None:
+        answer = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60, check=False)
         if answer.returncode != 0:
-            raise ClusterError(f"openssl genrsa: {answer.stderr.strip()}")
+            raise ClusterError(f"openssl {args[0]}: {answer.stderr.strip()}")
+
+    def _credentials(self) -> None:
+        self._openssl("genrsa", "-out", str(self.work / "sa.key"), "2048")
+        # The API server's client certificate for the kubelet's API (logs, exec), of a CA the kubelet trusts.
+        pki = self.work / "kubelet-client"
+        pki.mkdir()
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        self._openssl(
+            "req", "-x509", *ec, "-days", "2", "-subj", "/CN=ascend-e2e-kubelet-client-ca",
+            "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
+        )  # fmt: skip
+        self._openssl(
+            "req", *ec, "-subj", "/O=system:masters/CN=kube-apiserver-kubelet-client",
+            "-keyout", str(pki / "apiserver.key"), "-out", str(pki / "apiserver.csr"),
+        )  # fmt: skip
+        self._openssl(
+            "x509", "-req", "-days", "2", "-in", str(pki / "apiserver.csr"), "-CA", str(pki / "ca.crt"),
+            "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-out", str(pki / "apiserver.crt"),
+        )  # fmt: skip
         groups = {
             "admin": "system:masters",
             "system:kube-controller-manager": "",
@@ -248,7 +307,8 @@ class Cluster:
             "kube-apiserver",
             "--etcd-servers=http://127.0.0.1:2379",
             f"--cert-dir={self.work / 'apiserver-certs'}",
-            f"--bind-address={NODE_IP}",
+            # Every address of the namespace: the node IP and the Service's, which pods dial.
+            "--bind-address=0.0.0.0",
             f"--advertise-address={NODE_IP}",
             f"--secure-port={API_PORT}",
             "--authorization-mode=Node,RBAC",
@@ -260,6 +320,10 @@ class Cluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.96.0.0/24",
             "--allow-privileged=true",
+            # The node's name resolves nowhere here: logs, exec and port-forward dial the kubelet by its IP.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={self.work / 'kubelet-client' / 'apiserver.crt'}",
+            f"--kubelet-client-key={self.work / 'kubelet-client' / 'apiserver.key'}",
             *self._audit_args(),
         ]
 
@@ -295,8 +359,9 @@ class Cluster:
             # No pod cgroups: nothing made under /sys/fs/cgroup that would outlive the cluster.
             "cgroupsPerQOS: false\n"
             "enforceNodeAllocatable: []\n"
-            f"containerRuntimeEndpoint: unix://{self.work / 'cri.sock'}\n"
+            f"containerRuntimeEndpoint: {self._runtime_endpoint()}\n"
             "authentication:\n  anonymous:\n    enabled: false\n  webhook:\n    enabled: false\n"
+            f"  x509:\n    clientCAFile: {self.work / 'kubelet-client' / 'ca.crt'}\n"
             "authorization:\n  mode: AlwaysAllow\n"
             f"address: {NODE_IP}\n"
             "readOnlyPort: 0\n"
@@ -323,7 +388,14 @@ class Cluster:
             f"--node-ip={NODE_IP}",
         ]
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _runtime_endpoint(self) -> str:
+        return self.runtime.endpoint if self.runtime else f"unix://{self.work / 'cri.sock'}"
+
+    def _spawn(
+        self, name: str, args: list[str], program: Path | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        """``program`` (the k8s binary, whose first argument names the component) run with ``args`` in the
+        network namespace, its output in ``logs/<name>.log``."""
         log = self.work / "logs" / f"{name}.log"
         starts = 1
         while log.exists():  # a component started again logs to a file of its own
@@ -332,8 +404,10 @@ class Cluster:
         log.parent.mkdir(parents=True, exist_ok=True)
         out = log.open("wb")
         self._logs.append(out)
+        argv = [str(program or self.binary), *args]
         process = subprocess.Popen(
-            self.in_netns([str(self.binary), *args]),
+            self.in_netns(argv),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -417,6 +491,12 @@ class Cluster:
         self.wait_node_ready()
         write_sysctls(self.sysctls)
 
+    def kubelet_log(self) -> str:
+        """What every kubelet started so far logged."""
+        return "".join(
+            log.read_text(errors="replace") for log in sorted((self.work / "logs").glob("kubelet*.log"))
+        )
+
     def device_plugin_gaps(self) -> list[float]:
         """Seconds from each end of a device plugin's ListAndWatch stream to the next registration, from the
         kubelet's own log (every kubelet started so far): while one lasts, the kubelet counts every device of
@@ -453,15 +533,34 @@ class Cluster:
                 os.killpg(component.process.pid, signal.SIGKILL)
             component.process.wait(STOP_TIMEOUT)
 
+    def _drain(self, runtime: Containerd) -> list[str]:
+        """The pods deleted through the API while the kubelet runs, so that it stops their containers and
+        their addresses are released as on a real node (no controller left to make them again); what remains
+        removed through containerd; then containerd and every shim stopped."""
+        if "kubelet" in self.components and "kube-apiserver" in self.components:
+            self.stop_component("kube-controller-manager")
+            self.kubectl(
+                "delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--timeout=60s",
+                check=False, timeout=90,
+            )  # fmt: skip
+        self.stop_component("kubelet")
+        problems = runtime.remove_everything() if "containerd" in self.components else []
+        self.stop_component("containerd")
+        for pid in runtime.shim_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return problems + runtime.remove_cgroups()
+
     def stop(self) -> list[str]:
         """Stops everything and removes what the cluster made; returns what could not be put back."""
+        problems: list[str] = self._drain(self.runtime) if self.runtime else []
+        problems += self.devices.remove()
         for name in ("kubelet", "cri", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             self.stop_component(name)
         for name in list(self.components):
             self.stop_component(name)
         for out in self._logs:
             out.close()
-        problems: list[str] = []
         for point in _mounts_under(self.work, KUBELET_DIR):
             answer = subprocess.run(
                 ["umount", point], capture_output=True, text=True, timeout=20, check=False
@@ -499,6 +598,10 @@ class Cluster:
                 if (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace") == binary:
                     argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                     found.append(f"process {proc.name}: {argv}")
+        if self.runtime:
+            found += [f"containerd shim {pid}" for pid in self.runtime.shim_pids()]
+            found += [f"cgroup {path}" for path in self.runtime.cgroups()]
+        found += [f"device node {path}" for path in self.devices.made]
         found += [f"mount {point}" for point in _mounts_under(self.work, KUBELET_DIR)]
         found += [f"{path} (it did not exist before)" for path in self.host_dirs_made if path.exists()]
         if Path(f"/run/netns/{self.netns}").exists():

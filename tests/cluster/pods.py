@@ -1,21 +1,40 @@
-"""Pods for the cluster tests and what the recording runtime wrote for their containers."""
+"""Pods for the cluster tests, and what their containers really got from containerd: the OCI spec it made
+(device nodes, environment, after the CDI edits it applied) and what the container printed of its own /dev."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from tests.cluster.harness import Cluster
+from tests.cluster.polling import until
 
 RESOURCE = "huawei.com/Ascend910"
-IMAGE = "registry.invalid/ascend-smoke:1"  # the recording runtime "pulls" any image at once
+# The agent's own image, imported into containerd by `make e2e` (it has a shell), as every workload's image.
+IMAGE = "docker.io/library/ascend-agent:0.1.0"
+# What every workload container runs: it prints the device nodes it sees (name and numbers) and the Ascend
+# variables, then waits, leaving at once on SIGTERM.
+SHOW_DEVICES = (
+    "for node in /dev/*; do [ -c $node ] && echo device $node $(stat -c %t:%T $node); done; "
+    "env | grep ^ASCEND_ | sed 's/^/env /' | sort; echo shown; "
+    "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+)
 
 
-def one_pod_spec(name: str, container: str, chips: int) -> dict[str, Any]:
-    """A pod of one container asking for ``chips`` chips (the runtime fakes its image)."""
+def container(name: str, **fields: Any) -> dict[str, Any]:
+    """A container of the agent's image that shows its devices and waits."""
+    return {
+        "name": name,
+        "image": IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", SHOW_DEVICES],
+        **fields,
+    }
+
+
+def one_pod_spec(name: str, container_name: str, chips: int) -> dict[str, Any]:
+    """A pod of one container asking for ``chips`` chips."""
     limits = {RESOURCE: str(chips)}
     return {
         "apiVersion": "v1",
@@ -23,7 +42,8 @@ def one_pod_spec(name: str, container: str, chips: int) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
             "automountServiceAccountToken": False,
-            "containers": [{"name": container, "image": IMAGE, "resources": {"limits": limits}}],
+            "terminationGracePeriodSeconds": 2,
+            "containers": [container(container_name, resources={"limits": limits})],
         },
     }
 
@@ -45,37 +65,66 @@ def claim_pod(cluster: Cluster, name: str, device_class: str = "ascend910b4", co
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
 
 
-def chip_devices(request: dict[str, Any]) -> set[str]:
-    """The chips' device nodes (/dev/davinciN) in a recorded CreateContainer request."""
-    devices = {d["hostPath"] for d in request["config"].get("devices", [])}
-    return {d for d in devices if re.fullmatch(r"/dev/davinci\d+", d)}
-
-
-def wait_running(cluster: Cluster, pod: str) -> None:
+def wait_running(cluster: Cluster, pod: str, namespace: str = "default", timeout: int = 90) -> None:
     waited = cluster.kubectl(
         "wait",
         f"pod/{pod}",
+        "-n",
+        namespace,
         "--for=jsonpath={.status.phase}=Running",
-        "--timeout=90s",
-        timeout=120,
+        f"--timeout={timeout}s",
+        timeout=timeout + 30,
         check=False,
     )
     if waited.returncode != 0:
-        described = cluster.kubectl("describe", "pod", pod, check=False).stdout
+        described = cluster.kubectl("describe", "pod", pod, "-n", namespace, check=False).stdout
         raise AssertionError(f"pod {pod} is not Running: {waited.stderr.strip()}\n{described}")
 
 
-def recorded_envs(request: dict[str, Any]) -> dict[str, str]:
-    """A recorded container's environment (CRI's KeyValue.value is bytes: base64 in protobuf's JSON)."""
-    return {
-        e["key"]: base64.b64decode(e.get("value", "")).decode() for e in request["config"].get("envs", [])
-    }
+def container_id(cluster: Cluster, pod: str, name: str, namespace: str = "default") -> str:
+    """The runtime's ID of a pod's container (its status says ``containerd://<id>``)."""
+    status = json.loads(cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout)["status"]
+    (found,) = (c["containerID"] for c in status.get("containerStatuses", []) if c["name"] == name)
+    return str(found).removeprefix("containerd://")
 
 
-def recorded_containers(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    found = []
-    for path in sorted(Path(cluster.records).glob("*.json")):
-        request = json.loads(path.read_text())
-        if request.get("config", {}).get("metadata", {}).get("name") == name:
-            found.append(request)
-    return found
+def runtime_spec(cluster: Cluster, pod: str, name: str, namespace: str = "default") -> dict[str, Any]:
+    """The OCI spec containerd made for the pod's container ``name``."""
+    assert cluster.runtime is not None, "the cluster runs no containerd"
+    return cluster.runtime.container_spec(container_id(cluster, pod, name, namespace))
+
+
+def spec_devices(spec: dict[str, Any]) -> set[str]:
+    """The device nodes (container paths) of an OCI spec."""
+    return {device["path"] for device in spec.get("linux", {}).get("devices") or []}
+
+
+def chip_devices(spec: dict[str, Any]) -> set[str]:
+    """The chips' device nodes (/dev/davinciN) of an OCI spec."""
+    return {path for path in spec_devices(spec) if re.fullmatch(r"/dev/davinci\d+", path)}
+
+
+def spec_envs(spec: dict[str, Any]) -> dict[str, str]:
+    """An OCI spec's environment."""
+    return dict(entry.split("=", 1) for entry in spec.get("process", {}).get("env", []))
+
+
+def shown(cluster: Cluster, pod: str, namespace: str = "default") -> tuple[dict[str, str], dict[str, str]]:
+    """What the pod's container printed (`kubectl logs`): its character devices (path -> major:minor in
+    hex, as stat prints them) and its ASCEND_ variables, once it has printed them all."""
+    logs = until(
+        lambda: cluster.kubectl("logs", pod, "-n", namespace, check=False).stdout,
+        lambda text: "shown" in text.splitlines(),
+        f"pod {pod}'s list of its devices",
+    )
+    devices: dict[str, str] = {}
+    envs: dict[str, str] = {}
+    for line in logs.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "device":
+            path, numbers = rest.split(" ")
+            devices[path] = numbers
+        elif kind == "env":
+            key, _, value = rest.partition("=")
+            envs[key] = value
+    return devices, envs

@@ -1,18 +1,35 @@
-"""The cluster itself: the components up, the node Ready, the version pinned in go.mod."""
+"""The cluster itself: the components up, the node Ready, the version pinned in go.mod, the kubelet on
+containerd with pods on the cluster's own network."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.pods import container, wait_running
+from tests.cluster.runtime import POD_SUBNET
 
 pytestmark = pytest.mark.e2e_cluster
 
 GO_MOD = Path(__file__).with_name("go.mod")
+CONTAINERD_VERSION = re.search(
+    r"CONTAINERD_VERSION:-(v[\d.]+)", (Path(__file__).parent / "runtime" / "build.sh").read_text()
+)[1]  # type: ignore[index]
+
+
+def plain_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"terminationGracePeriodSeconds": 2, "containers": [container(name)]},
+    }
 
 
 def pinned_version() -> str:
@@ -32,3 +49,27 @@ def test_the_apiserver_reports_the_pinned_version(cluster: Cluster) -> None:
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == pinned_version()
     assert version["clientVersion"]["gitVersion"] == pinned_version()
+
+
+def test_the_kubelet_runs_on_containerd_and_pods_get_addresses_inside_the_cluster(cluster: Cluster) -> None:
+    node = json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)
+    assert cluster.runtime is not None
+    served = cluster.runtime.ctr("version").stdout.split("Server:")[1]
+    (version,) = re.findall(r"Version:\s+(\S+)", served)
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"] == f"containerd://{version}"
+    assert version.startswith(CONTAINERD_VERSION.removeprefix("v")), version
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(plain_pod("addressed")))
+    try:
+        wait_running(cluster, "addressed")
+        pod = json.loads(cluster.kubectl("get", "pod", "addressed", "-o", "json").stdout)
+        address = ipaddress.ip_address(pod["status"]["podIP"])
+        assert address in ipaddress.ip_network(POD_SUBNET), address
+        # From inside the pod the API server answers at the kubernetes Service's address, as pods are told.
+        reached = cluster.kubectl(
+            "exec", "addressed", "--", "python3", "-c",
+            "import os, socket; socket.create_connection((os.environ['KUBERNETES_SERVICE_HOST'], "
+            "int(os.environ['KUBERNETES_SERVICE_PORT'])), timeout=10).close(); print('reached')",
+        )  # fmt: skip
+        assert reached.stdout.strip() == "reached"
+    finally:
+        cluster.kubectl("delete", "pod", "addressed", "--wait=true", "--timeout=60s", check=False, timeout=90)

@@ -13,12 +13,14 @@ class FakeExecutable:
 
     modes: tuple[str, ...] = ("ok", "fail", "hang", "garbage")
 
-    def __init__(self, directory: Path, name: str, script: Path) -> None:
+    def __init__(self, directory: Path, name: str, script: Path, interpreter: str = sys.executable) -> None:
+        """``interpreter`` runs the script: this one, or ``/usr/bin/env python3`` for one that runs where this
+        interpreter is not (inside a container)."""
         self.directory = directory
         (directory / "out").mkdir(parents=True, exist_ok=True)
         (directory / "err").mkdir(exist_ok=True)
         self.path = directory / name
-        self.path.write_text(f"#!{sys.executable}\n" + script.read_text())
+        self.path.write_text(f"#!{interpreter}\n" + script.read_text())
         self.path.chmod(0o755)
         self.set_mode("ok")
 

@@ -3,6 +3,7 @@ garbage on demand."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tests.support.fake_executable import FakeExecutable
@@ -15,8 +16,8 @@ class FakeHccnTool(FakeExecutable):
     A chip with no output set answers as one with no address (exit status 13), with its link UP and net
     health Success."""
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory, "hccn_tool", _SCRIPT)
+    def __init__(self, directory: Path, interpreter: str = sys.executable) -> None:
+        super().__init__(directory, "hccn_tool", _SCRIPT, interpreter)
 
     def set_error(self, args: str, text: str, status: int = 1) -> None:
         """``args`` (like ``"-i 0 -ip -g"``) prints ``text`` on stderr and exits with ``status``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,8 +33,8 @@ class FakeNpuSmi(FakeExecutable):
 
     modes = (*FakeExecutable.modes, "flood", "orphan")
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory, "npu-smi", _SCRIPT)
+    def __init__(self, directory: Path, interpreter: str = sys.executable) -> None:
+        super().__init__(directory, "npu-smi", _SCRIPT, interpreter)
 
     def clear_error(self, args: str) -> None:
         """npu-smi ``args`` answers again as before :meth:`set_error`."""

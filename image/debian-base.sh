@@ -3,18 +3,20 @@
 # pulled. It stands in for python:3.11-slim-bookworm: Debian bookworm's Python 3.11 with pip, `python` and
 # `pip` on PATH, pip allowed to install into the system (as in the python images).
 #
-#   tests/image/debian-base.sh STORAGE_ROOT    # prints the image name; builds it once, then reuses it
+#   image/debian-base.sh STORAGE_ROOT [ARCH]   # prints the image name; builds it once, then reuses it
 #
-# The packages come from apt's own Debian mirror for bookworm, read at run time (apt-get indextargets), else
-# debootstrap's default; DEBIAN_MIRROR=<url> overrides both.
+# ARCH is a Debian architecture (amd64, arm64); another than this machine's runs debootstrap's second stage
+# under emulation (binfmt_misc and qemu-user-static, which image/build.sh sets up). The packages come from
+# apt's own Debian mirror for bookworm, read at run time (apt-get indextargets), else debootstrap's default;
+# DEBIAN_MIRROR=<url> overrides both.
 set -euo pipefail
 
 root=$1
+arch=${2:-$(dpkg --print-architecture)}
 suite=bookworm # its python3 is 3.11, what pyproject.toml's requires-python asks for
 packages=python3,python3-pip,ca-certificates
-arch=$(dpkg --print-architecture)
 key=$(printf '%s %s %s' "$suite" "$arch" "$packages" | sha256sum | cut -c1-12)
-image=localhost/ascend-agent-base:debian-$suite-$key
+image=localhost/ascend-agent-base:debian-$suite-$arch-$key
 store=(buildah --root "$root/storage" --runroot "$root/run" --storage-driver vfs)
 
 if "${store[@]}" inspect --type image "$image" >/dev/null 2>&1; then
@@ -29,16 +31,18 @@ mirror=${DEBIAN_MIRROR:-$mirror}
 mirror_arg=()
 [[ -n $mirror ]] && mirror_arg=("$mirror")
 
-rootfs=$root/rootfs
+rootfs=$root/rootfs-$arch
 rm -rf "$rootfs"
 echo "debian-base: debootstrap $suite ($arch) from ${mirror:-the default mirror of debootstrap}" >&2
 started=$SECONDS
-debootstrap --variant=minbase --include="$packages" "$suite" "$rootfs" "${mirror_arg[@]}" >"$root/debootstrap.log" 2>&1 || {
-    echo "debian-base: debootstrap failed; its log is $root/debootstrap.log" >&2
-    tail -n 5 "$root/debootstrap.log" >&2
+log=$root/debootstrap-$arch.log
+debootstrap --arch="$arch" --variant=minbase --include="$packages" "$suite" "$rootfs" "${mirror_arg[@]}" \
+    >"$log" 2>&1 || {
+    echo "debian-base: debootstrap failed; its log is $log" >&2
+    tail -n 5 "$log" >&2
     exit 1
 }
-echo "debian-base: debootstrap took $((SECONDS - started)) s" >&2
+echo "debian-base: debootstrap ($arch) took $((SECONDS - started)) s" >&2
 
 # What a container image leaves out: package caches, documentation, translations; /dev, /proc and /sys come
 # from the runtime.
@@ -48,11 +52,12 @@ rm -f "$rootfs"/usr/lib/python3*/EXTERNALLY-MANAGED
 ln -sf /usr/bin/python3 "$rootfs/usr/local/bin/python"
 ln -sf /usr/bin/pip3 "$rootfs/usr/local/bin/pip"
 
-container=$("${store[@]}" from scratch)
+container=$("${store[@]}" from --arch "$arch" scratch)
 mount=$("${store[@]}" mount "$container")
 tar --numeric-owner -C "$rootfs" -cf - . | tar --numeric-owner -xpf - -C "$mount"
 "${store[@]}" umount "$container" >/dev/null
-"${store[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
+"${store[@]}" config --arch "$arch" --os linux \
+    --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
     --cmd python3 --label "org.opencontainers.image.description=Debian $suite with python3 and pip" \
     "$container"
 "${store[@]}" commit --quiet --rm "$container" "$image" >/dev/null

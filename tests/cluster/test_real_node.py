@@ -1,0 +1,296 @@
+"""The real node: the chart installed and upgraded with Helm's engine, the DaemonSet's own pod running the
+agent from its image on containerd (the devfs backend on the node's driver tree and the stand-in device nodes
+in /dev), and workloads that start with their chips: what each container sees (`kubectl logs`, `kubectl
+exec`) and what containerd made of it (the OCI spec), with the devices handed over by Allocate and through
+CDI. Then day two: a rolling update of the agent to a second image tag while a workload runs, the agent's
+container killed as an OOM kill would, and what bad input gets."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster import helm
+from tests.cluster.devices import MANAGEMENT, numbers
+from tests.cluster.harness import FIGURES, NODE_NAME, Cluster
+from tests.cluster.node import wait_allocatable
+from tests.cluster.pods import (
+    IMAGE,
+    RESOURCE,
+    chip_devices,
+    container_id,
+    one_pod_spec,
+    runtime_spec,
+    shown,
+    spec_envs,
+    wait_running,
+)
+from tests.cluster.polling import until
+from tests.cluster.released import (
+    DAEMONSET,
+    NAMESPACE,
+    DriverTree,
+    agent_log,
+    agent_pod,
+    chart_values,
+    keep_agent_logs,
+    log_time,
+    logged,
+    released,
+    remove_applied_chart,
+    upgraded,
+)
+
+pytestmark = pytest.mark.e2e_cluster
+
+REGISTERED = f"Registered resource {RESOURCE}"
+
+
+@pytest.fixture(scope="module")
+def node(cluster: Cluster) -> Iterator[DriverTree]:
+    """The chart installed by Helm with CDI off (devices handed over by Allocate only), its pod registered."""
+    remove_applied_chart(cluster)
+    tree = DriverTree.make(cluster)
+    started = time.monotonic()
+    released(helm.install(cluster, chart_values(cluster, tree, cdiSpecDir=None)))
+    try:
+        wait_allocatable(cluster, "8")
+        FIGURES["helm install -> Allocatable 8 (pod scheduled, image started, agent registered)"] = (
+            f"{time.monotonic() - started:.1f} s"
+        )
+        yield tree
+    finally:
+        keep_agent_logs(cluster, "agent-pod")
+        helm.uninstall(cluster)
+
+
+def hex_numbers(name: str) -> str:
+    """A stand-in's numbers as `stat -c %t:%T` prints them inside a container."""
+    major, minor = numbers(name)
+    return f"{major:x}:{minor:x}"
+
+
+def workload(cluster: Cluster, name: str, chips: int) -> float:
+    """A pod of ``chips`` chips created and Running: seconds from its create to Running."""
+    started = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec(name, name, chips)))
+    wait_running(cluster, name)
+    return time.monotonic() - started
+
+
+def delete(cluster: Cluster, *pods: str) -> None:
+    cluster.kubectl("delete", "pod", *pods, "--wait=true", "--timeout=90s", check=False, timeout=120)
+
+
+def test_the_daemonsets_pod_runs_the_agent_from_its_image(cluster: Cluster, node: DriverTree) -> None:
+    pod = agent_pod(cluster)
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["ready"] and status["restartCount"] == 0, status
+    assert status["image"] in (IMAGE, IMAGE.removeprefix("docker.io/library/")), status["image"]
+    lines = agent_log(cluster, pod["metadata"]["name"])
+    registered = logged(cluster, pod["metadata"]["name"], REGISTERED)
+    FIGURES["agent pod: first log line -> registered"] = f"{log_time(registered) - log_time(lines[0]):.2f} s"
+    assert any("8 chips" in line.get("msg", "") or "Ascend910-7" in json.dumps(line) for line in lines), lines
+    capacity = json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)["status"][
+        "capacity"
+    ]
+    assert capacity[RESOURCE] == "8"
+    # The chips as the node's npu-smi named them (the device files alone say nothing of the model).
+    assert any("910B4" in json.dumps(line) for line in lines), lines
+
+
+def test_a_workload_sees_exactly_its_two_chips_and_the_management_devices(
+    cluster: Cluster, node: DriverTree
+) -> None:
+    took = workload(cluster, "two-chips", 2)
+    FIGURES["pod create -> Running with 2 chips on containerd"] = f"{took:.2f} s"
+    try:
+        devices, envs = shown(cluster, "two-chips")
+        chips = {path for path in devices if path.startswith("/dev/davinci") and path[12:].isdigit()}
+        assert len(chips) == 2, devices
+        for path in chips:
+            assert devices[path] == hex_numbers(path.removeprefix("/dev/")), (path, devices)
+        for name in MANAGEMENT:
+            assert devices.get(f"/dev/{name}") == hex_numbers(name), devices
+        ours = {path for path, value in devices.items() if value.split(":")[0] in ("f0", "f1", "f2")}
+        assert ours == chips | {f"/dev/{name}" for name in MANAGEMENT}, devices
+        visible = sorted(int(path.removeprefix("/dev/davinci")) for path in chips)
+        assert envs.get("ASCEND_VISIBLE_DEVICES") == ",".join(map(str, visible)), envs
+        # What containerd made: the same two device nodes, the variable in the process's environment.
+        spec = runtime_spec(cluster, "two-chips", "two-chips")
+        assert chip_devices(spec) == chips
+        assert spec_envs(spec)["ASCEND_VISIBLE_DEVICES"] == envs["ASCEND_VISIBLE_DEVICES"]
+        listed = cluster.kubectl("exec", "two-chips", "--", "ls", "/dev").stdout.split()
+        assert sorted(name for name in listed if name.startswith("davinci") and name[7:].isdigit()) == sorted(
+            path.removeprefix("/dev/") for path in chips
+        ), listed
+    finally:
+        delete(cluster, "two-chips")
+
+
+def test_through_cdi_containerd_applies_the_agents_spec(cluster: Cluster, node: DriverTree) -> None:
+    """Upgraded to write its CDI spec where containerd reads it: Allocate names the chips as CDI devices and
+    containerd resolves them from the spec (it refuses a container whose CDI device no spec defines). In
+    ``ascend-runtime`` mode, Allocate hands over no device node and the spec gives each chip a variable: only
+    containerd's reading of the spec can have put it there."""
+    upgraded(cluster, chart_values(cluster, node))
+    spec_file = cluster.cdi_dir / "huawei.com-npu.yaml"
+    until(spec_file.exists, bool, f"the agent's CDI spec {spec_file}")
+    workload(cluster, "by-cdi", 1)
+    try:
+        devices, envs = shown(cluster, "by-cdi")
+        chips = [path for path in devices if path.startswith("/dev/davinci") and path[12:].isdigit()]
+        assert len(chips) == 1, devices
+        assert envs["ASCEND_VISIBLE_DEVICES"] == chips[0].removeprefix("/dev/davinci"), envs
+    finally:
+        delete(cluster, "by-cdi")
+
+    upgraded(cluster, chart_values(cluster, node, mode="ascend-runtime"))
+    workload(cluster, "runtime-mode", 1)
+    try:
+        devices, envs = shown(cluster, "runtime-mode")
+        assert not [path for path in devices if path.startswith("/dev/davinci")], devices
+        visible = envs["ASCEND_VISIBLE_DEVICES"]
+        assert envs == {
+            "ASCEND_VISIBLE_DEVICES": visible,
+            "ASCEND_RUNTIME_OPTIONS": "",
+            f"ASCEND_CLAIMED_NPU_{visible}": visible,
+        }, envs
+    finally:
+        delete(cluster, "runtime-mode")
+        upgraded(cluster, chart_values(cluster, node))
+
+
+def test_a_rolling_update_to_a_new_tag_keeps_the_running_workload(cluster: Cluster, node: DriverTree) -> None:
+    assert cluster.runtime is not None
+    cluster.runtime.ctr("-n", "k8s.io", "images", "tag", "--force", IMAGE, f"{IMAGE}-second")
+    workload(cluster, "keeps-running", 2)
+    try:
+        before = container_id(cluster, "keeps-running", "keeps-running")
+        devices, _ = shown(cluster, "keeps-running")
+        old = agent_pod(cluster)["metadata"]["name"]
+        gaps = len(cluster.device_plugin_gaps())
+        values = chart_values(cluster, node)
+        values["image"] = {"tag": f"{IMAGE.rsplit(':', 1)[1]}-second"}
+        released(helm.upgrade(cluster, values))
+        new = agent_pod(cluster)
+        assert new["metadata"]["name"] != old
+        # (Its status names the image by the first of its tags: both name one image.)
+        assert new["spec"]["containers"][0]["image"].endswith("-second"), new["spec"]
+        logged(cluster, new["metadata"]["name"], REGISTERED)
+        wait_allocatable(cluster, "8")
+        gap = until(
+            cluster.device_plugin_gaps, lambda found: len(found) > gaps, "the kubelet's re-registration"
+        )
+        FIGURES["rolling update: old ListAndWatch ended -> new registration (kubelet's log)"] = (
+            f"{gap[-1]:.2f} s"
+        )
+        # The workload was never restarted and still has its devices.
+        assert container_id(cluster, "keeps-running", "keeps-running") == before
+        status = json.loads(cluster.kubectl("get", "pod", "keeps-running", "-o", "json").stdout)["status"]
+        assert status["containerStatuses"][0]["restartCount"] == 0
+        listed = cluster.kubectl("exec", "keeps-running", "--", "ls", "/dev").stdout.split()
+        assert {path.removeprefix("/dev/") for path in devices if "davinci" in path} <= set(listed), listed
+    finally:
+        delete(cluster, "keeps-running")
+        upgraded(cluster, chart_values(cluster, node))
+
+
+def test_the_agents_container_killed_is_restarted_and_registers_again(
+    cluster: Cluster, node: DriverTree
+) -> None:
+    assert cluster.runtime is not None
+    pod = agent_pod(cluster)
+    name = pod["metadata"]["name"]
+    registrations = cluster.kubelet_log().count("Got registration request from device plugin")
+    # As the kernel's OOM killer would: SIGKILL to the container's process, nothing else told.
+    agent = container_id(cluster, name, "ascend-agent", NAMESPACE)
+    cluster.runtime.ctr("-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", agent)
+    restarted = until(
+        lambda: agent_pod(cluster),
+        lambda found: found["status"]["containerStatuses"][0]["restartCount"] >= 1,
+        "the kubelet's restart of the agent's container",
+    )
+    assert restarted["metadata"]["name"] == name
+    until(
+        lambda: cluster.kubelet_log().count("Got registration request from device plugin"),
+        lambda count: count > registrations,
+        "the restarted agent's registration",
+    )
+    wait_allocatable(cluster, "8")
+
+
+def test_a_workload_asking_for_more_chips_than_the_node_has_stays_pending(
+    cluster: Cluster, node: DriverTree
+) -> None:
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("too-many", "too-many", 9)))
+    try:
+        cluster.kubectl(
+            "wait", "pod/too-many",
+            "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
+            "--timeout=60s", timeout=90,
+        )  # fmt: skip
+        described = cluster.kubectl("describe", "pod", "too-many").stdout
+        assert f"Insufficient {RESOURCE}" in described, described
+    finally:
+        delete(cluster, "too-many")
+
+
+def test_an_image_not_on_the_node_is_err_image_never_pull(cluster: Cluster, node: DriverTree) -> None:
+    values = chart_values(cluster, node)
+    values["image"] = {"tag": "not-on-this-node", "pullPolicy": "Never"}
+    released(helm.upgrade(cluster, values))
+    try:
+
+        def waiting(pods: list[dict[str, object]]) -> str:
+            for pod in pods:
+                for status in pod["status"].get("containerStatuses", []):  # type: ignore[union-attr]
+                    reason = status.get("state", {}).get("waiting", {}).get("reason", "")
+                    if reason:
+                        return str(reason)
+            return ""
+
+        until(
+            lambda: waiting(agent_pods_of_tag(cluster, "not-on-this-node")),
+            lambda reason: reason == "ErrImageNeverPull",
+            "the new pod waiting for an image it may not pull",
+        )
+    finally:
+        upgraded(cluster, chart_values(cluster, node))
+
+
+def agent_pods_of_tag(cluster: Cluster, tag: str) -> list[dict[str, object]]:
+    answer = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=ascend-agent",
+                             "-o", "json")  # fmt: skip
+    pods = json.loads(answer.stdout)["items"]
+    return [pod for pod in pods if pod["spec"]["containers"][0]["image"].endswith(f":{tag}")]
+
+
+def test_a_host_path_the_node_lacks_is_named_in_the_pods_event(cluster: Cluster, node: DriverTree) -> None:
+    values = chart_values(cluster, node)
+    missing = str(cluster.work / "no-such-driver")
+    values["host"]["driverDir"] = missing
+    released(helm.upgrade(cluster, values))
+    try:
+
+        def events() -> str:
+            return cluster.kubectl(
+                "get", "events", "-n", NAMESPACE, "--field-selector", "reason=FailedMount", "-o",
+                "jsonpath={.items[*].message}",
+            ).stdout  # fmt: skip
+
+        message = until(events, lambda text: missing in text, f"a FailedMount event naming {missing}")
+        assert "hostPath type check failed" in message, message
+    finally:
+        upgraded(cluster, chart_values(cluster, node))
+
+
+def test_the_daemonset_is_the_charts(cluster: Cluster, node: DriverTree) -> None:
+    daemonset = json.loads(
+        cluster.kubectl("get", "daemonset", DAEMONSET, "-n", NAMESPACE, "-o", "json").stdout
+    )
+    assert daemonset["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert daemonset["status"]["numberReady"] == 1
