@@ -65,6 +65,17 @@ def claim_pod(cluster: Cluster, name: str, device_class: str = "ascend910b4", co
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
 
 
+def claim_uids(cluster: Cluster, pod: str, namespace: str = "default") -> list[str]:
+    """The UIDs of the ResourceClaims made for a pod's claims."""
+    status = json.loads(cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout)["status"]
+    uids = []
+    for claim in status.get("resourceClaimStatuses", []):
+        got = cluster.kubectl("get", "resourceclaim", claim["resourceClaimName"], "-n", namespace, "-o",
+                              "jsonpath={.metadata.uid}")  # fmt: skip
+        uids.append(got.stdout.strip())
+    return uids
+
+
 def wait_running(cluster: Cluster, pod: str, namespace: str = "default", timeout: int = 90) -> None:
     waited = cluster.kubectl(
         "wait",
@@ -97,6 +108,14 @@ def runtime_spec(cluster: Cluster, pod: str, name: str, namespace: str = "defaul
 def spec_devices(spec: dict[str, Any]) -> set[str]:
     """The device nodes (container paths) of an OCI spec."""
     return {device["path"] for device in spec.get("linux", {}).get("devices") or []}
+
+
+def spec_device_numbers(spec: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """The device nodes of an OCI spec: container path -> (major, minor) of the host's node."""
+    return {
+        device["path"]: (device["major"], device["minor"])
+        for device in spec.get("linux", {}).get("devices") or []
+    }
 
 
 def chip_devices(spec: dict[str, Any]) -> set[str]:

@@ -1,6 +1,6 @@
 """The operator's checks against the real kubelet, scheduler and API server: the agent as the chart deploys it
 (fake backend, eight 910B chips) advertises them, and a pod asking for one goes Running with one chip's
-device node, the management devices and the environment in what the kubelet asked the runtime to create."""
+device node, the management devices and the environment in the container containerd made."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ from tests.cluster.node import wait_allocatable, watch_capacity
 from tests.cluster.pods import (
     RESOURCE,
     chip_devices,
+    container_id,
     one_pod_spec,
-    recorded_containers,
-    recorded_envs,
+    runtime_spec,
+    spec_devices,
+    spec_envs,
     wait_running,
 )
 from tests.cluster.polling import poll
@@ -109,12 +111,12 @@ def test_a_pod_with_one_chip_runs_with_its_device(cluster: Cluster, agent: Agent
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     try:
         wait_running(cluster, "one-chip")
-        (request,) = recorded_containers(cluster, "npu")
-        devices = {d["hostPath"] for d in request["config"].get("devices", [])}
-        chips = {d for d in devices if re.fullmatch(r"/dev/davinci\d+", d)}
+        spec = runtime_spec(cluster, "one-chip", "npu")
+        devices = spec_devices(spec)
+        chips = chip_devices(spec)
         assert len(chips) == 1, devices
         assert devices >= MANAGEMENT_DEVICES, devices
-        envs = recorded_envs(request)
+        envs = spec_envs(spec)
         (chip,) = chips
         assert envs.get("ASCEND_VISIBLE_DEVICES") == chip.removeprefix("/dev/davinci"), envs
     finally:
@@ -186,7 +188,8 @@ def test_the_kubelet_restarted_capacity_comes_back_and_the_pod_keeps_its_chip(
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("keeps-chip", "keeper", 1)))
     try:
         wait_running(cluster, "keeps-chip")
-        (before,) = recorded_containers(cluster, "keeper")
+        before = container_id(cluster, "keeps-chip", "keeper")
+        kept = chip_devices(runtime_spec(cluster, "keeps-chip", "keeper"))
         registrations = len(agent.matching(f"Registered resource {RESOURCE}"))
         cluster.restart_kubelet()
         agent.wait_log(f"Registered resource {RESOURCE}", timeout=60, count=registrations + 1)
@@ -194,12 +197,11 @@ def test_the_kubelet_restarted_capacity_comes_back_and_the_pod_keeps_its_chip(
         capacity, _ = node_resources(cluster)
         assert capacity[RESOURCE] == "8"
         wait_running(cluster, "keeps-chip")
-        assert recorded_containers(cluster, "keeper") == [before], "the running container was created again"
+        assert container_id(cluster, "keeps-chip", "keeper") == before, "the running container was made again"
         # The kubelet still counts the running pod's chip as taken: seven more fit, none of them that one.
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("the-rest", "rest", 7)))
         wait_running(cluster, "the-rest")
-        (others,) = recorded_containers(cluster, "rest")
-        kept, taken = chip_devices(before), chip_devices(others)
+        taken = chip_devices(runtime_spec(cluster, "the-rest", "rest"))
         assert len(kept) == 1 and len(taken) == 7 and not kept & taken, (kept, taken)
     finally:
         for name in ("keeps-chip", "the-rest"):
@@ -207,7 +209,7 @@ def test_the_kubelet_restarted_capacity_comes_back_and_the_pod_keeps_its_chip(
 
 
 def test_pods_of_2_and_4_chips_get_the_sets_the_agent_prefers(cluster: Cluster, agent: AgentProcess) -> None:
-    """The kubelet asks GetPreferredAllocation and takes its answer: each pod's recorded chips are what the
+    """The kubelet asks GetPreferredAllocation and takes its answer: each pod's container's chips are what the
     agent's policy picks from the chips still free (910B: mesh, two NUMA nodes of four)."""
     wait_allocatable(cluster, "8")
     chips = [
@@ -225,8 +227,7 @@ def test_pods_of_2_and_4_chips_get_the_sets_the_agent_prefers(cluster: Cluster, 
                 "apply", "-f", "-", stdin=json.dumps(one_pod_spec(f"takes-{name}", f"c-{name}", size))
             )
             wait_running(cluster, f"takes-{name}")
-            (request,) = recorded_containers(cluster, f"c-{name}")
-            got = chip_devices(request)
+            got = chip_devices(runtime_spec(cluster, f"takes-{name}", f"c-{name}"))
             assert got == expected, (name, sorted(got), sorted(expected), sorted(held))
             held |= got
     finally:
@@ -242,7 +243,7 @@ def test_the_real_kubelets_podresources_name_the_holder(cluster: Cluster, agent:
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("holder", "holds", 1)))
     try:
         wait_running(cluster, "holder")
-        ((chip,),) = [chip_devices(r) for r in recorded_containers(cluster, "holds")]
+        (chip,) = chip_devices(runtime_spec(cluster, "holder", "holds"))
         device = "Ascend910-" + chip.removeprefix("/dev/davinci")
         wanted = re.compile(rf'device="{device}"[^}}]*pod="holder"|pod="holder"[^}}]*device="{device}"')
         metrics = poll(lambda: agent_metrics(cluster), wanted.search)
@@ -343,8 +344,7 @@ def test_the_agent_restarted_capacity_stays_and_allocatable_comes_back(
         # All eight allocatable after the restart: a pod of eight runs.
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("all-eight", "eight", 8)))
         wait_running(cluster, "all-eight")
-        (request,) = recorded_containers(cluster, "eight")
-        assert len(chip_devices(request)) == 8
+        assert len(chip_devices(runtime_spec(cluster, "all-eight", "eight"))) == 8
     finally:
         watch.terminate()
         seen, _ = watch.communicate(timeout=20)

@@ -1,12 +1,12 @@
 """The agent as a DRA driver (the chart's DRA values) under the real API server, scheduler and kubelet: its
 ResourceSlice accepted, the DeviceClasses of examples/dra applied and their CEL evaluated by the scheduler, a
-claim prepared by the kubelet's DRA manager with the CDI devices in the recorded container, and a pod asking
-for `huawei.com/Ascend910` through the DeviceClass's extendedResourceName."""
+claim prepared by the kubelet's DRA manager and its chip in the container containerd made from the CDI spec
+the agent wrote, and a pod asking for `huawei.com/Ascend910` through the DeviceClass's
+extendedResourceName."""
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +16,15 @@ import yaml
 from tests.cluster.agent import DRA_DRIVER as DRIVER
 from tests.cluster.agent import fake_dra_agent
 from tests.cluster.harness import NODE_NAME, Cluster
-from tests.cluster.pods import IMAGE, claim_pod, one_pod_spec, recorded_containers, wait_running
+from tests.cluster.pods import (
+    chip_devices,
+    claim_pod,
+    claim_uids,
+    container,
+    one_pod_spec,
+    runtime_spec,
+    wait_running,
+)
 from tests.cluster.polling import poll
 from tests.support.agent_process import AgentProcess
 
@@ -65,24 +73,22 @@ def test_a_claim_from_a_template_is_scheduled_prepared_and_in_the_container(
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     try:
         wait_running(cluster, "claims-one")
-        (request,) = recorded_containers(cluster, "claimer")
-        # protobuf's JSON name of CRI's CDI_devices field
-        cdi = [d["name"] for d in request["config"].get("CDIDevices", [])]
-        assert len(cdi) == 1 and cdi[0].startswith(f"{DRIVER}/claim="), request["config"]
-        # The runtime would resolve that name in the CDI spec the agent wrote for the claim.
-        device = cdi[0].split("=", 1)[1]
-        specs = [yaml.safe_load(p.read_text()) for p in (cluster.work / "cdi").glob("*")]
-        named = [d for spec in specs for d in spec.get("devices", []) if d["name"] == device]
+        (uid,) = claim_uids(cluster, "claims-one")
+        # containerd resolved the claim's CDI device in the spec the agent wrote for it: the chip it names is
+        # the container's one chip.
+        (chip,) = chip_devices(runtime_spec(cluster, "claims-one", "claimer"))
+        specs = [yaml.safe_load(p.read_text()) for p in cluster.cdi_dir.glob("*") if uid in p.read_text()]
+        named = [d for spec in specs for d in spec.get("devices", []) if d["name"].startswith(uid)]
         assert len(named) == 1, specs
         nodes = [n["path"] for n in named[0]["containerEdits"].get("deviceNodes", [])]
-        assert any(re.fullmatch(r"/dev/davinci\d+", n) for n in nodes), named
+        assert chip in nodes, named
     finally:
         cluster.kubectl(
             "delete", "pod", "claims-one", "--wait=true", "--timeout=60s", check=False, timeout=90
         )
     # Unprepare (the kubelet's, after the pod is gone) removes the claim's spec.
     dra_agent.wait_log("Unprepared claim default/claims-one-npu", timeout=60)
-    left = [p.name for p in (cluster.work / "cdi").glob("*") if device in p.read_text()]
+    left = [p.name for p in cluster.cdi_dir.glob("*") if uid in p.read_text()]
     assert not left, left
 
 
@@ -95,17 +101,18 @@ def test_a_pod_asking_for_the_extended_resource_runs_on_the_dra_node(
         "metadata": {"name": "extended", "namespace": "default"},
         "spec": {
             "automountServiceAccountToken": False,
-            "containers": [
-                {"name": "ext", "image": IMAGE, "resources": {"limits": {"huawei.com/Ascend910": "1"}}}
-            ],
+            "terminationGracePeriodSeconds": 2,
+            "containers": [container("ext", resources={"limits": {"huawei.com/Ascend910": "1"}})],
         },
     }
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     try:
         wait_running(cluster, "extended")
-        (request,) = recorded_containers(cluster, "ext")
-        cdi = [d["name"] for d in request["config"].get("CDIDevices", [])]
-        assert len(cdi) == 1 and cdi[0].startswith(f"{DRIVER}/claim="), request["config"]
+        # The scheduler made a claim for the extended resource, which the driver prepared: its chip is in
+        # the container (the node has no device plugin).
+        status = json.loads(cluster.kubectl("get", "pod", "extended", "-o", "json").stdout)["status"]
+        assert status.get("extendedResourceClaimStatus", {}).get("resourceClaimName"), status
+        assert len(chip_devices(runtime_spec(cluster, "extended", "ext"))) == 1
     finally:
         cluster.kubectl("delete", "pod", "extended", "--wait=true", "--timeout=60s", check=False, timeout=90)
 
@@ -136,13 +143,8 @@ def test_a_tainted_chip_is_never_allocated(cluster: Cluster, dra_agent: AgentPro
         cluster.kubectl("delete", "pod", "eight", "--wait=true", "--timeout=60s", timeout=90)
         claim_pod(cluster, "seven", count=7)
         wait_running(cluster, "seven")
-        (request,) = recorded_containers(cluster, "seven")
-        names = {d["name"].split("=", 1)[1] for d in request["config"].get("CDIDevices", [])}
-        specs = [yaml.safe_load(p.read_text()) for p in (cluster.work / "cdi").glob("*")]
-        edits = [d["containerEdits"] for spec in specs for d in spec.get("devices", []) if d["name"] in names]
-        nodes = {n["path"] for e in edits for n in e.get("deviceNodes", [])}
-        chips = {n for n in nodes if re.fullmatch(r"/dev/davinci\d+", n)}
-        assert len(chips) == 7 and "/dev/davinci3" not in chips, sorted(nodes)
+        chips = chip_devices(runtime_spec(cluster, "seven", "seven"))
+        assert len(chips) == 7 and "/dev/davinci3" not in chips, sorted(chips)
     finally:
         for name in ("eight", "seven"):
             cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, running_agent
 from tests.cluster.harness import NODE_NAME, Cluster
-from tests.cluster.pods import one_pod_spec, recorded_containers, wait_running
+from tests.cluster.pods import one_pod_spec, runtime_spec, spec_envs, wait_running
 from tests.support.agent_process import AgentProcess
 from tests.support.host_tree import HostTree
 from tests.support.npusmi_fake import FakeNpuSmi
@@ -96,9 +96,11 @@ def test_a_dynamic_vnpu_is_scheduled_carved_and_destroyed(
         phys = int(result["device"].split("-")[1])
         ((vnpu_id, kind),) = _vnpus(cluster)
         assert kind == "vir04" and vnpu_id == 100 + 16 * phys
-        (request,) = recorded_containers(cluster, "dynamic-vir04")
-        cdi = [d["name"] for d in request["config"].get("CDIDevices", [])]
-        assert cdi == [f"{DRIVER}/claim={claim['metadata']['uid']}-{result['device']}"], request["config"]
+        # containerd applied the claim's CDI spec (the only source of these): the template's claim asks
+        # for the Ascend runtime, which adds the vNPU's node from the variables.
+        envs = spec_envs(runtime_spec(cluster, "dynamic-vir04", "dynamic-vir04"))
+        assert envs.get("ASCEND_VISIBLE_DEVICES") == str(vnpu_id), envs
+        assert envs.get("ASCEND_RUNTIME_OPTIONS") == "VIRTUAL", envs
         dynamic_agent.wait_log(re.escape(f"Carved vNPU {vnpu_id} (vir04) on chip {phys}"))
     finally:
         cluster.kubectl(

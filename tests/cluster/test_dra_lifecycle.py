@@ -16,7 +16,7 @@ import pytest
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.node import kubectl_watch
-from tests.cluster.pods import claim_pod, recorded_containers, wait_running
+from tests.cluster.pods import chip_devices, claim_pod, runtime_spec, wait_running
 from tests.cluster.polling import until
 from tests.support.agent_process import AgentProcess
 
@@ -177,8 +177,7 @@ def test_a_rolling_update_of_the_driver_prepares_a_claim_made_during_the_overlap
         assert old.proc.poll() is None
         claim_pod(cluster, "overlap")
         wait_running(cluster, "overlap")
-        (request,) = recorded_containers(cluster, "overlap")
-        assert request["config"].get("CDIDevices"), request["config"]
+        assert len(chip_devices(runtime_spec(cluster, "overlap", "overlap"))) == 1
         uid = pod_claim(cluster, "overlap")["metadata"]["uid"]
         old.terminate(timeout=20)
         # The kubelet goes on with the second instance: the pod deleted, its claim unprepared by it.

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, running_agent
+from tests.cluster.devices import numbers
 from tests.cluster.harness import Cluster
-from tests.cluster.pods import claim_pod, recorded_containers, wait_running
+from tests.cluster.pods import claim_pod, runtime_spec, spec_device_numbers, wait_running
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
@@ -25,6 +26,8 @@ DRIVER = "npu.huawei.com"
 def vnpu_dra_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster, DRA_RENDER)
     cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
+    # The fake chip 0's two vir02 vNPUs (ids 100 and 101): their nodes in /dev, where containerd looks.
+    cluster.devices.make(["vdavinci100", "vdavinci101"])
     with running_agent(
         cluster,
         "agent-dra-vnpu",
@@ -72,9 +75,10 @@ def test_the_whole_chip_classes_never_get_a_vnpu_and_the_vnpu_class_does(
         wait_running(cluster, "one-vnpu")
         (device,) = allocated(cluster, "one-vnpu")
         assert re.fullmatch(r"npu-0-vnpu-\d+", device), device
-        (request,) = recorded_containers(cluster, "one-vnpu")
-        cdi = [d["name"] for d in request["config"].get("CDIDevices", [])]
-        assert len(cdi) == 1 and cdi[0].startswith(f"{DRIVER}/claim="), request["config"]
+        # containerd applied the claim's CDI spec: the vNPU's node, seen as /dev/davinci<id>.
+        vnpu_id = int(device.rsplit("-", 1)[1])
+        devices = spec_device_numbers(runtime_spec(cluster, "one-vnpu", "one-vnpu"))
+        assert devices.get(f"/dev/davinci{vnpu_id}") == numbers(f"vdavinci{vnpu_id}"), devices
     finally:
         for name in names:
             delete_pod(cluster, name)

@@ -16,7 +16,7 @@ import pytest
 from tests.cluster.agent import ROOT, apply_chart, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.node import wait_allocatable, watch_capacity
-from tests.cluster.pods import RESOURCE, chip_devices, one_pod_spec, recorded_containers, wait_running
+from tests.cluster.pods import RESOURCE, chip_devices, one_pod_spec, runtime_spec, wait_running
 from tests.support import FIXTURES
 from tests.support.agent_process import AgentProcess
 from tests.support.host_tree import HostTree
@@ -189,8 +189,7 @@ def test_the_agent_rolled_to_a_new_process_capacity_stays_and_the_gap_is_short(
         new.wait_log(f"Registered resource {RESOURCE}", timeout=60)
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("rolled-eight", "rolled", 8)))
         wait_running(cluster, "rolled-eight")
-        (request,) = recorded_containers(cluster, "rolled")
-        assert len(chip_devices(request)) == 8
+        assert len(chip_devices(runtime_spec(cluster, "rolled-eight", "rolled"))) == 8
     finally:
         watch.terminate()
         seen, _ = watch.communicate(timeout=20)

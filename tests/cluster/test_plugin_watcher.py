@@ -11,7 +11,7 @@ import pytest
 from tests.cluster.agent import RENDERS, apply_chart, running_agent
 from tests.cluster.harness import KUBELET_DIR, Cluster
 from tests.cluster.node import wait_allocatable
-from tests.cluster.pods import RESOURCE, chip_devices, one_pod_spec, recorded_containers, wait_running
+from tests.cluster.pods import RESOURCE, chip_devices, one_pod_spec, runtime_spec, wait_running
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
@@ -36,7 +36,7 @@ def test_registered_by_the_plugin_watcher_a_pod_runs(cluster: Cluster, watched_a
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("watched", "watched", 1)))
     try:
         wait_running(cluster, "watched")
-        (request,) = recorded_containers(cluster, "watched")
-        assert len(chip_devices(request)) == 1, request["config"].get("devices")
+        spec = runtime_spec(cluster, "watched", "watched")
+        assert len(chip_devices(spec)) == 1, spec["linux"].get("devices")
     finally:
         cluster.kubectl("delete", "pod", "watched", "--wait=true", "--timeout=60s", check=False, timeout=90)

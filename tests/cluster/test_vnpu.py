@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.cluster.agent import apply_chart, running_agent
+from tests.cluster.devices import numbers
 from tests.cluster.harness import Cluster
 from tests.cluster.node import wait_allocatable
-from tests.cluster.pods import one_pod_spec, recorded_containers, recorded_envs, wait_running
+from tests.cluster.pods import one_pod_spec, runtime_spec, shown, spec_device_numbers, spec_envs, wait_running
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
@@ -23,6 +24,8 @@ VNPU_RESOURCE = "huawei.com/Ascend310P-2c"
 @pytest.fixture(scope="module")
 def vnpu_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster)
+    # The fake chip 0's two vir02 vNPUs (ids 100 and 101): their nodes in /dev, where containerd looks.
+    cluster.devices.make(["vdavinci100", "vdavinci101"])
     with running_agent(
         cluster,
         "agent-vnpu",
@@ -41,14 +44,20 @@ def test_a_pod_asking_for_a_vnpu_runs_with_it(cluster: Cluster, vnpu_agent: Agen
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     try:
         wait_running(cluster, "vnpu")
-        (request,) = recorded_containers(cluster, "on-vnpu")
-        devices = {d["hostPath"] for d in request["config"].get("devices", [])}
-        vnpus = {d for d in devices if re.fullmatch(r"/dev/vdavinci\d+", d)}
-        assert len(vnpus) == 1, devices
-        assert not {d for d in devices if re.fullmatch(r"/dev/davinci\d+", d)}, devices
-        envs = recorded_envs(request)
-        (vnpu,) = vnpus
-        assert envs.get("ASCEND_VISIBLE_DEVICES") == vnpu.removeprefix("/dev/vdavinci"), envs
+        spec = runtime_spec(cluster, "vnpu", "on-vnpu")
+        devices = spec_device_numbers(spec)
+        # One vNPU's node (/dev/vdavinci<id> on the host), seen as /dev/davinci<id>; no whole chip.
+        chips = {path for path in devices if re.fullmatch(r"/dev/davinci\d+", path)}
+        assert len(chips) == 1, devices
+        (path,) = chips
+        vnpu_id = path.removeprefix("/dev/davinci")
+        assert devices[path] == numbers(f"vdavinci{vnpu_id}"), devices
+        envs = spec_envs(spec)
+        assert envs.get("ASCEND_VISIBLE_DEVICES") == vnpu_id, envs
         assert envs.get("ASCEND_RUNTIME_OPTIONS") == "VIRTUAL", envs
+        # What the container itself sees: the node by its numbers, and the variables.
+        seen, seen_envs = shown(cluster, "vnpu")
+        assert seen.get(path) == f"f2:{int(vnpu_id):x}", seen
+        assert seen_envs["ASCEND_VISIBLE_DEVICES"] == vnpu_id, seen_envs
     finally:
         cluster.kubectl("delete", "pod", "vnpu", "--wait=true", "--timeout=60s", check=False, timeout=90)

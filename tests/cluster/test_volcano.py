@@ -21,8 +21,8 @@ from tests.cluster.pods import (
     RESOURCE,
     chip_devices,
     one_pod_spec,
-    recorded_containers,
-    recorded_envs,
+    runtime_spec,
+    spec_envs,
     wait_running,
 )
 from tests.cluster.polling import poll
@@ -65,9 +65,9 @@ def test_the_chips_volcano_chose_and_the_marks_written_back(
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     try:
         wait_running(cluster, "placed")
-        (request,) = recorded_containers(cluster, "placed")
-        assert chip_devices(request) == {"/dev/davinci3", "/dev/davinci5"}, request["config"].get("devices")
-        assert recorded_envs(request)["ASCEND_VISIBLE_DEVICES"] == "3,5"
+        spec = runtime_spec(cluster, "placed", "placed")
+        assert chip_devices(spec) == {"/dev/davinci3", "/dev/davinci5"}, spec["linux"].get("devices")
+        assert spec_envs(spec)["ASCEND_VISIBLE_DEVICES"] == "3,5"
         annotations: dict[str, str] = poll(
             lambda: json.loads(cluster.kubectl("get", "pod", "placed", "-o", "json").stdout)["metadata"].get(
                 "annotations", {}
