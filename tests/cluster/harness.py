@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from tests.cluster.devices import CHIPS, MANAGEMENT, DevicesPresent, StandInDevices
-from tests.cluster.runtime import Containerd, pause_archive
+from tests.cluster.runtime import Containerd, RuntimeProblem, pause_archive
 
 KUBELET_DIR = Path("/var/lib/kubelet")
 # What the kubelet makes on the host besides its root directory: removed at the end unless they were there.
@@ -239,14 +239,17 @@ class Cluster:
     def _start_containerd(self, tools: dict[str, Path]) -> None:
         self.runtime = Containerd(tools, self.work / "containerd", cdi_dirs=[self.cdi_dir])
         self.runtime.write_config()
-        self._spawn("containerd", self.runtime.args(), self.runtime.tools["containerd"], self.runtime.env())
-        process = self.components["containerd"].process
-        try:
-            self.runtime.wait_serving(lambda: process.poll() is None)
-        except Exception as problem:
-            raise self._failed("containerd", str(problem)) from None
+        self._spawn_containerd(self.runtime)
         for archive in (pause_archive(self.work.parent / "ascend-e2e-images"), *self.images):
             self.runtime.import_image(archive)
+
+    def _spawn_containerd(self, runtime: Containerd) -> None:
+        self._spawn("containerd", runtime.args(), runtime.tools["containerd"], runtime.env())
+        process = self.components["containerd"].process
+        try:
+            runtime.wait_serving(lambda: process.poll() is None)
+        except RuntimeProblem as problem:
+            raise self._failed("containerd", str(problem)) from None
 
     def _network(self) -> None:
         steps = [
@@ -481,6 +484,9 @@ class Cluster:
     def restart_kubelet(self) -> None:
         """The kubelet stopped (SIGTERM) and started again as before, until its socket answers."""
         self.stop_component("kubelet")
+        self._start_kubelet_again()
+
+    def _start_kubelet_again(self) -> None:
         self._spawn("kubelet", self._kubelet_args())
 
         def answers() -> Iterator[bool]:
@@ -490,6 +496,29 @@ class Cluster:
         self._wait("kubelet", f"answer at {KUBELET_SOCKET}", answers())
         self.wait_node_ready()
         write_sysctls(self.sysctls)
+
+    def reboot_node(self, volatile: Sequence[Path] = ()) -> None:
+        """The node as after a reboot, the control plane left running: the kubelet and containerd stopped,
+        every container's process killed (containerd's records of them stay, as its root is on disk),
+        containerd's state and ``volatile`` emptied (tmpfs on a node: /run, /var/run/cdi), then containerd
+        and the kubelet started again, until the node is Ready."""
+        runtime = self.runtime
+        assert runtime is not None, "a reboot needs the containerd node"
+        self.stop_component("kubelet")
+        for container in runtime.container_ids():
+            runtime.ctr("-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", container, check=False, timeout=30)
+            runtime.ctr("-n", "k8s.io", "tasks", "delete", "--force", container, check=False, timeout=30)
+        self.stop_component("containerd")
+        for pid in runtime.shim_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for point in _mounts_under(runtime.work / "state"):
+            subprocess.run(["umount", point], capture_output=True, timeout=20, check=False)
+        for directory in (runtime.work / "state", runtime.work / "runc", *volatile):
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+        self._spawn_containerd(runtime)
+        self._start_kubelet_again()
 
     def kubelet_log(self) -> str:
         """What every kubelet started so far logged."""
