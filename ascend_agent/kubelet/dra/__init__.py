@@ -129,7 +129,10 @@ class DraDriver:
             carving=Carving(made),
         )
         service.sweep_allowed = aside is None
-        return cls(service, DraPlugin(paths, service))
+        plugin = (
+            DraPlugin(paths, service) if side is None else DraPlugin(paths, service, side.kubelet_registered)
+        )
+        return cls(service, plugin)
 
     @property
     def socket_dirs(self) -> Sequence[Path]:
