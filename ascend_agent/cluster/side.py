@@ -156,9 +156,9 @@ class ClusterSide:
         return ApiState(None, f"off: {self._failed}" if self._failed else "starting")
 
     async def wait_loaded(self) -> None:
-        """Return once :meth:`run` has loaded the features; the caller bounds the wait (a client that cannot
-        connect loads none)."""
-        if self.api is not None:
+        """Return once :meth:`run` has loaded the features, or given up (a client that cannot be made loads
+        none: :meth:`state` says why); the caller bounds the wait."""
+        if self.api is not None or self._failed is not None:
             return
         if self._loaded is None:
             self._loaded = anyio.Event()
@@ -179,6 +179,8 @@ class ClusterSide:
         except ClusterConnectError as exc:
             self._failed = str(exc)
             log.error("Cluster side off: %s", exc)
+            if self._loaded is not None:
+                self._loaded.set()
             return
         self.api, self.features = api, features
         # The client library's modules and models stay until the agent exits: a full collection that walked

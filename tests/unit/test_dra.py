@@ -471,6 +471,37 @@ def test_the_dra_driver_starts_without_loading_the_client(short_dir: Path) -> No
     assert out.strip() == "[]"
 
 
+async def test_a_claim_asked_for_while_the_client_loads_waits_for_it(
+    apiserver: ApiServer, short_dir: Path
+) -> None:
+    """The driver registers before the cluster side has loaded its client: a NodePrepareResources in that
+    second is prepared once the client is there, not refused (the kubelet would back off)."""
+    side = ClusterSide(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [])
+    settings = Settings(kubelet_dir=short_dir / "device-plugins", kubelet_api="dra", cdi_spec_dir=short_dir)
+    driver = DraDriver.open(settings, side)
+    driver.publish(Inventory((Chip.make(0, "910B4"),)))
+    uid = apiserver.put_claim("train", ["npu-0"], driver="npu.huawei.com", pool="node-1")
+    answers: dict[str, PreparedClaim | str] = {}
+    asked_before_loaded: list[bool] = []
+    answered = anyio.Event()
+
+    async def prepare() -> None:
+        asked_before_loaded.append(side.api is None)
+        answers.update(await driver.service.prepare([ClaimRef("default", "train", uid)]))
+        answered.set()
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(prepare)
+            tasks.start_soon(side.run)
+            await answered.wait()
+            tasks.cancel_scope.cancel()
+    assert asked_before_loaded == [True]
+    answer = answers[uid]
+    assert isinstance(answer, PreparedClaim), answer
+    assert [d.device_name for d in answer.devices] == ["npu-0"]
+
+
 async def test_a_claim_says_why_when_the_cluster_side_could_not_start(short_dir: Path) -> None:
     kubeconfig = short_dir / "kubeconfig"
     kubeconfig.write_text("a: [b\n")

@@ -117,7 +117,13 @@ class DraDriver:
         pool = side.node if side is not None else ""
         reader = None
         if side is not None:
-            reader = ClaimReader(lambda: side.api, settings.dra_driver_name, pool, lambda: _no_client(side))
+            reader = ClaimReader(
+                lambda: side.api,
+                settings.dra_driver_name,
+                pool,
+                lambda: _no_client(side),
+                wait_client=side.wait_loaded,
+            )
         service = DraService(
             settings.dra_driver_name,
             pool,
