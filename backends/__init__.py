@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ascend_agent.config import ConfigError
-from ascend_agent.model import Inventory
+from ascend_agent.model import Inventory, VNpu
 
 if TYPE_CHECKING:
     from ascend_agent.config import Settings
@@ -75,6 +75,19 @@ class VnpuLayoutBackend(Protocol):
         """The plan of each chip the layout names, against the chips now; carried out with ``run`` unless
         a chip refuses its entry. Never destroys a vNPU that ``held`` names or npu-smi shows in use.
         ``vnpu_layout.LayoutRefused`` when the layout names a chip id the node does not have."""
+
+
+@runtime_checkable
+class VnpuCarver(Protocol):
+    """A backend that carves vNPUs one at a time on the chips ``vnpu: {dynamic: true}`` makes dynamic, for the
+    DRA driver's claims (devfs through npu-smi; fake in memory, on 310P chips). Each method raises
+    :class:`~ascend_agent.model.CarveFailed` with the tool's words in one line."""
+
+    async def vnpus_now(self, phys_id: int) -> tuple[VNpu, ...]: ...
+
+    async def create_vnpu(self, phys_id: int, template: str, vnpu_id: int) -> None: ...
+
+    async def destroy_vnpu(self, phys_id: int, vnpu_id: int) -> None: ...
 
 
 @runtime_checkable

@@ -8,6 +8,11 @@
 ``--fake-vnpus 0:vir02,0:vir02`` splits chips into vNPUs (IDs from ``phys*16+100``, as npu-smi numbers
 them); a state file's ``"vnpus": {"0": ["vir02"]}`` replaces that list while it is there.
 
+With ``vnpu: {dynamic: true}`` (or a chip's own ``{dynamic: true}`` entry) a 310P chip is dynamic: the DRA
+driver carves vNPUs on it for the claims it prepares (:class:`~ascend_agent.backends.VnpuCarver`), kept in
+memory as npu-smi would keep them (gone when the agent restarts, as after a reboot), with the templates and
+totals npu-smi gives a 310P3 (8 AI cores, 21 GB, 7 AI CPUs; vir01 to vir04_4c_dvpp).
+
 ``--fake-training`` gives each chip of a model that trains (910, 910B, A3) a synthetic device IP from the
 benchmarking range 198.18.0.0/15 (chip N: ``198.18.0.0 + N + 1``) and, on A3, a vNIC IP
 (``198.19.0.0 + N + 1``) and a place in super pod 0 (server index 0, SDID N); off, chips have none, as on a
@@ -33,18 +38,21 @@ from ascend_agent.config import ConfigError, Settings, decode_utf8, fake_vnpus
 from ascend_agent.model import (
     VNPU_ID_BASE,
     VNPU_IDS_PER_CHIP,
+    Carvable,
+    CarveFailed,
     Chip,
     DeviceNode,
     Generation,
     Health,
     Inventory,
     SuperPod,
+    Template,
     UnknownModelError,
     VNpu,
     classify,
 )
 from ascend_agent.observability import ProblemLog, log_fields
-from ascend_agent.vnpu_layout import Layout, parse_layout, template_cores
+from ascend_agent.vnpu_layout import Layout, dynamic_entries, is_dynamic, parse_layout, template_cores
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,33 @@ _HBM_MB_BY_MODEL = {"910B4": 32768}
 # --fake-training: addresses from the benchmarking range (RFC 2544), never a real network's.
 _DEVICE_IPS = ipaddress.IPv4Address("198.18.0.0")
 _VNIC_IPS = ipaddress.IPv4Address("198.19.0.0")
+
+
+def _media(vpc: int, venc: int, jpegd: int, pngd: int, vdec: int, jpege: int) -> tuple[tuple[str, int], ...]:
+    return (("vpc", vpc), ("venc", venc), ("jpegd", jpegd), ("pngd", pngd), ("vdec", vdec), ("jpege", jpege))
+
+
+# A 310P3's templates (npu-smi info -t template-info) and totals (info-vnpu; pngd is NA there): what a dynamic
+# fake 310P carves from.
+_310P_TEMPLATES = (
+    Template("vir01", 1, 3, 1, _media(1, 0, 2, 0, 1, 0)),
+    Template("vir02", 2, 6, 2, _media(3, 1, 4, 0, 3, 1)),
+    Template("vir02_1c", 2, 6, 1, _media(3, 1, 4, 0, 3, 1)),
+    Template("vir04", 4, 12, 4, _media(6, 1, 8, 0, 6, 2)),
+    Template("vir04_3c", 4, 12, 3, _media(6, 1, 8, 0, 6, 2)),
+    Template("vir04_3c_ndvpp", 4, 12, 3, _media(0, 0, 0, 0, 0, 0)),
+    Template("vir04_4c_dvpp", 4, 12, 4, _media(12, 3, 16, 0, 12, 4)),
+)
+_310P_TOTALS = (
+    ("aicore", 8),
+    ("memory", 21),
+    ("aicpu", 7),
+    ("vpc", 12),
+    ("venc", 3),
+    ("vdec", 12),
+    ("jpegd", 16),
+    ("jpege", 4),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +162,13 @@ class FakeBackend:
         self._state = FaultState()
         self._state_problem = ProblemLog()
         self._out_of_range = ProblemLog()
+        self._carved: dict[int, list[VNpu]] = {}  # the dynamic vNPUs made, by physical id
+        if dynamic_entries(settings.vnpu) and classify(settings.fake_model) is not Generation.ASCEND310P:
+            log.warning(
+                "vnpu: the fake backend carves dynamic vNPUs on 310P chips only (--fake-model 310P3); its %s "
+                "chips are published whole",
+                settings.fake_model,
+            )
 
     @property
     def health_interval(self) -> float | None:
@@ -193,7 +235,45 @@ class FakeBackend:
             chips=chips,
             container=container_base(self._settings.mode, _MANAGEMENT_DEVICES),
             vnpus=self._vnpus(chips),
+            carvable=tuple(
+                Carvable(chip.phys_id, _310P_TEMPLATES, _310P_TOTALS) for chip in chips if self._dynamic(chip)
+            ),
         )
+
+    def _dynamic(self, chip: Chip) -> bool:
+        return chip.generation is Generation.ASCEND310P and is_dynamic(self._settings.vnpu, chip)
+
+    # VnpuCarver (the DRA driver's dynamic vNPUs) ------------------------------------------------------
+    def _carved_on(self, phys_id: int) -> list[VNpu]:
+        if not 0 <= phys_id < self._settings.fake_chips or not self._dynamic(self._chip(phys_id)):
+            raise CarveFailed(f"chip {phys_id} is not a dynamic 310P chip of the fake backend")
+        return self._carved.setdefault(phys_id, [])
+
+    async def vnpus_now(self, phys_id: int) -> tuple[VNpu, ...]:
+        return tuple(self._carved_on(phys_id))
+
+    async def create_vnpu(self, phys_id: int, template: str, vnpu_id: int) -> None:
+        """As npu-smi's create-vnpu: refused for a template the chip does not offer, an id taken, or more AI
+        cores or AI CPUs than the chip has left."""
+        carved = self._carved_on(phys_id)
+        found = next((t for t in _310P_TEMPLATES if t.name == template), None)
+        if found is None:
+            raise CarveFailed(f"chip {phys_id} offers no template {template}")
+        if any(vnpu.vnpu_id == vnpu_id for vnpu in carved):
+            raise CarveFailed(f"vNPU {vnpu_id} exists already on chip {phys_id}")
+        totals = dict(_310P_TOTALS)
+        cores = sum(vnpu.aicore or 0 for vnpu in carved) + found.aicore
+        cpus = sum(vnpu.aicpu or 0 for vnpu in carved) + (found.aicpu or 0)
+        if cores > totals["aicore"] or cpus > totals["aicpu"]:
+            raise CarveFailed(f"Not enough resources on chip {phys_id} for a {template}")
+        carved.append(VNpu(vnpu_id, template, found.aicore, found.memory_gb, found.aicpu))
+
+    async def destroy_vnpu(self, phys_id: int, vnpu_id: int) -> None:
+        carved = self._carved_on(phys_id)
+        found = next((vnpu for vnpu in carved if vnpu.vnpu_id == vnpu_id), None)
+        if found is None:
+            raise CarveFailed(f"chip {phys_id} has no vNPU {vnpu_id}")
+        carved.remove(found)
 
     def _vnpus(self, chips: Sequence[Chip]) -> tuple[Chip, ...]:
         """The vNPUs of the state file, else of ``--fake-vnpus``; numbered as npu-smi numbers them."""

@@ -38,12 +38,21 @@ def _lines(text: str, label: str) -> list[str]:
 
 
 def _address(value: str, version: int, command: str) -> str:
+    """The address ``value`` gives, without an IPv6 zone (``%eth0``): a zone names an interface of this host,
+    of no use to a peer, a rank table or a DRA claim (and a long one makes a DRA attribute the API server
+    refuses, with the node's whole ResourceSlice).
+
+    >>> _address("2001:db8::5%eth0", 6, "-ip -inet6 -g")
+    '2001:db8::5'
+    """
     try:
         address = ipaddress.ip_address(value)
     except ValueError:
         raise HccnParseError(f"{command}: {value[:40]!r} is not an IP address") from None
     if address.version != version:
         raise HccnParseError(f"{command}: {value[:40]!r} is not an IPv{version} address")
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        address = ipaddress.IPv6Address(int(address))
     return str(address)
 
 

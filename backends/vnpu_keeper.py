@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ascend_agent.backends import Backend, VnpuLayoutBackend
+from ascend_agent.backends import Backend, VnpuCarver, VnpuLayoutBackend
 from ascend_agent.config import ConfigError, Settings
-from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout, LayoutRefused
+from ascend_agent.vnpu_layout import ChipPlan, HeldDevices, Layout, LayoutRefused, dynamic_entries
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +49,17 @@ class VnpuLayoutKeeper:
         nothing needed to run. Tells :attr:`on_ran` when npu-smi commands ran."""
         layout = settings.vnpu
         if not isinstance(backend, VnpuLayoutBackend):
-            if layout is not None and layout != self._ignored:
+            # A backend that carves dynamic chips for the DRA driver (fake) follows their entries itself.
+            dynamic = dynamic_entries(layout) if isinstance(backend, VnpuCarver) else ()
+            ignored = tuple(entry for entry in layout or () if entry not in dynamic) or None
+            if ignored is not None and ignored != self._ignored:
                 log.warning(
-                    "vnpu: the %s backend does not create vNPUs, so the vnpu: layout is ignored (the fake "
+                    "vnpu: the %s backend does not create vNPUs, so the vnpu: layout %sis ignored (the fake "
                     "backend splits chips with --fake-vnpus 0:vir02,0:vir02)",
                     settings.backend,
+                    "but for its dynamic chips " if dynamic else "",
                 )
-            self._ignored = layout
+            self._ignored = ignored
             return ()
         if fresh:
             backend.forget_vnpus()

@@ -5,6 +5,7 @@
     side.observe(inventory)             # after each reconcile; never blocks, never awaits
     side.event("Warning", reason, subject, message)   # an Event on the Node, kept until the side has loaded
     side.reset_info(value)              # the node annotation ResetInfo (--hot-reset), kept likewise
+    side.kubelet_registered()           # the kubelet registered the plugin (again): rewrite what it removes
 
 The client library and the features' modules are imported in a worker thread when :meth:`ClusterSide.run`
 starts, so the agent's start (serving and registering with the kubelet) does not wait for those imports.
@@ -42,6 +43,13 @@ class ResetInfoSink(Protocol):
     """The feature that keeps the node annotation ``ResetInfo`` (``ResetInfoAnnotation``)."""
 
     def set_reset_info(self, value: str) -> None: ...
+
+
+@runtime_checkable
+class KubeletRegistrations(Protocol):
+    """A feature that writes again what a starting kubelet removes (the DRA driver's ResourceSlices)."""
+
+    def kubelet_registered(self) -> None: ...
 
 
 class Feature(Protocol):
@@ -116,6 +124,14 @@ class ClusterSide:
         self._reset_info = value
         self._hand_reset_info()
 
+    def kubelet_registered(self) -> None:
+        """The kubelet registered the agent's plugin (again: it may have restarted); told to the features that
+        write again what a starting kubelet removes. Before the features loaded there is nothing to tell: they
+        write everything once loaded. Never blocks."""
+        for feature in self.features:
+            if isinstance(feature, KubeletRegistrations):
+                feature.kubelet_registered()
+
     def _hand_reset_info(self) -> None:
         if self._reset_info is None:
             return
@@ -140,9 +156,9 @@ class ClusterSide:
         return ApiState(None, f"off: {self._failed}" if self._failed else "starting")
 
     async def wait_loaded(self) -> None:
-        """Return once :meth:`run` has loaded the features; the caller bounds the wait (a client that cannot
-        connect loads none)."""
-        if self.api is not None:
+        """Return once :meth:`run` has loaded the features, or given up (a client that cannot be made loads
+        none: :meth:`state` says why); the caller bounds the wait."""
+        if self.api is not None or self._failed is not None:
             return
         if self._loaded is None:
             self._loaded = anyio.Event()
@@ -163,6 +179,8 @@ class ClusterSide:
         except ClusterConnectError as exc:
             self._failed = str(exc)
             log.error("Cluster side off: %s", exc)
+            if self._loaded is not None:
+                self._loaded.set()
             return
         self.api, self.features = api, features
         # The client library's modules and models stay until the agent exits: a full collection that walked

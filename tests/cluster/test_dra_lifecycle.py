@@ -1,11 +1,14 @@
 """The DRA driver's life under the real kubelet: a chip's health carried by the health stream
-(v1alpha1.DRAResourceHealth) into the pod's status, the agent restarted while a claim is prepared, and a
-rolling update of the driver (a second process with another pod UID while the first still serves)."""
+(v1alpha1.DRAResourceHealth) into the pod's status, the agent restarted while a claim is prepared, a
+rolling update of the driver (a second process with another pod UID while the first still serves), and the
+kubelet restarted (it deletes the node's slices at its start)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,3 +196,45 @@ def test_a_rolling_update_of_the_driver_prepares_a_claim_made_during_the_overlap
         seen, _ = watch.communicate(timeout=20)
     events = [line.split() for line in seen.splitlines() if line.strip()]
     assert not [e for e in events if e[:1] == ["DELETED"]], events
+
+
+def test_a_claim_pod_made_right_after_a_kubelet_restart_runs(
+    cluster: Cluster, agents: list[AgentProcess]
+) -> None:
+    """A starting kubelet deletes every ResourceSlice of its node, then registers the driver again; the slice
+    is back within seconds of that (not at the 300 s refresh), so a claim pod made at once is scheduled and
+    runs within wait_running's 90 s."""
+    agent = agents[-1]
+    registrations = len(agent.matching(REGISTERED))
+    watch = slice_events(cluster)
+    events: list[tuple[float, list[str]]] = []
+
+    def read() -> None:
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            events.append((time.monotonic(), line.split()))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        until(lambda: list(events), bool, "the slice watch's first event")
+        restarted = time.monotonic()
+        cluster.restart_kubelet()
+        claim_pod(cluster, "after-kubelet-restart")
+        wait_running(cluster, "after-kubelet-restart")
+        running = time.monotonic() - restarted
+        agent.wait_log(REGISTERED, timeout=60, count=registrations + 1)
+    finally:
+        delete_pod(cluster, "after-kubelet-restart")
+        watch.terminate()
+        watch.wait(20)
+        reader.join(5)
+    ours = [(at, e[0]) for at, e in events if NODE_NAME in e and at >= restarted]
+    deleted = next((at for at, kind in ours if kind == "DELETED"), None)
+    assert deleted is not None, f"the kubelet deleted no slice at its start: {events}"
+    back = next((at for at, kind in ours if kind == "ADDED" and at > deleted), None)
+    assert back is not None, events
+    print(
+        f"kubelet restart -> slice deleted {deleted - restarted:.1f} s, back {back - restarted:.1f} s "
+        f"({back - deleted:.1f} s after the deletion); claim pod Running {running:.1f} s after the restart"
+    )

@@ -7,6 +7,7 @@ import contextlib
 import glob
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -126,7 +127,10 @@ def test_make_on_a_terminal_ends_with_ctrl_c_and_exit_0(target: str, scratch: st
     assert set(glob.glob(scratch)) - before == set(), "the scratch directory is left behind"
 
 
-def test_sigterm_ends_the_dra_walk_through_and_removes_its_scratch_directory() -> None:
+def test_the_dra_walk_through_shows_the_driver_s_answers_and_sigterm_ends_it() -> None:
+    """It prepares claims of devices the driver published (a whole 310P3, a vir04 carved from the dynamic
+    chip) and one of a device the node lacks, and prints each answer as the driver gave it, the error too
+    (it printed "NodePrepareResources: []" for a claim the driver refused)."""
     before = set(glob.glob(_DRA_SCRATCH))
     walk = subprocess.Popen(
         [sys.executable, str(ROOT / "examples/dra/run-local.py")],
@@ -150,6 +154,17 @@ def test_sigterm_ends_the_dra_walk_through_and_removes_its_scratch_directory() -
     reader.start()
     try:
         assert watching.wait(60), "".join(lines)
+        said = "".join(lines)
+        uid = "[0-9a-f-]{36}"
+        assert re.search(rf">> NodePrepareResources train: \['npu\.huawei\.com/claim={uid}-npu-0'\]", said), (
+            said
+        )
+        carved = rf">> NodePrepareResources infer: \['npu\.huawei\.com/claim={uid}-npu-1-vir04-0'\]"
+        assert re.search(carved, said), said
+        refused = "device npu-7 of ResourceClaim default/elsewhere is not on this node"
+        assert f">> NodePrepareResources elsewhere: error: {refused}" in said
+        assert ">> counter set npu-1 (a dynamic chip): ai-cores 8, memory 24Gi, ai-cpus 7" in said
+        assert "ASCEND_RUNTIME_OPTIONS=VIRTUAL" in said  # the carved vNPU's CDI spec
         os.killpg(walk.pid, signal.SIGTERM)
         assert walk.wait(30) == 0, "".join(lines)
         reader.join(5)

@@ -29,6 +29,7 @@ import contextlib
 import json
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -306,6 +307,16 @@ class ApiServer:
         with self._changed:
             self._generation += 1
             self._changed.notify_all()
+
+    def delete(self, resource: str, name: str, namespace: str | None = None) -> None:
+        """Delete an object through the REST API, as a client does (watches see it DELETED)."""
+        group, version, plural, _ = _KNOWN[resource]
+        path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        if namespace is not None:
+            path += f"/namespaces/{namespace}"
+        request = urllib.request.Request(f"{self.url}{path}/{plural}/{name}", method="DELETE")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status in (200, 202), answer.status
 
     def get(self, resource: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         found = [o for o in self.list(resource, namespace) if o.get("metadata", {}).get("name") == name]

@@ -312,6 +312,71 @@ async def test_a_slice_deleted_by_hand_is_published_again_at_the_refresh(apiserv
     await api.close()
 
 
+async def test_a_slice_deleted_or_edited_by_someone_else_is_written_again_at_once(
+    apiserver: ApiServer,
+) -> None:
+    """The kubelet deletes every slice of its node when it starts; an operator may edit one. Either is put
+    back from the watch, long before the 300 s refresh, and the publisher's own writes start no more."""
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    publisher = SlicePublisher("npu.huawei.com", "NoSchedule")
+    publisher.observe(Inventory((Chip.make(0, "910B4"), Chip.make(1, "910B4"))))
+    other_node = {**_slice({"devices": []}), "metadata": {"name": "node-2-npu.huawei.com-0"}}
+    other_node["spec"] = {**other_node["spec"], "nodeName": "node-2", "pool": {**other_node["spec"]["pool"]}}
+    other_node["spec"]["pool"]["name"] = "node-2"
+
+    def ours() -> list[dict[str, Any]]:
+        return [s for s in apiserver.list("resourceslices") if s["spec"]["nodeName"] == "node-1"]
+
+    async def until(ready: Any) -> list[dict[str, Any]]:
+        return await anyio.to_thread.run_sync(lambda: apiserver.wait_for(ours, ready, timeout=10.0))
+
+    def watching() -> bool:
+        return any(s.verb == "watch" and s.resource == "resourceslices" for s in apiserver.seen())
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(publisher.run, api)
+        (first,) = await until(bool)
+        await anyio.to_thread.run_sync(lambda: apiserver.wait_for(watching, bool))
+        apiserver.put("resourceslices", other_node)  # another node's: not this publisher's to touch
+        await api.client.delete(ResourceSlice, first["metadata"]["name"])  # as the kubelet does
+        (again,) = await until(bool)
+        assert again["spec"]["devices"] == first["spec"]["devices"]
+
+        edited = {**again, "spec": {**again["spec"], "devices": again["spec"]["devices"][:1]}}
+        apiserver.put("resourceslices", edited)
+        (restored,) = await until(lambda found: found and len(found[0]["spec"]["devices"]) == 2)
+        tasks.cancel_scope.cancel()
+    assert restored["spec"]["devices"] == first["spec"]["devices"]
+    assert apiserver.get("resourceslices", "node-2-npu.huawei.com-0") == other_node
+    await api.close()
+
+
+async def test_the_slices_are_written_again_when_the_kubelet_registers_the_driver_anew(
+    apiserver: ApiServer,
+) -> None:
+    """With no watch delivering, the kubelet's registration alone puts back what it deleted at its start."""
+    apiserver.fail("hang", verb="watch", resource="resourceslices")
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    publisher = SlicePublisher("npu.huawei.com", "NoSchedule")
+    publisher.observe(Inventory((Chip.make(0, "910B4"),)))
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(publisher.run, api)
+            (first,) = await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), bool)
+            )
+            await api.client.delete(ResourceSlice, first["metadata"]["name"])
+            publisher.kubelet_registered()
+            (again,) = await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), bool)
+            )
+            tasks.cancel_scope.cancel()
+    finally:
+        apiserver.behave()
+        await api.close()
+    assert again["spec"]["devices"] == first["spec"]["devices"]
+
+
 async def test_the_doctor_takes_a_chip_split_into_vnpus_for_its_vnpu_devices(apiserver: ApiServer) -> None:
     api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
     chips = (Chip.make(0, "310P3"), Chip.make(1, "310P3"))
@@ -404,6 +469,37 @@ def test_the_dra_driver_starts_without_loading_the_client(short_dir: Path) -> No
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+async def test_a_claim_asked_for_while_the_client_loads_waits_for_it(
+    apiserver: ApiServer, short_dir: Path
+) -> None:
+    """The driver registers before the cluster side has loaded its client: a NodePrepareResources in that
+    second is prepared once the client is there, not refused (the kubelet would back off)."""
+    side = ClusterSide(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", lambda: [])
+    settings = Settings(kubelet_dir=short_dir / "device-plugins", kubelet_api="dra", cdi_spec_dir=short_dir)
+    driver = DraDriver.open(settings, side)
+    driver.publish(Inventory((Chip.make(0, "910B4"),)))
+    uid = apiserver.put_claim("train", ["npu-0"], driver="npu.huawei.com", pool="node-1")
+    answers: dict[str, PreparedClaim | str] = {}
+    asked_before_loaded: list[bool] = []
+    answered = anyio.Event()
+
+    async def prepare() -> None:
+        asked_before_loaded.append(side.api is None)
+        answers.update(await driver.service.prepare([ClaimRef("default", "train", uid)]))
+        answered.set()
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(prepare)
+            tasks.start_soon(side.run)
+            await answered.wait()
+            tasks.cancel_scope.cancel()
+    assert asked_before_loaded == [True]
+    answer = answers[uid]
+    assert isinstance(answer, PreparedClaim), answer
+    assert [d.device_name for d in answer.devices] == ["npu-0"]
 
 
 async def test_a_claim_says_why_when_the_cluster_side_could_not_start(short_dir: Path) -> None:

@@ -41,7 +41,7 @@ def test_the_daemonset_runs_the_dra_driver(tmp_path: Path) -> None:
         assert kind in kinds
     (role,) = [d for _, d in DOCUMENTS if d["kind"] == "ClusterRole"]
     verbs = {r["resources"][0]: set(r["verbs"]) for r in role["rules"]}
-    assert verbs["resourceslices"] == {"list", "create", "patch", "delete"}
+    assert verbs["resourceslices"] == {"list", "watch", "create", "patch", "delete"}
     assert verbs["resourceclaims"] == {"get"}
     assert verbs["resourceclaims/status"] == {"patch"}, "status.devices, by server-side apply"
     (driver,) = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]

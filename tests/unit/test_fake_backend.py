@@ -1,4 +1,5 @@
-"""The fake backend's state file on real files: missing, not UTF-8, naming chips that do not exist."""
+"""The fake backend's state file on real files: missing, not UTF-8, naming chips that do not exist; its
+dynamic 310P chips, against npu-smi's samples."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from ascend_agent.backends import VnpuCarver
 from ascend_agent.backends.fake import FakeBackend
+from ascend_agent.backends.npusmi_vnpu import parse_info_vnpu, parse_template_info
+from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper
 from ascend_agent.config import ConfigError, Settings
-from ascend_agent.model import Health, Inventory
+from ascend_agent.model import Carvable, CarveFailed, Health, Inventory
+from ascend_agent.vnpu_layout import parse_layout
+from tests.support.vnpu_node import TEMPLATE_INFO, VNPU_SAMPLES
 
 GBK = "# 故障\n".encode("gbk")
 
@@ -83,3 +89,47 @@ async def test_ids_beyond_the_chips_are_named_once(short_dir: Path, caplog: pyte
     with caplog.at_level(logging.WARNING):
         await backend.discover()
     assert ["names chips that do not exist: 8 " in r.getMessage() for r in caplog.records] == [True]
+
+
+async def test_a_dynamic_310p_offers_what_npu_smi_gives_and_carves_as_it_does() -> None:
+    """With ``vnpu: {dynamic: true}`` a fake 310P3 is carvable with the templates and totals devfs reads from
+    npu-smi (the shared samples), and its vNPUs are made and destroyed as npu-smi makes them."""
+    layout = parse_layout({"1": {"dynamic": True}})
+    backend = FakeBackend(Settings(backend="fake", fake_model="310P3", fake_chips=2, vnpu=layout))
+    await backend.start()
+    (carvable,) = (await backend.discover()).carvable
+    sample = parse_info_vnpu((VNPU_SAMPLES / "310P3-info-vnpu-i2-c0-none.txt").read_text())
+    totals = tuple((label, total) for label, (_, total) in sample.resources.items() if total is not None)
+    assert carvable == Carvable(1, parse_template_info(TEMPLATE_INFO), totals)
+    assert isinstance(backend, VnpuCarver)
+
+    await backend.create_vnpu(1, "vir04", 116)
+    await backend.create_vnpu(1, "vir02", 117)
+    with pytest.raises(CarveFailed, match="Not enough resources"):
+        await backend.create_vnpu(1, "vir04", 118)  # 4 + 2 + 4 AI cores of 8
+    with pytest.raises(CarveFailed, match="exists already"):
+        await backend.create_vnpu(1, "vir01", 117)
+    with pytest.raises(CarveFailed, match="not a dynamic 310P chip"):
+        await backend.create_vnpu(0, "vir01", 100)
+    assert [(v.vnpu_id, v.template) for v in await backend.vnpus_now(1)] == [(116, "vir04"), (117, "vir02")]
+    await backend.destroy_vnpu(1, 116)
+    with pytest.raises(CarveFailed, match="has no vNPU 116"):
+        await backend.destroy_vnpu(1, 116)
+    assert [v.vnpu_id for v in await backend.vnpus_now(1)] == [117]
+
+
+async def test_the_layout_s_dynamic_chips_are_not_said_to_be_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The fake backend follows the dynamic entries itself (it carves for the DRA driver); only what it does
+    not do, split chips by a static layout, is said to be ignored."""
+    keeper = VnpuLayoutKeeper()
+    dynamic = Settings(backend="fake", fake_model="310P3", vnpu=parse_layout({"dynamic": True}))
+    with caplog.at_level(logging.WARNING):
+        assert await keeper.apply(FakeBackend(dynamic), dynamic) == ()
+    assert caplog.records == []
+    mixed = Settings(backend="fake", fake_model="310P3", vnpu=parse_layout({"dynamic": True, "0": ["vir02"]}))
+    with caplog.at_level(logging.WARNING):
+        await keeper.apply(FakeBackend(mixed), mixed)
+    (said,) = caplog.records
+    assert "the vnpu: layout but for its dynamic chips is ignored" in said.getMessage()

@@ -153,6 +153,22 @@ def test_dra_attributes_a_claim_can_match() -> None:
     assert "superPodId" not in part["attributes"]
 
 
+def test_a_dra_address_attribute_is_an_address_without_its_zone() -> None:
+    """Whatever a backend hands over, ``deviceIP`` and ``vnicIP`` are plain addresses: the API server refuses
+    a string attribute over 64 bytes, and with it the node's whole slice; a zone (``%eth0``) names an
+    interface of this host only."""
+    zoned = Chip.make(0, "910B3", device_ip=f"2001:db8::5%{'x' * 80}", vnic_ip="fd00::7%eth0")
+    garbage = Chip.make(1, "910B3", device_ip="not an address")
+    node = NodeChips.of((zoned, garbage), None)
+    taints = DeviceTaints("npu.huawei.com", "NoSchedule")
+    attributes = slice_device(zoned, node, taints)["attributes"]
+    assert (attributes["deviceIP"], attributes["vnicIP"]) == (
+        {"string": "2001:db8::5"},
+        {"string": "fd00::7"},
+    )
+    assert "deviceIP" not in slice_device(garbage, node, taints)["attributes"]
+
+
 def test_doctor_names_the_chips_without_an_ip() -> None:
     [check] = _device_ips(_a3_node())
     assert check.ok is False

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from ascend_agent.backends import VnpuCarver
 from ascend_agent.config import ConfigError, Settings
 from ascend_agent.container import container_spec
-from ascend_agent.kubelet.dra.carving import MADE_VNPUS, Carving, MadeVnpus, VnpuCarver
+from ascend_agent.kubelet.dra.carving import MADE_VNPUS, Carving, MadeVnpus
 from ascend_agent.kubelet.dra.claimread import ClaimReader
 from ascend_agent.kubelet.dra.claims import CheckpointError, Prepared, read_boot_id
 from ascend_agent.kubelet.dra.claimstatus import ClaimStatuses
@@ -117,7 +118,13 @@ class DraDriver:
         pool = side.node if side is not None else ""
         reader = None
         if side is not None:
-            reader = ClaimReader(lambda: side.api, settings.dra_driver_name, pool, lambda: _no_client(side))
+            reader = ClaimReader(
+                lambda: side.api,
+                settings.dra_driver_name,
+                pool,
+                lambda: _no_client(side),
+                wait_client=side.wait_loaded,
+            )
         service = DraService(
             settings.dra_driver_name,
             pool,
@@ -129,7 +136,10 @@ class DraDriver:
             carving=Carving(made),
         )
         service.sweep_allowed = aside is None
-        return cls(service, DraPlugin(paths, service))
+        plugin = (
+            DraPlugin(paths, service) if side is None else DraPlugin(paths, service, side.kubelet_registered)
+        )
+        return cls(service, plugin)
 
     @property
     def socket_dirs(self) -> Sequence[Path]:
@@ -139,7 +149,7 @@ class DraDriver:
     def publish(self, inventory: Inventory, carver: object = None) -> None:
         """The devices now (every vNPU, every chip not split into vNPUs, the dynamic chips' offers); a claim's
         CDI spec holds what Allocate gives for its devices (no CDI names). ``carver``: the backend, which
-        carves dynamic vNPUs when it is a :class:`~ascend_agent.kubelet.dra.carving.VnpuCarver`."""
+        carves dynamic vNPUs when it is a :class:`~ascend_agent.backends.VnpuCarver`."""
         base = replace(inventory.container, cdi=False)
         offers = {c.phys_id: chip_offer(c) for c in inventory.carvable}
         left_out = tuple(line for offer in offers.values() for line in offer.left_out)

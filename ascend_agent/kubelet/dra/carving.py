@@ -6,8 +6,8 @@ the record only once npu-smi destroyed it or shows it gone. So a vNPU the driver
 one it did not make is never touched: a crash between create and checkpoint leaves a record whose claim the
 checkpoint does not hold, and :meth:`Carving.sweep` destroys it at the next start. The record is a file of
 its own so that a checkpoint set aside does not lose it: the claims it names are then released when the
-kubelet unprepares them. The backend does the work (:class:`VnpuCarver`, the devfs backend); this module
-never runs a tool::
+kubelet unprepares them. The backend does the work (:class:`~ascend_agent.backends.VnpuCarver`: devfs
+through npu-smi, fake in memory); this module never runs a tool::
 
     made, aside = MadeVnpus.open(directory / "vnpus.json")
     carving = Carving(made)
@@ -25,10 +25,11 @@ import logging
 from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import anyio
 
+from ascend_agent.backends import VnpuCarver
 from ascend_agent.files import replace_file
 from ascend_agent.kubelet.dra.claimread import ClaimError
 from ascend_agent.kubelet.dra.claims import (
@@ -50,17 +51,6 @@ MADE_VNPUS = "vnpus.json"  # beside the checkpoint
 # npu-smi numbers the vNPUs of chip N from N*16+100 (inference chips use the first 8, training chips all 16).
 _FIRST_ID = 100
 _IDS_PER_CHIP = 16
-
-
-@runtime_checkable
-class VnpuCarver(Protocol):
-    """What a backend offers for dynamic vNPUs; each raises :class:`~ascend_agent.model.CarveFailed`."""
-
-    async def vnpus_now(self, phys_id: int) -> tuple[VNpu, ...]: ...
-
-    async def create_vnpu(self, phys_id: int, template: str, vnpu_id: int) -> None: ...
-
-    async def destroy_vnpu(self, phys_id: int, vnpu_id: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +246,8 @@ class Carving:
         carver = self._carver_or_none()
         if carver is None:
             return (
-                f"cannot destroy {where}: the backend cannot carve vNPUs (not discovered yet, or not devfs)"
+                f"cannot destroy {where}: the backend cannot carve vNPUs (the chips not discovered yet, or a "
+                "backend without dynamic vNPUs)"
             )
         try:
             ids = {vnpu.vnpu_id for vnpu in await carver.vnpus_now(record.phys_id)}
@@ -287,8 +278,8 @@ class Carving:
         carver = self._carver_or_none()
         if carver is None:
             raise ClaimError(
-                "dynamic vNPUs are carved by the devfs backend through npu-smi; the chips are not discovered "
-                "yet, or the backend cannot carve (the kubelet retries)"
+                "dynamic vNPUs are carved by the backend (devfs through npu-smi, or fake); the chips are not "
+                "discovered yet, or the backend cannot carve (the kubelet retries)"
             )
         return carver
 

@@ -3,23 +3,31 @@
 An allocation never changes once made, so a claim read once is answered from memory for as long as its UID
 is the one asked for; the kubelet's NodePrepareResources for a claim seen before makes no request::
 
-    reader = ClaimReader(lambda: side.api, driver="npu.huawei.com", pool="node-1")
+    reader = ClaimReader(lambda: side.api, "npu.huawei.com", "node-1", wait_client=side.wait_loaded)
     results = await reader.allocated(Claim(namespace="default", uid="...", name="train"))
     # ClaimError("...") with one line when the claim is not ours to prepare
+
+The driver registers with the kubelet before the cluster side has loaded its client (a second or so after the
+start): a claim asked for meanwhile waits for it, up to :data:`CLIENT_WAIT`, instead of failing and leaving
+the kubelet to back off.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 if TYPE_CHECKING:
     from ascend_agent.cluster.client import KubeApi
 
 _CACHED = 1024
+# How long a claim waits for the cluster side to load its client: well within the kubelet's 45 s for a call.
+CLIENT_WAIT = 20.0
 
 
 @cache
@@ -59,7 +67,8 @@ class ClaimRef:
 
 class ClaimReader:
     """Reads ResourceClaims through the cluster side's client (``api_of()``: None until it has loaded, and
-    ``no_client()`` says why) and keeps the allocations it found."""
+    ``no_client()`` says why; ``wait_client()`` returns once it has loaded or never will) and keeps the
+    allocations it found."""
 
     def __init__(
         self,
@@ -67,9 +76,13 @@ class ClaimReader:
         driver: str,
         pool: str,
         no_client: Callable[[], str] = lambda: "the Kubernetes client is still loading",
+        wait_client: Callable[[], Awaitable[None]] | None = None,
+        client_wait: float = CLIENT_WAIT,
     ) -> None:
         self._api_of = api_of
         self._no_client = no_client
+        self._wait_client = wait_client
+        self._client_wait = client_wait
         self.driver = driver
         self.pool = pool
         self._known: OrderedDict[str, tuple[Allocated, ...]] = OrderedDict()
@@ -81,6 +94,10 @@ class ClaimReader:
             self._known.move_to_end(claim.uid)
             return known
         api = self._api_of()
+        if api is None and self._wait_client is not None:
+            with anyio.move_on_after(self._client_wait):
+                await self._wait_client()
+            api = self._api_of()
         if api is None:
             raise ClaimError(f"cannot read ResourceClaim {claim}: {self._no_client()}")
         from lightkube.core.exceptions import ApiError

@@ -15,6 +15,7 @@ the node's pool. Pure functions of the inventory; no I/O.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -256,15 +257,32 @@ def training_attributes(chip: Chip) -> dict[str, dict[str, Any]]:
     ['deviceIP', 'sdid', 'serverIndex', 'superPodId']
     """
     attributes: dict[str, dict[str, Any]] = {}
-    if chip.device_ip is not None and chip.rank_ip is not None:
-        attributes["deviceIP"] = {"string": chip.rank_ip}
-    if chip.vnic_ip is not None and chip.vnpu is None:
-        attributes["vnicIP"] = {"string": chip.vnic_ip}
+    if chip.device_ip is not None and chip.rank_ip is not None and (ip := _address(chip.rank_ip)):
+        attributes["deviceIP"] = {"string": ip}
+    if chip.vnic_ip is not None and chip.vnpu is None and (ip := _address(chip.vnic_ip)):
+        attributes["vnicIP"] = {"string": ip}
     if chip.super_pod is not None and chip.vnpu is None:
         attributes["superPodId"] = {"int": chip.super_pod.super_pod_id}
         attributes["serverIndex"] = {"int": chip.super_pod.server_index}
         attributes["sdid"] = {"int": chip.super_pod.sdid}
     return attributes
+
+
+def _address(text: str) -> str | None:
+    """``text`` as an address attribute holds it: the IP address alone, without an IPv6 zone (``%eth0`` names
+    an interface of this host, of no use to a claim; a long one would make the string longer than the 64
+    bytes the API server takes, and it would refuse the whole slice); None for what is no IP address.
+
+    >>> _address("2001:db8::5%eth0"), _address("10.0.0.1"), _address("10.0.0")
+    ('2001:db8::5', '10.0.0.1', None)
+    """
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address):
+        address = ipaddress.IPv6Address(int(address))
+    return str(address)
 
 
 def _vnpu_device(part: Chip, taints: DeviceTaints) -> dict[str, Any]:

@@ -5,11 +5,17 @@ more than one slice may hold. Every change of a device (a chip found or gone, a 
 writes the slices again with the pool's generation one higher, so that the scheduler never mixes slices of
 two generations. After a restart the agent takes the generation from the slices it finds and updates them in
 place: the scheduler never sees the pool empty. Slices are deleted only with ``--dra-cleanup``, when the agent
-stops::
+stops.
+
+The driver's own slices on this node are watched: one deleted or changed by someone else (the kubelet deletes
+every slice of its node when it starts, an operator edits one) is written again within :data:`SETTLE`; so
+they are when the kubelet registers the driver anew (:meth:`SlicePublisher.kubelet_registered`), and every
+:data:`REFRESH` whatever happened::
 
     slices = SlicePublisher("npu.huawei.com", taint_effect="NoSchedule", cleanup=False)
     slices.observe(inventory)        # desired slices; written by its own task
-    await slices.run(api)            # RBAC: resourceslices list, create, patch, delete
+    await slices.run(api)            # RBAC: resourceslices list, watch, create, patch, delete
+    slices.kubelet_registered()      # the kubelet (re)started and registered the driver: write them again
 
 Requests go through :meth:`KubeApi.call <ascend_agent.cluster.client.KubeApi.call>` and a
 :class:`~ascend_agent.cluster.writer.LatestWriter`: the newest state wins, failures back off.
@@ -18,18 +24,22 @@ Requests go through :meth:`KubeApi.call <ascend_agent.cluster.client.KubeApi.cal
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
+from lightkube.core.client import FieldSelector
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
+from ascend_agent.backoff import Backoff
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
-from ascend_agent.cluster.writer import LatestWriter
+from ascend_agent.cluster.writer import LatestWriter, api_backoff
 from ascend_agent.kubelet.dra.devices import DeviceTaints, pool_slices
 from ascend_agent.model import Inventory
 from ascend_agent.naming import object_name
@@ -41,6 +51,14 @@ API_VERSION = "resource.k8s.io/v1"
 # How often the slices are compared with what they should be (one list request when nothing differs), so that
 # a slice deleted or edited by hand is right again within this.
 REFRESH = 300.0
+# How long after a change by someone else (or the kubelet's registration) the slices are written again: the
+# kubelet deletes a node's slices one by one, and their events arrive together; one write puts all back.
+SETTLE = 0.5
+MOST_SPACING = 30.0
+# How long one watch of the slices lasts before they are listed and watched again.
+WATCH_SECONDS = 300
+# The resourceVersions of this process's own writes kept, to tell their watch events from others' changes.
+_OWN_VERSIONS = 64
 
 Specs = list[dict[str, Any]]
 
@@ -82,6 +100,11 @@ class SlicePublisher:
         self._pending: Specs | None = None
         self._generation = 0
         self._taint_times: dict[tuple[Any, ...], str] = {}
+        # What each slice of the pool holds as last written or found right, by name; and the resourceVersions
+        # the writes got: a watch event of either is no change by someone else.
+        self._published: dict[str, dict[str, Any]] = {}
+        self._own_versions: list[str] = []
+        self._nudged = anyio.Event()
 
     def observe(self, inventory: Inventory) -> None:
         specs = pool_slices(inventory, self._taints)
@@ -89,6 +112,14 @@ class SlicePublisher:
             self._pending = specs
         else:
             self._writer.set(specs)
+
+    def kubelet_registered(self) -> None:
+        """The kubelet registered the driver (again): a kubelet that starts deletes every slice of its node
+        first, so they are compared and written again now. Never blocks."""
+        self._nudge()
+
+    def _nudge(self) -> None:
+        self._nudged.set()
 
     async def run(self, api: KubeApi) -> None:
         async def apply(specs: Specs) -> None:
@@ -100,6 +131,8 @@ class SlicePublisher:
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(writer.run)
+                tasks.start_soon(self._follow, api)
+                tasks.start_soon(self._write_again_when_nudged, writer)
                 while True:
                     await anyio.sleep(self._refresh)
                     writer.refresh()
@@ -117,22 +150,101 @@ class SlicePublisher:
                     else:
                         await self._delete_all(api)
 
-    async def _existing(self, api: KubeApi) -> dict[str, dict[str, Any]]:
-        async def listed() -> list[Any]:
-            return [
-                item
-                async for item in api.client.list(
-                    ResourceSlice, fields={"spec.nodeName": api.node, "spec.driver": self.driver}
-                )
-            ]
+    async def _write_again_when_nudged(self, writer: LatestWriter[Specs]) -> None:
+        """A change by someone else, or the kubelet's registration: after :data:`SETTLE` (the rest of a burst
+        of events arrives meanwhile), the slices are compared with what they should be and written again.
+        Changes that keep coming (another writer that wants the slices otherwise: two versions of the driver
+        side by side in a rolling update) are undone at doubling intervals, up to :data:`MOST_SPACING`."""
+        spacing = Backoff(SETTLE, MOST_SPACING, jitter=False)
+        last = -math.inf
+        while True:
+            await self._nudged.wait()
+            if anyio.current_time() - last > MOST_SPACING:
+                spacing.reset()
+            await anyio.sleep(spacing.next())
+            self._nudged = anyio.Event()
+            writer.refresh()
+            last = anyio.current_time()
 
-        found = await api.call("list", "resourceslices", listed())
+    async def _follow(self, api: KubeApi) -> None:
+        """Watch the driver's slices on this node: each round lists them (anything not as published nudges a
+        write), then watches from that list until the watch ends."""
+        backoff = api_backoff()
+        while True:
+            try:
+                existing, version = await self._listed(api)
+                if any(self._changed_by_others("ADDED", name, s) for name, s in existing.items()) or any(
+                    name not in existing for name in self._published
+                ):
+                    self._nudge()
+                watch = api.client.watch(
+                    ResourceSlice,
+                    fields=self._fields(api),
+                    resource_version=version,
+                    server_timeout=WATCH_SECONDS,
+                )
+                async for kind, found in api.stream("resourceslices", watch):
+                    backoff.reset()
+                    item = dict(found)
+                    if not self._ours(api, item):
+                        continue  # an API server that ignores the field selector
+                    if self._changed_by_others(kind, item["metadata"]["name"], item):
+                        log.info(
+                            "ResourceSlice %s %s by someone else; writing the pool again",
+                            item["metadata"]["name"],
+                            "deleted" if kind == "DELETED" else "changed",
+                        )
+                        self._nudge()
+            except ApiUnavailable:
+                await anyio.sleep(backoff.next())
+            except (ApiError, httpx2.HTTPError) as exc:
+                log.debug("ResourceSlice watch ended: %s", exc)
+                await anyio.sleep(backoff.next())
+
+    def _changed_by_others(self, kind: str, name: str, item: dict[str, Any]) -> bool:
+        """Whether a watch event (or a listed slice, as ``ADDED``) is a change the pool must undo: a slice
+        of the pool deleted, a slice that is not as written (a write of this process is not), or one that is
+        not of the pool at all."""
+        if kind == "DELETED":
+            return name in self._published
+        if (item.get("metadata") or {}).get("resourceVersion") in self._own_versions:
+            return False
+        return self._published.get(name) != item.get("spec")
+
+    def _fields(self, api: KubeApi) -> FieldSelector:
+        return {"spec.nodeName": api.node, "spec.driver": self.driver}
+
+    def _ours(self, api: KubeApi, item: dict[str, Any]) -> bool:
+        spec = item.get("spec") or {}
+        return spec.get("driver") == self.driver and spec.get("nodeName") == api.node
+
+    async def _listed(self, api: KubeApi) -> tuple[dict[str, dict[str, Any]], str | None]:
+        """The driver's slices on this node by name, and the list's resourceVersion (None without one)."""
+
+        async def listed() -> tuple[list[Any], str | None]:
+            listing = api.client.list(ResourceSlice, fields=self._fields(api))
+            items = [item async for item in listing]
+            try:
+                version: str | None = listing.resourceVersion
+            except Exception:  # an answer without one: the watch starts from now
+                version = None
+            return items, version
+
+        found, version = await api.call("list", "resourceslices", listed())
         return {
-            item["metadata"]["name"]: dict(item)
-            for item in found
-            if (item.get("spec") or {}).get("driver") == self.driver
-            and (item.get("spec") or {}).get("nodeName") == api.node
-        }
+            item["metadata"]["name"]: dict(item) for item in found if self._ours(api, dict(item))
+        }, version
+
+    async def _existing(self, api: KubeApi) -> dict[str, dict[str, Any]]:
+        existing, _ = await self._listed(api)
+        return existing
+
+    def _own_version(self, answer: Any) -> None:
+        """Keep the resourceVersion a write of this process got (an API server that gives none: its events
+        are told by their content)."""
+        version = (dict(answer).get("metadata") or {}).get("resourceVersion")
+        if version:
+            self._own_versions = [*self._own_versions[-_OWN_VERSIONS + 1 :], version]
 
     async def _apply(self, api: KubeApi, specs: Specs) -> None:
         existing = await self._existing(api)
@@ -157,19 +269,26 @@ class SlicePublisher:
                 },
             }
             old = existing.get(name)
+            # Set before the write: its watch event may come before its answer.
+            self._published[name] = body["spec"]
             if old is None:
-                await api.call("create", "resourceslices", api.client.create(ResourceSlice(**body)))
+                created = await api.call("create", "resourceslices", api.client.create(ResourceSlice(**body)))
+                self._own_version(created)
             elif old.get("spec") != body["spec"]:
                 # A merge patch replaces lists whole: the devices are exactly these afterwards; a slice
                 # that held devices and now holds counter sets (or the reverse) loses the other (null).
                 patch = {"devices": None, "sharedCounters": None, **body["spec"]}
-                await api.call(
+                patched = await api.call(
                     "patch",
                     "resourceslices",
                     api.client.patch(ResourceSlice, name, {"spec": patch}, patch_type=PatchType.MERGE),
                 )
+                self._own_version(patched)
         for name in sorted(set(existing) - set(names)):
+            self._published.pop(name, None)
             await self._delete(api, name)
+        for name in set(self._published) - set(names):
+            del self._published[name]
         if generation != self._generation:
             log.info(
                 "ResourceSlices of pool %s: %d devices in %d slices, generation %d",
