@@ -139,6 +139,11 @@ class DevfsBackend:
     async def start(self) -> None:
         """An npu-smi or hccn_tool the operator named must be there and executable; only the default lookup
         may miss."""
+        if self._settings.healthy_without_npu_smi:
+            log.warning(
+                "healthyWithoutNpuSmi is on: while npu-smi has not answered once, every chip is Healthy from "
+                "its device file alone and no fault of a chip reaches the kubelet"
+            )
         given = self._settings.npu_smi
         problem = _not_executable(given) if given is not None else ""
         if problem:
@@ -179,10 +184,16 @@ class DevfsBackend:
         )
 
     def _outage(self) -> str:
-        """Why npu-smi counts as down (``health_failure_threshold`` failed queries in a row); empty while
-        it is not. Stable for the whole outage: the chips' reason and ``/readyz`` do not change per query."""
+        """Why npu-smi counts as down: ``health_failure_threshold`` failed queries in a row, or, before it
+        ever answered, its first failure (nothing has confirmed any chip's health; unless
+        ``healthy_without_npu_smi``); empty while it is not. Stable for the whole outage: the chips' reason
+        and ``/readyz`` do not change per query."""
+        if not self._probed:
+            if not self._failures or self._settings.healthy_without_npu_smi:
+                return ""
+            return f"npu-smi has not answered yet: {self._outage_cause}"
         threshold = self._settings.health_failure_threshold
-        if self._failures < threshold or not self._probed:
+        if self._failures < threshold:
             return ""
         return f"npu-smi failed {threshold} times in a row: {self._outage_cause}"
 
@@ -344,7 +355,8 @@ class DevfsBackend:
         self._failures += 1
         threshold = self._settings.health_failure_threshold
         reason = str(error)
-        if self._failure_log.changed(reason) and self._probed:
+        changed = self._failure_log.changed(reason)
+        if changed and self._probed:
             # One failed query changes nothing anybody sees; npu-smi down (the threshold) is the warning.
             log.info(
                 "Health query failed, keeping the last known health: %s",
@@ -352,15 +364,7 @@ class DevfsBackend:
                 extra=log_fields(reason=reason),
             )
         if not self._probed:
-            # A failure npu-smi explained already names the next step; any other leaves the model unknown.
-            self._query_problem = (
-                reason
-                if error.next_step
-                else (
-                    f"{reason}; without npu-smi the chip model is unknown: install the driver's npu-smi, "
-                    "pass --npu-smi, or set model: in the config file"
-                )
-            )
+            self._never_answered(error, reason, changed)
         elif self._failures == threshold:
             self._outage_cause = reason
             NPU_SMI_DOWN.set(1)
@@ -370,6 +374,42 @@ class DevfsBackend:
                 threshold,
                 reason,
                 extra=log_fields(count=threshold, reason=reason),
+            )
+
+    def _never_answered(self, error: NpuSmiError, reason: str, changed: bool) -> None:
+        """A failure before npu-smi ever answered: no source has confirmed any chip's health. Without
+        ``model:`` the chips are not even known; with it they are Unhealthy, health unknown, unless
+        ``healthy_without_npu_smi`` lets the node run on its device files alone."""
+        if self._failures == 1:
+            self._outage_cause = reason
+        if self._settings.model is None:
+            # A failure npu-smi explained already names the next step; any other leaves the model unknown.
+            self._query_problem = (
+                reason
+                if error.next_step
+                else (
+                    f"{reason}; without npu-smi the chip model is unknown: install the driver's npu-smi, "
+                    "pass --npu-smi, or set model: in the config file"
+                )
+            )
+        else:
+            self._query_problem = reason
+        NPU_SMI_DOWN.set(1 if self._outage() else 0)
+        if not changed or self._settings.model is None:
+            return  # said already, or the problem says it: no chip is listed
+        if self._settings.healthy_without_npu_smi:
+            log.warning(
+                "npu-smi has not answered yet (%s): the chips are Healthy from their device files alone "
+                "(healthyWithoutNpuSmi), no fault of theirs is seen",
+                reason,
+                extra=log_fields(reason=reason),
+            )
+        else:
+            log.warning(
+                "npu-smi has not answered yet: every chip is Unhealthy (health unknown: nothing confirmed "
+                "it) until it answers: %s; to run on the device files alone, set healthyWithoutNpuSmi: true",
+                reason,
+                extra=log_fields(reason=reason),
             )
 
     async def reset_chip(self, chip: Chip, timeout: float) -> ResetOutcome:
@@ -549,7 +589,8 @@ class DevfsBackend:
         return tuple(chips)
 
     def _fallback_chip(self, phys_id: int, nodes: set[str]) -> Chip:
-        """A chip known only from its device node and the configured model (npu-smi is not usable)."""
+        """A chip known only from its device node and the configured model (npu-smi has not answered): its
+        health unknown, so Unhealthy, unless ``healthy_without_npu_smi``."""
         assert self._settings.model is not None
         chip = Chip.make(
             phys_id,
@@ -558,6 +599,10 @@ class DevfsBackend:
         )
         if MANAGER not in nodes and MANAGER_310B not in nodes:
             return chip.with_health(Health.UNHEALTHY, f"/dev/{MANAGER} is missing")
+        outage = self._outage()
+        if outage:
+            unknown = replace(chip, health_unknown=True)
+            return unknown.with_health(Health.UNHEALTHY, f"health unknown: {outage}")
         return chip
 
     def _is_310b(self) -> bool:
