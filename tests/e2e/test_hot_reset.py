@@ -174,3 +174,36 @@ def test_a_hanging_reset_lands_in_reset_info(
         )
     finally:
         process.close()
+
+
+def test_the_fake_backend_rehearses_fault_classes_events_and_the_dry_run(
+    kubelet: KubeletStandin, apiserver: ApiServer, podresources: PodResourcesStandin, short_dir: Path
+) -> None:
+    """A fault code per chip in the fake state file goes through the same grading as devfs's: the chip's
+    class, its Event and the hot reset's dry run, without hardware. ``{"unhealthy": [5]}`` said nothing."""
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    state = short_dir / "state.json"
+    state.write_text(json.dumps({"faults": {"5": ["0x8c03a000"]}}))
+    port = free_port()
+    process = AgentProcess(
+        ["run", "--backend", "fake", "--fake-state", str(state), "--kubelet-dir", str(kubelet.directory),
+         "--metrics-address", f"127.0.0.1:{port}", "--health-interval", "1",
+         "--pod-resources-socket", str(podresources.path), "--kubeconfig", str(apiserver.kubeconfig),
+         "--node-name", NODE, "--hot-reset", "dry-run", "--hot-reset-idle", "1"]
+    )  # fmt: skip
+    try:
+        kubelet.wait_update(lambda u: len(u.devices) == 8 and u.health()["Ascend910-5"] == "Unhealthy")
+        process.wait_log(re.escape("Ascend910-5 is Unhealthy: RestartNPU: Alarm, error code 8C03A000 ("))
+        said = process.wait_log("Hot reset of Ascend910-5: would run", timeout=15)[0]
+        assert (
+            "npu-smi set -t reset -i 5 -c 0 -m 1 for Ascend910-5 (RestartNPU, fault codes 8C03A000)" in said
+        )
+        events = apiserver.wait_for(lambda: _events(apiserver), lambda got: "HotResetDryRun" in got)
+        assert "NPURestartNPU" in events
+        assert _resets(port, "dry_run") == 1
+        # A code the table grades SeparateNPU: no reset would clear it, so the dry run says nothing more.
+        state.write_text(json.dumps({"faults": {"5": ["80E18402"], "6": ["8C03A000"]}}))
+        process.wait_log("Hot reset of Ascend910-6: would run", timeout=15)
+        assert not process.matching("Hot reset of Ascend910-5: would run .*80E18402")
+    finally:
+        process.close()
