@@ -207,3 +207,34 @@ def test_the_fake_backend_rehearses_fault_classes_events_and_the_dry_run(
         assert not process.matching("Hot reset of Ascend910-5: would run .*80E18402")
     finally:
         process.close()
+
+
+def test_the_reset_budget_survives_an_agent_restart(
+    kubelet: KubeletStandin, host: HostTree, apiserver: ApiServer, podresources: PodResourcesStandin,
+    short_dir: Path,
+) -> None:  # fmt: skip
+    """One reset allowed per chip: a restarted agent used to start with a full budget and reset the chip
+    again; it reads the resets of the agent before from the node and leaves the chip to a person."""
+    npu_smi = _setup(host, short_dir / "npu-smi", apiserver)
+    npu_smi.set_reset("ok", after={"info": B4_OK})
+    limit = ("--hot-reset", "idle", "--hot-reset-idle", "1", "--hot-reset-limit", "1")
+    first = _agent(kubelet, host, npu_smi, apiserver, podresources, free_port(), *limit)
+    try:
+        first.wait_log("Hot reset of Ascend910-5: Ascend910-5 is Healthy again", timeout=30)
+    finally:
+        first.close()
+    kept = json.loads((kubelet.directory.parent / "plugins/ascend-agent/hot-reset-budget.json").read_text())
+    assert list(kept["resets"]) == ["5"] and len(kept["resets"]["5"]) == 1
+    npu_smi.set_output("info", with_health(B4_OK, 5, "Alarm"))  # the fault is back
+    port = free_port()
+    second = _agent(kubelet, host, npu_smi, apiserver, podresources, port, *limit)
+    try:
+        second.wait_log("Hot reset budget from .*chip 5 reset 1 times within 21600 s")
+        exhausted = second.wait_log(
+            "Hot reset of Ascend910-5: reset 1 times within 21600 s already", timeout=20
+        )
+        assert "left to a person" in exhausted[0]
+        assert npu_smi.resets() == ["set -t reset -i 5 -c 0 -m 1 | Y"], "no second reset"
+        assert _resets(port, "exhausted") == 1
+    finally:
+        second.close()

@@ -165,3 +165,60 @@ def test_hot_reset_settings_refuse_bad_values_in_one_line() -> None:
         SettingsSource({"hot_reset_idle": -1}).load()
     settings = SettingsSource({"hot_reset": "dry-run", "hot_reset_limit": 5}).load()
     assert (settings.hot_reset, settings.hot_reset_limit, settings.hot_reset_recover) == ("dry-run", 5, 180.0)
+
+
+def test_the_budget_is_kept_in_a_file_a_new_agent_reads(short_dir: Path) -> None:
+    path = short_dir / "plugin" / "hot-reset-budget.json"
+    now = [1_700_000_000.0]
+    budget = ResetBudget(limit=2, window=100, clock=lambda: now[0], path=path)
+    budget.spend(5)
+    budget.spend(5)
+    budget.save()
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    again = ResetBudget(limit=2, window=100, clock=lambda: now[0], path=path)
+    again.load()
+    assert not again.allows(5) and again.used(5) == 2 and again.allows(4)
+    now[0] += 101
+    later = ResetBudget(limit=2, window=100, clock=lambda: now[0], path=path)
+    later.load()
+    assert later.used(5) == 0, "resets older than the window are dropped"
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["not json", '{"resets": [1]}', '{"resets": {"x": [1]}}', '{"resets": {"5": ["now"]}}',
+     '{"resets": {"5": [1e999]}}', "[" * 100_000, '{"resets": {"5": [' + "1," * 200_000 + "1]}}"],
+)  # fmt: skip
+def test_a_budget_file_that_makes_no_sense_is_one_warning_and_an_empty_budget(
+    short_dir: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = short_dir / "hot-reset-budget.json"
+    path.write_text(content)
+    budget = ResetBudget(limit=1, window=100, path=path)
+    budget.load()
+    budget.load()
+    assert budget.allows(5)
+    (record,) = [r for r in caplog.records if "cannot read the hot reset budget" in r.getMessage()]
+    assert str(path) in record.getMessage() and "\n" not in record.getMessage()
+
+
+def test_a_budget_file_that_is_a_link_is_not_followed(short_dir: Path) -> None:
+    target = short_dir / "elsewhere.json"
+    target.write_text('{"resets": {"5": [1]}}')
+    path = short_dir / "hot-reset-budget.json"
+    path.symlink_to(target)
+    budget = ResetBudget(limit=1, window=1e12, path=path)
+    budget.load()
+    assert budget.allows(5)
+
+
+def test_a_reset_time_ahead_of_the_clock_counts_as_now(short_dir: Path) -> None:
+    """The clock set back after the resets: they still count, for no longer than the window from now."""
+    path = short_dir / "hot-reset-budget.json"
+    path.write_text('{"resets": {"5": [5000]}}')
+    now = [1000.0]
+    budget = ResetBudget(limit=1, window=100, clock=lambda: now[0], path=path)
+    budget.load()
+    assert not budget.allows(5)
+    now[0] = 1101
+    assert budget.allows(5)

@@ -7,7 +7,7 @@ The agent feeds it every discovery and runs its task::
 
     resets = HotReset(settings, resetter=lambda: backend, held=agent.held_by_pods,
                       refresh_holders=holders.refresh, wake=agent.wake, note=side.event,
-                      manual_resets=side.reset_info)
+                      manual_resets=side.reset_info, budget_file=plugin_dir / BUDGET_FILE)
     resets.observe(inventory, separated)     # each chip's own health, before the flap hold
     inventory = resets.apply(inventory)      # the group under reset is Unhealthy to the kubelet
     tasks.start_soon(resets.run)
@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -81,8 +82,8 @@ class ChipResetter(Protocol):
 class HotReset:
     """Idle tracking per reset group, the reset of due groups one at a time, the budget and the chips left
     to a person. Without ``note`` (no cluster side) the steps are log lines only, and without
-    ``manual_resets`` ``ResetInfo`` is not written. ``clock`` is the monotonic clock the idle wait and the
-    budget read."""
+    ``manual_resets`` ``ResetInfo`` is not written. ``clock`` is the monotonic clock the idle wait reads;
+    the budget counts by the wall clock, in ``budget_file`` where one is given."""
 
     def __init__(
         self,
@@ -95,6 +96,7 @@ class HotReset:
         note: Note | None = None,
         manual_resets: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        budget_file: Path | None = None,
     ) -> None:
         self._resetter = resetter
         self._held = held
@@ -103,7 +105,7 @@ class HotReset:
         self.note = note
         self.manual_resets = manual_resets
         self._clock = clock
-        self._budget = ResetBudget(settings.hot_reset_limit, settings.hot_reset_window, clock)
+        self._budget = ResetBudget(settings.hot_reset_limit, settings.hot_reset_window, path=budget_file)
         self._chips: dict[int, Chip] = {}
         self._inventory = Inventory()
         self._separated: frozenset[str] = frozenset()
@@ -234,7 +236,9 @@ class HotReset:
     # resetting --------------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Reset each group once it is due, one at a time, until cancelled. The groups are looked at again
-        every ``health_interval`` too: a pod that leaves changes no chip, so no discovery says so."""
+        every ``health_interval`` too: a pod that leaves changes no chip, so no discovery says so. The
+        resets an agent before this one made count first (``budget_file``)."""
+        await anyio.to_thread.run_sync(self._budget.load)
         while True:
             self._wake = anyio.Event()
             group, wait = self._next_due()
@@ -319,6 +323,7 @@ class HotReset:
         done = []
         for chip in chips:
             self._budget.spend(chip.phys_id)
+            await anyio.to_thread.run_sync(self._budget.save)  # before the reset: a crash in it still counts
             args = " ".join(reset_args(*_card(chip)))
             self._step("Normal", STARTED, group, f"npu-smi {args} ({_fault(chip)})", result="started",
                        subject=chip)  # fmt: skip
