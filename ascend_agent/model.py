@@ -215,6 +215,8 @@ VNPU_IDS_PER_CHIP = 16
 VNPU_DEVICE_IP = "127.0.0.1"
 # Huawei's value for a super-pod id or server index the driver does not give (every model but A3).
 UNKNOWN_SUPER_POD = -2
+# The driver's answer for an A3 card that no other card is reset with (DCMI's brother card -1).
+NO_PAIRED_CARD = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +260,9 @@ class Chip:
     # The driver's logic id (``npu-smi info -m``) and the board id (``info -t board``) where read.
     logic_id: int | None = None
     board_id: int | None = None
+    # A3: the card (npu id) the driver resets together with this chip's card, its "brother card", as the
+    # driver itself says (DCMI); NO_PAIRED_CARD where it says there is none; None where it was not read.
+    paired_card: int | None = None
     # The most severe class of its fault codes now, escalations included; None while it reports no code.
     fault_class: FaultClass | None = None
     # npu-smi's Health column (OK, Warning, Alarm, Critical), where the backend reads it.

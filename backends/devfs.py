@@ -51,7 +51,7 @@ from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.backends.tool import query_info, run_npu_smi
 from ascend_agent.backends.training import TrainingProbe, TrainingTarget
 from ascend_agent.backends.vnpu import VnpuProbe
-from ascend_agent.config import ConfigError, Settings
+from ascend_agent.config import HOT_RESET_IDLE, ConfigError, Settings
 from ascend_agent.health.faults import describe
 from ascend_agent.health.hotreset.command import ResetOutcome
 from ascend_agent.model import (
@@ -157,6 +157,26 @@ class DevfsBackend:
             raise ConfigError(
                 f"--hccn-tool {given}: {problem}; give the path of an executable hccn_tool, or leave it "
                 "unset to use hccn_tool on PATH or <host-root>/usr/local/Ascend/driver/tools/hccn_tool"
+            )
+        if self._settings.hot_reset == HOT_RESET_IDLE:
+            await self._refuse_guessed_pairs()
+
+    async def _refuse_guessed_pairs(self) -> None:
+        """``--hot-reset idle`` on A3 only where the driver said which card is reset with which: a reset
+        takes the paired card down too, and a guessed one would have had its pods left unchecked. npu-smi not
+        answering now tells nothing: the hot reset then resets no A3 chip until the pairing is read."""
+        executable = self._settings.effective_npu_smi
+        try:
+            table = await query_info(executable, self._settings.npu_smi_timeout)
+        except NpuSmiError:
+            return
+        await self._chip_set.learn(executable, table)
+        if self._chip_set.pairing_problem:
+            raise ConfigError(
+                "--hot-reset idle: on Atlas A3 a chip's reset also resets the card the driver pairs with its "
+                f"card, and the driver did not say which card that is ({self._chip_set.pairing_problem}); "
+                "use --hot-reset dry-run to see what would be reset, and give the agent the host's "
+                "/usr/local/dcmi and driver libraries, privileged, for idle"
             )
 
     async def query(self) -> bool:
@@ -572,6 +592,11 @@ class DevfsBackend:
                 processes=probed.processes,
                 logic_id=self._chip_set.logic_ids.get((probed.npu_id, probed.chip)),
                 board_id=self._chip_set.board_id if probed.generation is Generation.ASCEND910B else None,
+                paired_card=(
+                    self._chip_set.paired_cards.get(probed.npu_id)
+                    if probed.generation is Generation.ASCEND910A3
+                    else None
+                ),
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:

@@ -37,6 +37,7 @@ from ascend_agent.backends._container import container_base
 from ascend_agent.config import ConfigError, Settings, decode_utf8, fake_vnpus
 from ascend_agent.health.faulttable import code_text, parse_code
 from ascend_agent.model import (
+    NO_PAIRED_CARD,
     VNPU_ID_BASE,
     VNPU_IDS_PER_CHIP,
     Chip,
@@ -68,6 +69,8 @@ _HBM_MB = {
     Generation.ASCEND950: 131072,
 }
 _HBM_MB_BY_MODEL = {"910B4": 32768}
+# DCMI pairs A3 card n with n + 4 (n - 4 from card 4 on) on the boards where cards share network ports.
+A3_PAIR_OFFSET = 4
 # --fake-training: addresses from the benchmarking range (RFC 2544), never a real network's.
 _DEVICE_IPS = ipaddress.IPv4Address("198.18.0.0")
 _VNIC_IPS = ipaddress.IPv4Address("198.19.0.0")
@@ -272,6 +275,7 @@ class FakeBackend:
             naming_scheme=self._settings.resource_naming,
             # Synthetic chips run no process: the hot reset's idle check goes by the pods alone.
             processes=0,
+            paired_card=self._paired_card(phys_id),
         )
         chip = replace(chip, hbm_mb=_HBM_MB_BY_MODEL.get(chip.model, _HBM_MB.get(chip.generation)))
         if self._settings.fake_training and chip.generation.trains:
@@ -289,6 +293,16 @@ class FakeBackend:
             faults = tuple(Fault(code, "scripted in the fake state file") for code in codes)
             return replace(chip, faults=faults, health_status=_FAULT_COLUMN)
         return chip
+
+    def _paired_card(self, phys_id: int) -> int | None:
+        """An A3 die's paired card as the driver gives it (card n with n + 4 on an 8-card board, as DCMI
+        pairs them); none where that card is not on the fake node. None on other models."""
+        if self._dies_per_npu != 2:
+            return None
+        cards = -(-self._settings.fake_chips // 2)
+        card = phys_id // 2
+        other = card + A3_PAIR_OFFSET if card < A3_PAIR_OFFSET else card - A3_PAIR_OFFSET
+        return other if other < cards else NO_PAIRED_CARD
 
     async def close(self) -> None:
         return None

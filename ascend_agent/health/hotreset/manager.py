@@ -37,7 +37,7 @@ from ascend_agent.config import HOT_RESET_DRY_RUN, HOT_RESET_OFF, Settings
 from ascend_agent.faultclass import FaultClass
 from ascend_agent.health.hotreset.budget import ResetBudget
 from ascend_agent.health.hotreset.command import ResetOutcome, reset_args
-from ascend_agent.health.hotreset.groups import reset_groups
+from ascend_agent.health.hotreset.groups import paired_known, reset_groups
 from ascend_agent.health.hotreset.resetinfo import ResetDevice, reset_info
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import RESETS, log_fields
@@ -223,6 +223,11 @@ class HotReset:
             chip = self._chips.get(phys_id)
             if chip is None:
                 return f"chip {phys_id} is not reported"
+            if self.mode != HOT_RESET_DRY_RUN and not paired_known(chip):
+                return (
+                    f"the driver has not said which card is reset with {chip.device_id}'s card (A3), so "
+                    "nothing is reset; --hot-reset dry-run says what would be"
+                )
             ids = set(naming.replica_ids(chip.device_id, self.replicas))
             ids.update(p.device_id for p in self._inventory.vnpus if p.phys_id == phys_id)
             if ids & held:
@@ -383,7 +388,7 @@ class HotReset:
 
     def _leave(self, chip: Chip, reason: str, result: str, why: str) -> None:
         """The chip stays Unhealthy and is left to a person (``ResetInfo``'s ``ManualResetDevs``)."""
-        self._manual[chip.phys_id] = ResetDevice.of(chip, tuple(self._chips.values()))
+        self._manual[chip.phys_id] = ResetDevice.of(chip)
         self._step(
             "Warning",
             reason,
