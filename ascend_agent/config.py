@@ -112,6 +112,9 @@ class Settings:
     link_down_debounce: float = 20.0
     health_interval: float = 5.0
     health_failure_threshold: int = 3
+    # Chips whose health no source ever confirmed (npu-smi has not answered once, the model from `model:`)
+    # count as Healthy from their device files alone; off, they are Unhealthy with their health unknown.
+    healthy_without_npu_smi: bool = False
     healthy_states: tuple[str, ...] = ("OK", "Warning")
     # Error codes (or prefixes) -> healthy/unhealthy, asked before the defaults in ascend_agent.health.faults.
     fault_policy: tuple[tuple[str, str], ...] = ()
@@ -297,6 +300,7 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "link_down_debounce": seconds(0),
     "health_interval": seconds(MIN_HEALTH_INTERVAL),
     "health_failure_threshold": positive_int,
+    "healthy_without_npu_smi": boolean,
     "healthy_states": text_list,
     "fault_policy": _fault_policy,
     "flap_threshold": non_negative_int,

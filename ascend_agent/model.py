@@ -71,6 +71,26 @@ _GENERATION_PATTERNS: tuple[tuple[re.Pattern[str], Generation], ...] = (
 
 _TRAINING_GENERATIONS = frozenset({Generation.ASCEND910A, Generation.ASCEND910B, Generation.ASCEND910A3})
 
+# The SoCs of Atlas A3 boards, as ``npu-smi info -t board`` names them (``NPU Name : 9392``).
+A3_SOCS = ("9391", "9392", "9381", "9382", "9372", "9361", "9362")
+
+# Every chip name each family really has, as Huawei prints it (npu-smi's Name column, the SoC names of the
+# driver's tables), without the ``Ascend`` prefix; ``910_93`` and ``910_93xx`` are the agent's own names of
+# A3 dies. A ``model:`` setting must be one of these (``chip_name``); npu-smi's own Name column is classified
+# by the patterns above, so a chip Huawei ships later still gets a generation.
+CHIP_NAMES: dict[Generation, tuple[str, ...]] = {
+    Generation.ASCEND910A: ("910", "910A", "910B", "910ProA", "910ProB", "910PremiumA"),
+    Generation.ASCEND910B: ("910B1", "910B2", "910B2C", "910B3", "910B4", "910B4-1"),
+    Generation.ASCEND910A3: ("910_93", *(f"910_{soc}" for soc in A3_SOCS), "910C1"),
+    Generation.ASCEND950: ("950PR", "950DT"),
+    Generation.ASCEND310P: ("310P", "310P1", "310P2", "310P3", "310P4", "310P5", "310P7"),
+    Generation.ASCEND310B: ("310B", "310B1", "310B2", "310B3", "310B4"),
+    Generation.ASCEND310: ("310",),
+}
+_NAMED = {name: generation for generation, names in CHIP_NAMES.items() for name in names}
+# How much of a refused name a message repeats.
+_SHOWN_NAME = 40
+
 
 class UnknownModelError(ValueError):
     """A chip name that matches none of the classification rules."""
@@ -90,6 +110,49 @@ def classify(name: str) -> Generation:
         if pattern.search(bare):
             return generation
     raise UnknownModelError(f"unknown Ascend chip name {name!r}")
+
+
+def chip_name(text: str) -> str:
+    """``text`` when it is a chip name Huawei uses (:data:`CHIP_NAMES`; ``Ascend`` before it is allowed), as
+    Huawei prints it: letters in its case. :class:`UnknownModelError` names the nearest real name.
+
+    >>> chip_name("910B4"), chip_name("Ascend950PR")
+    ('910B4', 'Ascend950PR')
+    >>> chip_name("910b4")
+    Traceback (most recent call last):
+    ...
+    ascend_agent.model.UnknownModelError: '910b4' is not an Ascend chip name: Huawei prints it 910B4
+    >>> chip_name("910B9")
+    Traceback (most recent call last):
+    ...
+    ascend_agent.model.UnknownModelError: '910B9' is not an Ascend chip name; the nearest is 910B1 (910B: \
+910B1, 910B2, 910B2C, 910B3, 910B4, 910B4-1)
+    """
+    bare = text.removeprefix("Ascend").removeprefix(" ")
+    if bare in _NAMED:
+        return text
+    shown = repr(text if len(text) <= _SHOWN_NAME else text[:_SHOWN_NAME] + "...")
+    folded = normalise_model(bare).upper()
+    same = next((name for name in _NAMED if name.upper() == folded), None)
+    if same is not None:
+        raise UnknownModelError(f"{shown} is not an Ascend chip name: Huawei prints it {same}")
+    nearest = min(_NAMED, key=lambda name: _distance(folded[:_SHOWN_NAME], name.upper()))
+    family = _NAMED[nearest]
+    raise UnknownModelError(
+        f"{shown} is not an Ascend chip name; the nearest is {nearest} ({family.value}: "
+        f"{', '.join(CHIP_NAMES[family])})"
+    )
+
+
+def _distance(given: str, name: str) -> tuple[int, int]:
+    """How far ``given`` is from ``name``: edits (insert, delete, replace one character), then the
+    difference in length (``910B9`` is nearer ``910B4`` than ``910B``)."""
+    row = list(range(len(name) + 1))
+    for i, a in enumerate(given, 1):
+        previous, row[0] = row[0], i
+        for j, b in enumerate(name, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (a != b))
+    return row[-1], abs(len(given) - len(name))
 
 
 def normalise_model(name: str) -> str:
@@ -152,6 +215,8 @@ VNPU_IDS_PER_CHIP = 16
 VNPU_DEVICE_IP = "127.0.0.1"
 # Huawei's value for a super-pod id or server index the driver does not give (every model but A3).
 UNKNOWN_SUPER_POD = -2
+# The driver's answer for an A3 card that no other card is reset with (DCMI's brother card -1).
+NO_PAIRED_CARD = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +260,9 @@ class Chip:
     # The driver's logic id (``npu-smi info -m``) and the board id (``info -t board``) where read.
     logic_id: int | None = None
     board_id: int | None = None
+    # A3: the card (npu id) the driver resets together with this chip's card, its "brother card", as the
+    # driver itself says (DCMI); NO_PAIRED_CARD where it says there is none; None where it was not read.
+    paired_card: int | None = None
     # The most severe class of its fault codes now, escalations included; None while it reports no code.
     fault_class: FaultClass | None = None
     # npu-smi's Health column (OK, Warning, Alarm, Critical), where the backend reads it.

@@ -172,7 +172,8 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         holdings.claimed = driver.service.held_device_ids
 
     def make_resets(settings: Settings) -> HotReset:
-        from ascend_agent.health.hotreset.manager import HotReset  # loaded only once hotReset is on
+        from ascend_agent.health.hotreset.budget import BUDGET_FILE  # loaded only once hotReset is on
+        from ascend_agent.health.hotreset.manager import HotReset
 
         return HotReset(
             settings,
@@ -182,6 +183,7 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
             wake=lambda: agent.wake(),
             note=side.event if side is not None else None,
             manual_resets=side.reset_info if side is not None else None,
+            budget_file=settings.effective_plugin_dir / BUDGET_FILE,
         )
 
     agent = Agent(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_agent.kube_names import is_dns_subdomain
-from ascend_agent.model import UnknownModelError, classify
+from ascend_agent.model import CHIP_NAMES, UnknownModelError, chip_name
 
 
 def positive_int(value: Any) -> int:
@@ -78,16 +78,20 @@ def plain_text(value: Any) -> str:
     return value
 
 
+_CHIP_NAME_LIST = tuple(name for names in CHIP_NAMES.values() for name in names)
+
+
 def chip_model(value: Any) -> str:
-    """A chip model that names an Ascend chip; YAML reads ``model: 310`` as a number, meant as the name."""
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else plain_text(value)
+    """A chip name an Ascend family really has, as Huawei prints it (``910B4``, ``310P3``, ``910_9392``);
+    YAML reads ``model: 310`` as a number, meant as the name, and ``model: 910_9392`` as 9109392 (YAML 1.1
+    drops the underscore). A refusal names the nearest real name."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = next((name for name in _CHIP_NAME_LIST if name.replace("_", "") == str(value)), str(value))
+    text = plain_text(value)
     try:
-        classify(text)
-    except UnknownModelError:
-        raise ValueError(
-            f"{text!r} is not an Ascend chip model (e.g. 910B4, 910A, 910_9392, 950PR, 310P3, 310)"
-        ) from None
-    return text
+        return chip_name(text)
+    except UnknownModelError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def file_path(value: Any) -> Path:

@@ -136,9 +136,13 @@ async def discover_once(settings: Settings) -> Inventory:
     """One discovery with the configured backend, its fault codes graded by the built-in fault table and
     ``faultPolicy``, for ``ascend-agent list`` and the doctor. It reads no chip's network: one read cannot see
     a link down past the debounce (the running agent's ``/chips`` says which chips are network-unhealthy)."""
+    from ascend_agent.config import HOT_RESET_DRY_RUN, HOT_RESET_IDLE
     from ascend_agent.health.grading import FaultGrading
 
-    backend = backend_for(replace(settings, network_health=False))
+    # They only look: a hot reset they refuse to start (idle on A3 without the driver's pairing) is the
+    # agent's to refuse, not theirs.
+    looking = HOT_RESET_DRY_RUN if settings.hot_reset == HOT_RESET_IDLE else settings.hot_reset
+    backend = backend_for(replace(settings, network_health=False, hot_reset=looking))
     try:
         await backend.start()
         await backend.query()

@@ -1,16 +1,18 @@
 """What the devfs backend learns once per chip set (the chips npu-smi lists, not every health query):
 ``npu-smi info -m`` where the table's names are redacted or its ids are not the physical ids (Ascend 950), or
 the hot reset needs the logic ids; ``info -t board`` of one A3 die for the SoC, and with the hot reset on a
-910B's board id (a board without HCCS resets its chips alone)::
+910B's board id (a board without HCCS resets its chips alone) and the A3 card pairs the driver resets
+together (:mod:`.dcmi_pairs`)::
 
     chip_set = ChipSet(settings)
     await chip_set.learn(executable, table)      # asks again only when the chip set changed
-    chip_set.chip_map, chip_set.a3_model, chip_set.logic_ids, chip_set.board_id
+    chip_set.chip_map, chip_set.a3_model, chip_set.logic_ids, chip_set.board_id, chip_set.paired_cards
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from ascend_agent.backends.npusmi import (
     ChipRow,
@@ -26,13 +28,15 @@ from ascend_agent.backends.npusmi import (
 )
 from ascend_agent.backends.tool import run_npu_smi
 from ascend_agent.config import HOT_RESET_OFF, Settings
-from ascend_agent.model import Generation, UnknownModelError, classify, normalise_model
+from ascend_agent.model import NO_PAIRED_CARD, Generation, UnknownModelError, classify, normalise_model
 from ascend_agent.observability import log_fields
 
 log = logging.getLogger("ascend_agent.backends.devfs")
 
 # The model of an A3 die when `npu-smi info -t board` does not name its SoC.
 A3_MODEL = "910_93"
+# A pairing that could not be read is asked again after this many seconds (a child process each time).
+PAIRING_RETRY = 60.0
 
 
 class ChipSet:
@@ -47,6 +51,11 @@ class ChipSet:
         # tells a board without HCCS (its chips reset alone).
         self.logic_ids: dict[tuple[int, int], int] = {}
         self.board_id: int | None = None
+        # With the hot reset on, on A3: each card's paired card as the driver says (NO_PAIRED_CARD: none),
+        # or why it could not be read.
+        self.paired_cards: dict[int, int] = {}
+        self.pairing_problem = ""
+        self._pairing_retry_at = 0.0
 
     async def learn(self, executable: str, table: InfoTable) -> None:
         """Once per chip set (not every health query): ``npu-smi info -m`` where the table's names are
@@ -54,6 +63,8 @@ class ChipSet:
         the SoC."""
         chip_set = tuple((row.npu_id, row.chip, row.name) for row in table.chips)
         if chip_set == self._set:
+            if self.pairing_problem and time.monotonic() >= self._pairing_retry_at:
+                await self._pair(table)
             return
         self._set = chip_set
         self.chip_map = ()
@@ -71,6 +82,34 @@ class ChipSet:
         names = [normalise_model(row.name) for row in table.chips]
         is_910b = any(known_model(n) and classify(n) is Generation.ASCEND910B for n in names)
         self.board_id = await self._board_id_of(executable, table.chips[0]) if resetting and is_910b else None
+        self.paired_cards, self.pairing_problem = {}, ""
+        if dies and resetting:
+            await self._pair(table)
+
+    async def _pair(self, table: InfoTable) -> None:
+        """The A3 card pairs, from the driver's library; one line when read, one warning when not."""
+        from ascend_agent.backends.dcmi_pairs import PairingError, read_paired_cards
+
+        cards = sorted({table.chips[index].npu_id for index in a3_dies(table)})
+        try:
+            pairs = await read_paired_cards(self._settings.host_root, cards, self._settings.npu_smi_timeout)
+        except PairingError as exc:
+            if str(exc) != self.pairing_problem:
+                log.warning(
+                    "Cannot read from the driver which A3 card is reset with which (%s): the hot reset "
+                    "resets no A3 chip (its dry run takes the node's A3 chips as one group)",
+                    exc,
+                    extra=log_fields(reason=str(exc)),
+                )
+            self.pairing_problem = str(exc)
+            self._pairing_retry_at = time.monotonic() + PAIRING_RETRY
+            return
+        self.paired_cards, self.pairing_problem = pairs, ""
+        shown = ", ".join(
+            f"{card} with {other}" if other != NO_PAIRED_CARD else f"{card} alone"
+            for card, other in pairs.items()
+        )
+        log.info("A3 cards the driver resets together: %s", shown)
 
     async def _info_map(self, executable: str) -> tuple[MapRow, ...]:
         try:

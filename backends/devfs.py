@@ -51,7 +51,7 @@ from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.backends.tool import query_info, run_npu_smi
 from ascend_agent.backends.training import TrainingProbe, TrainingTarget
 from ascend_agent.backends.vnpu import VnpuProbe
-from ascend_agent.config import ConfigError, Settings
+from ascend_agent.config import HOT_RESET_IDLE, ConfigError, Settings
 from ascend_agent.health.faults import describe
 from ascend_agent.health.hotreset.command import ResetOutcome
 from ascend_agent.model import (
@@ -139,6 +139,11 @@ class DevfsBackend:
     async def start(self) -> None:
         """An npu-smi or hccn_tool the operator named must be there and executable; only the default lookup
         may miss."""
+        if self._settings.healthy_without_npu_smi:
+            log.warning(
+                "healthyWithoutNpuSmi is on: while npu-smi has not answered once, every chip is Healthy from "
+                "its device file alone and no fault of a chip reaches the kubelet"
+            )
         given = self._settings.npu_smi
         problem = _not_executable(given) if given is not None else ""
         if problem:
@@ -152,6 +157,26 @@ class DevfsBackend:
             raise ConfigError(
                 f"--hccn-tool {given}: {problem}; give the path of an executable hccn_tool, or leave it "
                 "unset to use hccn_tool on PATH or <host-root>/usr/local/Ascend/driver/tools/hccn_tool"
+            )
+        if self._settings.hot_reset == HOT_RESET_IDLE:
+            await self._refuse_guessed_pairs()
+
+    async def _refuse_guessed_pairs(self) -> None:
+        """``--hot-reset idle`` on A3 only where the driver said which card is reset with which: a reset
+        takes the paired card down too, and a guessed one would have had its pods left unchecked. npu-smi not
+        answering now tells nothing: the hot reset then resets no A3 chip until the pairing is read."""
+        executable = self._settings.effective_npu_smi
+        try:
+            table = await query_info(executable, self._settings.npu_smi_timeout)
+        except NpuSmiError:
+            return
+        await self._chip_set.learn(executable, table)
+        if self._chip_set.pairing_problem:
+            raise ConfigError(
+                "--hot-reset idle: on Atlas A3 a chip's reset also resets the card the driver pairs with its "
+                f"card, and the driver did not say which card that is ({self._chip_set.pairing_problem}); "
+                "use --hot-reset dry-run to see what would be reset, and give the agent the host's "
+                "/usr/local/dcmi and driver libraries, privileged, for idle"
             )
 
     async def query(self) -> bool:
@@ -179,10 +204,16 @@ class DevfsBackend:
         )
 
     def _outage(self) -> str:
-        """Why npu-smi counts as down (``health_failure_threshold`` failed queries in a row); empty while
-        it is not. Stable for the whole outage: the chips' reason and ``/readyz`` do not change per query."""
+        """Why npu-smi counts as down: ``health_failure_threshold`` failed queries in a row, or, before it
+        ever answered, its first failure (nothing has confirmed any chip's health; unless
+        ``healthy_without_npu_smi``); empty while it is not. Stable for the whole outage: the chips' reason
+        and ``/readyz`` do not change per query."""
+        if not self._probed:
+            if not self._failures or self._settings.healthy_without_npu_smi:
+                return ""
+            return f"npu-smi has not answered yet: {self._outage_cause}"
         threshold = self._settings.health_failure_threshold
-        if self._failures < threshold or not self._probed:
+        if self._failures < threshold:
             return ""
         return f"npu-smi failed {threshold} times in a row: {self._outage_cause}"
 
@@ -344,7 +375,8 @@ class DevfsBackend:
         self._failures += 1
         threshold = self._settings.health_failure_threshold
         reason = str(error)
-        if self._failure_log.changed(reason) and self._probed:
+        changed = self._failure_log.changed(reason)
+        if changed and self._probed:
             # One failed query changes nothing anybody sees; npu-smi down (the threshold) is the warning.
             log.info(
                 "Health query failed, keeping the last known health: %s",
@@ -352,15 +384,7 @@ class DevfsBackend:
                 extra=log_fields(reason=reason),
             )
         if not self._probed:
-            # A failure npu-smi explained already names the next step; any other leaves the model unknown.
-            self._query_problem = (
-                reason
-                if error.next_step
-                else (
-                    f"{reason}; without npu-smi the chip model is unknown: install the driver's npu-smi, "
-                    "pass --npu-smi, or set model: in the config file"
-                )
-            )
+            self._never_answered(error, reason, changed)
         elif self._failures == threshold:
             self._outage_cause = reason
             NPU_SMI_DOWN.set(1)
@@ -370,6 +394,42 @@ class DevfsBackend:
                 threshold,
                 reason,
                 extra=log_fields(count=threshold, reason=reason),
+            )
+
+    def _never_answered(self, error: NpuSmiError, reason: str, changed: bool) -> None:
+        """A failure before npu-smi ever answered: no source has confirmed any chip's health. Without
+        ``model:`` the chips are not even known; with it they are Unhealthy, health unknown, unless
+        ``healthy_without_npu_smi`` lets the node run on its device files alone."""
+        if self._failures == 1:
+            self._outage_cause = reason
+        if self._settings.model is None:
+            # A failure npu-smi explained already names the next step; any other leaves the model unknown.
+            self._query_problem = (
+                reason
+                if error.next_step
+                else (
+                    f"{reason}; without npu-smi the chip model is unknown: install the driver's npu-smi, "
+                    "pass --npu-smi, or set model: in the config file"
+                )
+            )
+        else:
+            self._query_problem = reason
+        NPU_SMI_DOWN.set(1 if self._outage() else 0)
+        if not changed or self._settings.model is None:
+            return  # said already, or the problem says it: no chip is listed
+        if self._settings.healthy_without_npu_smi:
+            log.warning(
+                "npu-smi has not answered yet (%s): the chips are Healthy from their device files alone "
+                "(healthyWithoutNpuSmi), no fault of theirs is seen",
+                reason,
+                extra=log_fields(reason=reason),
+            )
+        else:
+            log.warning(
+                "npu-smi has not answered yet: every chip is Unhealthy (health unknown: nothing confirmed "
+                "it) until it answers: %s; to run on the device files alone, set healthyWithoutNpuSmi: true",
+                reason,
+                extra=log_fields(reason=reason),
             )
 
     async def reset_chip(self, chip: Chip, timeout: float) -> ResetOutcome:
@@ -532,6 +592,11 @@ class DevfsBackend:
                 processes=probed.processes,
                 logic_id=self._chip_set.logic_ids.get((probed.npu_id, probed.chip)),
                 board_id=self._chip_set.board_id if probed.generation is Generation.ASCEND910B else None,
+                paired_card=(
+                    self._chip_set.paired_cards.get(probed.npu_id)
+                    if probed.generation is Generation.ASCEND910A3
+                    else None
+                ),
             )
             reason = ""
             if f"davinci{phys_id}" not in nodes:
@@ -549,7 +614,8 @@ class DevfsBackend:
         return tuple(chips)
 
     def _fallback_chip(self, phys_id: int, nodes: set[str]) -> Chip:
-        """A chip known only from its device node and the configured model (npu-smi is not usable)."""
+        """A chip known only from its device node and the configured model (npu-smi has not answered): its
+        health unknown, so Unhealthy, unless ``healthy_without_npu_smi``."""
         assert self._settings.model is not None
         chip = Chip.make(
             phys_id,
@@ -558,6 +624,10 @@ class DevfsBackend:
         )
         if MANAGER not in nodes and MANAGER_310B not in nodes:
             return chip.with_health(Health.UNHEALTHY, f"/dev/{MANAGER} is missing")
+        outage = self._outage()
+        if outage:
+            unknown = replace(chip, health_unknown=True)
+            return unknown.with_health(Health.UNHEALTHY, f"health unknown: {outage}")
         return chip
 
     def _is_310b(self) -> bool:

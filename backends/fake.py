@@ -5,6 +5,11 @@
 
     {"unhealthy": [3], "absent": [7]}
 
+A chip's fault codes are scripted as npu-smi's ``info -t health`` would report them, and graded by the
+agent's fault table like a real chip's (fault classes, Events, the hot reset and its dry run)::
+
+    {"faults": {"5": ["0x8C03A000"]}}
+
 ``--fake-vnpus 0:vir02,0:vir02`` splits chips into vNPUs (IDs from ``phys*16+100``, as npu-smi numbers
 them); a state file's ``"vnpus": {"0": ["vir02"]}`` replaces that list while it is there.
 
@@ -35,13 +40,16 @@ import aiofiles
 
 from ascend_agent.backends._container import container_base
 from ascend_agent.config import ConfigError, Settings, decode_utf8, fake_vnpus
+from ascend_agent.health.faulttable import code_text, parse_code
 from ascend_agent.model import (
+    NO_PAIRED_CARD,
     VNPU_ID_BASE,
     VNPU_IDS_PER_CHIP,
     Carvable,
     CarveFailed,
     Chip,
     DeviceNode,
+    Fault,
     Generation,
     Health,
     Inventory,
@@ -69,6 +77,8 @@ _HBM_MB = {
     Generation.ASCEND950: 131072,
 }
 _HBM_MB_BY_MODEL = {"910B4": 32768}
+# DCMI pairs A3 card n with n + 4 (n - 4 from card 4 on) on the boards where cards share network ports.
+A3_PAIR_OFFSET = 4
 # --fake-training: addresses from the benchmarking range (RFC 2544), never a real network's.
 _DEVICE_IPS = ipaddress.IPv4Address("198.18.0.0")
 _VNIC_IPS = ipaddress.IPv4Address("198.19.0.0")
@@ -100,14 +110,29 @@ _310P_TOTALS = (
     ("jpege", 4),
 )
 
+# The Health column of a chip that reports fault codes (npu-smi asks `info -t health` only for such one).
+_FAULT_COLUMN = "Alarm"
+# Fault codes one chip of the state file may report (npu-smi's `info -t health` lists a handful).
+MAX_CODES_PER_CHIP = 16
+
 
 @dataclass(frozen=True, slots=True)
 class FaultState:
-    """The faults a state file scripts: physical ids that are unhealthy or absent."""
+    """The faults a state file scripts: physical ids that are unhealthy or absent, and each chip's fault
+    codes (npu-smi's form: upper-case hex, at least 8 digits)."""
 
     unhealthy: frozenset[int] = frozenset()
     absent: frozenset[int] = frozenset()
     vnpus: Layout | None = None
+    faults: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    def codes(self, phys_id: int) -> tuple[str, ...]:
+        return next((codes for chip, codes in self.faults if chip == phys_id), ())
+
+    @property
+    def named(self) -> frozenset[int]:
+        """Every physical id the state names."""
+        return self.unhealthy | self.absent | {chip for chip, _ in self.faults}
 
 
 def parse_state(text: str, source: str) -> FaultState:
@@ -120,10 +145,11 @@ def parse_state(text: str, source: str) -> FaultState:
         raise ValueError(
             f'fake state file {source} must be an object like {{"unhealthy": [1], "absent": []}}'
         )
-    unknown = set(document) - {"unhealthy", "absent", "vnpus"}
+    unknown = set(document) - {"unhealthy", "absent", "vnpus", "faults"}
     if unknown:
         raise ValueError(
-            f"fake state file {source}: unknown key {sorted(unknown)[0]!r} (keys: unhealthy, absent, vnpus)"
+            f"fake state file {source}: unknown key {sorted(unknown)[0]!r:.40} (keys: unhealthy, absent, "
+            "vnpus, faults)"
         )
     lists: dict[str, frozenset[int]] = {}
     for key in ("unhealthy", "absent"):
@@ -137,7 +163,34 @@ def parse_state(text: str, source: str) -> FaultState:
             vnpus = fake_vnpus(document["vnpus"])
         except ValueError as exc:
             raise ValueError(f"fake state file {source}: vnpus {exc}") from None
-    return FaultState(**lists, vnpus=vnpus)
+    return FaultState(**lists, vnpus=vnpus, faults=_faults(document.get("faults", {}), source))
+
+
+def _faults(value: object, source: str) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """``{"5": ["0x8C03A000", "80E18402"]}``: each chip's fault codes, by physical id."""
+    shape = (
+        f"fake state file {source}: faults must map physical ids to lists of fault codes, "
+        'e.g. {"5": ["8C03A000"]}'
+    )
+    if not isinstance(value, dict):
+        raise ValueError(shape)
+    faults = []
+    for key, codes in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 6):
+            raise ValueError(f"{shape}; {key!r:.40} is not a physical id")
+        if not isinstance(codes, list) or not all(isinstance(code, str) for code in codes):
+            raise ValueError(shape)
+        if len(codes) > MAX_CODES_PER_CHIP:
+            raise ValueError(
+                f"fake state file {source}: faults of chip {key} has {len(codes)} codes; at most "
+                f"{MAX_CODES_PER_CHIP}"
+            )
+        try:
+            numbers = [parse_code(code) for code in codes]
+        except ValueError as exc:
+            raise ValueError(f"fake state file {source}: faults of chip {key}: {exc!s:.80}") from None
+        faults.append((int(key), tuple(dict.fromkeys(code_text(number) for number in numbers))))
+    return tuple(sorted(faults))
 
 
 class FakeBackend:
@@ -208,7 +261,7 @@ class FakeBackend:
     def _warn_out_of_range(self, path: Path, state: FaultState) -> None:
         """One warning per change of the ids that name no chip: a typo there would fault nothing."""
         chips = self._settings.fake_chips
-        out_of_range = tuple(sorted(i for i in state.unhealthy | state.absent if not 0 <= i < chips))
+        out_of_range = tuple(sorted(i for i in state.named if not 0 <= i < chips))
         if self._out_of_range.changed(out_of_range) and out_of_range:
             log.warning(
                 "fake state file %s names chips that do not exist: %s (%d chips, ids 0-%d); ignored",
@@ -297,7 +350,11 @@ class FakeBackend:
             bus_id=f"0000:{0x10 + phys_id:02x}:00.0",
             numa_node=phys_id * _NUMA_NODES // chips,
             npu_id=phys_id // self._dies_per_npu,
+            chip_on_card=phys_id % self._dies_per_npu,
             naming_scheme=self._settings.resource_naming,
+            # Synthetic chips run no process: the hot reset's idle check goes by the pods alone.
+            processes=0,
+            paired_card=self._paired_card(phys_id),
         )
         chip = replace(chip, hbm_mb=_HBM_MB_BY_MODEL.get(chip.model, _HBM_MB.get(chip.generation)))
         if self._settings.fake_training and chip.generation.trains:
@@ -309,7 +366,22 @@ class FakeBackend:
             return chip.with_health(Health.UNHEALTHY, "absent: the device node is gone")
         if phys_id in self._state.unhealthy:
             return chip.with_health(Health.UNHEALTHY, "fault scripted in the state file")
+        codes = self._state.codes(phys_id)
+        if codes:
+            # Left to the agent's fault table, as devfs leaves a chip with codes: it decides the health.
+            faults = tuple(Fault(code, "scripted in the fake state file") for code in codes)
+            return replace(chip, faults=faults, health_status=_FAULT_COLUMN)
         return chip
+
+    def _paired_card(self, phys_id: int) -> int | None:
+        """An A3 die's paired card as the driver gives it (card n with n + 4 on an 8-card board, as DCMI
+        pairs them); none where that card is not on the fake node. None on other models."""
+        if self._dies_per_npu != 2:
+            return None
+        cards = -(-self._settings.fake_chips // 2)
+        card = phys_id // 2
+        other = card + A3_PAIR_OFFSET if card < A3_PAIR_OFFSET else card - A3_PAIR_OFFSET
+        return other if other < cards else NO_PAIRED_CARD
 
     async def close(self) -> None:
         return None

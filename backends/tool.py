@@ -14,7 +14,7 @@ import errno
 import os
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import anyio
 
@@ -148,11 +148,16 @@ async def run_npu_smi(executable: str, args: Sequence[str], timeout: float) -> s
 
 
 async def run_tool(
-    executable: str, args: Sequence[str], timeout: float, answers: bytes | None = None
+    executable: str,
+    args: Sequence[str],
+    timeout: float,
+    answers: bytes | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[int, bytes, bytes]:
     """Run one of the driver's tools (npu-smi, hccn_tool), ``executable args`` (no shell), in a process
     group of its own: its exit status, stdout and stderr. ``answers`` is written to its stdin, which is then
-    closed (its confirmation prompts); without them stdin is empty. After ``timeout`` s, or once it has
+    closed (its confirmation prompts); without them stdin is empty. ``env``: its whole environment (the
+    agent's by default). After ``timeout`` s, or once it has
     printed more than :data:`MAX_OUTPUT` bytes, the whole group is killed (a wrapper's children too, which
     would otherwise keep the pipes open) and reaped, every wait bounded. Raises only :class:`NpuSmiError`."""
     command = " ".join([executable, *args])
@@ -164,6 +169,7 @@ async def run_tool(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            env=env,
         )
     except PermissionError as exc:
         raise NpuSmiError(

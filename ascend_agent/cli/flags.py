@@ -182,6 +182,16 @@ HealthThreshold = Annotated[
 ]
 
 
+HealthyWithoutNpuSmi = Annotated[
+    bool | None,
+    _option(
+        "--healthy-without-npu-smi/--no-healthy-without-npu-smi",
+        env="HEALTHY_WITHOUT_NPU_SMI",
+        help="While npu-smi has not answered once, chips (model: set) are Healthy from their device files.",
+    ),
+]
+
+
 FlapThreshold = Annotated[
     int | None,
     _option(

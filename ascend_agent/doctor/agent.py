@@ -49,7 +49,8 @@ async def _agent_chips(address: str) -> list[Check]:
                 down_name,
                 False,
                 view.npu_smi_down,
-                "run npu-smi info on the host; the chips come back by themselves once it answers",
+                "run npu-smi info on the host (the npu-smi check above says what to mount when it fails "
+                "in the agent's container); the chips come back by themselves once it answers",
             )
         )
     else:

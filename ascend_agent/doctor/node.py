@@ -72,23 +72,54 @@ def _driver(settings: Settings) -> Check:
     return Check("driver installed", True, f"version {version or 'unknown'} ({path})")
 
 
-async def _npu_smi(settings: Settings) -> tuple[list[int], Check]:
+# What to mount where npu-smi gives no next step of its own (not found, exit status, garbage).
+MOUNT_NPU_SMI = (
+    "mount the host's npu-smi (/usr/local/bin/npu-smi), its driver and libraries (/usr/local/Ascend/driver, "
+    "/usr/local/dcmi) and /dev into the agent's container and run it privileged, or pass --npu-smi"
+)
+
+
+async def _npu_smi(settings: Settings) -> tuple[list[int], Check, NpuSmiError | None]:
     executable = settings.effective_npu_smi
     try:
         table = await query_info(executable, settings.npu_smi_timeout)
     except NpuSmiError as exc:
-        return [], Check(
-            "npu-smi reports chips",
-            False,
-            exc.cause,
-            exc.next_step
-            or "check that npu-smi runs on the host (it needs the driver's libraries) or pass --npu-smi",
-        )
+        return [], Check("npu-smi reports chips", False, exc.cause, exc.next_step or MOUNT_NPU_SMI), exc
     ids = list(physical_ids(table.chips))
     health = {row.health for row in table.chips}
     names = ", ".join(sorted({row.name for row in table.chips}))
     detail = f"{len(ids)} chips ({names}), health {', '.join(sorted(health))}"
-    return ids, Check("npu-smi reports chips", True, detail)
+    return ids, Check("npu-smi reports chips", True, detail), None
+
+
+def _unconfirmed(settings: Settings, nodes: set[int], failed: NpuSmiError) -> Check:
+    """What the kubelet gets of the device files while npu-smi does not answer: no chip at all without
+    ``model:``; with it, every chip Unhealthy (nothing confirms its health) unless
+    ``healthyWithoutNpuSmi``."""
+    name, mount = "chips advertised", failed.next_step or MOUNT_NPU_SMI
+    if not nodes:
+        return Check(name, None, "skipped: no device files")
+    if settings.model is None:
+        return Check(
+            name,
+            False,
+            f"none of {len(nodes)} device files: npu-smi does not answer, so the chip model is unknown",
+            f"{mount}; or set model: in the config file",
+        )
+    if settings.healthy_without_npu_smi:
+        return Check(
+            name,
+            True,
+            f"{len(nodes)} chips ({settings.model}) Healthy from their device files alone "
+            "(healthyWithoutNpuSmi): npu-smi does not answer, so no chip fault is seen",
+        )
+    return Check(
+        name,
+        False,
+        f"{len(nodes)} chips ({settings.model}), every one Unhealthy: npu-smi does not answer, so nothing "
+        f"confirms their health ({failed.cause})",
+        f"{mount}; or, to run on the device files alone, set healthyWithoutNpuSmi: true",
+    )
 
 
 def _match(nodes: set[int], chips: Sequence[int], dev_root: Path) -> Check:
@@ -214,12 +245,15 @@ async def hardware_checks(settings: Settings) -> tuple[list[Check], Inventory | 
     dev_root = settings.effective_dev_root
     nodes = _chip_nodes(dev_root)
     checks = [_device_files(dev_root, nodes), _driver(settings)]
-    chips, npu_smi = await _npu_smi(settings)
+    chips, npu_smi, failed = await _npu_smi(settings)
     checks.append(npu_smi)
     checks.append(_match(nodes, chips, dev_root))
-    inventory = await _discover(settings) if settings.backend != "devfs" or npu_smi.ok is True else None
+    inventory = await _discover(settings) if settings.backend != "devfs" or failed is None else None
     if settings.backend == "devfs":
-        checks.append(_advertised(nodes, inventory))
+        if failed is None:
+            checks.append(_advertised(nodes, inventory))
+        else:
+            checks.append(_unconfirmed(settings, nodes, failed))
     return checks, inventory
 
 

@@ -159,7 +159,8 @@ NPU_SMI_SECONDS = Histogram(
 NPU_SMI_FAILURES = Counter("ascend_agent_npu_smi_failures", "Failed npu-smi queries.", ["reason"])
 NPU_SMI_DOWN = Gauge(
     "ascend_agent_npu_smi_down",
-    "1 while npu-smi is down (healthFailureThreshold failed health queries in a row), else 0.",
+    "1 while npu-smi is down (healthFailureThreshold failed health queries in a row, or not answered once "
+    "since the start), else 0.",
 )
 CHIP_FAULT = Gauge(
     "ascend_agent_chip_fault",

@@ -14,9 +14,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import FIXTURES
+from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer
+from tests.support.cli import run_cli
+from tests.support.fake_libdcmi import build_libdcmi, dcmi_env
 from tests.support.host_tree import HostTree
 from tests.support.http_probe import free_port
 from tests.support.kubelet_standin import KubeletStandin
@@ -174,3 +176,138 @@ def test_a_hanging_reset_lands_in_reset_info(
         )
     finally:
         process.close()
+
+
+def test_the_fake_backend_rehearses_fault_classes_events_and_the_dry_run(
+    kubelet: KubeletStandin, apiserver: ApiServer, podresources: PodResourcesStandin, short_dir: Path
+) -> None:
+    """A fault code per chip in the fake state file goes through the same grading as devfs's: the chip's
+    class, its Event and the hot reset's dry run, without hardware. ``{"unhealthy": [5]}`` said nothing."""
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    state = short_dir / "state.json"
+    state.write_text(json.dumps({"faults": {"5": ["0x8c03a000"]}}))
+    port = free_port()
+    process = AgentProcess(
+        ["run", "--backend", "fake", "--fake-state", str(state), "--kubelet-dir", str(kubelet.directory),
+         "--metrics-address", f"127.0.0.1:{port}", "--health-interval", "1",
+         "--pod-resources-socket", str(podresources.path), "--kubeconfig", str(apiserver.kubeconfig),
+         "--node-name", NODE, "--hot-reset", "dry-run", "--hot-reset-idle", "1"]
+    )  # fmt: skip
+    try:
+        kubelet.wait_update(lambda u: len(u.devices) == 8 and u.health()["Ascend910-5"] == "Unhealthy")
+        process.wait_log(re.escape("Ascend910-5 is Unhealthy: RestartNPU: Alarm, error code 8C03A000 ("))
+        said = process.wait_log("Hot reset of Ascend910-5: would run", timeout=15)[0]
+        assert (
+            "npu-smi set -t reset -i 5 -c 0 -m 1 for Ascend910-5 (RestartNPU, fault codes 8C03A000)" in said
+        )
+        events = apiserver.wait_for(lambda: _events(apiserver), lambda got: "HotResetDryRun" in got)
+        assert "NPURestartNPU" in events
+        assert _resets(port, "dry_run") == 1
+        # A code the table grades SeparateNPU: no reset would clear it, so the dry run says nothing more.
+        state.write_text(json.dumps({"faults": {"5": ["80E18402"], "6": ["8C03A000"]}}))
+        process.wait_log("Hot reset of Ascend910-6: would run", timeout=15)
+        assert not process.matching("Hot reset of Ascend910-5: would run .*80E18402")
+    finally:
+        process.close()
+
+
+def test_the_reset_budget_survives_an_agent_restart(
+    kubelet: KubeletStandin, host: HostTree, apiserver: ApiServer, podresources: PodResourcesStandin,
+    short_dir: Path,
+) -> None:  # fmt: skip
+    """One reset allowed per chip: a restarted agent used to start with a full budget and reset the chip
+    again; it reads the resets of the agent before from the node and leaves the chip to a person."""
+    npu_smi = _setup(host, short_dir / "npu-smi", apiserver)
+    npu_smi.set_reset("ok", after={"info": B4_OK})
+    limit = ("--hot-reset", "idle", "--hot-reset-idle", "1", "--hot-reset-limit", "1")
+    first = _agent(kubelet, host, npu_smi, apiserver, podresources, free_port(), *limit)
+    try:
+        first.wait_log("Hot reset of Ascend910-5: Ascend910-5 is Healthy again", timeout=30)
+    finally:
+        first.close()
+    kept = json.loads((kubelet.directory.parent / "plugins/ascend-agent/hot-reset-budget.json").read_text())
+    assert list(kept["resets"]) == ["5"] and len(kept["resets"]["5"]) == 1
+    npu_smi.set_output("info", with_health(B4_OK, 5, "Alarm"))  # the fault is back
+    port = free_port()
+    second = _agent(kubelet, host, npu_smi, apiserver, podresources, port, *limit)
+    try:
+        second.wait_log("Hot reset budget from .*chip 5 reset 1 times within 21600 s")
+        exhausted = second.wait_log(
+            "Hot reset of Ascend910-5: reset 1 times within 21600 s already", timeout=20
+        )
+        assert "left to a person" in exhausted[0]
+        assert npu_smi.resets() == ["set -t reset -i 5 -c 0 -m 1 | Y"], "no second reset"
+        assert _resets(port, "exhausted") == 1
+    finally:
+        second.close()
+
+
+# Atlas A3: the card a reset takes down with the faulty one is the driver's word, never a guess ------------
+
+A3_OK = (FIXTURES / "Ascend910-A3x16-24.1.rc3.7-info.txt").read_text()
+A3_ALARM = (CONSTRUCTED / "Ascend910-A3x16-24.1.rc3.7-info-alarm.txt").read_text()
+A3_HEALTH = (
+    CONSTRUCTED / "Ascend910-A3-24.1.rc3.7-info-t-health-i-1-c-1-alarm.txt"
+).read_text()  # RestartNPU
+
+
+def _a3_node(host: HostTree, directory: Path) -> FakeNpuSmi:
+    host.add_chips(range(16))
+    npu_smi = FakeNpuSmi(directory)
+    npu_smi.set_output("info", A3_ALARM)
+    npu_smi.set_output("info -t health -i 1 -c 1", A3_HEALTH)
+    return npu_smi
+
+
+def test_idle_on_a3_refuses_at_start_unless_the_driver_says_which_card_is_paired(
+    kubelet: KubeletStandin, host: HostTree, short_dir: Path
+) -> None:
+    """The paired card was the one half the node away, a guess: on a board paired otherwise a reset took down
+    a card whose pods were never checked. Without the driver's word (here its libdcmi.so cannot be loaded),
+    idle stops the start with one line pointing at dry-run."""
+    npu_smi = _a3_node(host, short_dir / "npu-smi")
+    result = run_cli(
+        "run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+        "--kubelet-dir", str(kubelet.directory), "--metrics-address", "", "--hot-reset", "idle", timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("ascend-agent: ")]
+    assert line.startswith("ascend-agent: --hot-reset idle: on Atlas A3 ")
+    assert "cannot load " in line and "libdcmi.so" in line and "--hot-reset dry-run" in line
+
+
+def test_a3_resets_with_the_card_the_driver_pairs_and_dry_run_without_it(
+    kubelet: KubeletStandin, host: HostTree, apiserver: ApiServer, podresources: PodResourcesStandin,
+    short_dir: Path,
+) -> None:  # fmt: skip
+    """Atlas 9000 A3 SuperPoD boards pair no card (the driver says -1): the group is the faulty card's two
+    dies, not four. Without the driver's word, the dry run names the node's A3 chips as one group."""
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    npu_smi = _a3_node(host, short_dir / "npu-smi")
+    port = free_port()
+    unread = _agent(kubelet, host, npu_smi, apiserver, podresources, port, "--hot-reset", "dry-run",
+                    "--hot-reset-idle", "1")  # fmt: skip
+    try:
+        unread.wait_log("Cannot read from the driver which A3 card is reset with which")
+        said = unread.wait_log("Hot reset of Ascend910-3: would run", timeout=20)[0]
+        assert "(reset group Ascend910-0, Ascend910-1, " in said and "Ascend910-15)" in said
+    finally:
+        unread.close()
+    build_libdcmi(host.root)
+    npu_smi.set_reset("ok", after={"info": A3_OK})
+    agent = AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--kubelet-dir", str(kubelet.directory), "--metrics-address", f"127.0.0.1:{free_port()}",
+         "--health-interval", "1", "--pod-resources-socket", str(podresources.path), "--kubeconfig",
+         str(apiserver.kubeconfig), "--node-name", NODE, "--hot-reset", "idle", "--hot-reset-idle", "1"],
+        env=dcmi_env(dict.fromkeys(range(8), -1)),
+    )  # fmt: skip
+    try:
+        agent.wait_log("A3 cards the driver resets together: 0 alone, 1 alone, ")
+        waiting = agent.wait_log("Hot reset of Ascend910-3: waiting for 1 s", timeout=20)[0]
+        assert waiting.endswith("(reset group Ascend910-2, Ascend910-3)"), waiting
+        agent.wait_log("Hot reset of Ascend910-3: Ascend910-3 is Healthy again", timeout=30)
+        assert [reset.split(" | ")[0] for reset in npu_smi.resets()] == ["set -t reset -i 1 -c 1 -m 1"]
+    finally:
+        agent.close()

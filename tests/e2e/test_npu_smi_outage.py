@@ -92,3 +92,68 @@ def test_three_npu_smi_outages_hold_no_chip(
     assert agent.matching("is held Unhealthy") == []
     assert agent.matching(r"Ascend910-\d is Unhealthy") == [], "the outage's one line, not one per chip"
     assert len(agent.matching(DOWN)) == 3
+
+
+def _unconfirmed_agent(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, port: int, config: Path
+) -> AgentProcess:
+    host.add_chips(range(8))
+    return AgentProcess(
+        ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
+         "--kubelet-dir", str(kubelet.directory), "--metrics-address", f"127.0.0.1:{port}",
+         "--health-interval", "1", "--config", str(config)]
+    )  # fmt: skip
+
+
+def test_chips_whose_health_nothing_confirmed_are_unhealthy_until_npu_smi_answers(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, port: int, short_dir: Path
+) -> None:
+    """npu-smi failing from the start (``dcmi module initialize failed. ret is -8005``) with ``model:`` set:
+    the chips come from their device files alone and nothing watches them. They were all Healthy, /readyz
+    200 and ascend_agent_npu_smi_down 0."""
+    npu_smi.set_mode("fail")
+    config = short_dir / "c.yaml"
+    config.write_text("model: 910B4\n")
+    agent = _unconfirmed_agent(kubelet, host, npu_smi, port, config)
+    try:
+        kubelet.wait_registrations(1)
+        down = kubelet.wait_update(lambda u: len(u.devices) == 8)
+        assert set(down.health().values()) == {"Unhealthy"}, down.health()
+        _, body = wait_answer(port, "/readyz", lambda status, body: status == 503 and "npu-smi" in body)
+        assert "npu-smi has not answered yet" in body and "ret -8005" in body
+        metrics = get(port, "/metrics")
+        assert metrics is not None and "ascend_agent_npu_smi_down 1.0" in metrics[1]
+        chips = _chips(port)
+        assert chips["npu_smi"]["down"] is True
+        assert {row["health_unknown"] for row in chips["chips"]} == {True}
+        agent.wait_log("npu-smi has not answered yet: every chip is Unhealthy .*healthyWithoutNpuSmi: true")
+        npu_smi.set_mode("ok")
+        kubelet.wait_update(
+            lambda u: set(u.health().values()) == {"Healthy"}, after=kubelet.updates.index(down) + 1
+        )
+        wait_answer(port, "/readyz", lambda status, body: status == 200)
+        metrics = get(port, "/metrics")
+        assert metrics is not None and "ascend_agent_npu_smi_down 0.0" in metrics[1]
+    finally:
+        agent.close()
+
+
+def test_healthy_without_npu_smi_runs_the_node_on_its_device_files(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, port: int, short_dir: Path
+) -> None:
+    npu_smi.set_mode("fail")
+    config = short_dir / "c.yaml"
+    config.write_text("model: 910B4\nhealthyWithoutNpuSmi: true\n")
+    agent = _unconfirmed_agent(kubelet, host, npu_smi, port, config)
+    try:
+        agent.wait_log("healthyWithoutNpuSmi is on: .*Healthy from its device file alone")
+        kubelet.wait_registrations(1)
+        up = kubelet.wait_update(lambda u: len(u.devices) == 8)
+        assert set(up.health().values()) == {"Healthy"}
+        wait_answer(port, "/readyz", lambda status, body: status == 200)
+        metrics = get(port, "/metrics")
+        assert metrics is not None and "ascend_agent_npu_smi_down 0.0" in metrics[1], "chosen: no outage"
+        assert 'ascend_agent_npu_smi_failures_total{reason="driver"}' in metrics[1]
+        agent.wait_log(r"npu-smi has not answered yet \(.*ret -8005.*\): the chips are Healthy")
+    finally:
+        agent.close()

@@ -321,3 +321,38 @@ def test_fake_950_registers_huawei_com_npu(kubelet: KubeletStandin) -> None:
         assert (registration.resource_name, registration.endpoint) == ("huawei.com/npu", "npu.sock")
     finally:
         process.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "ok", "detail", "hint"),
+    [
+        ("model: 910B4\n", False, "2 chips (910B4), every one Unhealthy: npu-smi does not answer",
+         "healthyWithoutNpuSmi: true"),
+        ("model: 910B4\nhealthyWithoutNpuSmi: true\n", True, "Healthy from their device files alone", ""),
+        ("{}\n", False, "npu-smi does not answer, so the chip model is unknown", "set model:"),
+    ],
+)  # fmt: skip
+def test_doctor_says_what_the_kubelet_gets_while_npu_smi_fails(
+    host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path, config: str, ok: bool, detail: str, hint: str
+) -> None:
+    """npu-smi failing in the agent's container: the doctor says what becomes of the chips and what to
+    mount (the -8005 sample's next step), and that only healthyWithoutNpuSmi runs them unwatched."""
+    host.add_chips(range(2))
+    npu_smi.set_output(
+        "info", (FIXTURES / "error-unknownchip-unknownver-info-dcmi-8005-container.txt").read_text()
+    )
+    path = short_dir / "c.yaml"
+    path.write_text(config)
+    result = subprocess.run(
+        [sys.executable, "-m", "ascend_agent", "doctor", "--host-root", str(host.root), "--npu-smi",
+         str(npu_smi.path), "--kubelet-dir", str(short_dir / "kubelet"), "--metrics-address", "", "--json",
+         "--config", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr
+    check = next(c for c in json.loads(result.stdout) if c["check"] == "chips advertised")
+    assert check["ok"] is ok
+    assert detail in check["detail"]
+    if not ok:
+        assert "mount the host's driver and its libraries" in check["hint"]
+        assert hint in check["hint"]

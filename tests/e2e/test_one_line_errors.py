@@ -49,7 +49,7 @@ def test_a_model_typo_at_start_is_one_line(short_dir: Path) -> None:
     config = short_dir / "c.yaml"
     config.write_text('model: "banana"\n')
     line = _one_line(run_cli("run", "--backend", "devfs", "--config", str(config)))
-    assert f"config file {config}: model 'banana' is not an Ascend chip model" in line
+    assert f"config file {config}: model 'banana' is not an Ascend chip name; the nearest is " in line
 
 
 def test_a_model_typo_at_reload_keeps_the_agent_running(kubelet: KubeletStandin, short_dir: Path) -> None:

@@ -180,3 +180,45 @@ def test_a_key_given_twice_is_refused_with_its_lines(
     assert str(caught.value) == (
         f"config file {path}: {key} is given twice (lines {lines[0]} and {lines[1]}); keep one"
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "hint"),
+    [
+        ("910b4", "Huawei prints it 910B4"),
+        ("910B9", "the nearest is 910B1"),
+        ("9100", "the nearest is 910A"),
+        ("310p3", "Huawei prints it 310P3"),
+        ("910_9399", "the nearest is 910_9391"),
+        ("Ascend950pr", "Huawei prints it 950PR"),
+    ],
+)
+def test_a_model_must_be_a_name_its_family_really_has(short_dir: Path, given: str, hint: str) -> None:
+    """``model:`` once took anything the generation patterns matched (``910b4``, ``910B9``, ``9100``):
+    only names Huawei prints are taken, and a refusal names the nearest one."""
+    path = short_dir / "c.yaml"
+    path.write_text(f"model: '{given}'\n")
+    with pytest.raises(ConfigError) as caught:
+        SettingsSource({}, path).load()
+    (line,) = str(caught.value).splitlines()
+    assert line.startswith(f"config file {path}: model {given!r} is not an Ascend chip name")
+    assert hint in line
+    with pytest.raises(ConfigError, match="--fake-model"):
+        SettingsSource({"fake_model": given}).load()
+
+
+@pytest.mark.parametrize(
+    "name", ["910B4", "910B4-1", "910ProB", "910_9392", "310P3", "950PR", "Ascend910B3", 310]
+)
+def test_every_real_chip_name_is_taken(short_dir: Path, name: str | int) -> None:
+    path = short_dir / "c.yaml"
+    path.write_text(f"model: {name}\n")
+    assert SettingsSource({}, path).load().model == str(name)
+
+
+def test_a_refused_name_is_cut_in_the_message(short_dir: Path) -> None:
+    path = short_dir / "c.yaml"
+    path.write_text(f"model: '{'9' * 5000}'\n")
+    with pytest.raises(ConfigError) as caught:
+        SettingsSource({}, path).load()
+    assert len(str(caught.value)) < 300

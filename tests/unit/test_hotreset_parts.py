@@ -12,17 +12,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ascend_agent.backends.dcmi_pairs import PairingError, parse_pairs, read_paired_cards
 from ascend_agent.backends.npusmi import parse_info
 from ascend_agent.backends.npusmi_processes import parse_processes
 from ascend_agent.backends.npusmi_reset import reset_chip, reset_result
 from ascend_agent.config import ConfigError, SettingsSource
 from ascend_agent.faultclass import FaultClass
 from ascend_agent.health.hotreset.budget import ResetBudget
-from ascend_agent.health.hotreset.groups import reset_groups
+from ascend_agent.health.hotreset.groups import paired_known, reset_groups
 from ascend_agent.health.hotreset.manager import cleared_by_reset
 from ascend_agent.health.hotreset.resetinfo import ResetDevice, reset_info
 from ascend_agent.model import Chip
 from tests.support import CONSTRUCTED, FIXTURES
+from tests.support.fake_libdcmi import build_libdcmi
 from tests.support.npusmi_fake import FakeNpuSmi
 from tests.support.training_fixtures import TRAINING
 
@@ -43,15 +45,49 @@ def test_910b_resets_its_hccs_box_or_alone_without_hccs() -> None:
     assert _groups(pcie) == {(i,) for i in range(8)}
 
 
-def test_a3_resets_the_die_pair_with_its_paired_card() -> None:
+def _a3_dies(pairs: dict[int, int] | None) -> list[Chip]:
+    """The 16 dies of the A3 sample, each card paired as ``pairs`` says (None: not read)."""
     table = parse_info((FIXTURES / "Ascend910-A3x16-24.1.rc3.7-info.txt").read_text())
-    dies = [
-        Chip.make(row.device or 0, "910_93", npu_id=row.npu_id, chip_on_card=row.chip) for row in table.chips
-    ]
+    return [
+        Chip.make(row.device or 0, "910_93", npu_id=row.npu_id, chip_on_card=row.chip,
+                  paired_card=None if pairs is None else pairs[row.npu_id])
+        for row in table.chips
+    ]  # fmt: skip
+
+
+def test_a3_resets_the_die_pair_with_the_card_the_driver_pairs_it_with() -> None:
+    dies = _a3_dies({card: (card + 4) % 8 for card in range(8)})
     groups = reset_groups(dies)
     # NPU 1 holds Phy-IDs 2 and 3, its paired card NPU 5 holds 10 and 11.
     assert sorted(groups[3]) == [2, 3, 10, 11]
     assert len(_groups(dies)) == 4
+
+
+def test_a3_groups_follow_the_driver_not_a_guess() -> None:
+    """The card half the node away was a guess: where the driver pairs otherwise, or pairs no card (Atlas
+    9000 A3 SuperPoD), the group is what the driver says; where it said nothing, the node's A3 chips are one
+    group (and the hot reset resets none of them: ``paired_known``)."""
+    neighbours = _a3_dies({card: card ^ 1 for card in range(8)})
+    assert sorted(reset_groups(neighbours)[3]) == [0, 1, 2, 3]
+    alone = _a3_dies(dict.fromkeys(range(8), -1))
+    assert _groups(alone) == {(2 * card, 2 * card + 1) for card in range(8)}
+    unread = _a3_dies(None)
+    assert _groups(unread) == {tuple(range(16))}
+    assert not any(paired_known(chip) for chip in unread) and all(paired_known(c) for c in alone)
+    assert paired_known(Chip.make(0, "910B3"))
+
+
+def test_the_pairs_the_driver_gives_are_checked() -> None:
+    assert parse_pairs("0 4\n4 0\n1 -1\n", [0, 1, 4]) == {0: 4, 4: 0, 1: -1}
+    for answer, cards, why in (
+        ("0 4\n4 1\n1 4\n", [0, 1, 4], "but card 4 with 1"),
+        ("0 9\n", [0], "card 9, which npu-smi does not list"),
+        ("0 4\n", [0, 4], "leaves out card 4"),
+        ("0 4\n0 4\n4 0\n", [0, 4], "card 0 twice"),
+        ("ipmi failed\n", [0], "not CARD BROTHER"),
+    ):
+        with pytest.raises(PairingError, match=why):
+            parse_pairs(answer, cards)
 
 
 def test_300i_duo_resets_the_card_and_single_chips_alone() -> None:
@@ -149,12 +185,17 @@ def test_the_budget_counts_resets_per_chip_within_its_window() -> None:
 
 def test_reset_info_has_huaweis_shape() -> None:
     documented = json.loads((TRAINING / "node-annotation-ResetInfo_doc-example.json").read_text())
-    dies = [Chip.make(p, "910_93", npu_id=p // 2, chip_on_card=p % 2, logic_id=p) for p in range(16)]
-    written = json.loads(reset_info([ResetDevice.of(dies[2], dies)]))
+    dies = [
+        Chip.make(p, "910_93", npu_id=p // 2, chip_on_card=p % 2, logic_id=p, paired_card=(p // 2 + 4) % 8)
+        for p in range(16)
+    ]
+    written = json.loads(reset_info([ResetDevice.of(dies[2])]))
     assert written.keys() == documented.keys()
     assert written["ManualResetDevs"] == documented["ManualResetDevs"], "card 1 die 0, paired with card 5"
     assert written["ThirdPartyResetDevs"] == []
-    plain = ResetDevice.of(Chip.make(3, "910B3", npu_id=3), [])
+    plain = ResetDevice.of(Chip.make(3, "910B3", npu_id=3))
+    unread = ResetDevice.of(Chip.make(2, "910_93", npu_id=1, chip_on_card=0))
+    assert unread.associated_card_id == -1, "a pairing not read is not guessed"
     assert (plain.associated_card_id, plain.logic_id) == (-1, -1)
 
 
@@ -165,3 +206,87 @@ def test_hot_reset_settings_refuse_bad_values_in_one_line() -> None:
         SettingsSource({"hot_reset_idle": -1}).load()
     settings = SettingsSource({"hot_reset": "dry-run", "hot_reset_limit": 5}).load()
     assert (settings.hot_reset, settings.hot_reset_limit, settings.hot_reset_recover) == ("dry-run", 5, 180.0)
+
+
+def test_the_budget_is_kept_in_a_file_a_new_agent_reads(short_dir: Path) -> None:
+    path = short_dir / "plugin" / "hot-reset-budget.json"
+    now = [1_700_000_000.0]
+    budget = ResetBudget(limit=2, window=100, clock=lambda: now[0], path=path)
+    budget.spend(5)
+    budget.spend(5)
+    budget.save()
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    again = ResetBudget(limit=2, window=100, clock=lambda: now[0], path=path)
+    again.load()
+    assert not again.allows(5) and again.used(5) == 2 and again.allows(4)
+    now[0] += 101
+    later = ResetBudget(limit=2, window=100, clock=lambda: now[0], path=path)
+    later.load()
+    assert later.used(5) == 0, "resets older than the window are dropped"
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["not json", '{"resets": [1]}', '{"resets": {"x": [1]}}', '{"resets": {"5": ["now"]}}',
+     '{"resets": {"5": [1e999]}}', "[" * 100_000, '{"resets": {"5": [' + "1," * 200_000 + "1]}}"],
+)  # fmt: skip
+def test_a_budget_file_that_makes_no_sense_is_one_warning_and_an_empty_budget(
+    short_dir: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = short_dir / "hot-reset-budget.json"
+    path.write_text(content)
+    budget = ResetBudget(limit=1, window=100, path=path)
+    budget.load()
+    budget.load()
+    assert budget.allows(5)
+    (record,) = [r for r in caplog.records if "cannot read the hot reset budget" in r.getMessage()]
+    assert str(path) in record.getMessage() and "\n" not in record.getMessage()
+
+
+def test_a_budget_file_that_is_a_link_is_not_followed(short_dir: Path) -> None:
+    target = short_dir / "elsewhere.json"
+    target.write_text('{"resets": {"5": [1]}}')
+    path = short_dir / "hot-reset-budget.json"
+    path.symlink_to(target)
+    budget = ResetBudget(limit=1, window=1e12, path=path)
+    budget.load()
+    assert budget.allows(5)
+
+
+def test_a_reset_time_ahead_of_the_clock_counts_as_now(short_dir: Path) -> None:
+    """The clock set back after the resets: they still count, for no longer than the window from now."""
+    path = short_dir / "hot-reset-budget.json"
+    path.write_text('{"resets": {"5": [5000]}}')
+    now = [1000.0]
+    budget = ResetBudget(limit=1, window=100, clock=lambda: now[0], path=path)
+    budget.load()
+    assert not budget.allows(5)
+    now[0] = 1101
+    assert budget.allows(5)
+
+
+def test_the_pairs_are_read_from_the_drivers_library_in_a_child(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library the driver installs, loaded by a child process of the agent (a blocking driver call must
+    be killable at its timeout); its refusals come back as one line with DCMI's meaning."""
+    host = short_dir / "host"
+    with pytest.raises(PairingError, match=r"libdcmi\.so is not there"):
+        anyio.run(read_paired_cards, host, [0], 10.0)
+    build_libdcmi(host)
+    monkeypatch.setenv("FAKE_DCMI_BROTHERS", "0:4,1:5,2:6,3:7,4:0,5:1,6:2,7:3")
+    assert anyio.run(read_paired_cards, host, list(range(8)), 30.0) == {
+        0: 4, 1: 5, 2: 6, 3: 7, 4: 0, 5: 1, 6: 2, 7: 3
+    }  # fmt: skip
+    monkeypatch.setenv("FAKE_DCMI_BROTHERS", "ret:-8255")
+    with pytest.raises(PairingError) as refused:
+        anyio.run(read_paired_cards, host, [0, 4], 30.0)
+    assert str(refused.value).endswith(
+        "dcmi_get_netdev_brother_device for card 0 returned -8255 (not supported by this chip or driver)"
+    )
+    monkeypatch.setenv("FAKE_DCMI_INIT", "-8005")
+    with pytest.raises(PairingError, match=r"dcmi_init returned -8005 \(the driver is not visible here\)"):
+        anyio.run(read_paired_cards, host, [0, 4], 30.0)
+    (host / "usr/local/dcmi/libdcmi.so").write_text("")
+    with pytest.raises(PairingError, match=r"cannot load .*libdcmi\.so"):
+        anyio.run(read_paired_cards, host, [0, 4], 30.0)

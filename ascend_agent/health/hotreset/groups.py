@@ -2,9 +2,9 @@
 
 As Huawei's device plugin groups them (``hot_reset_manager.go``): a 910A's HCCS ring of 4; a 910B's HCCS box
 of 8 (16 on a Box16 board of more than 8 chips), or the chip alone on boards without HCCS (300I A2, 800I A2
-PCIe: board ids 0x28, 0x29, 0x33, 0x3c); on A3 both dies of its card and both dies of the paired card (the
-card half the node away: 0 with 4, 1 with 5, as Huawei's ResetInfo example pairs them); on a 300I Duo the
-card; anything else the chip alone::
+PCIe: board ids 0x28, 0x29, 0x33, 0x3c); on A3 both dies of its card and both dies of the card the driver
+pairs with it (``Chip.paired_card``, read from the driver; none: the card alone; not read on some die: every
+A3 chip of the node, one group, never guessed); on a 300I Duo the card; anything else the chip alone::
 
     groups = reset_groups(inventory.chips)
     groups[3]                     # frozenset({0, 1, 2, 3}): the physical ids reset with chip 3 (910A)
@@ -14,6 +14,9 @@ card; anything else the chip alone::
 [0, 1, 2, 3, 4, 5, 6, 7]
 >>> sorted(reset_groups([Chip.make(i, "910B3", npu_id=i, board_id=0x33) for i in range(8)])[5])
 [5]
+>>> dies = [Chip.make(i, "910_9392", npu_id=i // 2, paired_card=(i // 2 + 4) % 8) for i in range(16)]
+>>> sorted(reset_groups(dies)[3])
+[2, 3, 10, 11]
 """
 
 from __future__ import annotations
@@ -39,20 +42,6 @@ def reset_groups(chips: Sequence[Chip]) -> dict[int, frozenset[int]]:
     return groups
 
 
-def paired_card(npu_id: int, cards: Sequence[int]) -> int | None:
-    """The A3 card paired with ``npu_id`` among the node's ``cards`` (the one half the node away); None
-    where the node has an odd number of cards.
-
-    >>> paired_card(1, range(8)), paired_card(6, range(8)), paired_card(0, range(3))
-    (5, 2, None)
-    """
-    ordered = sorted(set(cards))
-    if len(ordered) % 2 or npu_id not in ordered:
-        return None
-    half = len(ordered) // 2
-    return ordered[(ordered.index(npu_id) + half) % len(ordered)]
-
-
 def _key_for(generation: Generation, chips: Sequence[Chip]) -> Callable[[Chip], Hashable]:
     if generation is Generation.ASCEND910A:
         return lambda chip: chip.phys_id // RING_910A
@@ -62,17 +51,24 @@ def _key_for(generation: Generation, chips: Sequence[Chip]) -> Callable[[Chip], 
         size = BOX16_910B if len(chips) > BOX_910B else BOX_910B
         return lambda chip: chip.phys_id // size
     if generation is Generation.ASCEND910A3:
-        cards = [_card(chip) for chip in chips]
+        if not all(paired_known(chip) for chip in chips):
+            return lambda chip: "every A3 chip: the pairs were not read"
+        cards = {_card(chip) for chip in chips}
 
         def pair(chip: Chip) -> Hashable:
-            card = _card(chip)
-            other = paired_card(card, cards)
-            return card if other is None else min(card, other)
+            card, other = _card(chip), chip.paired_card
+            return min(card, other) if other is not None and other in cards else card
 
         return pair
     if generation is Generation.ASCEND310P:
         return _card
     return lambda chip: ("alone", chip.phys_id)
+
+
+def paired_known(chip: Chip) -> bool:
+    """Whether the chips a reset of ``chip`` takes down are known: on A3, once the driver named its card's
+    pair (``paired_card``, none counts); every other model's groups need nothing read."""
+    return chip.generation is not Generation.ASCEND910A3 or chip.paired_card is not None
 
 
 def _card(chip: Chip) -> int:

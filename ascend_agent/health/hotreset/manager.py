@@ -7,7 +7,7 @@ The agent feeds it every discovery and runs its task::
 
     resets = HotReset(settings, resetter=lambda: backend, held=agent.held_by_pods,
                       refresh_holders=holders.refresh, wake=agent.wake, note=side.event,
-                      manual_resets=side.reset_info)
+                      manual_resets=side.reset_info, budget_file=plugin_dir / BUDGET_FILE)
     resets.observe(inventory, separated)     # each chip's own health, before the flap hold
     inventory = resets.apply(inventory)      # the group under reset is Unhealthy to the kubelet
     tasks.start_soon(resets.run)
@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import anyio
@@ -36,7 +37,7 @@ from ascend_agent.config import HOT_RESET_DRY_RUN, HOT_RESET_OFF, Settings
 from ascend_agent.faultclass import FaultClass
 from ascend_agent.health.hotreset.budget import ResetBudget
 from ascend_agent.health.hotreset.command import ResetOutcome, reset_args
-from ascend_agent.health.hotreset.groups import reset_groups
+from ascend_agent.health.hotreset.groups import paired_known, reset_groups
 from ascend_agent.health.hotreset.resetinfo import ResetDevice, reset_info
 from ascend_agent.model import Chip, Health, Inventory
 from ascend_agent.observability import RESETS, log_fields
@@ -81,8 +82,8 @@ class ChipResetter(Protocol):
 class HotReset:
     """Idle tracking per reset group, the reset of due groups one at a time, the budget and the chips left
     to a person. Without ``note`` (no cluster side) the steps are log lines only, and without
-    ``manual_resets`` ``ResetInfo`` is not written. ``clock`` is the monotonic clock the idle wait and the
-    budget read."""
+    ``manual_resets`` ``ResetInfo`` is not written. ``clock`` is the monotonic clock the idle wait reads;
+    the budget counts by the wall clock, in ``budget_file`` where one is given."""
 
     def __init__(
         self,
@@ -95,6 +96,7 @@ class HotReset:
         note: Note | None = None,
         manual_resets: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        budget_file: Path | None = None,
     ) -> None:
         self._resetter = resetter
         self._held = held
@@ -103,7 +105,7 @@ class HotReset:
         self.note = note
         self.manual_resets = manual_resets
         self._clock = clock
-        self._budget = ResetBudget(settings.hot_reset_limit, settings.hot_reset_window, clock)
+        self._budget = ResetBudget(settings.hot_reset_limit, settings.hot_reset_window, path=budget_file)
         self._chips: dict[int, Chip] = {}
         self._inventory = Inventory()
         self._separated: frozenset[str] = frozenset()
@@ -221,6 +223,11 @@ class HotReset:
             chip = self._chips.get(phys_id)
             if chip is None:
                 return f"chip {phys_id} is not reported"
+            if self.mode != HOT_RESET_DRY_RUN and not paired_known(chip):
+                return (
+                    f"the driver has not said which card is reset with {chip.device_id}'s card (A3), so "
+                    "nothing is reset; --hot-reset dry-run says what would be"
+                )
             ids = set(naming.replica_ids(chip.device_id, self.replicas))
             ids.update(p.device_id for p in self._inventory.vnpus if p.phys_id == phys_id)
             if ids & held:
@@ -234,7 +241,9 @@ class HotReset:
     # resetting --------------------------------------------------------------------------------------------
     async def run(self) -> None:
         """Reset each group once it is due, one at a time, until cancelled. The groups are looked at again
-        every ``health_interval`` too: a pod that leaves changes no chip, so no discovery says so."""
+        every ``health_interval`` too: a pod that leaves changes no chip, so no discovery says so. The
+        resets an agent before this one made count first (``budget_file``)."""
+        await anyio.to_thread.run_sync(self._budget.load)
         while True:
             self._wake = anyio.Event()
             group, wait = self._next_due()
@@ -319,6 +328,7 @@ class HotReset:
         done = []
         for chip in chips:
             self._budget.spend(chip.phys_id)
+            await anyio.to_thread.run_sync(self._budget.save)  # before the reset: a crash in it still counts
             args = " ".join(reset_args(*_card(chip)))
             self._step("Normal", STARTED, group, f"npu-smi {args} ({_fault(chip)})", result="started",
                        subject=chip)  # fmt: skip
@@ -378,7 +388,7 @@ class HotReset:
 
     def _leave(self, chip: Chip, reason: str, result: str, why: str) -> None:
         """The chip stays Unhealthy and is left to a person (``ResetInfo``'s ``ManualResetDevs``)."""
-        self._manual[chip.phys_id] = ResetDevice.of(chip, tuple(self._chips.values()))
+        self._manual[chip.phys_id] = ResetDevice.of(chip)
         self._step(
             "Warning",
             reason,

@@ -12,10 +12,9 @@ fix, for a person to reset (``ManualResetDevs``), in Go's field names (Huawei's 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ascend_agent.health.hotreset.groups import paired_card
 from ascend_agent.model import Chip, Generation
 
 ANNOTATION = "ResetInfo"
@@ -35,11 +34,10 @@ class ResetDevice:
     logic_id: int
 
     @classmethod
-    def of(cls, chip: Chip, chips: Sequence[Chip]) -> ResetDevice:
+    def of(cls, chip: Chip) -> ResetDevice:
+        """``chip`` as ``ResetInfo`` lists it; its paired card as the driver named it (never guessed)."""
         card = chip.npu_id if chip.npu_id is not None else chip.phys_id
-        paired = None
-        if chip.generation is Generation.ASCEND910A3:
-            paired = paired_card(card, [c.npu_id for c in chips if c.npu_id is not None])
+        paired = chip.paired_card if chip.generation is Generation.ASCEND910A3 else None
         return cls(
             card_id=card,
             device_id=chip.chip_on_card,
