@@ -142,7 +142,8 @@ e2e-build:
 	@command -v $(GO) >/dev/null || { echo "make e2e-build: no go on PATH; install Go 1.26 or newer"; exit 1; }
 	tests/cluster/build.sh
 
-e2e: $(STAMP)
+# .venv-helm too: tests/cluster/helm.py installs the chart with Helm's own engine, as an operator does.
+e2e: $(STAMP) $(HELM_STAMP)
 	@command -v $(GO) >/dev/null || { echo "make e2e: no go on PATH; install Go 1.26 or newer"; exit 1; }
 	binary=$$(tests/cluster/build.sh) && E2E_K8S_BINARY="$$binary" E2E_REQUIRE_CLUSTER=1 \
 		$(BIN)/pytest -q -m e2e_cluster -o addopts='' tests/cluster
