@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# Helm's engine (helm-sdkpy, Python >= 3.12) in an environment of its own: make helm-lint, make e2e (below).
+HELM_VENV := .venv-helm
+HELM_STAMP := $(HELM_VENV)/.installed-stamp
 # `make run` needs only what running needs: the package and its runtime dependencies, not the test tools.
 RUN_STAMP := $(VENV)/.run-stamp
 # The device plugin and registration APIs: the grpc-go kubelet stand-in (make interop) is built from these too.
@@ -13,7 +16,7 @@ DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-hea
 # Two workers (pytest-xdist): the suite's tests mostly wait on the agent processes they start.
 PYTEST_FLAGS ?= -q -n 2
 
-.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build bench-cluster image image-test clean helm-lint helm-render
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build bench-cluster image image-test clean helm-lint helm-render helm-schema
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -139,7 +142,8 @@ e2e-build:
 	@command -v $(GO) >/dev/null || { echo "make e2e-build: no go on PATH; install Go 1.26 or newer"; exit 1; }
 	tests/cluster/build.sh
 
-e2e: $(STAMP)
+# .venv-helm too: tests/cluster/helm.py installs the chart with Helm's own engine, as an operator does.
+e2e: $(STAMP) $(HELM_STAMP)
 	@command -v $(GO) >/dev/null || { echo "make e2e: no go on PATH; install Go 1.26 or newer"; exit 1; }
 	binary=$$(tests/cluster/build.sh) && E2E_K8S_BINARY="$$binary" E2E_REQUIRE_CLUSTER=1 \
 		$(BIN)/pytest -q -m e2e_cluster -o addopts='' tests/cluster
@@ -160,8 +164,6 @@ image-test:
 # The Helm chart through Helm v4's own engine (helm-sdkpy), which needs Python 3.12 or newer: the first such
 # interpreter on PATH or under pyenv, or HELM_PYTHON, in an environment of its own (.venv-helm). See
 # charts/check.py.
-HELM_VENV := .venv-helm
-HELM_STAMP := $(HELM_VENV)/.installed-stamp
 _is_3_12 = "$(1)" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null
 HELM_PYTHON ?= $(shell for p in python3.14 python3.13 python3.12 python3 \
 	$$(pyenv root 2>/dev/null || echo "$${PYENV_ROOT:-$$HOME/.pyenv}")/versions/3.1[2-9]*/bin/python3; do $(call _is_3_12,$$p) && { command -v "$$p"; break; }; done)
@@ -179,6 +181,11 @@ helm-lint: $(HELM_STAMP)
 # After a chart change: the renders tests/unit/test_chart.py reads, in tests/fixtures/helm/.
 helm-render: $(HELM_STAMP)
 	$(HELM_VENV)/bin/python charts/check.py write-renders
+
+# After a setting is added or changed: values.schema.json's config, made from the agent's settings
+# (charts/schema.py; tests/unit/test_chart.py fails while it is stale).
+helm-schema: $(STAMP)
+	$(BIN)/python charts/schema.py
 
 clean:
 	rm -rf $(VENV) $(HELM_VENV) dist build *.egg-info bench/results

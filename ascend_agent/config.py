@@ -12,11 +12,12 @@ file underneath it::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from typing import Any
 from ascend_agent.faultclass import HUAWEI_NAMES
 from ascend_agent.naming import NAMING_SCHEMES
 from ascend_agent.setting_values import (
+    Check,
+    accepting,
     boolean,
     chip_model,
     dns_subdomain,
@@ -227,6 +230,14 @@ MAX_POLICY_ENTRIES = 256
 _HEX_PREFIX = re.compile(r"^[0-9A-Fa-f]{1,8}$")
 
 
+@accepting(
+    {
+        "type": "object",
+        "maxProperties": MAX_POLICY_ENTRIES,
+        "propertyNames": {"pattern": _HEX_PREFIX.pattern},
+        "additionalProperties": {"enum": list(VERDICTS)},
+    }
+)
 def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
     """``{"80E3A203": healthy, "8C": unhealthy}``; YAML reads an all-digit code as a number, meant as text."""
     if isinstance(value, tuple):
@@ -250,6 +261,13 @@ def _fault_policy(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(policy))
 
 
+@accepting(
+    {
+        "type": "object",
+        "propertyNames": {"enum": list(HUAWEI_NAMES)},
+        "additionalProperties": {"enum": [NO_TAINT, *DRA_TAINT_EFFECTS]},
+    }
+)
 def _fault_taints(value: Any) -> tuple[tuple[str, str], ...]:
     """``{SeparateNPU: NoExecute, SubHealthFault: NoSchedule}``: the taint effect of a fault class."""
     if isinstance(value, tuple):
@@ -265,6 +283,20 @@ def _fault_taints(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(name), str(effect)) for name, effect in value.items()))
 
 
+# The vnpu: layout: chips (physical ids, names, `dynamic`) to template lists, {dynamic: true} or, for the
+# top-level `dynamic`, true or false (vnpu_layout.parse_layout checks the rest).
+_LAYOUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": {
+        "type": ["array", "object", "boolean"],
+        "items": {"type": "string"},
+        "properties": {"dynamic": {"type": "boolean"}},
+        "additionalProperties": False,
+    },
+}
+
+
+@accepting({**_LAYOUT_SCHEMA, "type": ["string", "object"]})
 def fake_vnpus(value: Any) -> Layout:
     """``"0:vir02,0:vir02,1:vir04"`` (the flag) or ``{"0": [vir02, vir02]}`` (the file): templates by
     physical id."""
@@ -283,7 +315,7 @@ def fake_vnpus(value: Any) -> Layout:
     return layout
 
 
-_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+_CONVERTERS: dict[str, Check[Any]] = {
     "backend": plain_text,
     "kubelet_dir": file_path,
     "registration": one_of(*REGISTRATIONS),
@@ -327,13 +359,13 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "api_list_limit_mib": positive_int,
     "device_info": boolean,
     "volcano": boolean,
-    "volcano_scheduler_name": lambda value: dns_subdomain(plain_text(value)),
+    "volcano_scheduler_name": dns_subdomain,
     "kubelet_api": one_of(*KUBELET_APIS),
-    "dra_driver_name": lambda value: dns_subdomain(plain_text(value)),
+    "dra_driver_name": dns_subdomain,
     "dra_taint_effect": one_of(*DRA_TAINT_EFFECTS),
     "dra_fault_taints": _fault_taints,
     "dra_cleanup": boolean,
-    "vnpu": optional(parse_layout),
+    "vnpu": optional(Check(parse_layout, _LAYOUT_SCHEMA)),
     "fake_vnpus": optional(fake_vnpus),
     "fake_training": boolean,
     "hot_reset": one_of(*HOT_RESET_MODES),
@@ -401,6 +433,24 @@ def read_config_file(path: Path) -> dict[str, Any]:
         except ValueError as exc:
             raise ConfigError(f"config file {path}: {key} {exc}") from None
     return values
+
+
+def file_schema() -> dict[str, Any]:
+    """The JSON Schema of a config file: every setting under its key, with the type, choices and bounds its
+    check declares, and no other key. The Helm chart's values.schema.json holds it under ``config``
+    (charts/schema.py writes it there), so that ``helm install`` refuses what the agent would.
+
+    >>> file_schema()["properties"]["logFormat"]
+    {'enum': ['text', 'json']}
+    """
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            camel_case(field.name): copy.deepcopy(dict(_CONVERTERS[field.name].schema))
+            for field in fields(Settings)
+        },
+    }
 
 
 def _folded(key: str) -> str:

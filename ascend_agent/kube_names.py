@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# A JSON Schema pattern too (values.schema.json): anchored there, as JSON Schema patterns are not.
+DNS_SUBDOMAIN_PATTERN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_DNS_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 DNS_SUBDOMAIN_MAX = 253
 
 

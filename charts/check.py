@@ -220,6 +220,9 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"cluster": {"enabled": False}, "dra": {"enabled": True}}, "dra.enabled needs cluster.enabled"),
     ({"volcano": {"enable": True}}, "additional properties 'enable' not allowed"),
     ({"dra": {"taintEffect": "NoEvict"}}, "taintEffect"),
+    ({"config": {"hotRest": "idle"}}, "additional properties 'hotRest' not allowed"),
+    ({"config": {"hotReset": "on"}}, "at '/config/hotReset'"),
+    ({"config": {"fakeChips": "8"}}, "at '/config/fakeChips'"),
 ]
 
 

@@ -1,8 +1,10 @@
-"""The command line: ``ascend-agent run | list | doctor | kubelet-sim | version``.
+"""The command line: ``ascend-agent run | list | doctor | ranktable | kubelet-sim | version``, and
+``ascend-agent --version``.
 
 Every flag is also read from ``ASCEND_AGENT_<NAME>``; a YAML file given with ``--config`` sits under both.
 Exit status: 0 after SIGTERM/SIGINT, 2 for bad usage or configuration (one line on stderr), 1 otherwise.
-Commands import what they need when they run, so ``version`` and ``--help`` stay fast.
+Commands import what they need when they run, so ``version`` and ``--help`` stay fast. ``--help`` is plain
+text, the options in groups (``help_layout``), whatever the terminal.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ from ascend_agent.cli.flags import (
     Volcano,
     VolcanoSchedulerName,
 )
+from ascend_agent.cli.help_layout import GroupedCommand, with_default
 from ascend_agent.config import DRA_API, ConfigError, Settings, SettingsSource
 from ascend_agent.runner import EXIT_USAGE, exec_agent
 from ascend_agent.stopping import catch_early
@@ -82,8 +85,11 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    # Help text is rich markup: a literal [ is written \[.
-    rich_markup_mode="rich",
+    # Click's plain help and errors: rich's tables cut option names and defaults to fit the terminal (and
+    # take 80 columns without one), and its error boxes are no one line.
+    rich_markup_mode=None,
+    # Click (8.4 and later) names the nearest command itself; typer's own suggestion would say it twice.
+    suggest_commands=False,
     help="Kubernetes device plugin for Huawei Ascend NPUs.",
 )
 
@@ -113,7 +119,23 @@ def _settings(overrides: dict[str, Any]) -> tuple[SettingsSource, Settings]:
         raise _fail(str(exc), EXIT_USAGE) from None
 
 
-@app.command()
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        print(f"ascend-agent {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _commands(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
+) -> None:
+    """Kubernetes device plugin for Huawei Ascend NPUs."""
+
+
+@app.command(cls=GroupedCommand)
 def run(
     backend: Backend = None,
     kubelet_dir: KubeletDir = None,
@@ -182,7 +204,7 @@ def run(
     raise typer.Exit(code)
 
 
-@app.command("list")
+@app.command("list", cls=GroupedCommand, short_help="Print the chips, their vNPUs and the pods holding them.")
 def list_chips(
     backend: Backend = None,
     config: ConfigFile = None,
@@ -239,7 +261,7 @@ def list_chips(
         print(f"ascend-agent: {problem}", file=sys.stderr)
 
 
-@app.command()
+@app.command(cls=GroupedCommand, short_help="Check this node in order; exit 1 if a check failed.")
 def doctor(
     config: ConfigFile = None,
     host_root: HostRoot = None,
@@ -278,7 +300,7 @@ def doctor(
 _RANKTABLE_API_TIMEOUT = 5.0
 
 
-@app.command()
+@app.command(cls=GroupedCommand, short_help="Print the hccl.json entries this node gives a pod.")
 def ranktable(
     pod: Annotated[
         str, typer.Option("--pod", help="The pod, NAMESPACE/NAME, placed on this node.", show_default=False)
@@ -287,8 +309,11 @@ def ranktable(
         str,
         typer.Option(
             "--version",
-            help="hccl.json version, 1.0 or 1.2.",
-            show_default="1.2 for A3 super-pod jobs (the pod's accelerator-type, sp-block), else 1.0",
+            help=with_default(
+                "hccl.json version, 1.0 or 1.2.",
+                "1.2 for A3 super-pod jobs (the pod's accelerator-type, sp-block), else 1.0",
+            ),
+            show_default=False,
         ),
     ] = "",
     sp_block: Annotated[
@@ -296,8 +321,10 @@ def ranktable(
         typer.Option(
             "--sp-block",
             min=0,
-            help="The job's sp-block (v1.2 logical super pods).",
-            show_default="the pod's sp-block annotation, else none",
+            help=with_default(
+                "The job's sp-block (v1.2 logical super pods).", "the pod's sp-block annotation, else none"
+            ),
+            show_default=False,
         ),
     ] = None,
     config: ConfigFile = None,
@@ -329,7 +356,7 @@ def ranktable(
         print(f"ascend-agent: pod {pod}: {gap}", file=sys.stderr)
 
 
-@app.command("kubelet-sim")
+@app.command("kubelet-sim", cls=GroupedCommand, short_help="A kubelet stand-in for local development.")
 def kubelet_sim(
     kubelet_dir: Annotated[
         Path | None,

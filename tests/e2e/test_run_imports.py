@@ -1,7 +1,8 @@
 """What ``ascend-agent run`` loads as a device plugin: the modules of the other commands, of the DRA driver,
 of a cluster side that is off, of real hardware's tools under the fake backend, PyYAML without a file to read,
-rich (the help's tables) and, once the command line has handed over to the runner, the command line itself
-stay out of the process. Each module costs resident memory on every node (bench/cluster.py measures it).
+rich (typer's help renderer; ``--help`` is click's plain text now) and, once the command line has handed over
+to the runner, the command line itself stay out of the process. Each module costs resident memory on every
+node (bench/cluster.py measures it).
 
 The agent runs as a real process with ``PYTHONPROFILEIMPORTTIME`` set: each interpreter writes a header, then
 one line per module it imports, at whatever time it does, to stderr. The command line's interpreter comes

@@ -10,12 +10,15 @@ read as they are, and `make helm-lint`, which CI runs next, fails when one is no
 
 from __future__ import annotations
 
+import json
 import os
+import runpy
 import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
@@ -175,6 +178,57 @@ def test_make_helm_lint_covers_each_mode() -> None:
     files = {path.name for path in (CHART / "ci").glob("*-values.yaml")}
     for mode in ("default", "volcano", "dra", "no-cluster"):
         assert f"{mode}-values.yaml" in files, mode
+
+
+# --- values.schema.json ---------------------------------------------------------------------------------
+
+
+def _values_validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text(encoding="utf-8")))
+
+
+def test_the_schemas_config_is_made_from_the_settings() -> None:
+    """values.schema.json's config is what charts/schema.py makes of the agent's settings: a setting added
+    or changed without `make helm-schema` fails here."""
+    made = runpy.run_path(str(ROOT / "charts" / "schema.py"))["generated"]()
+    kept = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    assert kept == made, "charts/ascend-agent/values.schema.json is stale: run make helm-schema"
+
+
+def _merged(base: Doc, override: Doc) -> Doc:
+    """Helm's coalescing of values: maps merge, anything else replaces."""
+    merged = dict(base)
+    for key, value in override.items():
+        both_maps = isinstance(merged.get(key), dict) and isinstance(value, dict)
+        merged[key] = _merged(merged[key], value) if both_maps else value
+    return merged
+
+
+def test_the_charts_own_values_pass_its_schema() -> None:
+    validator = _values_validator()
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    for path in [None, *sorted((CHART / "ci").glob("*-values.yaml"))]:
+        override = yaml.safe_load(path.read_text(encoding="utf-8")) if path else {}
+        values = json.loads(json.dumps(_merged(defaults, override or {})))
+        assert [error.message for error in validator.iter_errors(values)] == [], path
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"hotRest": "idle"}, "'hotRest' was unexpected"),
+        ({"hotReset": "on"}, "'on' is not one of ['off', 'idle', 'dry-run']"),
+        ({"kubeletDir": "var/lib/kubelet/device-plugins"}, "does not match '^/'"),
+    ],
+)
+def test_a_config_typo_stops_the_install(config: Doc, says: str) -> None:
+    """The agent exits 2 on an unknown key or a bad value: the chart refuses them first (`make helm-lint`
+    shows Helm's own engine refusing them)."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    errors = [
+        error.message for error in _values_validator().iter_errors(_merged(defaults, {"config": config}))
+    ]
+    assert any(says in error for error in errors), errors
 
 
 # --- the modes behind values, from their kept renders -------------------------------------------------
