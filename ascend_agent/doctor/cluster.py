@@ -6,11 +6,13 @@ DaemonSet, its pod on this node, and what the API server shows of the node's chi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ascend_agent.config import DRA_API, Settings
 from ascend_agent.doctor.check import API_TIMEOUT as _API_TIMEOUT
 from ascend_agent.doctor.check import AgentDaemonSet, Check, Mode
+from ascend_agent.doctor.podstate import not_running
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:
@@ -47,7 +49,7 @@ async def cluster_checks(
         return [Check("cluster", None, f"skipped: {exc}")]
     try:
         dra = settings.kubelet_api == DRA_API
-        checks = [await _daemonset(api, ours, dra), await _node_pod(api, node, ours)]
+        checks = [await _daemonset(api, ours, dra), await _node_pod(api, node, ours, settings.host_root)]
         return [*checks, *await mode.capacity(api, settings, inventory)]
     except ApiUnavailable as exc:
         return [
@@ -92,7 +94,7 @@ async def _daemonset(api: KubeApi, ours: AgentDaemonSet, dra: bool) -> Check:
     return Check("daemonset", True, detail)
 
 
-async def _node_pod(api: KubeApi, node: str, ours: AgentDaemonSet) -> Check:
+async def _node_pod(api: KubeApi, node: str, ours: AgentDaemonSet, host_root: Path) -> Check:
     from lightkube.resources.core_v1 import Pod
 
     async def pods_here() -> list[Pod]:
@@ -115,6 +117,10 @@ async def _node_pod(api: KubeApi, node: str, ours: AgentDaemonSet) -> Check:
     name = pod.metadata.name if pod.metadata else ""
     phase = (pod.status.phase if pod.status else None) or "Unknown"
     detail = f"{name} is {phase}"
+    stuck = not_running(pod, host_root)
+    if stuck is not None:
+        hint = stuck.hint or f"kubectl -n {ours.namespace} describe pod {name}"
+        return Check("pod on this node", False, f"{detail}: {stuck.detail}", hint)
     if phase != "Running":
         return Check("pod on this node", False, detail, f"kubectl -n {ours.namespace} describe pod {name}")
     return Check("pod on this node", True, detail)

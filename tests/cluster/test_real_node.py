@@ -8,8 +8,11 @@ container killed as an OOM kill would, and what bad input gets."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -284,8 +287,25 @@ def test_a_host_path_the_node_lacks_is_named_in_the_pods_event(cluster: Cluster,
 
         message = until(events, lambda text: missing in text, f"a FailedMount event naming {missing}")
         assert "hostPath type check failed" in message, message
+        # The doctor on the node names the volume, the path and the chart's value.
+        status, checks = doctor(cluster)
+        (pod_check,) = [check for check in checks if check["check"] == "pod on this node"]
+        assert status == 1 and pod_check["ok"] is False, checks
+        assert f"volume ascend-driver: {missing} is not on this node" in pod_check["detail"], pod_check
+        assert "host.driverDir" in pod_check["hint"], pod_check
     finally:
         upgraded(cluster, chart_values(cluster, node))
+
+
+def doctor(cluster: Cluster) -> tuple[int, list[dict[str, Any]]]:
+    """`ascend-agent doctor --json` on the node with the admin's credentials: its exit status and checks."""
+    argv = [
+        sys.executable, "-m", "ascend_agent", "doctor", "--json",
+        "--kubeconfig", str(cluster.admin_kubeconfig), "--node-name", NODE_NAME,
+    ]  # fmt: skip
+    answer = subprocess.run(cluster.in_netns(argv), capture_output=True, text=True, timeout=120, check=False)
+    checks: list[dict[str, Any]] = json.loads(answer.stdout)
+    return answer.returncode, checks
 
 
 def test_the_daemonset_is_the_charts(cluster: Cluster, node: DriverTree) -> None:
