@@ -176,10 +176,7 @@ class HandedOut:
         read is one warning (the agent starts without it and replaces it); a write that fails is one warning
         until one succeeds, and tried again at the next change."""
         loaded = await anyio.to_thread.run_sync(_load, path)
-        now = self._clock()
-        for resource, kubelet_id, device, seen in loaded:
-            self._handed.setdefault((resource, kubelet_id), _Handed(device, now, seen))
-        self._bound()
+        self.record_loaded(loaded)
         if loaded:
             log.info("%d device(s) handed out by an earlier agent read from %s", len(loaded), path)
         written = self.version
@@ -198,6 +195,14 @@ class HandedOut:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_FINAL_WRITE_TIMEOUT):
                     await anyio.to_thread.run_sync(_write, path, self._text(), failing)
 
+    def record_loaded(self, loaded: Iterable[tuple[str, str, str, bool]]) -> None:
+        """Entries read from the file (resource, kubelet ID, device, seen), oldest first, under what was
+        recorded since; each counted from now."""
+        now = self._clock()
+        for resource, kubelet_id, device, seen in loaded:
+            self._handed.setdefault((resource, kubelet_id), _Handed(device, now, seen))
+        self._bound()
+
     def _text(self) -> str:
         entries = [
             {"resource": resource, "kubeletId": kubelet_id, "device": handed.device, "seen": handed.seen}
@@ -206,13 +211,23 @@ class HandedOut:
         return json.dumps({"version": _VERSION, "handed": entries}, separators=(",", ":"))
 
 
-def _load(path: Path) -> list[tuple[str, str, str, bool]]:
-    """The entries of the file at ``path``, oldest first; none (with one warning) when it is not one."""
+def read_handed_out(path: Path) -> HandedOut:
+    """The map as the agent's file ``path`` holds it, for ``list`` and the doctor (which never write it);
+    empty when there is none or it cannot be read."""
+    handed = HandedOut()
+    handed.record_loaded(_load(path, quiet=True))
+    return handed
+
+
+def _load(path: Path, quiet: bool = False) -> list[tuple[str, str, str, bool]]:
+    """The entries of the file at ``path``, oldest first; none (with one warning unless ``quiet``) when it is
+    not one."""
     try:
         data = _read_regular(path)
     except (OSError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        log.warning("Cannot read %s: %s; starting without what an earlier agent handed out", path, reason)
+        if not quiet:
+            log.warning("Cannot read %s: %s; starting without what an earlier agent handed out", path, reason)
         return []
     if data is None:
         return []
@@ -225,12 +240,12 @@ def _load(path: Path) -> list[tuple[str, str, str, bool]]:
             raise ValueError("handed is not a list")
         return [_entry(entry) for entry in entries]
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        reason = f"{type(exc).__name__}: {exc}"[:200]
-        log.warning(
-            "%s is not a record of handed-out devices (%s); starting without it, and replacing it",
-            path,
-            reason,
-        )
+        if not quiet:
+            log.warning(
+                "%s is not a record of handed-out devices (%s); starting without it, and replacing it",
+                path,
+                f"{type(exc).__name__}: {exc}"[:200],
+            )
         return []
 
 

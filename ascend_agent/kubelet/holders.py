@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ascend_agent.kubelet.handed_out import HandedOut
+from ascend_agent.config import Settings
+from ascend_agent.kubelet.handed_out import HANDED_OUT_FILE, HandedOut, read_handed_out
 from ascend_agent.kubelet.podresources import PodHolders
 from ascend_agent.model import Holder, Holders
 
@@ -78,6 +79,19 @@ class Holdings:
 
     def _observe(self, holders: Holders, asked_at: float) -> None:
         self.handed_out.observe(holders.by_device.keys(), asked_at)
+
+
+async def by_chip_once(settings: Settings, holders: Holders, timeout: float) -> tuple[Holders, str]:
+    """:meth:`Holdings.by_chip` once, for ``list`` and the doctor: ``holders`` read through the running (or
+    last) agent's file of what it handed out, and with ``--volcano`` the rest moved by the pods' marks (the
+    node's pods read once, each request bounded by ``timeout``); and why the marks could not be read."""
+    on_devices, others = read_handed_out(settings.effective_plugin_dir / HANDED_OUT_FILE).through(holders)
+    problem = ""
+    if settings.volcano:
+        from ascend_agent.cluster import on_mounted_chips
+
+        others, problem = await on_mounted_chips(settings, others, timeout)
+    return (_join(on_devices, others) if on_devices.by_device else others), problem
 
 
 def _join(first: Holders, second: Holders) -> Holders:

@@ -354,6 +354,18 @@ def test_a_pod_holds_the_chips_handed_over_for_its_kubelet_ids_after_the_marks_w
     finally:
         agent.close()
 
+    # `ascend-agent list` reads the agent's record too: legit on chips 6 and 7, not on the kubelet's IDs.
+    config = kubelet.directory.parent / "list.yaml"
+    config.write_text(f"kubeletDir: {kubelet.directory}\n")
+    common = ["--backend", "fake", "--pod-resources-socket", str(podresources.path), "--json"]
+    cluster = ["--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE, "--volcano"]
+    listed = run_cli("list", "--config", str(config), *common, *cluster)
+    rows = {row["id"]: row["holders"] for row in json.loads(listed.stdout)}
+    legit = [{"namespace": "team-a", "pod": "legit", "container": "main"}]
+    assert (rows["Ascend910-6"], rows["Ascend910-7"], rows["Ascend910-2"]) == (legit, legit, []), (
+        listed.stderr
+    )
+
     agent = _start(kubelet, apiserver, *args)
     try:
         _listed_by_agent(podresources)
