@@ -269,6 +269,19 @@ def test_volcano_mode_ships_the_annotation_policy() -> None:
         assert not [key for key in _render(mode) if key[0].startswith("ValidatingAdmissionPolicy")], mode
 
 
+def test_the_example_annotation_policy_is_the_charts() -> None:
+    """examples/volcano/annotation-policy.yaml, for a kubectl install, makes the chart's objects."""
+    example = _by_key(
+        _docs((ROOT / "examples" / "volcano" / "annotation-policy.yaml").read_text(encoding="utf-8"))
+    )
+    chart = {
+        key: doc for key, doc in _render("volcano").items() if key[0].startswith("ValidatingAdmissionPolicy")
+    }
+    assert set(example) == set(chart)
+    for key, doc in chart.items():
+        assert example[key]["spec"] == doc["spec"], key
+
+
 def test_dra_mode() -> None:
     docs, default = _render("dra"), _render("default")
     assert _config(docs) == _config(default) | {
