@@ -10,13 +10,13 @@ answers with those chips instead of the kubelet's IDs and marks the pod as Huawe
 Among the node's pods that a scheduler bound (condition ``PodScheduled``) and that have not started or
 begun to terminate, ask for the resource in a container limit, carry the resource's annotation with as many
 chips as the kubelet asked for, and whose ``predicate-time`` is not ``18446744073709551615`` (taken), the one
-with the smallest ``predicate-time`` gets this Allocate. A pod that cannot be the one the kubelet admits is
-skipped (one log line, one Event on that pod) and the choice moves on to the next in the same Allocate: one
-whose choice names a chip another pod holds, or one the kubelet already lists holding devices of the
-resource. Pods come from a watch (re-listed at least every :data:`RELIST_INTERVAL`); a miss, or a choice
-naming a held chip, reads the pods once from the API server, and the choice is tried 3 times 1 s apart
-before Allocate is refused (the kubelet then fails the pod: ``UnexpectedAdmissionError``). A request for
-every chip of the resource keeps the kubelet's IDs, as Huawei's plugin does.
+with the smallest ``predicate-time`` gets this Allocate. A pod whose choice names a chip another pod holds
+cannot be the one the kubelet admits: it is skipped (one log line, one Event on that pod) and the choice moves
+on to the next in the same Allocate. Pods come from a watch (re-listed at least every
+:data:`RELIST_INTERVAL`); a miss, or a choice naming a held chip, reads the pods once from the API server,
+and the choice is tried 3 times 1 s apart before Allocate is refused (the kubelet then fails the pod:
+``UnexpectedAdmissionError``). A request for every chip of the resource keeps the kubelet's IDs, as Huawei's
+plugin does.
 
 The pod is then patched (RBAC: pods list, watch, patch) with ``predicate-time: "18446744073709551615"``,
 ``huawei.com/AscendReal`` (the chips mounted), ``huawei.com/kltDev`` (the kubelet's IDs) and
@@ -53,7 +53,6 @@ from ascend_agent.cluster.volcano_marks import (
     REAL,
     TAKEN,
     VOLCANO_SCHEDULER,
-    Admitted,
     ChipHeld,
     Mounted,
     PodView,
@@ -254,9 +253,9 @@ class VolcanoPods:
         self, resource: str, count: int, choosing: _Choosing
     ) -> tuple[PodView, list[str]] | None:
         """The first pod chosen whose choice passes the checks, and its chips. A pod that cannot be the one
-        admitted (a chip another pod holds; one the kubelet lists already) is skipped and the next one tried;
-        before the first is skipped the pods are read once more, since Volcano may have seen the holder go
-        before the watch did (an outage of the watch, its back-off). A choice of a chip the node does not
+        admitted (one naming a chip another pod holds) is skipped and the next one tried; before the first is
+        skipped the pods are read once more, since Volcano may have seen the holder go before the watch did
+        (an outage of the watch, its back-off). A choice of a chip the node does not
         have, or of an Unhealthy one, refuses the Allocate. A pod skipped or refused is never chosen again."""
         while (pod := self._choose(resource, count)) is not None:
             try:
@@ -402,15 +401,6 @@ class VolcanoPods:
                     return chip, f"{holder.namespace}/{holder.pod}"
         return None
 
-    def _listed_holding(self, pod: PodView, resource: str) -> str | None:
-        """A device of ``resource`` the kubelet lists ``pod`` holding already, if any."""
-        for (held_resource, device), holders in self._kubelets().by_device.items():
-            if held_resource == resource and any(
-                (holder.namespace, holder.pod) == (pod.namespace, pod.name) for holder in holders
-            ):
-                return device
-        return None
-
     def _checked(self, pod: PodView, resource: str) -> list[str]:
         chosen = pod.chosen(resource)
         unknown = [device for device in chosen if device not in self._chips]
@@ -425,12 +415,6 @@ class VolcanoPods:
             raise ChipHeld(
                 f"pod {pod.namespace}/{pod.name} names {chip} in its {resource} annotation, which pod "
                 f"{holder} has; check who wrote that annotation (Volcano never picks a chip in use)"
-            )
-        listed = self._listed_holding(pod, resource)
-        if listed is not None:
-            raise Admitted(
-                f"pod {pod.namespace}/{pod.name} holds {listed} already, as the kubelet lists it: it was "
-                f"admitted before, yet its {PREDICATE_TIME} says it waits for chips; check who wrote it"
             )
         unhealthy = [self._chips[device] for device in chosen if not self._chips[device].healthy]
         if unhealthy:  # not taken: the kubelet rejects the pod, and its controller makes a new one

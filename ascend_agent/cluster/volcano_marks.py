@@ -49,10 +49,6 @@ class ChipHeld(Skipped):
     """Volcano's choice names a chip another pod has, as far as the cache knows."""
 
 
-class Admitted(Skipped):
-    """The kubelet already lists the pod holding devices of the resource: it was admitted before."""
-
-
 @dataclass(frozen=True, slots=True)
 class PodView:
     """What the choice needs of a pod."""

@@ -378,20 +378,6 @@ async def test_a_pod_created_on_the_node_is_never_chosen(caplog: pytest.LogCaptu
     assert pods._choose(T, 1) is None, "a pod that runs was admitted before: no Allocate is for it"
 
 
-async def test_a_pod_the_kubelet_lists_already_is_skipped() -> None:
-    """A pod the kubelet lists holding a chip of the resource was admitted before: its predicate-time written
-    back to a number does not make the next Allocate its own."""
-    mounted = MountedChips()
-    mounted.kubelet_holders = lambda: Holders({(T, "Ascend910-5"): (Holder("team-b", "again", "main"),)})
-    pods = VolcanoPods(mounted=mounted, tries=1)
-    pods.observe(_eight_chips())
-    pods._first_read.set()
-    pods._store(PodView("team-b", "again", "uid-again", {T: "Ascend910-6", PT: "1"}, {T: 1}))
-    pods._store(_placed("legit", "Ascend910-7", "100"))
-    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-7"]]
-    assert "uid-again" in pods._refused
-
-
 async def test_a_held_chip_is_free_again_once_its_pod_ended_or_went() -> None:
     pods = VolcanoPods()
     pods.observe(_eight_chips())
