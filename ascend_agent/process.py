@@ -159,6 +159,7 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
     if mounted is not None:
         view = mounted
         view.kubelet_holders = holdings.by_chip
+        view.refresh_kubelet_holders = pods.refresh
         view.handed = holdings.handed_out.pairs
 
         def listed(resource: str, devices: dict[str, Chip]) -> dict[str, Chip] | None:

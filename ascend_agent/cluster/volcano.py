@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import heapq
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -117,8 +117,8 @@ class _Patches:
 
 @dataclass(slots=True)
 class _Choosing:
-    """One Allocate's choice: whether it read the pods already (once per Allocate), and why pods were
-    skipped."""
+    """One Allocate's choice: whether it read the pods (and asked PodResources) again already, once per
+    Allocate; and why pods were skipped."""
 
     read: bool = False
     skipped: list[str] = field(default_factory=list)
@@ -130,6 +130,7 @@ class MountedView(Protocol):
     kubelet's IDs)."""
 
     kubelet_holders: Callable[[], Holders]
+    refresh_kubelet_holders: Callable[[], Awaitable[object]]
 
     def update(self, mounted: Iterable[Mounted]) -> None:
         """The pods that got Volcano's choice now."""
@@ -253,10 +254,12 @@ class VolcanoPods:
         self, resource: str, count: int, choosing: _Choosing
     ) -> tuple[PodView, list[str]] | None:
         """The first pod chosen whose choice passes the checks, and its chips. A pod that cannot be the one
-        admitted (one naming a chip another pod holds) is skipped and the next one tried; before the first is
-        skipped the pods are read once more, since Volcano may have seen the holder go before the watch did
-        (an outage of the watch, its back-off). A choice of a chip the node does not
-        have, or of an Unhealthy one, refuses the Allocate. A pod skipped or refused is never chosen again."""
+        admitted (one naming a chip another pod holds, or one the kubelet lists holding that chip already) is
+        skipped and the next one tried; before the first is skipped the pods are read once more and
+        PodResources asked again, since Volcano may have seen the holder go before the watch did (an outage
+        of the watch, its back-off), and a pod made again under the name of one that went is not that one.
+        A choice of a chip the node does not have, or of an Unhealthy one, refuses the Allocate. A pod skipped
+        or refused is never chosen again."""
         while (pod := self._choose(resource, count)) is not None:
             try:
                 return pod, self._checked(pod, resource)
@@ -264,6 +267,8 @@ class VolcanoPods:
                 if not choosing.read:
                     choosing.read = True
                     await self._read_pods()
+                    if self._mounted is not None:
+                        await self._mounted.refresh_kubelet_holders()
                     continue  # chosen again from what was read
                 self._skip(pod, str(skipped))
                 choosing.skipped.append(str(skipped))
@@ -383,10 +388,11 @@ class VolcanoPods:
         """The kubelet's PodResources view, by the chips handed over for its IDs."""
         return self._mounted.kubelet_holders() if self._mounted is not None else Holders()
 
-    def _holder(self, pod: PodView, resource: str, chips: Sequence[str]) -> tuple[str, str] | None:
+    def _holder(self, pod: PodView, resource: str, chips: Sequence[str]) -> tuple[str, str | None] | None:
         """Another pod that has one of ``chips``: one this agent gave it to (or an earlier agent, by the
         pod's marks), or one the kubelet's PodResources lists on it (read through what each Allocate handed
-        over for the kubelet's IDs): the chip and that pod; None when they are free."""
+        over for the kubelet's IDs), ``pod`` itself included: the chip and that pod (None: ``pod``); None
+        when they are free."""
         for chip in chips:
             for uid in self._on_chip.get((resource, chip), ()):
                 if uid != pod.uid:
@@ -396,9 +402,10 @@ class VolcanoPods:
         for chip in chips:
             for holder in kubelets.by_device.get((resource, chip), ()):
                 found = self._names.get((holder.namespace, holder.pod))
-                # Only a pod still here: PodResources may not have caught up with one that went.
-                if found is not None and found != pod.uid:
-                    return chip, f"{holder.namespace}/{holder.pod}"
+                # Only a pod still here: PodResources may not have caught up with one that went. The pod
+                # itself holding it was admitted already (its marks went elsewhere): no pod waiting for chips.
+                if found is not None:
+                    return chip, f"{holder.namespace}/{holder.pod}" if found != pod.uid else None
         return None
 
     def _checked(self, pod: PodView, resource: str) -> list[str]:
@@ -412,6 +419,11 @@ class VolcanoPods:
         held = self._holder(pod, resource, chosen)
         if held is not None:
             chip, holder = held
+            if holder is None:
+                raise ChipHeld(
+                    f"pod {pod.namespace}/{pod.name} holds {chip} already, as the kubelet lists it: it was "
+                    f"admitted before, and its {PREDICATE_TIME} says otherwise; check who wrote it"
+                )
             raise ChipHeld(
                 f"pod {pod.namespace}/{pod.name} names {chip} in its {resource} annotation, which pod "
                 f"{holder} has; check who wrote that annotation (Volcano never picks a chip in use)"

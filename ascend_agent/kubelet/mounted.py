@@ -23,7 +23,7 @@ more.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ascend_agent.model import Chip, Holders
@@ -72,6 +72,8 @@ class MountedChips:
         # The kubelet's PodResources view by the chips really handed over, which the agent keeps: the cluster
         # side skips a choice naming a chip another pod holds.
         self.kubelet_holders: Callable[[], Holders] = Holders
+        # Asks the kubelet's PodResources again, now (before a choice is skipped on its word).
+        self.refresh_kubelet_holders: Callable[[], Awaitable[object]] = _asked
         # (the kubelet's ID, the device an Allocate handed over for it) of a resource, newest first.
         self.handed: Callable[[str], Iterable[tuple[str, str]]] = lambda resource: ()
         self._mounted: tuple[Mounted, ...] = ()
@@ -116,6 +118,10 @@ class MountedChips:
             if not answering or pod not in self._listed_before or _held(pod, holders):
                 live.append(pod)
         return live
+
+
+async def _asked() -> None:
+    """No PodResources to ask."""
 
 
 def _held(pod: Mounted, holders: Holders) -> bool:

@@ -350,6 +350,7 @@ def test_a_pod_holds_the_chips_handed_over_for_its_kubelet_ids_after_the_marks_w
             _allocate(kubelet, ["Ascend910-4", "Ascend910-5"])
         assert "pod team-b/thief-2 names Ascend910-6" in str(refused.value.details())
         assert "which pod team-a/legit has" in str(refused.value.details())
+        assert "pod team-a/legit holds Ascend910-6 already" in str(refused.value.details()), "admitted before"
         assert agent.terminate(timeout=20)[0] == 0
     finally:
         agent.close()

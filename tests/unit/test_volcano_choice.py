@@ -378,6 +378,36 @@ async def test_a_pod_created_on_the_node_is_never_chosen(caplog: pytest.LogCaptu
     assert pods._choose(T, 1) is None, "a pod that runs was admitted before: no Allocate is for it"
 
 
+@pytest.mark.parametrize(
+    "still_listed", [True, False], ids=["admitted before", "a pod of that name that went"]
+)
+async def test_a_pod_the_kubelet_lists_on_its_own_chips_is_asked_about_again_then_skipped(
+    still_listed: bool,
+) -> None:
+    """PodResources lists ``job-0`` on chip 3 (the Allocate for its kubelet's ID handed chip 3 over, the marks
+    went elsewhere): such a pod was admitted before, and the next Allocate is not its own. Or the answer is
+    older than the pod: a ``job-0`` that went, and Volcano made again under that name. PodResources is asked
+    again before the pod is skipped."""
+    listed = Holders({(T, "Ascend910-3"): (Holder("team-a", "job-0", "main"),)})
+    answers = [listed if still_listed else Holders()]
+    mounted = MountedChips()
+    mounted.kubelet_holders = lambda: listed
+
+    async def ask_again() -> None:
+        nonlocal listed
+        listed = answers.pop()
+
+    mounted.refresh_kubelet_holders = ask_again
+    pods = VolcanoPods(mounted=mounted, tries=1)
+    pods.observe(_eight_chips())
+    pods._first_read.set()
+    pods._store(_placed("job-0", "Ascend910-3", "100"))
+    pods._store(_placed("later", "Ascend910-4", "200"))
+    got = await pods.remap(T, [["Ascend910-1"]])
+    assert answers == [], "PodResources asked again"
+    assert got == ([["Ascend910-4"]] if still_listed else [["Ascend910-3"]])
+
+
 async def test_a_held_chip_is_free_again_once_its_pod_ended_or_went() -> None:
     pods = VolcanoPods()
     pods.observe(_eight_chips())
