@@ -158,7 +158,9 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
     listed = None
     if mounted is not None:
         view = mounted
-        view.kubelet_holders = lambda: pods.holders
+        view.kubelet_holders = holdings.by_chip
+        view.refresh_kubelet_holders = pods.refresh
+        view.handed = holdings.handed_out.pairs
 
         def listed(resource: str, devices: dict[str, Chip]) -> dict[str, Chip] | None:
             return view.listed(resource, devices, pods.holders, pods.error is None)

@@ -37,6 +37,7 @@ from ascend_agent.kubelet.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.kubelet.deviceplugin.plugins import DevicePlugins
 from ascend_agent.kubelet.deviceplugin.transport import is_socket_name
 from ascend_agent.kubelet.dirs import waiting_reason
+from ascend_agent.kubelet.handed_out import HANDED_OUT_FILE
 from ascend_agent.kubelet.holders import Holdings
 from ascend_agent.kubelet.podresources import PodHolders
 from ascend_agent.live_settings import SettingsChange, log_configuration
@@ -204,6 +205,9 @@ class Agent:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
                 await tasks.start(self.endpoint.run, name="http")
+                if self.dra is None:  # read before the first Allocate, written after each
+                    where = self.settings.effective_plugin_dir / HANDED_OUT_FILE
+                    await tasks.start(self.holdings.handed_out.keep, where, name="handed out")
                 await tasks.start(self.plugins.run, name="plugins")
                 if self.cluster is not None:
                     tasks.start_soon(self._run_cluster, name="cluster")

@@ -148,7 +148,8 @@ _REAL_CONTAINER = container_base(
 
 
 def _volcano_pod(n: int, node: str) -> dict[str, Any]:
-    """A pod Volcano placed on ``node``: two chips (those of pod ``n - 32`` again), its own predicate-time."""
+    """A pod Volcano placed on ``node`` (bound: PodScheduled): two chips (those of pod ``n - 32`` again), its
+    own predicate-time."""
     chips = f"Ascend910-{2 * n % _VOLCANO_CHIPS},Ascend910-{(2 * n + 1) % _VOLCANO_CHIPS}"
     return {
         "apiVersion": "v1",
@@ -166,6 +167,7 @@ def _volcano_pod(n: int, node: str) -> dict[str, Any]:
                 {"name": "main", "image": "x", "resources": {"limits": {"huawei.com/Ascend910": "2"}}}
             ],
         },
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]},
     }
 
 

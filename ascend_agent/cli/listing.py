@@ -12,6 +12,7 @@ from typing import Any
 
 from ascend_agent.backends import discover_once
 from ascend_agent.config import DEFAULT_POD_RESOURCES_SOCKET, Settings
+from ascend_agent.kubelet.holders import by_chip_once
 from ascend_agent.kubelet.podresources import PodResourcesError, list_holders
 from ascend_agent.model import Chip, Holder, Holders, Inventory
 from ascend_agent.observability.chipstate import AgentView, ask_agent
@@ -154,11 +155,7 @@ async def _with_holders(settings: Settings) -> tuple[Inventory, Holders, str | N
         holders = await list_holders(settings.pod_resources_socket)
     except PodResourcesError as exc:
         return inventory, Holders(), f"cannot tell which pod holds which chip: {exc}"
-    if not settings.volcano:
-        return inventory, holders, None
-    from ascend_agent.cluster import on_mounted_chips
-
-    holders, problem = await on_mounted_chips(settings, holders, _LIST_API_TIMEOUT)
+    holders, problem = await by_chip_once(settings, holders, _LIST_API_TIMEOUT)
     return inventory, holders, f"holders by the kubelet's IDs: {problem}" if problem else None
 
 

@@ -135,7 +135,8 @@ def _features(
     from ascend_agent.cluster.events import NodeEvents
     from ascend_agent.cluster.labels import NodeLabels
 
-    features: list[Feature] = [NodeLabels(replicas), NodeEvents()]
+    events = NodeEvents()
+    features: list[Feature] = [NodeLabels(replicas), events]
     if settings.hot_reset != "off":
         from ascend_agent.cluster.resetinfo import ResetInfoAnnotation
 
@@ -151,7 +152,9 @@ def _features(
     if settings.volcano:
         from ascend_agent.cluster.volcano import VolcanoPods
 
-        features.append(VolcanoPods(mounted=mounted, scheduler=settings.volcano_scheduler_name))
+        features.append(
+            VolcanoPods(mounted=mounted, scheduler=settings.volcano_scheduler_name, events=events.note_pod)
+        )
 
     features.extend(make() for make in more)
     return features
@@ -159,8 +162,8 @@ def _features(
 
 def volcano_remapper(side: ClusterSide | None, settings: Settings) -> VolcanoRemapper | None:
     """``--volcano``: the call that gives Allocate the chips Volcano chose (see :mod:`.volcano`); None when
-    it is off. The features load after the agent starts: until then the call refuses, and the kubelet
-    retries."""
+    it is off. The features load after the agent starts: until then the call refuses (the kubelet fails the
+    pod, whose controller makes it again)."""
     if side is None or not settings.volcano:
         return None
 
@@ -172,7 +175,7 @@ def volcano_remapper(side: ClusterSide | None, settings: Settings) -> VolcanoRem
         if pods is None:
             raise LookupError(
                 f"the cluster side has not started within {_STARTING_WAIT:g} s: Volcano's choice of chips is "
-                "not known yet; the kubelet retries"
+                "not known yet; the kubelet fails the pod"
             )
         return await pods.remap(resource, containers)
 

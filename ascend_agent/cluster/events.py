@@ -11,10 +11,11 @@ name, when it turns Unhealthy for it or its class changes, a chip that stays Hea
 ``NPUHealthy`` (Normal), ``NPUNetworkUnhealthy`` (Warning: the chip's RoCE link is down past the debounce),
 ``NPUNetworkHealthy`` (Normal: it is up again), ``NPUAddressChanged`` (Warning: a chip's device IP or vNIC IP
 is not the one it had: the pods placed before keep the old one in their configuration); others raise their
-own through ``note`` (the DRA driver's ``DRACheckpointUnusable``, by way of ``ClusterSide.event``). One Event
-object per chip (or subject) and reason while its message stays the same; an Event is written at once the
-first time, and its repeats, or a new message for the same chip and reason, at most once per ``min_interval``
-(30 s), so a chip that flaps 100 times a minute costs a handful of writes, not hundreds.
+own through ``note`` (the DRA driver's ``DRACheckpointUnusable``, by way of ``ClusterSide.event``), and on
+a pod through ``note_pod`` (``--volcano``'s ``NPUChoiceSkipped``: one Event per pod, in its namespace). One
+Event object per chip (or subject) and reason while its message stays the same; an Event is written at once
+the first time, and its repeats, or a new message for the same chip and reason, at most once per
+``min_interval`` (30 s), so a chip that flaps 100 times a minute costs a handful of writes, not hundreds.
 RBAC: events create, patch.
 """
 
@@ -47,6 +48,8 @@ UNHEALTHY, HELD, HEALTHY = "NPUUnhealthy", "NPUHeld", "NPUHealthy"
 NETWORK_UNHEALTHY, NETWORK_HEALTHY = "NPUNetworkUnhealthy", "NPUNetworkHealthy"
 ADDRESS_CHANGED = "NPUAddressChanged"
 MIN_INTERVAL = 30.0
+# Events on pods waiting to be written (the API server down) beyond this many: the oldest are dropped.
+MAX_POD_EVENTS = 256
 
 
 @dataclass(slots=True)
@@ -61,6 +64,7 @@ class _Record:
     first: datetime
     last: datetime
     name: str | None = None  # set once created
+    pod: tuple[str, str, str] | None = None  # (namespace, name, uid) of the pod it is about; else the Node
     written_count: int = 0
     next_write: float = 0.0  # monotonic time before which repeats (and a new message of the same reason) wait
 
@@ -163,6 +167,18 @@ class NodeEvents:
             record.last = now
         self._wake.set()
 
+    def note_pod(self, kind: str, reason: str, namespace: str, name: str, uid: str, message: str) -> None:
+        """An Event of ``kind`` on the pod ``namespace/name`` (``uid``), written once by the own task and
+        then forgotten."""
+        now = datetime.now(UTC).replace(microsecond=0)
+        key = (f"pod {namespace}/{name}", reason)
+        self._records.pop(key, None)
+        self._records[key] = _Record(kind, reason, key[0], message, 1, now, now, pod=(namespace, name, uid))
+        waiting = [key for key, record in self._records.items() if record.pod is not None]
+        for dropped in waiting[: max(0, len(waiting) - MAX_POD_EVENTS)]:
+            del self._records[dropped]
+        self._wake.set()
+
     # writing it -----------------------------------------------------------------------------------------
     async def run(self, api: KubeApi) -> None:
         backoff = api_backoff()
@@ -195,10 +211,13 @@ class NodeEvents:
                 )
                 record.written_count = record.count
             record.next_write = time.monotonic() + self._min_interval
+            if record.pod is not None:  # said once: the pod is never skipped again
+                self._records.pop((record.device, record.reason), None)
         return wait
 
     async def _write(self, api: KubeApi, record: _Record) -> None:
         count = record.count
+        namespace = record.pod[0] if record.pod is not None else NAMESPACE
         if record.name is not None:
             patch = {"count": count, "lastTimestamp": _time(record.last), "message": record.message}
             try:
@@ -206,7 +225,7 @@ class NodeEvents:
                     "patch",
                     "events",
                     api.client.patch(
-                        Event, record.name, patch, namespace=NAMESPACE, patch_type=PatchType.MERGE
+                        Event, record.name, patch, namespace=namespace, patch_type=PatchType.MERGE
                     ),
                 )
                 record.written_count = count
@@ -215,17 +234,25 @@ class NodeEvents:
                 if exc.status.code != 404:
                     raise
                 # expired (the API server keeps Events for an hour) or deleted: a new one takes its count
-        name = object_name(f"{api.node}.{time.time_ns():x}")
+        about = record.pod[1] if record.pod is not None else api.node
+        name = object_name(f"{about}.{time.time_ns():x}")
         # The namespace is the Event's own (metadata.namespace).
-        await api.call("create", "events", api.client.create(self._event(api.node, name, record)))
+        await api.call("create", "events", api.client.create(self._event(api.node, name, namespace, record)))
         record.name, record.written_count = name, count
 
     @staticmethod
-    def _event(node: str, name: str, record: _Record) -> Event:
-        return Event(
-            metadata=ObjectMeta(name=name, namespace=NAMESPACE),
+    def _event(node: str, name: str, namespace: str, record: _Record) -> Event:
+        if record.pod is not None:
+            pod_namespace, pod_name, uid = record.pod
+            involved = ObjectReference(
+                kind="Pod", namespace=pod_namespace, name=pod_name, uid=uid, apiVersion="v1"
+            )
+        else:
             # The kubelet gives its Node the node name as UID; `kubectl describe node` looks for that.
-            involvedObject=ObjectReference(kind="Node", name=node, uid=node, apiVersion="v1"),
+            involved = ObjectReference(kind="Node", name=node, uid=node, apiVersion="v1")
+        return Event(
+            metadata=ObjectMeta(name=name, namespace=namespace),
+            involvedObject=involved,
             type=record.type,
             reason=record.reason,
             message=record.message,

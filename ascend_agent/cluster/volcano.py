@@ -7,12 +7,16 @@ answers with those chips instead of the kubelet's IDs and marks the pod as Huawe
     tasks.start_soon(pods.run, api)                  # the node's pods, watched; the pods' patches
     await pods.remap("huawei.com/Ascend910", [["Ascend910-0", "Ascend910-1"]])   # [["Ascend910-3", ...]]
 
-Among the node's pods that are not terminating, ask for the resource in a container limit, carry the
-resource's annotation with as many chips as the kubelet asked for, and whose ``predicate-time`` is not
-``18446744073709551615`` (taken), the one with the smallest ``predicate-time`` gets this Allocate. Pods come
-from a watch (re-listed at least every :data:`RELIST_INTERVAL`); a miss reads the pods once from the API
-server, and the choice is tried 3 times 1 s apart before Allocate is refused (the kubelet retries the pod).
-A request for every chip of the resource keeps the kubelet's IDs, as Huawei's plugin does.
+Among the node's pods that a scheduler bound (condition ``PodScheduled``) and that have not started or
+begun to terminate, ask for the resource in a container limit, carry the resource's annotation with as many
+chips as the kubelet asked for, and whose ``predicate-time`` is not ``18446744073709551615`` (taken), the one
+with the smallest ``predicate-time`` gets this Allocate. A pod whose choice names a chip another pod holds
+cannot be the one the kubelet admits: it is skipped (one log line, one Event on that pod) and the choice moves
+on to the next in the same Allocate. Pods come from a watch (re-listed at least every
+:data:`RELIST_INTERVAL`); a miss, or a choice naming a held chip, reads the pods once from the API server,
+and the choice is tried 3 times 1 s apart before Allocate is refused (the kubelet then fails the pod:
+``UnexpectedAdmissionError``). A request for every chip of the resource keeps the kubelet's IDs, as Huawei's
+plugin does.
 
 The pod is then patched (RBAC: pods list, watch, patch) with ``predicate-time: "18446744073709551615"``,
 ``huawei.com/AscendReal`` (the chips mounted), ``huawei.com/kltDev`` (the kubelet's IDs) and
@@ -26,7 +30,7 @@ from __future__ import annotations
 import functools
 import heapq
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,6 +56,7 @@ from ascend_agent.cluster.volcano_marks import (
     ChipHeld,
     Mounted,
     PodView,
+    Skipped,
     choose,
     configuration,
     follow_mounted,
@@ -68,6 +73,14 @@ TRY_INTERVAL = 1.0
 RELIST_INTERVAL = 60
 # A cache miss reads the pods once; it waits at most this long for them.
 MISS_READ_TIMEOUT = 2.0
+
+# The Event on a pod skipped by a choice (Warning).
+SKIPPED_REASON = "NPUChoiceSkipped"
+# The reasons the refusal of an Allocate names at most.
+_SHOWN_SKIPPED = 3
+
+# (kind, reason, namespace, name, uid, message): an Event on a pod (NodeEvents.note_pod).
+PodEvents = Callable[[str, str, str, str, str, str], None]
 
 CHIPS_TAKEN = Gauge(
     "ascend_agent_volcano_chips_taken",
@@ -102,11 +115,22 @@ class _Patches:
         self.wake.set()
 
 
+@dataclass(slots=True)
+class _Choosing:
+    """One Allocate's choice: whether it read the pods (and asked PodResources) again already, once per
+    Allocate; and why pods were skipped."""
+
+    read: bool = False
+    skipped: list[str] = field(default_factory=list)
+
+
 class MountedView(Protocol):
     """Who is told what the pods got (the kubelet side's ``MountedChips``), and who knows the kubelet's own
-    view of which pod holds which of its IDs."""
+    view of which pod holds which chip (PodResources read through what each Allocate handed over for the
+    kubelet's IDs)."""
 
     kubelet_holders: Callable[[], Holders]
+    refresh_kubelet_holders: Callable[[], Awaitable[object]]
 
     def update(self, mounted: Iterable[Mounted]) -> None:
         """The pods that got Volcano's choice now."""
@@ -122,11 +146,13 @@ class VolcanoPods:
         try_interval: float = TRY_INTERVAL,
         mounted: MountedView | None = None,
         scheduler: str = VOLCANO_SCHEDULER,
+        events: PodEvents | None = None,
     ) -> None:
         # Told what the pods got whenever it may have changed: the health the kubelet sees follows it. Its
-        # ``kubelet_holders`` is the kubelet's PodResources view (by the kubelet's IDs).
+        # ``kubelet_holders`` is the kubelet's PodResources view, by the chips handed over.
         self._mounted = mounted
         self._scheduler = scheduler
+        self._events = events
         self._mounted_told = True  # False while what the pods got changed since MountedChips was told
         self._tries = tries
         self._try_interval = try_interval
@@ -142,6 +168,7 @@ class VolcanoPods:
         self._marks: dict[str, Mounted] | None = None
         self._refused: set[str] = set()  # pods whose choice was refused once: never chosen again
         self._ignored: set[str] = set()  # pods with a predicate-time that is none (logged once)
+        self._unbound: set[str] = set()  # pods naming chips that no scheduler bound (logged once)
         self._unreadable: set[str] = set()  # pods of the last list that could not be decoded (logged once)
         # (resource, chips) -> a heap of (predicate-time, namespace, name, uid) of the pods that may want
         # them; entries of pods since changed, taken or gone are dropped when they come to the top.
@@ -196,51 +223,79 @@ class VolcanoPods:
     async def _one(self, resource: str, kubelet_ids: list[str]) -> list[str]:
         count = len(kubelet_ids)
         whole_node = count >= sum(chip.resource == resource for chip in self._chips.values())
-        pod = self._choose(resource, count)
-        if pod is None and not whole_node:
-            await self._read_pods()
-            for attempt in range(self._tries):
-                pod = self._choose(resource, count)
-                if pod is not None or attempt == self._tries - 1:
-                    break
-                await anyio.sleep(self._try_interval)
         if whole_node:
-            real = kubelet_ids
-        elif pod is None:
-            raise LookupError(self._no_pod(resource, count))
+            pod, real = self._choose(resource, count), kubelet_ids
         else:
-            pod, real = await self._accepted(pod, resource, count)
+            pod, real = await self._chosen(resource, count)
         if pod is not None:
             self._take(pod, resource, real, kubelet_ids)
         return real
 
-    async def _accepted(self, pod: PodView, resource: str, count: int) -> tuple[PodView, list[str]]:
-        """The pod this Allocate is for and its chips, checked; a pod refused is never chosen again (a bad
-        choice must not hold up the Allocates after it). A chip another pod holds is checked again after the
-        pods are read once more: Volcano may have seen that pod go before the watch did (an outage of the
-        watch, its back-off). Another Allocate may have taken the pod meanwhile: the choice is made again."""
-        try:
-            return pod, self._checked(pod, resource)
-        except ChipHeld:
-            await self._read_pods()
-        except LookupError:
-            self._refused.add(pod.uid)
-            raise
-        again = self._choose(resource, count)
-        if again is None:
-            raise LookupError(self._no_pod(resource, count))
-        try:
-            return again, self._checked(again, resource)
-        except LookupError:
-            self._refused.add(again.uid)
-            raise
+    async def _chosen(self, resource: str, count: int) -> tuple[PodView, list[str]]:
+        """The pod this Allocate is for and its chips: the first pod in ``predicate-time`` order that can be
+        it. A miss reads the pods once, then tries :attr:`_tries` times; LookupError, naming what was
+        skipped, when none is found."""
+        choosing = _Choosing()
+        found = await self._first_acceptable(resource, count, choosing)
+        if found is None:
+            if not choosing.read:
+                choosing.read = True
+                await self._read_pods()
+            for attempt in range(self._tries):
+                found = await self._first_acceptable(resource, count, choosing)
+                if found is not None or attempt == self._tries - 1:
+                    break
+                await anyio.sleep(self._try_interval)
+        if found is None:
+            raise LookupError(self._no_pod(resource, count, choosing.skipped))
+        return found
 
-    def _no_pod(self, resource: str, count: int) -> str:
-        return (
+    async def _first_acceptable(
+        self, resource: str, count: int, choosing: _Choosing
+    ) -> tuple[PodView, list[str]] | None:
+        """The first pod chosen whose choice passes the checks, and its chips. A pod that cannot be the one
+        admitted (one naming a chip another pod holds, or one the kubelet lists holding that chip already) is
+        skipped and the next one tried; before the first is skipped the pods are read once more and
+        PodResources asked again, since Volcano may have seen the holder go before the watch did (an outage
+        of the watch, its back-off), and a pod made again under the name of one that went is not that one.
+        A choice of a chip the node does not have, or of an Unhealthy one, refuses the Allocate. A pod skipped
+        or refused is never chosen again."""
+        while (pod := self._choose(resource, count)) is not None:
+            try:
+                return pod, self._checked(pod, resource)
+            except Skipped as skipped:
+                if not choosing.read:
+                    choosing.read = True
+                    await self._read_pods()
+                    if self._mounted is not None:
+                        await self._mounted.refresh_kubelet_holders()
+                    continue  # chosen again from what was read
+                self._skip(pod, str(skipped))
+                choosing.skipped.append(str(skipped))
+            except LookupError:
+                self._refused.add(pod.uid)
+                raise
+        return None
+
+    def _skip(self, pod: PodView, why: str) -> None:
+        """``pod`` is not the one this Allocate is for, and never will be: said once, in the log and in an
+        Event on the pod."""
+        self._refused.add(pod.uid)
+        log.warning("Pod %s/%s is skipped: %s", pod.namespace, pod.name, why)
+        if self._events is not None:
+            self._events("Warning", SKIPPED_REASON, pod.namespace, pod.name, pod.uid, f"Skipped: {why}")
+
+    def _no_pod(self, resource: str, count: int, skipped: Sequence[str] = ()) -> str:
+        refused = (
             f"no pod on this node placed by Volcano asks for {count} {resource} "
-            f"(annotation {resource} with {count} chips, {PREDICATE_TIME} not taken) after {self._tries} "
-            "tries; the kubelet retries. Check that Volcano schedules the pod (schedulerName: volcano)"
+            f"(annotation {resource} with {count} chips, {PREDICATE_TIME} not taken, bound by the scheduler) "
+            f"after {self._tries} tries; the kubelet fails the pod. Check that Volcano schedules the pod "
+            "(schedulerName: volcano)"
         )
+        if not skipped:
+            return refused
+        more = f" and {len(skipped) - _SHOWN_SKIPPED} more" if len(skipped) > _SHOWN_SKIPPED else ""
+        return f"{refused}; skipped: {'; '.join(skipped[:_SHOWN_SKIPPED])}{more}"
 
     def _choose(self, resource: str, count: int) -> PodView | None:
         """:func:`choose` over the cache, from the index: no scan of every pod on an Allocate."""
@@ -280,6 +335,14 @@ class VolcanoPods:
             )
         if pod.predicate_time is None or pod.terminating or pod.scheduler != self._scheduler:
             return
+        if not pod.bound and pod.uid not in self._unbound and any(pod.chosen(r) for r in pod.limits):
+            self._unbound.add(pod.uid)
+            log.warning(
+                "Pod %s/%s is ignored: it names chips but no scheduler bound it (it was created on the "
+                "node); Volcano binds the pods it places",
+                pod.namespace,
+                pod.name,
+            )
         for resource, asked in pod.limits.items():
             count = len(pod.chosen(resource))
             if asked <= 0 or not count:
@@ -294,6 +357,7 @@ class VolcanoPods:
         taken = self._taken.pop(uid, None)
         self._refused.discard(uid)
         self._ignored.discard(uid)
+        self._unbound.discard(uid)
         if pod is None and taken is None:  # a pod of another node, or one already gone
             return
         if pod is not None and self._names.get((pod.namespace, pod.name)) == uid:
@@ -320,22 +384,28 @@ class VolcanoPods:
                 self._on_chip.setdefault((mounted.resource, chip), set()).add(uid)
         CHIPS_TAKEN.set(len(self._on_chip))
 
-    def _holder(self, pod: PodView, resource: str, chips: Sequence[str]) -> tuple[str, str] | None:
+    def _kubelets(self) -> Holders:
+        """The kubelet's PodResources view, by the chips handed over for its IDs."""
+        return self._mounted.kubelet_holders() if self._mounted is not None else Holders()
+
+    def _holder(self, pod: PodView, resource: str, chips: Sequence[str]) -> tuple[str, str | None] | None:
         """Another pod that has one of ``chips``: one this agent gave it to (or an earlier agent, by the
-        pod's marks), or one the kubelet's PodResources lists under it (a pod without Volcano's choice, whose
-        kubelet's IDs are its chips): the chip and that pod; None when they are free."""
+        pod's marks), or one the kubelet's PodResources lists on it (read through what each Allocate handed
+        over for the kubelet's IDs), ``pod`` itself included: the chip and that pod (None: ``pod``); None
+        when they are free."""
         for chip in chips:
             for uid in self._on_chip.get((resource, chip), ()):
                 if uid != pod.uid:
                     other = self._mounts[uid]
                     return chip, f"{other.namespace}/{other.pod}"
-        kubelets = self._mounted.kubelet_holders() if self._mounted is not None else Holders()
+        kubelets = self._kubelets()
         for chip in chips:
             for holder in kubelets.by_device.get((resource, chip), ()):
                 found = self._names.get((holder.namespace, holder.pod))
-                # Only a pod still here: PodResources may not have caught up with one that went.
-                if found is not None and found != pod.uid and found not in self._mounts:
-                    return chip, f"{holder.namespace}/{holder.pod}"
+                # Only a pod still here: PodResources may not have caught up with one that went. The pod
+                # itself holding it was admitted already (its marks went elsewhere): no pod waiting for chips.
+                if found is not None:
+                    return chip, f"{holder.namespace}/{holder.pod}" if found != pod.uid else None
         return None
 
     def _checked(self, pod: PodView, resource: str) -> list[str]:
@@ -349,9 +419,14 @@ class VolcanoPods:
         held = self._holder(pod, resource, chosen)
         if held is not None:
             chip, holder = held
+            if holder is None:
+                raise ChipHeld(
+                    f"pod {pod.namespace}/{pod.name} holds {chip} already, as the kubelet lists it: it was "
+                    f"admitted before, and its {PREDICATE_TIME} says otherwise; check who wrote it"
+                )
             raise ChipHeld(
                 f"pod {pod.namespace}/{pod.name} names {chip} in its {resource} annotation, which pod "
-                f"{holder} has: refused; check who wrote that annotation (Volcano never picks a chip in use)"
+                f"{holder} has; check who wrote that annotation (Volcano never picks a chip in use)"
             )
         unhealthy = [self._chips[device] for device in chosen if not self._chips[device].healthy]
         if unhealthy:  # not taken: the kubelet rejects the pod, and its controller makes a new one
@@ -429,6 +504,7 @@ class VolcanoPods:
             self._store(pod)  # one that ended is forgotten, taken or not
         self._refused &= self._pods.keys()
         self._ignored &= self._pods.keys()
+        self._unbound &= self._pods.keys()
         CHIPS_TAKEN.set(len(self._on_chip))
         self._tell_mounted()
         return version

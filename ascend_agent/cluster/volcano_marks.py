@@ -41,7 +41,11 @@ REAL = "huawei.com/AscendReal"
 KUBELET_IDS = "huawei.com/kltDev"
 
 
-class ChipHeld(LookupError):
+class Skipped(LookupError):
+    """The pod cannot be the one the kubelet admits: the choice moves on to the next pod."""
+
+
+class ChipHeld(Skipped):
     """Volcano's choice names a chip another pod has, as far as the cache knows."""
 
 
@@ -57,6 +61,10 @@ class PodView:
     terminating: bool = False  # being deleted, or ended
     scheduler: str = VOLCANO_SCHEDULER  # spec.schedulerName
     ended: bool = False  # Succeeded or Failed: the kubelet freed its chips
+    # A scheduler bound it: the condition PodScheduled, which the API server sets as it takes a Binding (the
+    # way Volcano binds), not a pod created with its node already named.
+    bound: bool = True
+    pending: bool = True  # phase Pending: the kubelet admits a pod before it runs
     # Volcano's ``predicate-time``; None when it is missing, says taken, or is not a predicate time.
     predicate_time: int | None = field(init=False)
 
@@ -77,6 +85,7 @@ class PodView:
                     continue
         phase = pod.status.phase if pod.status else None
         ended = phase in ("Succeeded", "Failed")
+        conditions = (pod.status.conditions if pod.status else None) or []
         return cls(
             namespace=meta.namespace or "",
             name=meta.name or "",
@@ -86,6 +95,8 @@ class PodView:
             terminating=meta.deletionTimestamp is not None or ended,
             scheduler=(pod.spec.schedulerName if pod.spec else None) or DEFAULT_SCHEDULER,
             ended=ended,
+            bound=any(c.type == "PodScheduled" and c.status == "True" for c in conditions),
+            pending=phase in (None, "", "Pending"),
         )
 
     def chosen(self, resource: str) -> list[str]:
@@ -176,14 +187,15 @@ def choose(
     scheduler: str = VOLCANO_SCHEDULER,
 ) -> PodView | None:
     """The pod this Allocate of ``count`` chips of ``resource`` is for: among the pods ``scheduler`` placed
-    that ask for ``count`` chips and whose choice names as many, the smallest ``predicate-time``. Pods
-    whose uid is in ``skipped`` (taken, or refused once) are left out.
+    (and a scheduler bound) that have not started, ask for ``count`` chips and whose choice names as many, the
+    smallest ``predicate-time``. Pods whose uid is in ``skipped`` (taken, or refused once) are left out.
 
     >>> T = "huawei.com/Ascend910"
     >>> a = PodView("ns", "a", "1", {T: "Ascend910-3", "predicate-time": "20"}, {T: 1})
     >>> b = PodView("ns", "b", "2", {T: "Ascend910-5", "predicate-time": "10"}, {T: 1})
     >>> by_hand = PodView("ns", "c", "3", {T: "Ascend910-6", "predicate-time": "0"}, {T: 1}, scheduler="x")
-    >>> choose([a, b, by_hand], T, 1).name, choose([a, b], T, 2)
+    >>> on_node = PodView("ns", "d", "4", {T: "Ascend910-7", "predicate-time": "0"}, {T: 1}, bound=False)
+    >>> choose([a, b, by_hand, on_node], T, 1).name, choose([a, b], T, 2)
     ('b', None)
     """
     candidates = [
@@ -191,6 +203,8 @@ def choose(
         for pod in pods
         if pod.predicate_time is not None
         and not pod.terminating
+        and pod.bound
+        and pod.pending
         and pod.scheduler == scheduler
         and pod.uid not in skipped
         and pod.limits.get(resource, 0) == count

@@ -1,5 +1,6 @@
-"""The doctor's check of the pods on failing devices, in either mode: the kubelet's PodResources view (with
-``--volcano`` moved to the chips really mounted) of who holds each Unhealthy device::
+"""The doctor's check of the pods on failing devices, in either mode: the kubelet's PodResources view (read
+through what the agent's Allocates handed over for the kubelet's IDs, with ``--volcano`` the pods' marks for
+the rest) of who holds each Unhealthy device::
 
     check = await holders_check(settings, [("huawei.com/Ascend910", "Ascend910-3")])
 
@@ -22,10 +23,10 @@ async def holders_check(settings: Settings, failing: list[tuple[str, str]]) -> C
         holders = await list_holders(settings.pod_resources_socket)
     except PodResourcesError as exc:
         return Check(name, None, f"skipped: {exc}")
-    if settings.volcano:
-        from ascend_agent.cluster import on_mounted_chips
+    if settings.kubelet_api != DRA_API:
+        from ascend_agent.kubelet.holders import by_chip_once
 
-        holders, problem = await on_mounted_chips(settings, holders, API_TIMEOUT)
+        holders, problem = await by_chip_once(settings, holders, API_TIMEOUT)
         if problem:
             return Check(name, None, f"skipped: {problem}")
     # As a DRA driver, (driver, device name) of the claims' devices, parts carved from a chip with it; else

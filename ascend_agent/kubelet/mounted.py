@@ -2,11 +2,14 @@
 there. Volcano's choice mounts chip 3 for a pod the kubelet charged with ``Ascend910-0``; a fault on chip 3
 must turn ``Ascend910-0`` Unhealthy, the ID the kubelet knows the pod by.
 
-The cluster side sets what each pod got (:meth:`MountedChips.update`, from the pods' ``huawei.com/kltDev``
-and ``huawei.com/AscendReal``); the reconciler asks :meth:`MountedChips.listed` for what each ID shows, from
-memory::
+What each Allocate handed over for the kubelet's IDs comes first (``handed``: the agent's
+:class:`~ascend_agent.kubelet.handed_out.HandedOut`, whose entries go when PodResources shows their IDs
+freed); then what the cluster side says each pod got (:meth:`MountedChips.update`, from the pods'
+``huawei.com/kltDev`` and ``huawei.com/AscendReal``: an earlier agent's Allocates, or this one's). The
+reconciler asks :meth:`MountedChips.listed` for what each ID shows, from memory::
 
     mounted = MountedChips(on_change=agent.wake)
+    mounted.handed = holdings.handed_out.pairs
     mounted.update([Mounted("team-a", "train-0", T, ("Ascend910-0",), ("Ascend910-3",))])
     mounted.listed(T, devices, holders, answering=True)   # {"Ascend910-0": <chip 0, health of chip 3>, ...}
 
@@ -20,7 +23,7 @@ more.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ascend_agent.model import Chip, Holders
@@ -66,9 +69,13 @@ class MountedChips:
 
     def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
         self.on_change = on_change
-        # The kubelet's PodResources view (by its IDs), which the agent keeps: the cluster side refuses a
-        # choice naming a chip another pod holds.
+        # The kubelet's PodResources view by the chips really handed over, which the agent keeps: the cluster
+        # side skips a choice naming a chip another pod holds.
         self.kubelet_holders: Callable[[], Holders] = Holders
+        # Asks the kubelet's PodResources again, now (before a choice is skipped on its word).
+        self.refresh_kubelet_holders: Callable[[], Awaitable[object]] = _asked
+        # (the kubelet's ID, the device an Allocate handed over for it) of a resource, newest first.
+        self.handed: Callable[[str], Iterable[tuple[str, str]]] = lambda resource: ()
         self._mounted: tuple[Mounted, ...] = ()
         self._listed_before: set[Mounted] = set()
 
@@ -86,12 +93,13 @@ class MountedChips:
         of the chip it shows; None when every ID shows its own chip. ``holders`` is the kubelet's
         PodResources view, ``answering`` whether it answered last time (if not, no pod counts as gone)."""
         live = [pod for pod in self._live(holders, answering) if pod.resource == resource]
-        pairs = [
+        pairs = [*self.handed(resource)]
+        pairs.extend(
             pair
             for pod in live
             if len(pod.kubelet_ids) == len(pod.real)
             for pair in zip(pod.kubelet_ids, pod.real, strict=True)
-        ]
+        )
         shown = shown_chips(pairs, devices.keys())
         if all(chip == device_id for device_id, chip in shown.items()):
             return None
@@ -110,6 +118,10 @@ class MountedChips:
             if not answering or pod not in self._listed_before or _held(pod, holders):
                 live.append(pod)
         return live
+
+
+async def _asked() -> None:
+    """No PodResources to ask."""
 
 
 def _held(pod: Mounted, holders: Holders) -> bool:

@@ -219,7 +219,8 @@ def test_an_address_that_changes_under_a_running_pod_is_an_event_not_a_rewrite(
         assert [d["device_ip"] for d in json.loads(written)["devices"]] == ["10.10.0.13", "10.10.0.15"]
 
         npu_smi.set_output("info", with_health(info, 3, "Alarm"))
-        kubelet.wait_update(lambda u: u.health().get("Ascend910-3") == "Unhealthy", what="chip 3 Unhealthy")
+        # The kubelet sees chip 3's fault under its own ID for the pod, Ascend910-0 (--volcano).
+        kubelet.wait_update(lambda u: u.health().get("Ascend910-0") == "Unhealthy", what="chip 3 Unhealthy")
         tool.set_output("-i 3 -ip -g", "ipaddr:10.10.0.99\nnetmask:255.255.255.0\n")
         npu_smi.set_output("info", info)
         events = apiserver.wait_for(

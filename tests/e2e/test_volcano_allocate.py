@@ -27,13 +27,26 @@ NODE = "node-1"
 T = "huawei.com/Ascend910"
 
 
-def _pod(name: str, chips: str, predicate_time: str, count: int = 2, node: str = NODE) -> dict[str, Any]:
+def _pod(
+    name: str,
+    chips: str,
+    predicate_time: str,
+    count: int = 2,
+    node: str = NODE,
+    namespace: str = "team-a",
+    bound: bool = True,
+) -> dict[str, Any]:
+    """A pod as Volcano leaves it: its choice and ``predicate-time`` written, bound to the node (the API
+    server sets PodScheduled as it takes the Binding); without ``bound``, created with its node named."""
+    status: dict[str, Any] = {"phase": "Pending"}
+    if bound:
+        status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
-            "namespace": "team-a",
+            "namespace": namespace,
             "uid": f"uid-{name}",
             "annotations": {T: chips, "predicate-time": predicate_time},
         },
@@ -42,7 +55,7 @@ def _pod(name: str, chips: str, predicate_time: str, count: int = 2, node: str =
             "schedulerName": "volcano",
             "containers": [{"name": "main", "image": "x", "resources": {"limits": {T: str(count)}}}],
         },
-        "status": {"phase": "Pending"},
+        "status": status,
     }
 
 
@@ -124,8 +137,8 @@ def _create(apiserver: ApiServer, pod: dict[str, Any]) -> None:
         assert answer.status in (200, 201)
 
 
-def _annotations(apiserver: ApiServer, name: str) -> dict[str, str]:
-    pod = apiserver.get("pods", name, "team-a")
+def _annotations(apiserver: ApiServer, name: str, namespace: str = "team-a") -> dict[str, str]:
+    pod = apiserver.get("pods", name, namespace)
     assert pod is not None
     return dict(pod["metadata"].get("annotations") or {})
 
@@ -303,10 +316,122 @@ def test_metrics_name_the_pod_on_the_chips_really_mounted(
     assert (rows["Ascend910-0"], rows["Ascend910-3"]) == (holder, []), "without --volcano: the kubelet's IDs"
 
 
-def _delete(apiserver: ApiServer, name: str) -> None:
-    request = urllib.request.Request(f"{apiserver.url}/api/v1/namespaces/team-a/pods/{name}", method="DELETE")
+def _delete(apiserver: ApiServer, name: str, namespace: str = "team-a") -> None:
+    request = urllib.request.Request(
+        f"{apiserver.url}/api/v1/namespaces/{namespace}/pods/{name}", method="DELETE"
+    )
     with urllib.request.urlopen(request, timeout=5) as answer:
         assert answer.status in (200, 202)
+
+
+def test_a_pod_holds_the_chips_handed_over_for_its_kubelet_ids_after_the_marks_went_elsewhere(
+    kubelet: KubeletStandin, apiserver: ApiServer, podresources: PodResourcesStandin
+) -> None:
+    """``legit`` (team-a) was placed by Volcano on chips 6 and 7; a pod of team-b naming them with
+    ``predicate-time: "1"`` got the Allocate the kubelet made for ``legit`` (nothing in an Allocate says
+    which pod it is for; the chart's admission policy keeps such annotations off pods), so the marks are on
+    it. The kubelet lists ``legit`` under its own IDs 2 and 3: ``legit`` holds chips 6 and 7, and once that
+    pod is gone another team-b pod naming them is skipped, also by an agent started again."""
+    apiserver.put("nodes", {"metadata": {"name": NODE}})
+    apiserver.put("pods", _pod("legit", "Ascend910-6,Ascend910-7", "1700000000000"))
+    apiserver.put("pods", _pod("thief", "Ascend910-6,Ascend910-7", "1", namespace="team-b"))
+    args = ("--volcano", "--pod-resources-socket", str(podresources.path), "--health-interval", "1")
+    agent = _start(kubelet, apiserver, *args)
+    try:
+        assert _allocate(kubelet, ["Ascend910-2", "Ascend910-3"]).envs["ASCEND_VISIBLE_DEVICES"] == "6,7"
+        podresources.hold(T, ["Ascend910-2", "Ascend910-3"], "team-a", "legit", "main")
+        apiserver.wait_for(
+            lambda: _annotations(apiserver, "thief", "team-b"), lambda marks: "huawei.com/kltDev" in marks
+        )
+        _delete(apiserver, "thief", "team-b")
+        _create(apiserver, _pod("thief-2", "Ascend910-6,Ascend910-7", "2", namespace="team-b"))
+        _listed_by_agent(podresources)
+        with pytest.raises(grpc.RpcError) as refused:
+            _allocate(kubelet, ["Ascend910-4", "Ascend910-5"])
+        assert "pod team-b/thief-2 names Ascend910-6" in str(refused.value.details())
+        assert "which pod team-a/legit has" in str(refused.value.details())
+        assert "pod team-a/legit holds Ascend910-6 already" in str(refused.value.details()), "admitted before"
+        assert agent.terminate(timeout=20)[0] == 0
+    finally:
+        agent.close()
+
+    # `ascend-agent list` reads the agent's record too: legit on chips 6 and 7, not on the kubelet's IDs.
+    config = kubelet.directory.parent / "list.yaml"
+    config.write_text(f"kubeletDir: {kubelet.directory}\n")
+    common = ["--backend", "fake", "--pod-resources-socket", str(podresources.path), "--json"]
+    cluster = ["--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE, "--volcano"]
+    listed = run_cli("list", "--config", str(config), *common, *cluster)
+    rows = {row["id"]: row["holders"] for row in json.loads(listed.stdout)}
+    legit = [{"namespace": "team-a", "pod": "legit", "container": "main"}]
+    assert (rows["Ascend910-6"], rows["Ascend910-7"], rows["Ascend910-2"]) == (legit, legit, []), (
+        listed.stderr
+    )
+
+    agent = _start(kubelet, apiserver, *args)
+    try:
+        _listed_by_agent(podresources)
+        with pytest.raises(grpc.RpcError) as refused:
+            _allocate(kubelet, ["Ascend910-4", "Ascend910-5"])
+        assert "which pod team-a/legit has" in str(refused.value.details()), "the agent started again knows"
+        agent.wait_log("read from .*handed-out.json")
+    finally:
+        agent.close()
+
+
+def _listed_by_agent(podresources: PodResourcesStandin) -> None:
+    """The agent has read the holders PodResources lists now: it asks again only once it took in an answer."""
+    podresources.wait_calls(podresources.calls + 2)
+
+
+def test_the_marks_land_on_the_pod_volcano_bound_not_on_one_created_on_the_node(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    """A pod of team-b created with the node named and Volcano's annotation, ``predicate-time: "1"``: no
+    scheduler bound it, so the Allocate the kubelet makes for ``legit`` is ``legit``'s, marks included."""
+    apiserver.put("pods", _pod("legit", "Ascend910-6,Ascend910-7", "1700000000000"))
+    apiserver.put("pods", _pod("thief", "Ascend910-6,Ascend910-7", "1", namespace="team-b", bound=False))
+    assert _allocate(kubelet, ["Ascend910-2", "Ascend910-3"]).envs["ASCEND_VISIBLE_DEVICES"] == "6,7"
+    marks = apiserver.wait_for(
+        lambda: _annotations(apiserver, "legit"), lambda got: "huawei.com/kltDev" in got
+    )
+    assert (marks["huawei.com/kltDev"], marks["huawei.com/AscendReal"]) == (
+        "Ascend910-2,Ascend910-3",
+        "Ascend910-6,Ascend910-7",
+    )
+    assert _annotations(apiserver, "thief", "team-b")["predicate-time"] == "1"
+    volcano.wait_log("Pod team-b/thief is ignored: it names chips but no scheduler bound it")
+
+
+def test_five_pods_naming_a_held_chip_cost_a_volcano_pod_no_refused_allocate(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    """Five pods of team-b name chip 6, which ``legit-0`` has, with predicate-times smaller than
+    ``legit-1``'s. The kubelet does not retry a refused Allocate (it fails the pod), so ``legit-1`` must get
+    its chip from the first: each of the five is skipped with a log line and an Event on it."""
+    apiserver.put("pods", _pod("legit-0", "Ascend910-6", "100", count=1))
+    assert _allocate(kubelet, ["Ascend910-0"]).envs["ASCEND_VISIBLE_DEVICES"] == "6"
+    for n in range(1, 6):
+        apiserver.put("pods", _pod(f"thief-{n}", "Ascend910-6", str(n), count=1, namespace="team-b"))
+    apiserver.put("pods", _pod("legit-1", "Ascend910-7", "200", count=1))
+    refused = 0
+    while True:
+        try:
+            container = _allocate(kubelet, ["Ascend910-1"])
+            break
+        except grpc.RpcError:
+            refused += 1
+            assert refused <= 10
+    print(f"Allocates refused for legit-1 with 5 pods naming a held chip: {refused}")
+    assert (refused, container.envs["ASCEND_VISIBLE_DEVICES"]) == (0, "7")
+    volcano.wait_log(r"Pod team-b/thief-\d is skipped: .* which pod team-a/legit-0 has", count=5)
+
+    def skipped() -> list[dict[str, Any]]:
+        return [e for e in apiserver.list("events", "team-b") if e["reason"] == "NPUChoiceSkipped"]
+
+    events = apiserver.wait_for(skipped, lambda found: len(found) == 5)
+    assert sorted(e["involvedObject"]["name"] for e in events) == [f"thief-{n}" for n in range(1, 6)]
+    assert {(e["involvedObject"]["kind"], e["type"]) for e in events} == {("Pod", "Warning")}
+    assert all("names Ascend910-6" in e["message"] for e in events)
 
 
 @pytest.mark.soak

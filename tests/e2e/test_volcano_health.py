@@ -84,12 +84,22 @@ def test_a_fault_on_the_chip_mounted_shows_under_the_kubelets_id(
     _fault(kubelet, state, [0], ["Ascend910-3"])
 
 
-def test_the_mapping_goes_with_the_pod_deleted(
-    kubelet: KubeletStandin, apiserver: ApiServer, state: Path, placed: AgentProcess
+def test_the_mapping_goes_with_the_pod_once_the_kubelet_frees_its_ids(
+    kubelet: KubeletStandin,
+    apiserver: ApiServer,
+    state: Path,
+    podresources: PodResourcesStandin,
+    placed: AgentProcess,
 ) -> None:
+    """The pod deleted, its containers may still run on chip 3 while the kubelet lists it under
+    ``Ascend910-0``: the ID shows chip 3 until the kubelet frees it."""
     _fault(kubelet, state, [3], ["Ascend910-0"])
-    after = len(kubelet.updates)
     _delete(apiserver, "train-0")
+    podresources.wait_calls(podresources.calls + 2)  # the agent took in an answer after the delete
+    latest = [u for u in kubelet.updates if u.resource == T][-1]
+    assert _unhealthy(latest) == ["Ascend910-0"], "the kubelet still has the pod on Ascend910-0"
+    after = len(kubelet.updates)
+    podresources.release_all()
     kubelet.wait_update(
         lambda u: u.resource == T and _unhealthy(u) == ["Ascend910-3"], after=after, what="chip 3 as itself"
     )

@@ -10,8 +10,10 @@ read as they are, and `make helm-lint`, which CI runs next, fails when one is no
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import runpy
 import subprocess
 import tomllib
@@ -22,6 +24,9 @@ import jsonschema
 import pytest
 import yaml
 
+from ascend_agent import naming
+from ascend_agent.cluster.ranktable import CONFIGURATION, CONFIGURATION_NPU
+from ascend_agent.cluster.volcano_marks import KUBELET_IDS, PREDICATE_TIME, REAL
 from ascend_agent.config import Settings, SettingsSource
 from tests.support import ROOT
 
@@ -278,6 +283,57 @@ def test_volcano_mode() -> None:
     assert _verbs(docs, "", "pods") == {"list", "watch", "patch"}
     assert _verbs(default, "", "pods") == {"list"}, "the doctor's list in its namespace only"
     assert _mounts(docs) == _mounts(default)
+
+
+def _trusted_by_the_policy(policy: Doc) -> tuple[list[str], str]:
+    """The keys the policy's ``trusted`` variable lists, and the prefix it trusts besides."""
+    variables = {variable["name"]: variable["expression"] for variable in policy["spec"]["variables"]}
+    prefixes = re.findall(r"k\.startsWith\('([^']+)'\)", variables["after"])
+    assert len(set(prefixes)) == 1, variables["after"]
+    return ast.literal_eval(variables["trusted"]), prefixes[0]
+
+
+def test_volcano_mode_ships_the_annotation_policy() -> None:
+    """The pods' annotations the agent trusts with --volcano (each resource's choice, predicate-time, its own
+    marks) may be set or changed only by Volcano's scheduler and the agent: the policy names every key the
+    agent's code reads (a key added there and not here fails), and exempts those two identities alone."""
+    docs = _render("volcano")
+    policy, binding = _one(docs, "ValidatingAdmissionPolicy"), _one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    assert {"pods", "pods/*", "bindings"} <= set(rule["resources"]), (
+        "pods/status and Bindings change them too"
+    )
+    (condition,) = policy["spec"]["matchConditions"]
+    exempt = re.findall(r"'([^']+)'", condition["expression"])
+    account = _one(docs, "ServiceAccount")["metadata"]
+    agent = f"system:serviceaccount:{account['namespace']}:{account['name']}"
+    assert exempt == ["system:serviceaccount:volcano-system:volcano-scheduler", agent]
+
+    keys, prefix = _trusted_by_the_policy(policy)
+    families = {*naming.DEFAULT_FAMILIES.values(), naming.family_for("Ascend910", "910B4", "model")}
+    families |= {naming.vnpu_type("Ascend310P", "vir02")}
+    resources = {naming.resource_name(family) for family in families}
+    resources |= {naming.advertised_resource(resource, 2, True) for resource in resources}
+    trusted_by_the_agent = {PREDICATE_TIME, REAL, KUBELET_IDS, CONFIGURATION, CONFIGURATION_NPU, *resources}
+    assert {key for key in trusted_by_the_agent if key not in keys and not key.startswith(prefix)} == set()
+    for mode in ("default", "dra", "no-cluster", "plugin-watcher"):
+        assert not [key for key in _render(mode) if key[0].startswith("ValidatingAdmissionPolicy")], mode
+
+
+def test_the_example_annotation_policy_is_the_charts() -> None:
+    """examples/volcano/annotation-policy.yaml, for a kubectl install, makes the chart's objects."""
+    example = _by_key(
+        _docs((ROOT / "examples" / "volcano" / "annotation-policy.yaml").read_text(encoding="utf-8"))
+    )
+    chart = {
+        key: doc for key, doc in _render("volcano").items() if key[0].startswith("ValidatingAdmissionPolicy")
+    }
+    assert set(example) == set(chart)
+    for key, doc in chart.items():
+        assert example[key]["spec"] == doc["spec"], key
 
 
 def test_dra_mode() -> None:

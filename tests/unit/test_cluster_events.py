@@ -224,3 +224,33 @@ async def test_npu_smi_down_raises_no_event_for_the_chips(apiserver: ApiServer) 
         assert [event["message"] for events in found.values() for event in events] == [
             "Ascend910-3 is Unhealthy: Health Alarm from npu-smi (fault codes 80E3A203)"
         ]
+
+
+async def test_an_event_on_a_pod_is_written_in_its_namespace_once_and_forgotten(apiserver: ApiServer) -> None:
+    async with _running(apiserver) as events:
+        events.note_pod(
+            "Warning", "NPUChoiceSkipped", "team-b", "thief", "uid-thief", "Skipped: names Ascend910-6"
+        )
+        (event,) = await _wait(
+            apiserver, lambda: apiserver.list("events", "team-b"), lambda found: len(found) == 1
+        )
+        with anyio.fail_after(5):  # forgotten once the write returned
+            while events._records:
+                await anyio.sleep(0.01)
+    assert event["involvedObject"] == {
+        "kind": "Pod",
+        "namespace": "team-b",
+        "name": "thief",
+        "uid": "uid-thief",
+        "apiVersion": "v1",
+    }
+    assert (event["type"], event["reason"], event["count"]) == ("Warning", "NPUChoiceSkipped", 1)
+    assert len(apiserver.list("events", "team-b")) == 1, "written once: one Event per pod skipped"
+
+
+def test_events_on_pods_waiting_for_the_api_server_are_bounded() -> None:
+    events = NodeEvents()
+    for n in range(1000):
+        events.note_pod("Warning", "NPUChoiceSkipped", "team-b", f"thief-{n}", f"uid-{n}", "Skipped")
+    assert len(events._records) == 256
+    assert ("pod team-b/thief-999", "NPUChoiceSkipped") in events._records

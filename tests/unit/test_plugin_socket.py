@@ -209,10 +209,10 @@ async def test_what_allocate_hands_over_is_recorded_before_the_answer_is_sent(sh
     layout run in between already counts them as held."""
     service, _ = _service()
     recorded = anyio.Event()
-    handed: list[Sequence[str]] = []
+    handed: list[Sequence[tuple[str, str]]] = []
 
-    def on_allocated(device_ids: Sequence[str]) -> None:
-        handed.append(device_ids)
+    def on_allocated(pairs: Sequence[tuple[str, str]]) -> None:
+        handed.append(pairs)
         recorded.set()
 
     service.on_allocated = on_allocated
@@ -233,7 +233,7 @@ async def test_what_allocate_hands_over_is_recorded_before_the_answer_is_sent(sh
         await loop.sock_sendall(client, conn.data_to_send())
         with anyio.move_on_after(5):
             await recorded.wait()
-        assert handed == [["Ascend910-3"]], "not recorded while the answer waits to be sent"
+        assert handed == [[("Ascend910-3", "Ascend910-3")]], "not recorded while the answer waits to be sent"
     finally:
         client.close()
         await server.shut()

@@ -27,6 +27,7 @@ from ascend_agent.model import Chip, Holder, Holders, Inventory
 
 T = "huawei.com/Ascend910"
 P = "huawei.com/Ascend310P"
+PT = "predicate-time"
 
 
 @st.composite
@@ -199,9 +200,15 @@ class _SlowListApi(_BurstApi):
                     "schedulerName": "volcano",
                     "containers": [{"name": "main", "resources": {"limits": {T: "2"}}}],
                 },
+                "status": BOUND,
             }
         )
         return _Listing([msgspec.json.decode(pod, type=resource)], self.answer)
+
+
+# What a pod Volcano bound shows before the kubelet starts it: the API server set PodScheduled as it took the
+# Binding.
+BOUND = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
 
 
 def _eight_chips() -> Inventory:
@@ -293,12 +300,13 @@ def test_the_chips_named_must_be_as_many_as_the_pod_asks_for() -> None:
     assert chosen is not None and chosen.name == "placed"
 
 
-async def test_a_choice_naming_a_chip_another_pod_holds_is_refused_with_the_pod_named() -> None:
+async def test_a_choice_naming_a_chip_another_pod_holds_is_skipped_naming_the_pod() -> None:
     """Chip 3 went to train-0 by an earlier Allocate; chip 4 is held, the kubelet says, by a pod without
-    Volcano's choice: a later choice naming either is refused, naming the pod that has it, and skipped."""
+    Volcano's choice: a later choice naming either is skipped, naming the pod that has it; with no other pod
+    the Allocate is refused, saying so."""
     mounted = MountedChips()
     mounted.kubelet_holders = lambda: Holders({(T, "Ascend910-4"): (Holder("team-b", "plain", "main"),)})
-    pods = VolcanoPods(mounted=mounted)
+    pods = VolcanoPods(mounted=mounted, tries=1)
     pods.observe(_eight_chips())
     pods._first_read.set()  # no API server: reading the pods again finds nothing new
     pods._store(_placed("train-0", "Ascend910-3", "100"))
@@ -307,14 +315,97 @@ async def test_a_choice_naming_a_chip_another_pod_holds_is_refused_with_the_pod_
 
     pods._store(_placed("intruder", "Ascend910-3", "0"))
     with pytest.raises(
-        LookupError, match=r"pod team-a/intruder names Ascend910-3 .* which pod team-a/train-0 has"
+        LookupError, match=r"skipped: pod team-a/intruder names Ascend910-3 .* which pod team-a/train-0 has"
     ):
         await pods.remap(T, [["Ascend910-1"]])
     pods._store(_placed("intruder-2", "Ascend910-4", "1"))
-    with pytest.raises(LookupError, match=r"names Ascend910-4 .* which pod team-b/plain has"):
-        await pods.remap(T, [["Ascend910-1"]])
     pods._store(_placed("next", "Ascend910-5", "200"))
-    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-5"]], "the refused pods were skipped"
+    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-5"]], "intruder-2 skipped in the Allocate"
+    assert {"uid-intruder", "uid-intruder-2"} <= pods._refused
+
+
+async def test_five_pods_naming_a_held_chip_cost_a_volcano_pod_no_refused_allocate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Five pods of team-b name chip 6, which ``legit-0`` has, with predicate-times smaller than
+    ``legit-1``'s: ``legit-1``'s one Allocate skips them (a log line and an Event on each) and gets its chip
+    7; a kubelet never retries an Allocate, so each refusal would have failed ``legit-1``."""
+    events: list[tuple[str, ...]] = []
+    pods = VolcanoPods(events=lambda *event: events.append(event))
+    pods.observe(_eight_chips())
+    pods._first_read.set()
+    pods._store(_placed("legit-0", "Ascend910-6", "100"))
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-6"]]
+    for n in range(1, 6):
+        pods._store(PodView("team-b", f"thief-{n}", f"uid-thief-{n}", {T: "Ascend910-6", PT: str(n)}, {T: 1}))
+    pods._store(_placed("legit-1", "Ascend910-7", "200"))
+
+    refused = 0
+    while True:
+        try:
+            chosen = await pods.remap(T, [["Ascend910-1"]])
+            break
+        except LookupError:
+            refused += 1
+            assert refused < 10
+    assert (chosen, refused) == ([["Ascend910-7"]], 0)
+    lines = [r.getMessage() for r in caplog.records if " is skipped: " in r.getMessage()]
+    assert [line.split()[1] for line in lines] == [f"team-b/thief-{n}" for n in range(1, 6)]
+    assert all("which pod team-a/legit-0 has" in line for line in lines)
+    assert [(kind, reason, ns, name, uid) for kind, reason, ns, name, uid, _ in events] == [
+        ("Warning", "NPUChoiceSkipped", "team-b", f"thief-{n}", f"uid-thief-{n}") for n in range(1, 6)
+    ]
+    assert pods._taken["uid-legit-1"].real == ("Ascend910-7",)
+
+
+async def test_a_pod_created_on_the_node_is_never_chosen(caplog: pytest.LogCaptureFixture) -> None:
+    """A pod of team-b created with its node named and Volcano's annotation (no scheduler bound it: no
+    PodScheduled condition) has the smallest predicate-time: ``legit``, which Volcano bound, gets the Allocate
+    and the marks; the other is left out with one line."""
+    pods = VolcanoPods(tries=1)
+    pods.observe(_eight_chips())
+    pods._first_read.set()
+    thief = {T: "Ascend910-6,Ascend910-7", PT: "1"}
+    for _ in range(2):
+        pods._store(PodView("team-b", "thief", "uid-thief", thief, {T: 2}, bound=False))
+    pods._store(_placed("legit", "Ascend910-6,Ascend910-7", "1700000000000"))
+    assert await pods.remap(T, [["Ascend910-2", "Ascend910-3"]]) == [["Ascend910-6", "Ascend910-7"]]
+    assert list(pods._taken) == ["uid-legit"]
+    lines = [r.getMessage() for r in caplog.records if "no scheduler bound it" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("Pod team-b/thief is ignored"), lines
+    started = PodView("team-b", "running", "uid-running", {T: "Ascend910-5", PT: "1"}, {T: 1}, pending=False)
+    pods._store(started)
+    assert pods._choose(T, 1) is None, "a pod that runs was admitted before: no Allocate is for it"
+
+
+@pytest.mark.parametrize(
+    "still_listed", [True, False], ids=["admitted before", "a pod of that name that went"]
+)
+async def test_a_pod_the_kubelet_lists_on_its_own_chips_is_asked_about_again_then_skipped(
+    still_listed: bool,
+) -> None:
+    """PodResources lists ``job-0`` on chip 3 (the Allocate for its kubelet's ID handed chip 3 over, the marks
+    went elsewhere): such a pod was admitted before, and the next Allocate is not its own. Or the answer is
+    older than the pod: a ``job-0`` that went, and Volcano made again under that name. PodResources is asked
+    again before the pod is skipped."""
+    listed = Holders({(T, "Ascend910-3"): (Holder("team-a", "job-0", "main"),)})
+    answers = [listed if still_listed else Holders()]
+    mounted = MountedChips()
+    mounted.kubelet_holders = lambda: listed
+
+    async def ask_again() -> None:
+        nonlocal listed
+        listed = answers.pop()
+
+    mounted.refresh_kubelet_holders = ask_again
+    pods = VolcanoPods(mounted=mounted, tries=1)
+    pods.observe(_eight_chips())
+    pods._first_read.set()
+    pods._store(_placed("job-0", "Ascend910-3", "100"))
+    pods._store(_placed("later", "Ascend910-4", "200"))
+    got = await pods.remap(T, [["Ascend910-1"]])
+    assert answers == [], "PodResources asked again"
+    assert got == ([["Ascend910-4"]] if still_listed else [["Ascend910-3"]])
 
 
 async def test_a_held_chip_is_free_again_once_its_pod_ended_or_went() -> None:
@@ -457,6 +548,7 @@ async def test_no_pod_data_makes_an_allocate_fail_but_with_its_refusal(
                 "annotations": {T: chips, "predicate-time": time},
             },
             "spec": spec,
+            "status": BOUND,
         }
     )
     pods = VolcanoPods(tries=1)
@@ -548,7 +640,7 @@ def _volcano_pod(name: str, chips: str, time: str) -> dict[str, Any]:
             "schedulerName": "volcano",
             "containers": [{"name": "main", "resources": {"limits": {T: "1"}}}],
         },
-        "status": {"phase": "Pending"},
+        "status": BOUND,
     }
 
 

@@ -40,13 +40,14 @@ class _Running:
 
 
 class DevicePlugins:
-    """``on_allocated(resource, device_ids)`` hears each Allocate; ``remap_ids(resource, containers)``
-    (``--volcano``) chooses the chips an Allocate hands over; ``listed`` the IDs' health the kubelet sees."""
+    """``on_allocated(resource, pairs)`` hears each Allocate ((kubelet ID, device handed over) pairs);
+    ``remap_ids(resource, containers)`` (``--volcano``) chooses the chips an Allocate hands over; ``listed``
+    the IDs' health the kubelet sees."""
 
     def __init__(
         self,
         settings: Settings,
-        on_allocated: Callable[[str, Sequence[str]], None] = lambda resource, device_ids: None,
+        on_allocated: Callable[[str, Sequence[tuple[str, str]]], None] = lambda resource, pairs: None,
         remap_ids: ResourceRemapper | None = None,
         listed: Listed | None = None,
     ) -> None:

@@ -70,6 +70,21 @@ def _check_containers(count: int) -> None:
         )
 
 
+def _handed_for(kubelets: Sequence[Sequence[str]], handed: Sequence[Sequence[str]]) -> list[tuple[str, str]]:
+    """(the kubelet's ID, the device handed over for it), container by container; a container whose count
+    differs (no remapper gives one) pairs each device with itself.
+
+    >>> _handed_for([["Ascend910-0", "Ascend910-1"]], [["Ascend910-3", "Ascend910-5"]])
+    [('Ascend910-0', 'Ascend910-3'), ('Ascend910-1', 'Ascend910-5')]
+    """
+    pairs: list[tuple[str, str]] = []
+    for asked, given in zip(kubelets, handed, strict=False):
+        pairs.extend(
+            zip(asked, given, strict=True) if len(asked) == len(given) else zip(given, given, strict=True)
+        )
+    return pairs
+
+
 class _BoundedCache:
     """A mapping that holds at most ``limit`` bytes of keys and values; the oldest entries go first."""
 
@@ -128,9 +143,10 @@ class DevicePluginService:
         self.kubelet_streams_opened = 0
         self._allocated = ALLOCATIONS.labels(resource=resource, code="OK")
         self._refusals = RepeatLimiter("allocate_refused", _REFUSAL_LOG_INTERVAL)
-        # Told the device IDs each Allocate hands over, before the answer is sent (the agent counts them as
-        # held, and asks the kubelet which pod got them).
-        self.on_allocated: Callable[[Sequence[str]], None] = lambda device_ids: None
+        # Told, before the answer is sent, which device each Allocate hands over for each of the kubelet's IDs
+        # ((kubelet ID, device) pairs: the same ID twice unless remap_ids chose others). The agent counts them
+        # as held, reads PodResources through them, and asks the kubelet which pod got them.
+        self.on_allocated: Callable[[Sequence[tuple[str, str]]], None] = lambda pairs: None
         # None: the kubelet's IDs are the chips handed over (no I/O on Allocate's path).
         self.remap_ids: DeviceIdRemapper | None = None
 
@@ -240,11 +256,10 @@ class DevicePluginService:
         request = await _request(stream)
         started = time.perf_counter()
         try:
-            containers: Sequence[Sequence[str]]
-            if self.remap_ids is None:
-                containers = self._containers(request)
-            else:
-                containers = await self._remapped(request, self.remap_ids)
+            kubelets = self._containers(request)
+            containers: Sequence[Sequence[str]] = kubelets
+            if self.remap_ids is not None:
+                containers = await self._remapped(kubelets, self.remap_ids)
             answer, ids = self._answer(containers)
         except GRPCError as exc:
             ALLOCATIONS.labels(resource=self.resource, code=exc.status.name).inc()
@@ -265,7 +280,7 @@ class DevicePluginService:
         log.info("Allocated %s", ids, extra=log_fields(resource=self.resource, devices=ids.split(",")))
         # Recorded before the answer goes out: a layout run while it is sent must see them held (if the send
         # fails, the record expires unseen).
-        self.on_allocated([device_id for container in containers for device_id in container])
+        self.on_allocated(_handed_for(kubelets, containers))
         await stream.send_message(answer)
 
     def allocate(self, request: bytes) -> tuple[bytes, str]:
@@ -273,9 +288,10 @@ class DevicePluginService:
         names a bad ID."""
         return self._answer(self._containers(request))
 
-    async def _remapped(self, request: bytes, remap: DeviceIdRemapper) -> Sequence[Sequence[str]]:
-        """The request's IDs per container, as ``remap`` gives them for the kubelet's."""
-        containers = self._containers(request)
+    async def _remapped(
+        self, containers: Sequence[Sequence[str]], remap: DeviceIdRemapper
+    ) -> Sequence[Sequence[str]]:
+        """The IDs per container, as ``remap`` gives them for the kubelet's."""
         try:
             return await remap(containers)
         except LookupError as exc:
