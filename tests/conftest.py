@@ -14,8 +14,9 @@ import pytest
 from tests.support.kubelet_standin import KubeletStandin, compile_api, compile_proto
 
 # ``apiserver``: a Kubernetes API emulator with a kubeconfig file; ``podresources``: the kubelet's
-# PodResources socket.
-pytest_plugins = ["tests.support.apiserver", "tests.support.podresources"]
+# PodResources socket; ``processes``: every process a test started, its children's too, is ended after it, and
+# the test fails naming what it left running.
+pytest_plugins = ["tests.support.apiserver", "tests.support.podresources", "tests.support.processes"]
 
 
 @pytest.fixture(scope="session")

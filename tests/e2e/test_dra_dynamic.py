@@ -23,6 +23,7 @@ from tests.support.apiserver import ApiServer
 from tests.support.dra_kubelet import DraKubelet
 from tests.support.host_tree import HostTree
 from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.processes import outliving, owner_of_this_test, running
 from tests.support.vnpu_node import TEMPLATE_INFO, TEMPLATES_310P, info_310p
 
 NODE = "node-1"
@@ -263,6 +264,8 @@ async def test_a_crash_between_create_and_checkpoint_is_cleaned_at_start(node: _
         os.kill(agent.proc.pid, signal.SIGKILL)
         agent.proc.wait(10)
         tasks.cancel_scope.cancel()
+    # the hung npu-smi, in a session of its own, ends with the agent: a node's would not, a test's must
+    assert outliving(running(owner_of_this_test()), timeout=10) == []
     assert node.vnpus()[1] == [(116, "vir02")]  # made, and no checkpoint says for whom
     assert [m["vnpu_id"] for m in node.made()] == [116]
     node.options()

@@ -1,11 +1,14 @@
 """The test side of a fake executable (tests/support/fakes/): the script copied with this interpreter's
 shebang, and the files beside it that it reads on every run: ``mode``, ``out/<args>.txt``, ``err/<args>.txt``,
-and the ``calls.log`` it appends its arguments to."""
+and the ``calls.log`` it appends its arguments to. ``lifetime.py``, copied beside it, bounds how long it
+hangs: no longer than the process that ran it lives."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+_LIFETIME = Path(__file__).parent / "fakes" / "lifetime.py"
 
 
 class FakeExecutable:
@@ -17,6 +20,7 @@ class FakeExecutable:
         self.directory = directory
         (directory / "out").mkdir(parents=True, exist_ok=True)
         (directory / "err").mkdir(exist_ok=True)
+        (directory / _LIFETIME.name).write_text(_LIFETIME.read_text())
         self.path = directory / name
         self.path.write_text(f"#!{sys.executable}\n" + script.read_text())
         self.path.chmod(0o755)
