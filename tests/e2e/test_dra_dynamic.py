@@ -214,7 +214,7 @@ async def test_admin_access_to_a_template_device_is_its_whole_chip_and_carves_no
 
 
 async def test_a_failed_or_hung_create_is_the_claims_error_and_leaves_nothing(node: _Node) -> None:
-    _, kubelet = await node.started("--npu-smi-timeout=1")
+    _, kubelet = await node.started("--npu-smi-timeout=3")
     node.options(fail_create=True)
     claim = node.claim("infer", ["npu-0-vir02-0"])
     refused = (await kubelet.prepare([claim])).claims[claim.uid]

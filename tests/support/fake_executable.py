@@ -22,7 +22,8 @@ class FakeExecutable:
         (directory / "err").mkdir(exist_ok=True)
         (directory / _LIFETIME.name).write_text(_LIFETIME.read_text())
         self.path = directory / name
-        self.path.write_text(f"#!{sys.executable}\n" + script.read_text())
+        # -S: no site-packages (the fakes need the standard library alone), half the start of a run
+        self.path.write_text(f"#!{sys.executable} -S\n" + script.read_text())
         self.path.chmod(0o755)
         self.set_mode("ok")
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from inotify_simple import INotify, flags
 
+from tests.support import PATIENCE
 from tests.support.fake_executable import FakeExecutable
 
 _SCRIPT = Path(__file__).parent / "fakes" / "npu_smi.py"
@@ -86,7 +87,7 @@ class FakeNpuSmi(FakeExecutable):
         lines = log.read_text().splitlines() if log.exists() else []
         return [line for line in lines if line.startswith(prefix)]
 
-    def wait_count(self, args: str, count: int, timeout: float = 10.0) -> None:
+    def wait_count(self, args: str, count: int, timeout: float = PATIENCE) -> None:
         """Wait until npu-smi ran with ``args`` ``count`` times in all, woken by inotify on its call log."""
         deadline = time.monotonic() + timeout
         inotify = INotify()
