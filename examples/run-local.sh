@@ -5,9 +5,14 @@
 set -euo pipefail
 if [ -t 0 ] && [ -z "${ASCEND_AGENT_RUN_JOB:-}" ]; then
     # On a terminal, run as a job of its own that the terminal signals alone: Ctrl-C then reaches this
-    # walk-through and not what started it (make would die of it and report "Interrupt").
+    # walk-through and not what started it (make would die of it and report "Interrupt", a tee of its
+    # output would die before the last lines). bash's job control takes its terminal from stderr: with
+    # stderr in a pipe (make run 2>&1 | tee log) the job never got the terminal, Ctrl-C ended make and
+    # this script but not the job, and the agent and kubelet-sim ran on. So stderr is stdin's terminal
+    # while the job starts, and the job gets its own stderr back.
+    exec 3>&2 2<&0
     set -m
-    ASCEND_AGENT_RUN_JOB=1 "$0" "$@"
+    ASCEND_AGENT_RUN_JOB=1 "$0" "$@" 2>&3 3>&-
     exit
 fi
 dir=$(mktemp -d /tmp/ascend-agent-run.XXXXXX)

@@ -10,12 +10,18 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import settings
 
 from tests.support.kubelet_standin import KubeletStandin, compile_api, compile_proto
 
 # ``apiserver``: a Kubernetes API emulator with a kubeconfig file; ``podresources``: the kubelet's
-# PodResources socket.
-pytest_plugins = ["tests.support.apiserver", "tests.support.podresources"]
+# PodResources socket; ``processes``: every process a test started, its children's too, is ended after it, and
+# the test fails naming what it left running.
+pytest_plugins = ["tests.support.apiserver", "tests.support.podresources", "tests.support.processes"]
+
+# No deadline per example: one that takes 250 ms on a loaded machine is no bug (speed is for `make bench`).
+settings.register_profile("no-deadline", deadline=None)
+settings.load_profile("no-deadline")
 
 
 @pytest.fixture(scope="session")

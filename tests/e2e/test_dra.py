@@ -124,7 +124,7 @@ def _devices(apiserver: ApiServer) -> dict[str, dict[str, Any]]:
 
 
 async def test_registers_publishes_prepares_and_reports_health(host: _Host, apiserver: ApiServer) -> None:
-    host.start()
+    host.start("--health-interval=3600")  # what health changes below, the state file's change did
     kubelet = DraKubelet(host.registry)
     info = await kubelet.register(DRIVER)
     assert (info.type, info.name) == ("DRAPlugin", DRIVER)
@@ -189,21 +189,18 @@ async def test_registers_publishes_prepares_and_reports_health(host: _Host, apis
     assert len([s for s in apiserver.seen() if s.resource == "resourceclaims" and s.verb == "get"]) == reads
 
     # Health: a chip going Unhealthy is a taint in the slice and UNHEALTHY on the stream a released kubelet
-    # opens (v1alpha1); both clear.
+    # opens (v1alpha1); both clear. Seen at once, not at the next health query an hour away.
     async with kubelet.watching() as updates:
         await updates.wait_for(lambda seen: seen.get("npu-1", ("",))[0] == "HEALTHY", "npu-1 HEALTHY")
         host.faults([1])
-        took = await updates.wait_for(lambda seen: seen["npu-1"][0] == "UNHEALTHY", "npu-1 UNHEALTHY")
-        assert took < 2.0
-        tainted = apiserver.wait_for(
-            lambda: _devices(apiserver)["npu-1"], lambda d: "taints" in d, timeout=2.0
-        )
+        await updates.wait_for(lambda seen: seen["npu-1"][0] == "UNHEALTHY", "npu-1 UNHEALTHY")
+        tainted = apiserver.wait_for(lambda: _devices(apiserver)["npu-1"], lambda d: "taints" in d)
         assert tainted["taints"][0]["key"] == f"{DRIVER}/unhealthy"
         assert tainted["taints"][0]["effect"] == "NoSchedule"
         kubernetes_validate.validate(_slices(apiserver)[0], KUBERNETES, strict=True)
         host.faults([])
-        await updates.wait_for(lambda seen: seen["npu-1"][0] == "HEALTHY", "npu-1 HEALTHY again", timeout=2.0)
-        apiserver.wait_for(lambda: _devices(apiserver)["npu-1"], lambda d: "taints" not in d, timeout=2.0)
+        await updates.wait_for(lambda seen: seen["npu-1"][0] == "HEALTHY", "npu-1 HEALTHY again")
+        apiserver.wait_for(lambda: _devices(apiserver)["npu-1"], lambda d: "taints" not in d)
     generations = {s["spec"]["pool"]["generation"] for s in _slices(apiserver)}
     assert generations == {3}, "one generation per change: published, tainted, cleared"
 
@@ -216,7 +213,7 @@ async def test_registers_publishes_prepares_and_reports_health(host: _Host, apis
 async def test_vnpus_are_devices_of_their_own_and_their_chip_is_not(
     host: _Host, apiserver: ApiServer
 ) -> None:
-    host.start("--fake-model=310P3", "--fake-vnpus=0:vir02,0:vir04")
+    host.start("--fake-model=310P3", "--fake-vnpus=0:vir02,0:vir04", "--health-interval=3600")
     kubelet = DraKubelet(host.registry)
     await kubelet.register(DRIVER)
     slices = apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
@@ -252,11 +249,9 @@ async def test_vnpus_are_devices_of_their_own_and_their_chip_is_not(
         assert "npu-0" not in updates.seen[-1]
         host.faults([0])
         await updates.wait_for(
-            lambda seen: seen["npu-0-vnpu-101"][0] == "UNHEALTHY", "npu-0-vnpu-101 UNHEALTHY", timeout=2.0
+            lambda seen: seen["npu-0-vnpu-101"][0] == "UNHEALTHY", "npu-0-vnpu-101 UNHEALTHY"
         )
-        apiserver.wait_for(
-            lambda: _devices(apiserver)["npu-0-vnpu-100"], lambda d: "taints" in d, timeout=2.0
-        )
+        apiserver.wait_for(lambda: _devices(apiserver)["npu-0-vnpu-100"], lambda d: "taints" in d)
 
 
 async def test_a_restart_keeps_the_slices_and_unprepares_what_was_written(

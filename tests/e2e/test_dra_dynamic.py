@@ -23,6 +23,7 @@ from tests.support.apiserver import ApiServer
 from tests.support.dra_kubelet import DraKubelet
 from tests.support.host_tree import HostTree
 from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.processes import outliving, owner_of_this_test, running
 from tests.support.vnpu_node import TEMPLATE_INFO, TEMPLATES_310P, info_310p
 
 NODE = "node-1"
@@ -213,7 +214,7 @@ async def test_admin_access_to_a_template_device_is_its_whole_chip_and_carves_no
 
 
 async def test_a_failed_or_hung_create_is_the_claims_error_and_leaves_nothing(node: _Node) -> None:
-    _, kubelet = await node.started("--npu-smi-timeout=1")
+    _, kubelet = await node.started("--npu-smi-timeout=3")
     node.options(fail_create=True)
     claim = node.claim("infer", ["npu-0-vir02-0"])
     refused = (await kubelet.prepare([claim])).claims[claim.uid]
@@ -263,6 +264,8 @@ async def test_a_crash_between_create_and_checkpoint_is_cleaned_at_start(node: _
         os.kill(agent.proc.pid, signal.SIGKILL)
         agent.proc.wait(10)
         tasks.cancel_scope.cancel()
+    # the hung npu-smi, in a session of its own, ends with the agent: a node's would not, a test's must
+    assert outliving(running(owner_of_this_test()), timeout=10) == []
     assert node.vnpus()[1] == [(116, "vir02")]  # made, and no checkpoint says for whom
     assert [m["vnpu_id"] for m in node.made()] == [116]
     node.options()

@@ -149,14 +149,14 @@ def test_a_hanging_reset_lands_in_reset_info(
     podresources.hold("huawei.com/Ascend910", ["Ascend910-1"], "team-a", "train-0", "main")
     port = free_port()
     process = _agent(kubelet, host, npu_smi, apiserver, podresources, port, "--hot-reset", "idle",
-                     "--hot-reset-idle", "1", "--hot-reset-timeout", "1")  # fmt: skip
+                     "--hot-reset-idle", "1", "--hot-reset-timeout", "3")  # fmt: skip
     try:
         kubelet.wait_update(lambda u: len(u.devices) == 8 and u.health()["Ascend910-5"] == "Unhealthy")
         podresources.wait_calls(podresources.calls + 2)
         waits = process.wait_log("Hot reset of Ascend910-5 waits: a pod holds Ascend910-1")
         assert process.matching("Hot reset of") == waits, "a pod holds a chip of the box: no reset, no wait"
         podresources.release_all()
-        hung = "Hot reset of Ascend910-5: npu-smi set -t reset -i 5 -c 0 -m 1 did not finish within 1 s"
+        hung = "Hot reset of Ascend910-5: npu-smi set -t reset -i 5 -c 0 -m 1 did not finish within 3 s"
         process.wait_log(hung, timeout=20)
 
         def reset_info() -> str:

@@ -41,10 +41,15 @@ def tool(short_dir: Path) -> FakeHccnTool:
     return FakeHccnTool(short_dir / "hccn")
 
 
-def _list(host: HostTree, npu_smi: FakeNpuSmi, tool: FakeHccnTool) -> tuple[list[dict[str, Any]], str]:
+def _list(
+    host: HostTree, npu_smi: FakeNpuSmi, tool: FakeHccnTool, timeout: str = "30"
+) -> tuple[list[dict[str, Any]], str]:
+    """``ascend-agent list --json``; its tools given ``timeout`` s, as long as a slow machine needs unless a
+    test waits out a hang."""
     result = subprocess.run(
         [sys.executable, "-m", "ascend_agent", "list", "--backend", "devfs", "--host-root", str(host.root),
-         "--npu-smi", str(npu_smi.path), "--hccn-tool", str(tool.path), "--npu-smi-timeout", "1", "--json"],
+         "--npu-smi", str(npu_smi.path), "--hccn-tool", str(tool.path), "--npu-smi-timeout", timeout,
+         "--json"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -115,7 +120,7 @@ def test_a_bad_hccn_tool_gives_no_address_and_one_line(
     host.add_chips(range(8))
     npu_smi.set_output("info", (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text())
     tool.set_mode(mode)
-    rows, problems = _list(host, npu_smi, tool)
+    rows, problems = _list(host, npu_smi, tool, timeout="1")  # a hang is certain: the fake never answers
     assert [row["device_ip"] for row in rows] == [None] * 8
     assert problems.count("Cannot read the device IP of chips 0, 1, 2, 3, 4, 5, 6, 7") == 1, problems
 
@@ -205,7 +210,7 @@ def test_an_address_that_changes_under_a_running_pod_is_an_event_not_a_rewrite(
     apiserver.put("nodes", {"metadata": {"name": NODE}})
     agent = AgentProcess(
         ["run", "--backend", "devfs", "--host-root", str(host.root), "--npu-smi", str(npu_smi.path),
-         "--hccn-tool", str(tool.path), "--npu-smi-timeout", "2", "--health-interval", "1",
+         "--hccn-tool", str(tool.path), "--npu-smi-timeout", "30", "--health-interval", "1",
          "--metrics-address", "", "--kubelet-dir", str(kubelet.directory), "--volcano",
          "--kubeconfig", str(apiserver.kubeconfig), "--node-name", NODE],
     )  # fmt: skip

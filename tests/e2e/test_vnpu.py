@@ -147,7 +147,7 @@ def test_resources_ids_and_allocate(
     assert agent.matching(r"WARNING .*(vNPU|vnpu|-8255)") == [], "chip 0 without vNPU support, quietly"
 
 
-def test_vnpus_made_and_removed_reach_the_kubelet_within_2s(
+def test_vnpus_made_and_removed_reach_the_kubelet_by_their_device_nodes(
     kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi, request: pytest.FixtureRequest
 ) -> None:
     npu_smi.set_output("info -t info-vnpu -i 1 -c 0", INFO_VNPU_NONE)
@@ -166,8 +166,7 @@ def test_vnpus_made_and_removed_reach_the_kubelet_within_2s(
             and kubelet.latest(TWO) is not None
             and kubelet.latest(TWO).health() == {"Ascend310P-2c-117-1": "Healthy"}
         ),  # type: ignore[union-attr]
-        timeout=2,
-        what="chip 1 split into its vNPUs",
+        what="chip 1 split into its vNPUs",  # by inotify: the next health query is 600 s away
     )
 
     # Destroyed again: chip 1 comes back whole; the vNPU resources leave, their sockets removed.
@@ -176,11 +175,10 @@ def test_vnpus_made_and_removed_reach_the_kubelet_within_2s(
         (host.dev / f"vdavinci{vnpu_id}").unlink()
     kubelet.wait_for(
         lambda: _devices(kubelet, CHIPS) == {"Ascend310P-0", "Ascend310P-1", "Ascend310P-2"},
-        timeout=2,
         what="chip 1 whole again",
     )
-    wait_gone(kubelet.plugin_socket(FOUR), timeout=2)
-    wait_gone(kubelet.plugin_socket(TWO), timeout=2)
+    wait_gone(kubelet.plugin_socket(FOUR))
+    wait_gone(kubelet.plugin_socket(TWO))
     assert npu_smi.count("info -t info-vnpu -i 2 -c 0") == asked_chip_2, "only the chip whose nodes changed"
     assert sorted(r.resource_name for r in kubelet.registrations) == sorted([CHIPS, FOUR, TWO]), "no restart"
 

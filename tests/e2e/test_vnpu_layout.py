@@ -347,7 +347,7 @@ async def test_a_chip_npu_smi_could_not_read_is_read_again_when_the_layout_is_ap
     host: HostTree, npu_smi: FakeNpuSmi, error: str | None
 ) -> None:
     """A table read once, then not: a reload's read that failed does not block the layout after it."""
-    backend = DevfsBackend(Settings(host_root=host.root, npu_smi=str(npu_smi.path), npu_smi_timeout=1))
+    backend = DevfsBackend(Settings(host_root=host.root, npu_smi=str(npu_smi.path), npu_smi_timeout=3))
     await backend.query()
     await backend.discover()
     backend.forget_vnpus()

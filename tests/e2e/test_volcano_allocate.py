@@ -217,7 +217,7 @@ def test_a_pod_arriving_during_the_tries_is_taken_and_the_wait_blocks_nothing(
         apiserver.wait_for(
             lambda: [s for s in apiserver.seen() if s.resource == "pods"], lambda seen: len(seen) >= 2
         )
-        every_chip = _allocate(kubelet, [f"Ascend910-{i}" for i in range(8)], timeout=0.5)
+        every_chip = _allocate(kubelet, [f"Ascend910-{i}" for i in range(8)], timeout=2)
         assert every_chip.envs["ASCEND_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
         assert waiting.is_alive()
         _create(apiserver, _pod("late", "Ascend910-6,Ascend910-7", "100"))  # seen by the agent's watch

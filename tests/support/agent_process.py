@@ -12,6 +12,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.support import PATIENCE
+
 
 class AgentProcess:
     def __init__(
@@ -41,7 +43,7 @@ class AgentProcess:
         with self._cond:
             self._cond.notify_all()
 
-    def wait_log(self, pattern: str, timeout: float = 10.0, count: int = 1) -> list[str]:
+    def wait_log(self, pattern: str, timeout: float = PATIENCE, count: int = 1) -> list[str]:
         """Wait until ``count`` lines match ``pattern`` (a regex); fail with the log so far."""
         regex = re.compile(pattern)
         found: list[str] = []

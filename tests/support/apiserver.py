@@ -44,6 +44,8 @@ import pytest
 from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
 from kmock._internal.rendering import Request
 
+from tests.support import PATIENCE
+
 T = TypeVar("T")
 
 # Kinds the emulator lists even while none exist (it answers 404 for a resource it has never seen).
@@ -343,7 +345,7 @@ class ApiServer:
     def _moved_on(self, generation: int) -> bool:
         return self._generation != generation
 
-    def wait_for(self, read: Callable[[], T], ready: Callable[[T], bool], timeout: float = 10.0) -> T:
+    def wait_for(self, read: Callable[[], T], ready: Callable[[T], bool], timeout: float = PATIENCE) -> T:
         """Wait until ``ready(read())``, checked again after every request the server gets; fail with the last
         value read."""
         deadline = time.monotonic() + timeout

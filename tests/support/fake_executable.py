@@ -1,11 +1,16 @@
 """The test side of a fake executable (tests/support/fakes/): the script copied with this interpreter's
 shebang, and the files beside it that it reads on every run: ``mode``, ``out/<args>.txt``, ``err/<args>.txt``,
-and the ``calls.log`` it appends its arguments to."""
+and the ``calls.log`` it appends its arguments to. ``lifetime.py``, copied beside it, bounds how long it
+hangs: no longer than the process that ran it lives."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+_LIFETIME = Path(__file__).parent / "fakes" / "lifetime.py"
+# -S: no site-packages (the fakes need the standard library alone), half the start of a run.
+HERE_PYTHON = f"{sys.executable} -S"
 
 
 class FakeExecutable:
@@ -13,12 +18,13 @@ class FakeExecutable:
 
     modes: tuple[str, ...] = ("ok", "fail", "hang", "garbage")
 
-    def __init__(self, directory: Path, name: str, script: Path, interpreter: str = sys.executable) -> None:
+    def __init__(self, directory: Path, name: str, script: Path, interpreter: str = HERE_PYTHON) -> None:
         """``interpreter`` runs the script: this one, or ``/usr/bin/env python3`` for one that runs where this
         interpreter is not (inside a container)."""
         self.directory = directory
         (directory / "out").mkdir(parents=True, exist_ok=True)
         (directory / "err").mkdir(exist_ok=True)
+        (directory / _LIFETIME.name).write_text(_LIFETIME.read_text())
         self.path = directory / name
         self.path.write_text(f"#!{interpreter}\n" + script.read_text())
         self.path.chmod(0o755)

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.support import ROOT
+from tests.support import PATIENCE, ROOT
 
 BINARY = Path(os.environ.get("KUBELET_STANDIN", ROOT / "build" / "interop" / "kubelet-standin"))
 RESOURCE = "huawei.com/Ascend910"
@@ -193,7 +193,9 @@ class GoKubelet:
         with self._cond:
             return list(self._by_kind.get(kind, [])[after:])
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    def wait_for(
+        self, predicate: Callable[[], bool], timeout: float = PATIENCE, what: str = "condition"
+    ) -> None:
         with self._cond:
             if self._cond.wait_for(lambda: predicate() or self._exited, timeout) and not self._exited:
                 return
@@ -225,13 +227,17 @@ class GoKubelet:
         self.wait_for(check, timeout, kind)
         return found[0]
 
-    def wait_registrations(self, count: int, timeout: float = 10.0) -> list[Registration]:
+    def wait_registrations(self, count: int, timeout: float = PATIENCE) -> list[Registration]:
         self.wait_for(lambda: len(self.registrations) >= count, timeout, f"{count} registration(s)")
         with self._cond:
             return list(self.registrations)
 
     def wait_update(
-        self, predicate: Callable[[Update], bool], after: int = 0, timeout: float = 10.0, what: str = "update"
+        self,
+        predicate: Callable[[Update], bool],
+        after: int = 0,
+        timeout: float = PATIENCE,
+        what: str = "update",
     ) -> Update:
         """The first update from index ``after`` on for which ``predicate`` holds."""
         found: list[Update] = []

@@ -29,6 +29,7 @@ from grpclib.server import Server
 from ascend_agent._proto.v1beta1 import DevicePluginStub, Empty, RegisterRequest, RegistrationBase
 from ascend_agent.kubelet.deviceplugin.kubelet import KUBELET_SOCKET
 from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
+from tests.support import PATIENCE
 
 _DIAL_TIMEOUT = 10.0
 
@@ -101,7 +102,7 @@ class AsyncKubelet(RegistrationBase):
         watch.channel.close()
 
     # what it saw ----------------------------------------------------------------------------------------
-    async def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    async def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float = PATIENCE) -> None:
         try:
             with anyio.fail_after(timeout):
                 while not predicate():
@@ -112,7 +113,7 @@ class AsyncKubelet(RegistrationBase):
                 f"refused={self.refused} dial failures={self.dial_failures} updates={len(self.updates)}"
             ) from None
 
-    async def wait_registrations(self, count: int, timeout: float = 10.0) -> list[Registration]:
+    async def wait_registrations(self, count: int, timeout: float = PATIENCE) -> list[Registration]:
         await self.wait_for(lambda: len(self.registrations) >= count, f"{count} registration(s)", timeout)
         return list(self.registrations)
 

@@ -3,10 +3,9 @@ garbage on demand."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from tests.support.fake_executable import FakeExecutable
+from tests.support.fake_executable import HERE_PYTHON, FakeExecutable
 
 _SCRIPT = Path(__file__).parent / "fakes" / "hccn_tool.py"
 
@@ -16,7 +15,7 @@ class FakeHccnTool(FakeExecutable):
     A chip with no output set answers as one with no address (exit status 13), with its link UP and net
     health Success."""
 
-    def __init__(self, directory: Path, interpreter: str = sys.executable) -> None:
+    def __init__(self, directory: Path, interpreter: str = HERE_PYTHON) -> None:
         super().__init__(directory, "hccn_tool", _SCRIPT, interpreter)
 
     def set_error(self, args: str, text: str, status: int = 1) -> None:

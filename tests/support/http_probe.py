@@ -11,6 +11,8 @@ import socket
 import time
 from collections.abc import Callable
 
+from tests.support import PATIENCE
+
 _POLL = 0.01
 
 
@@ -37,7 +39,7 @@ def wait_answer(
     port: int,
     path: str,
     predicate: Callable[[int | None, str], bool],
-    timeout: float = 10.0,
+    timeout: float = PATIENCE,
     what: str = "answer",
 ) -> tuple[int | None, str]:
     """GET ``path`` until ``predicate(status, body)`` holds (status None: refused); the answer that did."""

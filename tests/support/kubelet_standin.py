@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from tests.support import ROOT
+from tests.support import PATIENCE, ROOT
 
 
 def compile_api(out: Path) -> tuple[ModuleType, ModuleType]:
@@ -140,7 +140,9 @@ class KubeletStandin:
         entry[0].close()
 
     # what it saw ----------------------------------------------------------------------------------------
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    def wait_for(
+        self, predicate: Callable[[], bool], timeout: float = PATIENCE, what: str = "condition"
+    ) -> None:
         with self._cond:
             if not self._cond.wait_for(predicate, timeout):
                 raise AssertionError(
@@ -149,7 +151,7 @@ class KubeletStandin:
                     f"updates={len(self.updates)}"
                 )
 
-    def wait_registrations(self, count: int, timeout: float = 10.0) -> list[Registration]:
+    def wait_registrations(self, count: int, timeout: float = PATIENCE) -> list[Registration]:
         self.wait_for(lambda: len(self.registrations) >= count, timeout, f"{count} registration(s)")
         return list(self.registrations)
 
@@ -165,7 +167,11 @@ class KubeletStandin:
         )
 
     def wait_update(
-        self, predicate: Callable[[Update], bool], after: int = 0, timeout: float = 10.0, what: str = "update"
+        self,
+        predicate: Callable[[Update], bool],
+        after: int = 0,
+        timeout: float = PATIENCE,
+        what: str = "update",
     ) -> Update:
         found: list[Update] = []
 

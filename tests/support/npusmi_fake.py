@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,7 +10,8 @@ from typing import Any
 
 from inotify_simple import INotify, flags
 
-from tests.support.fake_executable import FakeExecutable
+from tests.support import PATIENCE
+from tests.support.fake_executable import HERE_PYTHON, FakeExecutable
 
 _SCRIPT = Path(__file__).parent / "fakes" / "npu_smi.py"
 
@@ -33,7 +33,7 @@ class FakeNpuSmi(FakeExecutable):
 
     modes = (*FakeExecutable.modes, "flood", "orphan")
 
-    def __init__(self, directory: Path, interpreter: str = sys.executable) -> None:
+    def __init__(self, directory: Path, interpreter: str = HERE_PYTHON) -> None:
         super().__init__(directory, "npu-smi", _SCRIPT, interpreter)
 
     def clear_error(self, args: str) -> None:
@@ -87,7 +87,7 @@ class FakeNpuSmi(FakeExecutable):
         lines = log.read_text().splitlines() if log.exists() else []
         return [line for line in lines if line.startswith(prefix)]
 
-    def wait_count(self, args: str, count: int, timeout: float = 10.0) -> None:
+    def wait_count(self, args: str, count: int, timeout: float = PATIENCE) -> None:
         """Wait until npu-smi ran with ``args`` ``count`` times in all, woken by inotify on its call log."""
         deadline = time.monotonic() + timeout
         inotify = INotify()

@@ -24,6 +24,8 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server, Stream
 
+from tests.support import PATIENCE
+
 
 class PodResourcesStandin:
     def __init__(self, path: Path, pb: ModuleType) -> None:
@@ -56,7 +58,7 @@ class PodResourcesStandin:
             self._held.clear()
             self._claimed.clear()
 
-    def wait_calls(self, count: int, timeout: float = 10.0) -> None:
+    def wait_calls(self, count: int, timeout: float = PATIENCE) -> None:
         """Wait until ``List`` has been called ``count`` times in all."""
         with self._called:
             if not self._called.wait_for(lambda: self.calls >= count, timeout):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from inotify_simple import INotify, flags
 
-from tests.support import FIXTURES
+from tests.support import FIXTURES, PATIENCE
 
 VNPU_SAMPLES = FIXTURES / "vnpu"
 TEMPLATE_INFO = (VNPU_SAMPLES / "310P3-template-info.txt").read_text()
@@ -38,7 +38,7 @@ def info_310p(npu_ids: Iterable[int]) -> str:
     return "\n".join([*head, *rows]) + "\n"
 
 
-def wait_gone(path: Path, timeout: float = 5.0) -> None:
+def wait_gone(path: Path, timeout: float = PATIENCE) -> None:
     """Wait until ``path`` no longer exists, woken by inotify on its directory."""
     deadline = time.monotonic() + timeout
     inotify = INotify()

@@ -50,8 +50,10 @@ def clock() -> ManualClock:
 
 
 def _probe(
-    tool: FakeHccnTool | Path, clock: ManualClock, debounce: float = 20.0, timeout: float = 2.0
+    tool: FakeHccnTool | Path, clock: ManualClock, debounce: float = 20.0, timeout: float = 30.0
 ) -> NetworkProbe:
+    """A probe of ``tool``: a round as long as :data:`INTERVAL` (or ``timeout``, short only where a test
+    waits out hangs)."""
     path = tool.path if isinstance(tool, FakeHccnTool) else tool
     settings = Settings(hccn_tool=str(path), npu_smi_timeout=timeout, link_down_debounce=debounce)
     return NetworkProbe(settings, clock=clock)
@@ -172,7 +174,7 @@ async def test_a_bad_tool_changes_nothing_with_one_line_per_change(
     tool: FakeHccnTool, clock: ManualClock, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     tool.set_output("-i 1 -link -g", DOWN)
-    probe = _probe(tool, clock, debounce=0, timeout=1.0)
+    probe = _probe(tool, clock, debounce=0, timeout=3.0)
     await probe.refresh(_targets(range(3)), INTERVAL)
     assert _faults(probe, range(3)) == [1]
     view = probe.view()

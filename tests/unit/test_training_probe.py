@@ -47,9 +47,12 @@ def _probe_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [record for record in caplog.records if record.name == "ascend_agent.backends.training"]
 
 
-def _probe(tool: FakeHccnTool | Path, npu_smi: FakeNpuSmi, clock: ManualClock) -> TrainingProbe:
+def _probe(
+    tool: FakeHccnTool | Path, npu_smi: FakeNpuSmi, clock: ManualClock, timeout: float = 30.0
+) -> TrainingProbe:
+    """A probe of ``tool``; its tools given ``timeout`` s, short only where a test waits out hangs."""
     path = tool.path if isinstance(tool, FakeHccnTool) else tool
-    settings = Settings(hccn_tool=str(path), npu_smi=str(npu_smi.path), npu_smi_timeout=1.0)
+    settings = Settings(hccn_tool=str(path), npu_smi=str(npu_smi.path), npu_smi_timeout=timeout)
     return TrainingProbe(settings, clock=clock)
 
 
@@ -114,7 +117,7 @@ async def test_no_ip_preset_is_none_and_ipv6_is_asked_then(
 async def test_a_bad_read_keeps_the_last_good_value_with_one_line_per_change(
     tool: FakeHccnTool, npu_smi: FakeNpuSmi, clock: ManualClock, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    probe = _probe(tool, npu_smi, clock)
+    probe = _probe(tool, npu_smi, clock, timeout=3.0)
     await probe.refresh(_targets(range(2)), interval=60.0)
     tool.set_mode(mode)
     caplog.set_level(logging.INFO, logger="ascend_agent.backends.training")

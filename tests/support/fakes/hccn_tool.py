@@ -6,7 +6,8 @@ status 13."""
 
 import os
 import sys
-import time
+
+from lifetime import hang
 
 here = os.path.dirname(os.path.abspath(__file__))
 args = " ".join(sys.argv[1:])
@@ -18,7 +19,7 @@ except OSError:  # run where its directory is mounted read-only (inside the agen
 with open(os.path.join(here, "mode")) as handle:
     mode = handle.read().strip()
 if mode == "hang":
-    time.sleep(3600)
+    hang()
 elif mode == "fail":
     sys.stderr.write("dsmi_get_device_ip_address failed, ret = -8005\n")
     sys.exit(1)

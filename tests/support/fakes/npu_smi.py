@@ -10,7 +10,8 @@ prompts on stdout, the answers read from stdin and logged to ``resets.log``, the
 import json
 import os
 import sys
-import time
+
+from lifetime import HANG_LIMIT, hang
 
 here = os.path.dirname(os.path.abspath(__file__))
 args = " ".join(sys.argv[1:])
@@ -22,7 +23,7 @@ except OSError:  # run where its directory is mounted read-only (inside the agen
 with open(os.path.join(here, "mode")) as handle:
     mode = handle.read().strip()
 if mode == "hang":
-    time.sleep(3600)
+    hang()
 elif mode == "flood":
     zeros = bytes(1 << 16)
     while True:
@@ -30,10 +31,10 @@ elif mode == "flood":
 elif mode == "orphan":
     import subprocess
 
-    child = subprocess.Popen(["sleep", "3600"])  # keeps our stdout and stderr open
+    child = subprocess.Popen(["sleep", str(HANG_LIMIT)])  # keeps our stdout and stderr open
     with open(os.path.join(here, "orphan.pid"), "w") as pid_file:
         pid_file.write(str(child.pid))
-    time.sleep(3600)
+    hang()
 elif mode == "fail":
     sys.stderr.write("dcmi module initialize failed. ret is -8005\n")
     sys.exit(1)
@@ -141,7 +142,7 @@ def vnpu_command():
         save(state)
         open(os.path.join(state["dev"], f"vdavinci{vnpu_id}"), "w").close()
         if state.get("hang_after_create"):  # made, but the answer never comes
-            time.sleep(3600)
+            hang()
         sys.stdout.write("       Status : OK\n       Message : Create vnpu success\n")
         return True
     if args.startswith("set -t destroy-vnpu"):
@@ -187,7 +188,7 @@ def reset_command():
     sys.stdout.write("\tMessage                        : resetting (about 150 seconds) ...\n")
     sys.stdout.flush()
     if plan["result"] == "hang":
-        time.sleep(3600)
+        hang()
     if plan["result"] == "fail":
         sys.stdout.write("\tStatus                         : Fail\n")
         sys.stdout.write("\tMessage                        : Failed to reset chip\n")
