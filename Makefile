@@ -16,7 +16,7 @@ DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-hea
 # Two workers (pytest-xdist): the suite's tests mostly wait on the agent processes they start.
 PYTEST_FLAGS ?= -q -n 2
 
-.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build bench-cluster image image-test clean helm-lint helm-render helm-schema
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build cluster bench-cluster image image-test clean helm-lint helm-render helm-schema
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -142,22 +142,38 @@ e2e-build:
 	@command -v $(GO) >/dev/null || { echo "make e2e-build: no go on PATH; install Go 1.26 or newer"; exit 1; }
 	tests/cluster/build.sh
 
-# .venv-helm too: tests/cluster/helm.py installs the chart with Helm's own engine, as an operator does.
+# The node's runtime (containerd, runc, the CNI plugins: tests/cluster/runtime/build.sh, cached outside the
+# clone like the Kubernetes binary) and the agent's image for this machine's architecture, which containerd
+# imports (no registry). .venv-helm too: tests/cluster/helm.py installs the chart with Helm's own engine, as an
+# operator does.
+E2E_IMAGE := build/image/ascend-agent-e2e.oci.tar
+NATIVE_ARCH = $$(dpkg --print-architecture 2>/dev/null || echo amd64)
 e2e: $(STAMP) $(HELM_STAMP)
 	@command -v $(GO) >/dev/null || { echo "make e2e: no go on PATH; install Go 1.26 or newer"; exit 1; }
-	binary=$$(tests/cluster/build.sh) && E2E_K8S_BINARY="$$binary" E2E_REQUIRE_CLUSTER=1 \
+	binary=$$(tests/cluster/build.sh) && tests/cluster/runtime/build.sh >/dev/null && \
+	IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
+	E2E_K8S_BINARY="$$binary" E2E_IMAGES="$(abspath $(E2E_IMAGE))" E2E_REQUIRE_CLUSTER=1 \
 		$(BIN)/pytest -q -m e2e_cluster -o addopts='' tests/cluster
+
+# The same node kept up for a person (root): the chart installed on it, a kubectl for it, until Ctrl-C.
+cluster: $(STAMP) $(HELM_STAMP)
+	@command -v $(GO) >/dev/null || { echo "make cluster: no go on PATH; install Go 1.26 or newer"; exit 1; }
+	@binary=$$(tests/cluster/build.sh) && tests/cluster/runtime/build.sh >/dev/null && \
+	IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
+	exec $(BIN)/python -m tests.cluster.standing "$$binary" "$(abspath $(E2E_IMAGE))"
 
 # How long the real cluster takes to see what the agent does (tests/cluster/bench.py); figures in the README.
 bench-cluster: $(STAMP)
 	binary=$$(tests/cluster/build.sh) && generic=$$(tests/cluster/goplugin/build.sh) && \
-	$(BIN)/python -m tests.cluster.bench "$$binary" "$$generic" 5 60
+	tests/cluster/runtime/build.sh >/dev/null && IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
+	$(BIN)/python -m tests.cluster.bench "$$binary" "$$generic" "$(abspath $(E2E_IMAGE))" 5 60
 
+# linux/amd64 and linux/arm64 (the second under emulation) in one OCI archive, with buildah; root.
 image:
-	@engine=$$(command -v podman || command -v docker || command -v buildah) || { echo "make image: no podman, docker or buildah here"; exit 1; }; \
-	$$engine build -f Containerfile -t ascend-agent:0.1.0 .
+	image/build.sh
 
-# Builds the image with buildah (no daemon) and runs the agent inside it; needs root. See tests/image/.
+# make image, then the agent run inside each architecture's image (arm64 under emulation); root. See
+# tests/image/.
 image-test:
 	tests/image/image-test.sh
 

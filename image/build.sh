@@ -3,6 +3,7 @@
 # (default: amd64 arm64), as one OCI archive holding an index of them:
 #
 #   image/build.sh [ARCH...]     # prints the archive's path: build/image/ascend-agent-<version>.oci.tar
+#   IMAGE_ARCHIVE=FILE image/build.sh amd64       # the archive written to FILE instead
 #
 # The image is named docker.io/library/ascend-agent:<version> in the archive, what the chart's default image
 # ascend-agent:<version> means to a container runtime (`ctr -n k8s.io images import` names it so), and
@@ -23,7 +24,7 @@ arches=("$@")
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
 cache=${ASCEND_AGENT_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ascend-agent/image}
 out=$PWD/build/image
-archive=$out/ascend-agent-$version.oci.tar
+archive=${IMAGE_ARCHIVE:-$out/ascend-agent-$version.oci.tar}
 store=(buildah --root "$cache/storage" --runroot "$cache/run" --storage-driver vfs)
 export BUILDAH_ISOLATION=chroot
 native=$(dpkg --print-architecture 2>/dev/null || echo amd64)

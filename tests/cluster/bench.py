@@ -3,7 +3,10 @@ watches (`kubectl get --watch`, each line timed as it arrives) and the kubelet's
 so no poll interval is in the figures; the agent beside a Go device plugin;
 and the agent's API requests at rest.
 
-    python -m tests.cluster.bench BINARY GENERIC_PLUGIN [ROUNDS [WINDOW_SECONDS]]
+    python -m tests.cluster.bench BINARY GENERIC_PLUGIN IMAGE_ARCHIVE [ROUNDS [WINDOW_SECONDS]]
+
+The kubelet runs on containerd (tests/cluster/runtime/), which runs the pods from the agent's image
+(IMAGE_ARCHIVE, made by image/build.sh).
 
 Figures: agent start -> Allocatable 8 in the API; chip fault -> Allocatable 7; recovery -> Allocatable 8;
 kubelet restart -> the agent registered again and Allocatable 8; pod create -> Running (the scheduler, the
@@ -11,7 +14,7 @@ kubelet's Allocate through the agent, the runtime). Each is the median and the m
 
 Side by side, in the same cluster: squat's generic-device-plugin (GENERIC_PLUGIN, built by
 tests/cluster/goplugin/build.sh) advertising eight files named like the chips' device files, as
-``generic.example/davinci``. For each plugin, each round: killed (SIGKILL) and, once the kubelet reports
+``generic.example/davinci`` (the chips' stand-in device nodes in /dev, which containerd hands over). For each plugin, each round: killed (SIGKILL) and, once the kubelet reports
 Allocatable 0, started again -> the kubelet's log line for its Register request, and -> Allocatable 8; its RSS
 then; a one-device pod create -> Running; and a kubelet restart -> Register again (both plugins at once).
 
@@ -44,6 +47,7 @@ from ascend_agent.naming import socket_name
 from tests.cluster.agent import DRA_RENDER, RENDERS, ROOT, agent_args, agent_user, apply_chart
 from tests.cluster.harness import KUBELET_DIR, NODE_NAME, Cluster
 from tests.cluster.pods import RESOURCE, one_pod_spec
+from tests.cluster.runtime import binaries
 from tests.support.agent_process import AgentProcess
 from tests.support.kubelet_standin import compile_api
 
@@ -139,10 +143,10 @@ def kubelet_registered(cluster: Cluster, resource: str, after: float, timeout: f
 
 
 class GenericPlugin:
-    """squat's generic-device-plugin over ``devices``/davinci*, in the cluster's network namespace."""
+    """squat's generic-device-plugin over the chips' device nodes, in the cluster's network namespace."""
 
-    def __init__(self, binary: Path, cluster: Cluster, devices: Path, log: IO[bytes]) -> None:
-        spec = {"name": "davinci", "groups": [{"paths": [{"path": f"{devices}/davinci*"}]}]}
+    def __init__(self, binary: Path, cluster: Cluster, log: IO[bytes]) -> None:
+        spec = {"name": "davinci", "groups": [{"paths": [{"path": "/dev/davinci[0-9]*"}]}]}
         argv = [
             str(binary),
             f"--device={json.dumps(spec)}",
@@ -235,10 +239,6 @@ def side_by_side(
     api_dir = cluster.work / "api"
     api_dir.mkdir()
     api = compile_api(api_dir)
-    devices = cluster.work / "generic-devices"
-    devices.mkdir()
-    for index in range(CHIPS):
-        (devices / f"davinci{index}").write_bytes(b"")
     log = (cluster.work / "logs" / "generic-device-plugin.log").open("ab")
     watches = {
         RESOURCE: node_watch(cluster, RESOURCE),
@@ -251,7 +251,7 @@ def side_by_side(
         if resource == RESOURCE:
             agents.append(AgentProcess(agent_argv, wrapper=cluster.in_netns([])))
             return agents[-1]
-        return GenericPlugin(generic_binary, cluster, devices, log)
+        return GenericPlugin(generic_binary, cluster, log)
 
     try:
         for _ in range(rounds):
@@ -327,12 +327,12 @@ def rest_figures(cluster: Cluster, window: float) -> dict[str, Counter[str]]:
 
 
 def run(
-    binary: Path, generic_binary: Path, rounds: int, window: float
+    binary: Path, generic_binary: Path, image: Path, rounds: int, window: float
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]], dict[str, Counter[str]]]:
     figures: dict[str, list[float]] = {}
     beside: dict[str, dict[str, list[float]]] = {}
     rest: dict[str, Counter[str]] = {}
-    cluster = Cluster(binary, audited_users=(agent_user(),))
+    cluster = Cluster(binary, audited_users=(agent_user(),), runtime_tools=binaries(), images=(image,))
     agents: list[AgentProcess] = []
     try:
         cluster.start()
@@ -398,15 +398,15 @@ def cell(what: str, samples: list[float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not 2 <= len(argv) <= 4:
+    if not 3 <= len(argv) <= 5:
         print(
-            "usage: python -m tests.cluster.bench BINARY GENERIC_PLUGIN [ROUNDS [WINDOW_SECONDS]]",
+            "usage: python -m tests.cluster.bench BINARY GENERIC_PLUGIN IMAGE_ARCHIVE [ROUNDS [WINDOW_SECONDS]]",
             file=sys.stderr,
         )
         return 2
-    rounds = int(argv[2]) if len(argv) >= 3 else 5
-    window = float(argv[3]) if len(argv) == 4 else 60.0
-    figures, beside, rest = run(Path(argv[0]), Path(argv[1]), rounds, window)
+    rounds = int(argv[3]) if len(argv) >= 4 else 5
+    window = float(argv[4]) if len(argv) == 5 else 60.0
+    figures, beside, rest = run(Path(argv[0]), Path(argv[1]), Path(argv[2]), rounds, window)
     for name, samples in figures.items():
         print(f"{name}: {milliseconds(samples)} ({len(samples)} rounds)")
     if beside:

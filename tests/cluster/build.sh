@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the test cluster's binary (main.go: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
-# kubectl, embedded etcd and the recording CRI runtime) once, into a cache outside the clone keyed by the
+# kubectl and embedded etcd) once, into a cache outside the clone keyed by the
 # Kubernetes version and a hash of this module's sources; prints the binary's path. A second run with the same
 # sources is a cache hit and builds nothing.
 set -euo pipefail

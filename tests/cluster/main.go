@@ -25,7 +25,6 @@ import (
 
 var components = map[string]func() int{
 	"etcd":                    runEtcd,
-	"cri":                     runRecordingRuntime,
 	"kube-apiserver":          func() int { return cli.Run(apiserver.NewAPIServerCommand()) },
 	"kube-controller-manager": func() int { return cli.Run(controllermanager.NewControllerManagerCommand()) },
 	"kube-scheduler":          func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
