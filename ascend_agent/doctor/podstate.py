@@ -70,12 +70,19 @@ def missing_host_paths(pod: Pod, host_root: Path) -> list[NotRunning]:
 
 
 def not_running(pod: Pod, host_root: Path) -> NotRunning | None:
-    """What keeps the agent's container from running: a missing hostPath first (the kubelet mounts the volumes
-    before anything starts), then the container's waiting reason; None when neither says."""
-    missing = missing_host_paths(pod, host_root)
+    """What keeps the agent's container from running: while the pod is still being created (its volumes are
+    mounted before anything starts), a missing hostPath; then the container's waiting reason; None when
+    neither says. A pod that runs is never judged by its paths: a doctor inside it sees only the host paths
+    it mounts under ``host_root``."""
+    statuses = (pod.status.containerStatuses if pod.status else None) or []
+    creating = (pod.status.phase if pod.status else None) in (None, "Pending") and all(
+        status.state is None or (status.state.waiting and status.state.waiting.reason == "ContainerCreating")
+        for status in statuses
+    )
+    missing = missing_host_paths(pod, host_root) if creating else []
     if missing:
         return NotRunning("; ".join(m.detail for m in missing), missing[0].hint)
-    for status in (pod.status.containerStatuses if pod.status else None) or []:
+    for status in statuses:
         waiting = status.state.waiting if status.state else None
         if waiting is None or not waiting.reason:
             continue

@@ -13,8 +13,8 @@ kubelet restart -> the agent registered again and Allocatable 8; pod create -> R
 kubelet's Allocate through the agent, the runtime). Each is the median and the maximum of ROUNDS rounds.
 
 Side by side, in the same cluster: squat's generic-device-plugin (GENERIC_PLUGIN, built by
-tests/cluster/goplugin/build.sh) advertising eight files named like the chips' device files, as
-``generic.example/davinci`` (the chips' stand-in device nodes in /dev, which containerd hands over). For each plugin, each round: killed (SIGKILL) and, once the kubelet reports
+tests/cluster/goplugin/build.sh) advertising the chips' eight stand-in device nodes in /dev as
+``generic.example/davinci``. For each plugin, each round: killed (SIGKILL) and, once the kubelet reports
 Allocatable 0, started again -> the kubelet's log line for its Register request, and -> Allocatable 8; its RSS
 then; a one-device pod create -> Running; and a kubelet restart -> Register again (both plugins at once).
 
@@ -400,7 +400,8 @@ def cell(what: str, samples: list[float]) -> str:
 def main(argv: list[str]) -> int:
     if not 3 <= len(argv) <= 5:
         print(
-            "usage: python -m tests.cluster.bench BINARY GENERIC_PLUGIN IMAGE_ARCHIVE [ROUNDS [WINDOW_SECONDS]]",
+            "usage: python -m tests.cluster.bench BINARY GENERIC_PLUGIN IMAGE_ARCHIVE "
+            "[ROUNDS [WINDOW_SECONDS]]",
             file=sys.stderr,
         )
         return 2

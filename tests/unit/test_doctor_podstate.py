@@ -70,6 +70,12 @@ def test_a_crash_loop_points_at_the_last_run(tmp_path: Path) -> None:
     assert stuck.hint.endswith("kubectl logs --previous -n kube-system ascend-device-plugin-daemonset-x1")
 
 
+def test_a_running_pod_is_never_judged_by_the_paths_a_doctor_inside_it_cannot_see(tmp_path: Path) -> None:
+    pod = _pod([_host_path("device-plugins", "/var/lib/kubelet/device-plugins", "Directory")])
+    pod.status.phase = "Running"
+    assert not_running(pod, tmp_path) is None
+
+
 def test_a_pod_whose_paths_are_all_there_and_that_waits_for_nothing_is_not_stuck(tmp_path: Path) -> None:
     (tmp_path / "dev").mkdir()
     assert not_running(_pod([_host_path("dev", "/dev", "Directory")]), tmp_path) is None

@@ -187,7 +187,7 @@ def test_settings_are_the_config_maps_to_edit() -> None:
         for name in _env()
         if name.startswith("ASCEND_AGENT_") and name != "ASCEND_AGENT_CONFIG"
     }
-    assert in_env == {"hostRoot", "npuSmi", "hccnTool"}, "only what follows the pod's mounts"
+    assert in_env == {"hostRoot", "npuSmi"}, "only what follows the pod's mounts"
     assert not in_file & in_env, in_file & in_env
 
 
