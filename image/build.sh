@@ -21,12 +21,9 @@ cd "$(dirname "$0")/.."
 
 arches=("$@")
 [ ${#arches[@]} -gt 0 ] || arches=(amd64 arm64)
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
-cache=${ASCEND_AGENT_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ascend-agent/image}
+source image/store.sh
 out=$PWD/build/image
 archive=${IMAGE_ARCHIVE:-$out/ascend-agent-$version.oci.tar}
-store=(buildah --root "$cache/storage" --runroot "$cache/run" --storage-driver vfs)
-export BUILDAH_ISOLATION=chroot
 native=$(dpkg --print-architecture 2>/dev/null || echo amd64)
 
 say() { echo "image: $*" >&2; }
@@ -96,7 +93,6 @@ mounts=()
 ca=/etc/ssl/certs/ca-certificates.crt
 [ -f "$ca" ] && mounts+=(--volume "$ca:$ca:ro")
 
-list=localhost/ascend-agent:$version
 "${store[@]}" manifest rm "$list" >/dev/null 2>&1 || true
 "${store[@]}" manifest create "$list" >/dev/null
 built=()

@@ -15,6 +15,7 @@ import yaml
 
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.support.agent_process import AgentProcess
+from tests.support.processes import OWNER
 
 ROOT = Path(__file__).resolve().parents[2]
 RENDERS = ROOT / "tests" / "fixtures" / "helm"
@@ -84,8 +85,12 @@ def start_agent(
     cluster: Cluster, render: Path = CHART_RENDER, env: dict[str, str] | None = None, **overrides: Any
 ) -> AgentProcess:
     """The agent with the chart's ServiceAccount token, in the cluster's network namespace; ``env`` adds to
-    its environment (``POD_UID``, as the downward API gives the chart's pod)."""
-    return AgentProcess(agent_args(cluster, render, **overrides), env=env, wrapper=cluster.in_netns([]))
+    its environment (``POD_UID``, as the downward API gives the chart's pod). It belongs to the cluster's
+    maker (a module's agents outlive the test that started one): its module stops it."""
+    owner = {OWNER: cluster.owner} if cluster.owner else {}
+    return AgentProcess(
+        agent_args(cluster, render, **overrides), env={**owner, **(env or {})}, wrapper=cluster.in_netns([])
+    )
 
 
 def stop_agent(cluster: Cluster, process: AgentProcess, log_name: str) -> None:

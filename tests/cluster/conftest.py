@@ -5,8 +5,7 @@ Without the binary (``E2E_K8S_BINARY``) these tests skip, so a plain ``pytest`` 
 /var/lib/kubelet/device-plugins/kubelet.sock the run stops at once with exit status 2.
 
 The kubelet runs on containerd (tests/cluster/runtime/build.sh builds it, cached), which gets the images of
-``E2E_IMAGES`` (OCI archives, ``:``-separated; ``make e2e`` passes the agent's image);
-``E2E_RUNTIME=recording`` runs it on the recording CRI stand-in instead.
+``E2E_IMAGES`` (OCI archives, ``:``-separated; ``make e2e`` passes the agent's image).
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ def k8s_binary() -> Path:
 
 @pytest.fixture(scope="session")
 def cluster(k8s_binary: Path) -> Iterator[Cluster]:
-    tools = None if os.environ.get("E2E_RUNTIME") == "recording" else binaries()
     images = tuple(Path(path) for path in os.environ.get("E2E_IMAGES", "").split(":") if path)
-    started = Cluster(k8s_binary, runtime_tools=tools, images=images)
+    started = Cluster(k8s_binary, binaries(), images=images)
     try:
         started.start()
     except KubeletPresent as refusal:

@@ -1,6 +1,6 @@
 """A single-node Kubernetes cluster from the binary tests/cluster/build.sh makes: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler and the kubelet, each a process of its own, with a container runtime:
-containerd, runc and the CNI plugins (tests/cluster/runtime/), or the recording CRI stand-in in the binary.
+containerd, runc and the CNI plugins (tests/cluster/runtime/).
 
 Everything that speaks TCP runs inside a network namespace made here (``lo`` and a veth pair, one end carrying
 the node IP), so nothing the cluster sends leaves it; kubectl joins it. Pods get addresses on a bridge inside
@@ -31,6 +31,7 @@ from typing import IO
 
 from tests.cluster.devices import CHIPS, MANAGEMENT, DevicesPresent, StandInDevices
 from tests.cluster.runtime import Containerd, RuntimeProblem, pause_archive
+from tests.support.processes import OWNER
 
 KUBELET_DIR = Path("/var/lib/kubelet")
 # What the kubelet makes on the host besides its root directory: removed at the end unless they were there.
@@ -119,6 +120,9 @@ class Cluster:
     """One cluster: call start(), then stop() (always, also after a failed start)."""
 
     binary: Path
+    # containerd's executables (tests/cluster/runtime/build.sh): the kubelet's runtime, which gets the pause
+    # image and ``images`` (OCI archives) before the kubelet starts.
+    runtime_tools: dict[str, Path]
     work: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ae2e-", dir="/tmp")))
     netns: str = field(default_factory=lambda: f"ascend-e2e-{os.getpid()}")
     components: dict[str, Component] = field(default_factory=dict)
@@ -127,19 +131,21 @@ class Cluster:
     host_dirs_made: tuple[Path, ...] = ()
     # The users whose requests the API server writes to audit.log (one JSON line per stage, Metadata level).
     audited_users: tuple[str, ...] = ()
-    # containerd's executables (tests/cluster/runtime/build.sh): the kubelet runs on containerd, which gets
-    # the pause image and ``images`` (OCI archives); None: on the recording CRI stand-in.
-    runtime_tools: dict[str, Path] | None = None
     images: tuple[Path, ...] = ()
-    runtime: Containerd | None = None
-    # With containerd: the chips' and management devices' nodes in /dev (tests add vNPUs' with make()).
+    # The chips' and management devices' nodes in /dev (tests add vNPUs' with make()).
     devices: StandInDevices = field(default_factory=StandInDevices)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.runtime = Containerd(self.runtime_tools, self.work / "containerd", cdi_dirs=[self.cdi_dir])
+        # Every component runs with the environment of the cluster's maker, also one a test starts again (the
+        # kubelet, a reboot): it belongs to the cluster, not to that test, whose leftovers the suite ends.
+        self._environment = dict(os.environ)
+
     @property
-    def records(self) -> Path:
-        """Where the CRI runtime writes each CreateContainer request, one JSON file each."""
-        return self.work / "cri-records"
+    def owner(self) -> str | None:
+        """The mark of whoever made the cluster (tests/support/processes.py), which its processes carry."""
+        return self._environment.get(OWNER)
 
     @property
     def audit_log(self) -> Path:
@@ -174,12 +180,11 @@ class Cluster:
                 f"a kubelet already answers at {KUBELET_SOCKET}: the test cluster's kubelet needs that "
                 "socket; run the cluster tests on a machine without one"
             )
-        if self.runtime_tools is not None:
-            try:
-                self.devices.make((*CHIPS, *MANAGEMENT))
-            except DevicesPresent as present:
-                raise KubeletPresent(str(present)) from None
-        host_dirs = KUBELET_HOST_DIRS + ((CONTAINERD_SHIM_DIR,) if self.runtime_tools else ())
+        try:
+            self.devices.make((*CHIPS, *MANAGEMENT))
+        except DevicesPresent as present:
+            raise KubeletPresent(str(present)) from None
+        host_dirs = (*KUBELET_HOST_DIRS, CONTAINERD_SHIM_DIR)
         self.host_dirs_made = tuple(path for path in host_dirs if not path.exists())
         self.sysctls = read_sysctls()
         self._network()
@@ -217,14 +222,10 @@ class Cluster:
                 "--bind-address=127.0.0.1",
             ],
         )
-        if self.runtime_tools is None:
-            self._spawn(
-                "cri",
-                ["cri", f"--listen=unix://{self.work / 'cri.sock'}", f"--record-dir={self.records}"],
-            )
-            self._wait_log("cri", "cri: serving")
-        else:
-            self._start_containerd(self.runtime_tools)
+        self.runtime.write_config()
+        self._spawn_containerd(self.runtime)
+        for archive in (pause_archive(), *self.images):
+            self.runtime.import_image(archive)
         self._spawn("kubelet", self._kubelet_args())
         self.wait_node_ready()
         self._wait_default_service_account()
@@ -236,15 +237,8 @@ class Cluster:
         """Where the agent writes its CDI specs and containerd reads them."""
         return self.work / "cdi"
 
-    def _start_containerd(self, tools: dict[str, Path]) -> None:
-        self.runtime = Containerd(tools, self.work / "containerd", cdi_dirs=[self.cdi_dir])
-        self.runtime.write_config()
-        self._spawn_containerd(self.runtime)
-        for archive in (pause_archive(self.work.parent / "ascend-e2e-images"), *self.images):
-            self.runtime.import_image(archive)
-
     def _spawn_containerd(self, runtime: Containerd) -> None:
-        self._spawn("containerd", runtime.args(), runtime.tools["containerd"], runtime.env())
+        self._spawn("containerd", runtime.args(), runtime.tools["containerd"], runtime.env(self._environment))
         process = self.components["containerd"].process
         try:
             runtime.wait_serving(lambda: process.poll() is None)
@@ -392,7 +386,7 @@ class Cluster:
         ]
 
     def _runtime_endpoint(self) -> str:
-        return self.runtime.endpoint if self.runtime else f"unix://{self.work / 'cri.sock'}"
+        return self.runtime.endpoint
 
     def _spawn(
         self, name: str, args: list[str], program: Path | None = None, env: dict[str, str] | None = None
@@ -410,7 +404,7 @@ class Cluster:
         argv = [str(program or self.binary), *args]
         process = subprocess.Popen(
             self.in_netns(argv),
-            env=env,
+            env=env or self._environment,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -503,7 +497,6 @@ class Cluster:
         containerd's state and ``volatile`` emptied (tmpfs on a node: /run, /var/run/cdi), then containerd
         and the kubelet started again, until the node is Ready."""
         runtime = self.runtime
-        assert runtime is not None, "a reboot needs the containerd node"
         self.stop_component("kubelet")
         for container in runtime.container_ids():
             runtime.ctr("-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", container, check=False, timeout=30)
@@ -582,9 +575,9 @@ class Cluster:
 
     def stop(self) -> list[str]:
         """Stops everything and removes what the cluster made; returns what could not be put back."""
-        problems: list[str] = self._drain(self.runtime) if self.runtime else []
+        problems = self._drain(self.runtime)
         problems += self.devices.remove()
-        for name in ("kubelet", "cri", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             self.stop_component(name)
         for name in list(self.components):
             self.stop_component(name)
@@ -627,9 +620,8 @@ class Cluster:
                 if (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace") == binary:
                     argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                     found.append(f"process {proc.name}: {argv}")
-        if self.runtime:
-            found += [f"containerd shim {pid}" for pid in self.runtime.shim_pids()]
-            found += [f"cgroup {path}" for path in self.runtime.cgroups()]
+        found += [f"containerd shim {pid}" for pid in self.runtime.shim_pids()]
+        found += [f"cgroup {path}" for path in self.runtime.cgroups()]
         found += [f"device node {path}" for path in self.devices.made]
         found += [f"mount {point}" for point in _mounts_under(self.work, KUBELET_DIR)]
         found += [f"{path} (it did not exist before)" for path in self.host_dirs_made if path.exists()]

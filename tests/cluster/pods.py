@@ -101,7 +101,6 @@ def container_id(cluster: Cluster, pod: str, name: str, namespace: str = "defaul
 
 def runtime_spec(cluster: Cluster, pod: str, name: str, namespace: str = "default") -> dict[str, Any]:
     """The OCI spec containerd made for the pod's container ``name``."""
-    assert cluster.runtime is not None, "the cluster runs no containerd"
     return cluster.runtime.container_spec(container_id(cluster, pod, name, namespace))
 
 

@@ -53,7 +53,6 @@ def test_the_apiserver_reports_the_pinned_version(cluster: Cluster) -> None:
 
 def test_the_kubelet_runs_on_containerd_and_pods_get_addresses_inside_the_cluster(cluster: Cluster) -> None:
     node = json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)
-    assert cluster.runtime is not None
     served = cluster.runtime.ctr("version").stdout.split("Server:")[1]
     (version,) = re.findall(r"Version:\s+(\S+)", served)
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"] == f"containerd://{version}"

@@ -168,7 +168,6 @@ def test_through_cdi_containerd_applies_the_agents_spec(cluster: Cluster, node: 
 
 
 def test_a_rolling_update_to_a_new_tag_keeps_the_running_workload(cluster: Cluster, node: DriverTree) -> None:
-    assert cluster.runtime is not None
     cluster.runtime.ctr("-n", "k8s.io", "images", "tag", "--force", IMAGE, f"{IMAGE}-second")
     workload(cluster, "keeps-running", 2)
     try:
@@ -205,7 +204,6 @@ def test_a_rolling_update_to_a_new_tag_keeps_the_running_workload(cluster: Clust
 def test_the_agents_container_killed_is_restarted_and_registers_again(
     cluster: Cluster, node: DriverTree
 ) -> None:
-    assert cluster.runtime is not None
     pod = agent_pod(cluster)
     name = pod["metadata"]["name"]
     registrations = cluster.kubelet_log().count("Got registration request from device plugin")

@@ -28,8 +28,9 @@ fail() {
     exit 1
 }
 
-# await FILE TEXT: until FILE holds TEXT, for at most 30 s (the image has no inotify tool to wait with);
-# fails at once when the agent or the simulator has exited.
+# await FILE TEXT: until FILE holds TEXT, for at most AWAIT_SECONDS (30 by default; longer where the image runs
+# emulated), since the image has no inotify tool to wait with; fails at once when the agent or the simulator
+# has exited.
 await() {
     tries=0
     until grep -qF -- "$2" "$1"; do
@@ -37,7 +38,7 @@ await() {
             kill -0 "$pid" 2>/dev/null || fail "$(name_of "$pid") exited while waiting for '$2'"
         done
         tries=$((tries + 1))
-        [ "$tries" -le 300 ] || fail "no '$2' within 30 s"
+        [ "$tries" -le "$((${AWAIT_SECONDS:-30} * 10))" ] || fail "no '$2' within ${AWAIT_SECONDS:-30} s"
         sleep 0.1
     done
 }
@@ -51,9 +52,11 @@ ascend-agent kubelet-sim --kubelet-dir "$dir/kubelet" >"$sim_log" 2>&1 &
 sim=$!
 await "$sim_log" "listening on"
 
+started=$(date +%s.%N)
 ascend-agent run --backend fake --kubelet-dir "$dir/kubelet" --plugin-dir "$dir/agent" --metrics-address "" >"$agent_log" 2>&1 &
 agent=$!
 await "$agent_log" "Registered resource huawei.com/Ascend910"
+echo "in-image: start -> registered in $(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }') s (this poll's 0.1 s steps included)"
 await "$sim_log" "ListAndWatch huawei.com/Ascend910: 8 devices, 8 healthy"
 await "$sim_log" "Allocate Ascend910-"
 

@@ -1,14 +1,25 @@
 """The parts of the real-cluster harness (tests/cluster/) that need no cluster: the kubelet check that makes
-it refuse to start, and the generator of tests/cluster/go.mod's staging replaces."""
+it refuse to start, the generator of tests/cluster/go.mod's staging replaces, containerd's configuration, the
+OCI archive writer and the stand-in device nodes."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import socket
 import subprocess
+import tarfile
+import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.cluster import sync_go_mod
+from tests.cluster.devices import MANAGEMENT, DevicesPresent, StandInDevices, numbers
 from tests.cluster.harness import kubelet_answers
+from tests.cluster.runtime import PAUSE_IMAGE, Containerd
+from tests.cluster.runtime.oci import write_archive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,3 +98,68 @@ def test_make_test_does_not_build_the_cluster() -> None:
     )
     assert "tests/cluster/build.sh" not in dry.stdout
     assert "go build" not in dry.stdout
+
+
+def test_containerds_configuration_keeps_everything_under_its_work_directory(tmp_path: Path) -> None:
+    """Every path containerd, runc and the CNI plugins are told of is under the cluster's work directory, but
+    the CDI directories and the executables; and what this machine needs is set (real-node.md)."""
+    names = ("containerd", "ctr", "containerd-shim-runc-v2", "runc", "bridge", "loopback", "host-local")
+    tools = {name: tmp_path / "tools" / name for name in names}
+    for path in tools.values():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("")
+    work = tmp_path / "work" / "containerd"
+    runtime = Containerd(tools, work, cdi_dirs=[tmp_path / "cdi"])
+    runtime.write_config()
+    config = tomllib.loads(runtime.config.read_text())
+    cri = config["plugins"]["io.containerd.cri.v1.runtime"]
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["netns_mounts_under_state_dir"] is True
+    assert cri["cdi_spec_dirs"] == [str(tmp_path / "cdi")]
+    runc = cri["containerd"]["runtimes"]["runc"]["options"]
+    assert runc["SystemdCgroup"] is False and runc["BinaryName"] == str(tools["runc"])
+    assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] == PAUSE_IMAGE
+
+    def paths(value: object) -> list[str]:
+        if isinstance(value, dict):
+            return [p for v in value.values() for p in paths(v)]
+        if isinstance(value, list):
+            return [p for v in value for p in paths(v)]
+        return [value] if isinstance(value, str) and value.startswith("/") else []
+
+    outside = [p for p in paths(config) if not p.startswith(str(work)) and p not in map(str, tools.values())]
+    assert outside == [str(tmp_path / "cdi")], outside
+    (conflist,) = (work / "net.d").glob("*.conflist")
+    ipam = json.loads(conflist.read_text())["plugins"][0]["ipam"]
+    assert ipam["dataDir"].startswith(str(work)), ipam
+
+
+def test_an_oci_archive_holds_the_image_under_its_name_with_matching_digests(tmp_path: Path) -> None:
+    archive = tmp_path / "pause.tar"
+    write_archive(archive, "localhost/x/pause:1", {"pause": b"\x7fELF..."}, ["/pause"], user="65535:65535")
+    with tarfile.open(archive) as opened:
+        members = {m.name: opened.extractfile(m).read() for m in opened.getmembers()}  # type: ignore[union-attr]
+    for name, content in members.items():
+        if name.startswith("blobs/sha256/"):
+            assert hashlib.sha256(content).hexdigest() == name.rsplit("/", 1)[1]
+    (described,) = json.loads(members["index.json"])["manifests"]
+    assert described["annotations"]["io.containerd.image.name"] == "localhost/x/pause:1"
+    manifest = json.loads(members[f"blobs/sha256/{described['digest'].split(':')[1]}"])
+    config = json.loads(members[f"blobs/sha256/{manifest['config']['digest'].split(':')[1]}"])
+    assert config["config"] == {"Entrypoint": ["/pause"], "User": "65535:65535"}
+    (layer,) = manifest["layers"]
+    with tarfile.open(fileobj=io.BytesIO(members[f"blobs/sha256/{layer['digest'].split(':')[1]}"])) as files:
+        (entry,) = files.getmembers()
+        assert (entry.name, entry.mode, entry.mtime) == ("pause", 0o755, 0)
+    rewritten = tmp_path / "again.tar"
+    write_archive(rewritten, "localhost/x/pause:1", {"pause": b"\x7fELF..."}, ["/pause"], user="65535:65535")
+    assert rewritten.read_bytes() == archive.read_bytes()
+
+
+def test_stand_in_device_numbers_tell_the_nodes_apart_and_a_real_node_is_refused(tmp_path: Path) -> None:
+    assert numbers("davinci3") == (240, 3)
+    assert numbers("vdavinci116") == (242, 116)
+    assert [numbers(name) for name in MANAGEMENT] == [(241, 0), (241, 1), (241, 2)]
+    (tmp_path / "davinci0").write_text("")  # the host has one already
+    with pytest.raises(DevicesPresent, match="davinci0 exists"):
+        StandInDevices(tmp_path).make(["davinci0"])

@@ -707,9 +707,16 @@ def test_containerfile_builds_and_installs_the_wheel() -> None:
     assert installs, runs
     assert not any(re.search(r"\b(apt-get|apk|dnf|yum)\b", run) for run in runs), "no packages in the runtime"
     assert any(keyword == "COPY" and "--from=" in rest for keyword, rest in final)
-    assert not any(keyword == "COPY" and "--from=" not in rest for keyword, rest in final), (
-        "sources stay behind"
-    )
+    # The sources stay behind: only pyproject.toml comes in, to name the dependencies, which are installed in
+    # a layer before the wheel's (its cache outlives a change of the code) and without the wheel's help.
+    own = [rest for keyword, rest in final if keyword == "COPY" and "--from=" not in rest]
+    assert own == ["pyproject.toml /tmp/pyproject.toml"], own
+    order = [
+        keyword if keyword != "RUN" else ("DEPS" if "requirements" in rest else "RUN")
+        for keyword, rest in final
+    ]
+    assert order.index("DEPS") < next(i for i, (k, r) in enumerate(final) if k == "COPY" and "--from=" in r)
+    assert all("--no-deps" in run for run in installs), installs
     # Every source directory setuptools packages is in the build context the builder copies.
     copied = " ".join(rest for keyword, rest in stages[0][1] if keyword == "COPY")
     for directory in set(PYPROJECT["tool"]["setuptools"]["package-dir"].values()):

@@ -3,7 +3,7 @@ Go module proxy, configured to keep everything it makes under the cluster's work
 it runs imported from OCI archives (no registry)::
 
     runtime = Containerd(binaries(), cluster.work / "containerd", cdi_dirs=[cluster.work / "cdi"])
-    runtime.write_config()  # then run runtime.tools['containerd'] with runtime.args(), runtime.env()
+    runtime.write_config()  # then runtime.tools["containerd"] with runtime.args(), runtime.env(os.environ)
     runtime.import_image(pause_archive(cache))
     runtime.ctr("-n", "k8s.io", "images", "ls")
 """
@@ -25,6 +25,11 @@ from tests.cluster.runtime.oci import write_archive
 HERE = Path(__file__).resolve().parent
 NAMESPACE = "k8s.io"  # the CRI plugin's containerd namespace
 CGROUPS = Path("/sys/fs/cgroup")
+# Where build.sh keeps the runtime's executables, and the pause image is kept.
+CACHE = Path(
+    os.environ.get("ASCEND_AGENT_NODE_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ascend-agent" / "node"
+)
 PAUSE_IMAGE = "localhost/ascend-e2e/pause:1"
 POD_SUBNET = "10.88.0.0/24"
 BRIDGE = "cni0"
@@ -49,7 +54,7 @@ def binaries(script: Path = HERE / "build.sh") -> dict[str, Path]:
     return {name: Path(path) for name, path in found.items()}
 
 
-def pause_archive(cache: Path) -> Path:
+def pause_archive(cache: Path = CACHE) -> Path:
     """The pause image (``pause.c``, static) as an OCI archive in ``cache``, made once per source."""
     source = HERE / "pause.c"
     key = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
@@ -171,8 +176,9 @@ state = '{self.work / "state"}'
     def args(self) -> list[str]:
         return ["--config", str(self.config)]
 
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` with the runtime's executables first on PATH."""
+        return {**base, "PATH": f"{self.bin_dir}:{base.get('PATH', '/usr/bin:/bin')}"}
 
     def ctr(self, *args: str, timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``ctr`` against this containerd (its API is a unix socket: no network namespace needed)."""
