@@ -132,6 +132,8 @@ class Cluster:
     # The users whose requests the API server writes to audit.log (one JSON line per stage, Metadata level).
     audited_users: tuple[str, ...] = ()
     images: tuple[Path, ...] = ()
+    # Whether start() got past its refusals: the machine was this cluster's to change.
+    began: bool = False
     # The chips' and management devices' nodes in /dev (tests add vNPUs' with make()).
     devices: StandInDevices = field(default_factory=StandInDevices)
     _logs: list[IO[bytes]] = field(default_factory=list)
@@ -177,13 +179,14 @@ class Cluster:
     def start(self) -> None:
         if kubelet_answers():
             raise KubeletPresent(
-                f"a kubelet already answers at {KUBELET_SOCKET}: the test cluster's kubelet needs that "
-                "socket; run the cluster tests on a machine without one"
+                f"a kubelet already answers at {KUBELET_SOCKET}: this cluster's kubelet needs that socket; "
+                "stop that kubelet (another make e2e or make cluster?) or use a machine without one"
             )
         try:
             self.devices.make((*CHIPS, *MANAGEMENT))
         except DevicesPresent as present:
             raise KubeletPresent(str(present)) from None
+        self.began = True
         host_dirs = (*KUBELET_HOST_DIRS, CONTAINERD_SHIM_DIR)
         self.host_dirs_made = tuple(path for path in host_dirs if not path.exists())
         self.sysctls = read_sysctls()
@@ -575,8 +578,11 @@ class Cluster:
 
     def stop(self) -> list[str]:
         """Stops everything and removes what the cluster made; returns what could not be put back."""
-        problems = self._drain(self.runtime)
-        problems += self.devices.remove()
+        if not self.began:  # refused at its start: the kubelet's mounts, the shims and cgroups are another's
+            problems = self.devices.remove()
+            shutil.rmtree(self.work, ignore_errors=True)
+            return problems
+        problems = self._drain(self.runtime) + self.devices.remove()
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             self.stop_component(name)
         for name in list(self.components):
@@ -611,6 +617,8 @@ class Cluster:
 
     def leftovers(self) -> list[str]:
         """What the cluster left on the machine after stop(): processes, mounts, files, the namespace."""
+        if not self.began:
+            return [f"work directory {self.work}"] if self.work.exists() else []
         found: list[str] = []
         binary = str(self.binary)
         for proc in Path("/proc").iterdir():

@@ -6,12 +6,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.harness import NODE_NAME, Cluster, kubelet_answers
 from tests.cluster.pods import container, wait_running
 from tests.cluster.runtime import POD_SUBNET
 
@@ -72,3 +74,22 @@ def test_the_kubelet_runs_on_containerd_and_pods_get_addresses_inside_the_cluste
         assert reached.stdout.strip() == "reached"
     finally:
         cluster.kubectl("delete", "pod", "addressed", "--wait=true", "--timeout=60s", check=False, timeout=90)
+
+
+def test_make_cluster_where_a_kubelet_answers_says_so_in_one_line_and_exits_2(cluster: Cluster) -> None:
+    """`make cluster` run beside this cluster: refused at once, nothing of the running one touched."""
+    answer = subprocess.run(
+        [sys.executable, "-m", "tests.cluster.standing", str(cluster.binary), "/nonexistent.tar"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert answer.returncode == 2, answer
+    assert answer.stdout == "", answer.stdout
+    lines = answer.stderr.splitlines()
+    assert len(lines) == 1, answer.stderr
+    (line,) = lines
+    assert line.startswith("make cluster: a kubelet already answers at /var/lib/kubelet/"), line
+    assert cluster.kubectl("get", "--raw=/readyz").stdout.strip() == "ok"
+    assert kubelet_answers() and cluster.runtime.ctr("version", check=False).returncode == 0

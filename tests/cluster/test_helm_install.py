@@ -7,7 +7,6 @@ checksum never rolls the DaemonSet onto a file the agent cannot load."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ import yaml
 from tests.cluster import helm
 from tests.cluster.agent import NAMESPACE, RENDERS
 from tests.cluster.harness import Cluster
+from tests.cluster.released import remove_applied_chart
 
 pytestmark = pytest.mark.e2e_cluster
 
@@ -29,13 +29,7 @@ DAEMONSET = "ascend-device-plugin-daemonset"
 def no_release(cluster: Cluster) -> Iterator[None]:
     """No object of the chart in the cluster before (Helm adopts none that kubectl applied), the release
     uninstalled after."""
-    if not helm.HELM_PYTHON.exists():
-        reason = f"{helm.HELM_PYTHON} is missing: `make e2e` makes it (Python >= 3.12)"
-        if os.environ.get("E2E_REQUIRE_CLUSTER"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    for render in sorted(RENDERS.glob("*.yaml")):
-        cluster.kubectl("delete", "-f", str(render), "--ignore-not-found", "--wait=true", timeout=120)
+    remove_applied_chart(cluster)
     yield
     helm.uninstall(cluster)
 

@@ -230,13 +230,17 @@ state = '{self.work / "state"}'
         return problems
 
     def shim_pids(self) -> list[int]:
-        """The shims still running (they outlive containerd by design)."""
+        """This containerd's shims still running (they outlive containerd by design): the shim's executable
+        started with this containerd's address."""
         shim = self.tools["containerd-shim-runc-v2"].resolve()
         found = []
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 with contextlib.suppress(OSError):
-                    if Path(os.readlink(proc / "exe")) == shim:
+                    if Path(os.readlink(proc / "exe")) != shim:
+                        continue
+                    argv = (proc / "cmdline").read_bytes().split(b"\0")
+                    if str(self.socket).encode() in argv:
                         found.append(int(proc.name))
         return found
 
