@@ -40,7 +40,7 @@ from prometheus_client import Gauge
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.placed import node_address
-from ascend_agent.cluster.podlist import bound_to, list_node_pods, view_of
+from ascend_agent.cluster.podlist import MAX_PODS, bound_to, list_node_pods, view_of
 from ascend_agent.cluster.ranktable import CONFIGURATION as CONFIGURATION_910
 from ascend_agent.cluster.ranktable import CONFIGURATION_NPU
 from ascend_agent.cluster.volcano_marks import (
@@ -143,6 +143,7 @@ class VolcanoPods:
         self._refused: set[str] = set()  # pods whose choice was refused once: never chosen again
         self._ignored: set[str] = set()  # pods with a predicate-time that is none (logged once)
         self._unreadable: set[str] = set()  # pods of the last list that could not be decoded (logged once)
+        self._over = False  # pods past MAX_PODS were left out since the cache was last under it (said once)
         # (resource, chips) -> a heap of (predicate-time, namespace, name, uid) of the pods that may want
         # them; entries of pods since changed, taken or gone are dropped when they come to the top.
         self._queues: dict[tuple[str, int], list[tuple[int, str, str, str]]] = {}
@@ -264,6 +265,9 @@ class VolcanoPods:
         if pod.ended:
             self._forget(pod.uid)
             return
+        if pod.uid not in self._pods and len(self._pods) >= MAX_PODS:
+            self._full(1)
+            return
         self._pods[pod.uid] = pod
         self._names[pod.namespace, pod.name] = pod.uid
         self._version += 1
@@ -298,11 +302,27 @@ class VolcanoPods:
             return
         if pod is not None and self._names.get((pod.namespace, pod.name)) == uid:
             del self._names[pod.namespace, pod.name]
+        if self._over and len(self._pods) < MAX_PODS:
+            self._full(0)
         if self._marks is not None:
             self._marks.pop(uid, None)
         self._mount(uid, None)
         self._version += 1
         self._tell_mounted()
+
+    def _full(self, left_out: int) -> None:
+        """``left_out`` pods past :data:`MAX_PODS` were not kept (0: the cache is under it again); said once
+        each way."""
+        if left_out and not self._over:
+            log.warning(
+                "The API server names more than %d pods on this node that have not ended (a node runs a few "
+                "hundred): the pods past them are not kept, and an Allocate for one of them is refused; "
+                "check the API server",
+                MAX_PODS,
+            )
+        elif not left_out and self._over:
+            log.info("The node's pods are under %d again: every new pod is kept", MAX_PODS)
+        self._over = bool(left_out)
 
     def _mount(self, uid: str, mounted: Mounted | None) -> None:
         """``uid`` has the chips of ``mounted`` now (None: none)."""
@@ -403,7 +423,7 @@ class VolcanoPods:
         taken_before = set(self._taken)
         self._listing = listing = anyio.Event()
         try:
-            pods, version, unreadable = await list_node_pods(api)
+            pods, version, unreadable, past = await list_node_pods(api)
         finally:
             self._first_read.set()
             listing.set()
@@ -413,6 +433,8 @@ class VolcanoPods:
             if name not in self._unreadable:
                 log.warning("Pod %s is ignored: %s", name, problem)
         self._unreadable = set(unreadable)
+        if past:
+            self._full(past)
         listed = {pod.uid for pod in pods}
         if self._marks is None:
             self._marks = {pod.uid: mounted for pod in pods for mounted in mounted_from((pod,))}

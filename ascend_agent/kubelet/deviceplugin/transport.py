@@ -13,7 +13,10 @@ construction, to every service it serves:
   long as the connection lives), and a client that resets streams faster than any kubelet gets a GOAWAY;
 - at most ``max_streams`` streams per connection; more are refused with REFUSED_STREAM;
 - a connection with no stream open for ``idle_timeout`` is closed;
-- a frame of a type HTTP/2 does not define is ignored, as RFC 9113 says, instead of ending the connection::
+- a frame of a type HTTP/2 does not define is ignored, as RFC 9113 says, instead of ending the connection;
+
+and an answer the agent reads as a client (:func:`read_answer`) has its length prefix checked before its body
+is read::
 
     server = BoundedServer([service], codec=BytesCodec())
     identity = await server.serve(Path("/var/lib/kubelet/device-plugins/ascend-Ascend910.sock"))
@@ -136,6 +139,33 @@ async def read_request(stream: Stream[Any, Any], limits: Limits = DEFAULT_LIMITS
         raise GRPCError(
             Status.DEADLINE_EXCEEDED, f"the request did not arrive within {limits.request_timeout:g} s"
         ) from None
+
+
+class UnreadAnswer(Exception):
+    """A unary answer the caller does not read: longer than it reads, compressed or cut short; the message
+    says which."""
+
+
+async def read_answer(call: Any, limit: int) -> bytes:
+    """The one message of a unary call's answer (``call``: a grpclib client stream whose request was sent),
+    its length prefix checked against ``limit`` before the body is read: grpclib's own reader gathers
+    whatever a prefix claims, up to 4 GiB. :class:`UnreadAnswer` past ``limit``; GRPCError when the server
+    refused the call; b"" for an answer without a message."""
+    await call.recv_initial_metadata()
+    h2_stream = call._stream
+    try:
+        prefix = await h2_stream.recv_data(5)
+        if len(prefix) < 5:
+            return b""
+        compressed, length = struct.unpack(">?I", prefix)
+        if compressed:
+            raise UnreadAnswer("a compressed message, not asked for")
+        if length > limit:
+            raise UnreadAnswer(f"{length} bytes, over the {limit} read")
+        data: bytes = await h2_stream.recv_data(length)
+    except AssertionError:  # grpclib's buffer, when the stream ends before what the prefix announced
+        raise UnreadAnswer("a message cut short") from None
+    return data
 
 
 def _known_fields(message_type: Any) -> frozenset[int] | None:
