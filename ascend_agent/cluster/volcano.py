@@ -58,6 +58,7 @@ from ascend_agent.cluster.volcano_marks import (
     mounted_from,
 )
 from ascend_agent.cluster.writer import api_backoff
+from ascend_agent.echo import cut
 from ascend_agent.model import Chip, Generation, Holders, Inventory
 
 log = logging.getLogger("ascend_agent.cluster")
@@ -363,14 +364,14 @@ class VolcanoPods:
         unknown = [device for device in chosen if device not in self._chips]
         if unknown:
             raise LookupError(
-                f"Volcano chose {', '.join(unknown)} for pod {pod.namespace}/{pod.name}, which this node "
+                f"Volcano chose {_named(unknown)} for pod {pod.namespace}/{pod.name}, which this node "
                 "does not have; check the node's device-info ConfigMap"
             )
         held = self._holder(pod, resource, chosen)
         if held is not None:
             chip, holder = held
             raise ChipHeld(
-                f"pod {pod.namespace}/{pod.name} names {chip} in its {resource} annotation, which pod "
+                f"pod {pod.namespace}/{pod.name} names {cut(chip)} in its {resource} annotation, which pod "
                 f"{holder} has: refused; check who wrote that annotation (Volcano never picks a chip in use)"
             )
         unhealthy = [self._chips[device] for device in chosen if not self._chips[device].healthy]
@@ -534,6 +535,17 @@ async def _host_ip(api: KubeApi) -> str:
     if not address:
         log.warning("Pods' %s are written with host_ip empty: %s", CONFIGURATION_910, why)
     return address
+
+
+def _named(devices: Sequence[str]) -> str:
+    """Devices a pod's annotation names, as a message shows them: the first few, each cut.
+
+    >>> _named(["Ascend910-9", "Ascend910-" + "9" * 100, "a", "b", "c"])
+    'Ascend910-9, Ascend910-99...99... (110 characters), a, b and 1 more'
+    """
+    shown = [cut(device) for device in devices[:4]]
+    more = f" and {len(devices) - 4} more" if len(devices) > 4 else ""
+    return ", ".join(shown) + more
 
 
 def _patch(name: str, namespace: str, patch: dict[str, Any], client: Client) -> Pod:

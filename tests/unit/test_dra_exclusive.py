@@ -220,3 +220,19 @@ def test_the_sockets_a_killed_pod_left_are_removed_and_a_live_pods_kept(short_di
     finally:
         for server in listening:
             server.close()
+
+
+async def test_a_device_name_of_200_kb_in_an_allocation_is_refused_in_one_bounded_line(
+    short_dir: Path, apiserver: ApiServer
+) -> None:
+    """What the API server says a claim was allocated is echoed in the claim's error, the log and the
+    kubelet's answer: a device name is a DNS label, and one that is not is named by its start and length."""
+    api = _api(apiserver)
+    service = _service(short_dir, api)
+    claim = _put_claim(apiserver, "odd", ["npu-" + "9" * 200_000])
+    refused = (await service.prepare([claim]))[claim.uid]
+    assert refused == (
+        f"ResourceClaim default/odd is allocated device 'npu-{'9' * 60}... (200004 characters)', which is no "
+        "device name (a DNS label): check what wrote its allocation"
+    )
+    await api.close()

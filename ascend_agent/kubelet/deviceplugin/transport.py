@@ -14,6 +14,7 @@ construction, to every service it serves:
 - at most ``max_streams`` streams per connection; more are refused with REFUSED_STREAM;
 - a connection with no stream open for ``idle_timeout`` is closed;
 - a frame of a type HTTP/2 does not define is ignored, as RFC 9113 says, instead of ending the connection;
+- a refusal's message is cut to :data:`~ascend_agent.echo.MOST_LINE` characters, whatever it echoes;
 
 and an answer the agent reads as a client (:func:`read_answer`) has its length prefix checked before its body
 is read::
@@ -56,6 +57,7 @@ from h2.events import DataReceived, RequestReceived, StreamReset
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 
+from ascend_agent.echo import MOST_LINE, cut
 from ascend_agent.kubelet.deviceplugin import wire
 
 log = logging.getLogger(__name__)
@@ -198,7 +200,12 @@ def _bounded(handler: Handler, codec: Any, limits: Limits) -> Handler:
             return pending.pop() if pending else None
 
         stream.recv_message = recv_message  # type: ignore[method-assign]
-        await func(stream)
+        try:
+            await func(stream)
+        except GRPCError as exc:  # whatever it echoes, a refusal is one bounded line
+            if exc.message is not None and len(exc.message) > MOST_LINE:
+                raise GRPCError(exc.status, cut(exc.message, MOST_LINE), exc.details) from None
+            raise
 
     return Handler(run, handler.cardinality, handler.request_type, handler.reply_type)
 

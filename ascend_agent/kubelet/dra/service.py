@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 
 from ascend_agent.container import container_spec, device_order
+from ascend_agent.echo import cut
 from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
 from ascend_agent.kubelet.dra.carving import MADE_VNPUS, Carving, MadeVnpus
 from ascend_agent.kubelet.dra.claimread import ClaimError, ClaimReader, ClaimRef
@@ -348,7 +349,8 @@ class DraService:
             try:
                 config = npu_config(result.parameters)
             except NpuConfigError as exc:
-                raise ClaimError(f"ResourceClaim {claim}, request {result.request or '-'}: {exc}") from None
+                request = cut(result.request) or "-"
+                raise ClaimError(f"ResourceClaim {claim}, request {request}: {exc}") from None
             runtimes.add(config.runtime)
             if config.template is not None:
                 carve[result.device] = config.template
@@ -441,13 +443,13 @@ class DraService:
                 if offer is None or chip.vnpu is not None:
                     raise ClaimError(
                         f"ResourceClaim {claim}: {device} is no dynamic chip (vnpu: {{dynamic: true}}); it "
-                        f"cannot be carved into {template}"
+                        f"cannot be carved into {cut(template)}"
                     )
                 if offer.template(template) is None:
                     offered = ", ".join(t.name for t, _, _ in offer.templates) or "none"
                     raise ClaimError(
                         f"ResourceClaim {claim}: chip {chip.phys_id} ({chip.model}) offers no template "
-                        f"{template} (it offers {offered})"
+                        f"{cut(template)} (it offers {offered})"
                     )
             chips[device] = chip
         return chips
