@@ -305,11 +305,18 @@ def ranktable(
     """Print the hccl.json (rank table) entries this node contributes for a pod, as ascend-operator makes
     them from the pod's ascend-910-configuration annotation, hccl/rankIndex and IP. Exit 1 when the pod is
     missing, on another node, or cannot be in a rank table (the line says why)."""
+    from ascend_agent.echo import cut
+    from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
+
     namespace, _, name = pod.partition("/")
-    if not namespace or not name or "/" in name:
-        raise _fail(f"--pod needs NAMESPACE/NAME, got {pod!r}", EXIT_USAGE)
+    if not is_dns_label(namespace) or not is_dns_subdomain(name):
+        raise _fail(
+            f"--pod needs NAMESPACE/NAME, a namespace (a DNS label) and a pod's name (a DNS subdomain), got "
+            f"{cut(pod)!r}",
+            EXIT_USAGE,
+        )
     if table_version not in ("", "1.0", "1.2"):
-        raise _fail(f"--version is 1.0 or 1.2, got {table_version!r}", EXIT_USAGE)
+        raise _fail(f"--version is 1.0 or 1.2, got {cut(table_version)!r}", EXIT_USAGE)
     _, settings = _settings({"config": config, "kubeconfig": kubeconfig, "node_name": node_name})
     # The client's own warnings (an API server refusing) would repeat the one line the failure ends with.
     logging.getLogger("ascend_agent").addHandler(logging.NullHandler())

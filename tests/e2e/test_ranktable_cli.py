@@ -89,3 +89,66 @@ def test_bad_flags_are_usage_errors(apiserver: ApiServer) -> None:
     assert _ranktable(apiserver, "no-slash")[0] == 2
     code, _, err = _ranktable(apiserver, "team-a/p", "--version", "2.0")
     assert code == 2 and "--version is 1.0 or 1.2, got '2.0'" in _one_line(err)
+
+
+_CONFIGURATION = json.dumps(
+    {
+        "pod_name": "p",
+        "server_id": "uid-p",
+        "host_ip": "192.168.0.11",
+        "super_pod_id": -2,
+        "devices": [{"device_id": "0", "device_ip": "10.10.0.10"}],
+        "server_index": "-2",
+        "server_ip": "192.168.0.11",
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "line"),
+    [
+        (
+            {CONFIGURATION: _CONFIGURATION, "hccl/rankIndex": "9" * 5000},
+            "pod team-a/p's hccl/rankIndex is '999",
+        ),
+        (
+            {CONFIGURATION: "[" * 100_000 + "]" * 100_000, "hccl/rankIndex": "0"},
+            "nests arrays or objects too deep to read",
+        ),
+    ],
+    ids=["a 5000-digit rankIndex", "JSON nested 100,000 deep"],
+)
+def test_hostile_annotations_are_one_line(
+    apiserver: ApiServer, annotations: dict[str, str], line: str
+) -> None:
+    apiserver.put("pods", _pod("p", **annotations))
+    code, out, err = _ranktable(apiserver, "team-a/p")
+    assert (code, out) == (1, "")
+    assert line in _one_line(err)
+
+
+def test_a_5000_digit_sp_block_is_no_sp_block(apiserver: ApiServer) -> None:
+    apiserver.put(
+        "pods", _pod("p", **{CONFIGURATION: _CONFIGURATION, "hccl/rankIndex": "1", "sp-block": "9" * 5000})
+    )
+    code, out, err = _ranktable(apiserver, "team-a/p", "--version", "1.2")
+    assert code == 0, err
+    assert json.loads(out)["super_pod_list"] == [
+        {"super_pod_id": "0", "server_list": [{"server_id": "uid-p"}]}
+    ]
+
+
+@pytest.mark.parametrize(
+    "pod", ["../node-1", "team-a/..", "team-a/a/b", "Team-A/p", "team-a/p%2f..", "a" * 64 + "/p"]
+)
+def test_a_pod_that_is_no_kubernetes_name_is_refused_before_any_request(
+    apiserver: ApiServer, pod: str
+) -> None:
+    """``--pod ../node-1`` reached /api/v1/pods (every namespace) through the path the client made."""
+    code, out, err = _ranktable(apiserver, pod)
+    assert (code, out) == (2, "")
+    assert (
+        "--pod needs NAMESPACE/NAME, a namespace (a DNS label) and a pod's name (a DNS subdomain)"
+        in _one_line(err)
+    )
+    assert apiserver.seen() == []

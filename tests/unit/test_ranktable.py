@@ -20,6 +20,7 @@ from ascend_agent.cluster.ranktable import (
     CONFIGURATION,
     CONFIGURATION_NPU,
     RANK_INDEX,
+    SP_BLOCK,
     PlacedPod,
     RankTableError,
     fragment,
@@ -211,6 +212,27 @@ def _with(pod: PlacedPod, **changes: Any) -> PlacedPod:
         ({"annotations": {CONFIGURATION: '{"host_ip":5,"devices":[{}]}', RANK_INDEX: "0"}}, "host_ip 5"),
         ({"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: "-1"}}, "not a rank index"),
         ({"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: " 1"}}, "not a rank index"),
+        (
+            {"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: "9" * 5000}},
+            r"is '9{64}\.\.\. \(5000 characters\)', not a rank index",
+        ),
+        (
+            {"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: "9223372036854775808"}},
+            "not a rank index",
+        ),
+        (
+            {"annotations": {CONFIGURATION: "[" * 100_000 + "]" * 100_000, RANK_INDEX: "0"}},
+            "nests arrays or objects too deep to read",
+        ),
+        (
+            {
+                "annotations": {
+                    CONFIGURATION: '{"host_ip":[' + "1," * 5000 + '1],"devices":[{}]}',
+                    RANK_INDEX: "0",
+                }
+            },
+            r"has host_ip \[1, 1, .*\.\.\. \(15003 characters\), not a string",
+        ),
         ({"pod_ip": ""}, "has no IP yet"),
         ({"annotations": {CONFIGURATION_NPU: "{}", RANK_INDEX: "0"}}, "its rank table is v2.0"),
     ],
@@ -220,6 +242,15 @@ def test_what_the_operator_cannot_use_is_one_line(change: dict[str, Any], messag
     with pytest.raises(RankTableError, match=message) as caught:
         fragment(pod)
     assert "\n" not in str(caught.value) and "team-a/w-0" in str(caught.value)
+
+
+@pytest.mark.parametrize("sp_block", ["9" * 5000, "9223372036854775808", "x"])
+def test_an_sp_block_go_cannot_read_is_none(sp_block: str) -> None:
+    """ascend-operator reads sp-block with Go's strconv.Atoi: what it cannot read (a 5000-digit number raised
+    Python's own integer limit) is no sp-block, every pod in logical super pod 0."""
+    pod = _placed("w-0", _910b_node().chips[:2], 3, "192.168.0.11")
+    pod = _with(pod, annotations={**pod.annotations, SP_BLOCK: sp_block})
+    assert fragment(pod, "1.2")["super_pod_list"][0]["super_pod_id"] == "0"
 
 
 def test_device_ip_minus_one_is_refused_as_the_operator_does() -> None:
