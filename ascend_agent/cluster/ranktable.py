@@ -80,10 +80,18 @@ class PlacedPod:
     pod_ip: str  # status.podIP; "" until the pod has one
     annotations: Mapping[str, str]
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    uid: str = ""  # metadata.uid
+    host_ip: str = ""  # status.hostIP: the node's address as the kubelet gives it
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def configured(self) -> bool:
+        """Whether the pod carries a configuration annotation (Volcano's path: the chips' device plugin wrote
+        it when the pod got its chips)."""
+        return CONFIGURATION in self.annotations or CONFIGURATION_NPU in self.annotations
 
 
 def version_of(pod: PlacedPod) -> str:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ascend_agent.cli.held import chips_held
 from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.ranktable import (
     CONFIGURATION,
@@ -29,7 +30,7 @@ from ascend_agent.cluster.ranktable import (
     version_of,
 )
 from ascend_agent.cluster.volcano_marks import PodView, configuration
-from ascend_agent.model import Chip, Fault, Health, Inventory, SuperPod
+from ascend_agent.model import Chip, Fault, Health, Holder, Holders, Inventory, SuperPod, VNpu
 from tests.support.hccl import doc_example, gather, hccl_json
 from tests.support.training_fixtures import read
 from tests.support.volcano_types import DecodeError
@@ -401,3 +402,34 @@ def test_an_a3_die_without_an_sdid_is_named_in_v1_2() -> None:
     lines = gaps(part)
     assert len(lines) == 2
     assert lines[1].startswith("device 2, 3, 4, 5, 6, 7, 8, 9, 13, 14, 15 has no super_device_id")
+
+
+def test_the_chips_a_pod_holds_as_the_kubelet_says_them() -> None:
+    """For a pod without the configuration annotation: a shared chip's replicas are its chip, a vNPU is
+    itself, a claim's chip or vNPU by its DRA name, a template device carved at prepare a vNPU of its chip;
+    other pods' devices, other domains' resources and other drivers' devices are not the pod's."""
+    chips = tuple(Chip.make(n, "310P3", device_ip=f"10.0.0.{n}") for n in range(4))
+    vnpu = chips[3].slice(VNpu(148, "vir02"))
+    inventory = Inventory(chips, vnpus=(vnpu,))
+    me, other = Holder("ns", "p", "main"), Holder("ns", "q", "main")
+    holders = Holders(
+        {
+            ("huawei.com/Ascend310P", "Ascend310P-0-1"): (me,),
+            ("huawei.com/Ascend310P", "Ascend310P-1-0"): (other,),
+            ("example.com/npu", "Ascend310P-2-0"): (me,),
+            (vnpu.resource, vnpu.device_id): (me,),
+        },
+        {
+            ("npu.huawei.com", "npu-1"): (Holder("ns", "p", "main", "c"),),
+            ("npu.huawei.com", "npu-2-vir04-0"): (Holder("ns", "p", "main", "c"),),
+            ("gpu.example.com", "npu-0"): (Holder("ns", "p", "main", "g"),),
+        },
+    )
+    held = chips_held(inventory, holders, "ns", "p", 2, "npu.huawei.com")
+    assert [(chip.phys_id, chip.vnpu.template if chip.vnpu else None) for chip in held] == [
+        (0, None),
+        (3, "vir02"),
+        (1, None),
+        (2, "vir04"),
+    ]
+    assert [chip.rank_ip for chip in held] == ["10.0.0.0", "127.0.0.1", "10.0.0.1", "127.0.0.1"]
