@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from ascend_agent import naming
 from ascend_agent.backends import discover_once
-from ascend_agent.cluster.ranktable import RankTableError
+from ascend_agent.cluster.ranktable import CONFIGURATION, RankTableError
 from ascend_agent.config import Settings
 from ascend_agent.kubelet.dra.partitions import template_device_of
 from ascend_agent.kubelet.podresources import PodResourcesError, list_holders
@@ -27,7 +27,10 @@ async def held_chips(settings: Settings, namespace: str, pod: str) -> list[Chip]
     try:
         holders = await list_holders(settings.pod_resources_socket)
     except PodResourcesError as exc:
-        raise RankTableError(f"cannot tell which chips pod {namespace}/{pod} holds: {exc}") from None
+        raise RankTableError(
+            f"pod {namespace}/{pod} has no {CONFIGURATION} annotation, and which chips the kubelet gave it "
+            f"cannot be told: {exc}"
+        ) from None
     inventory = await discover_once(settings)
     return chips_held(inventory, holders, namespace, pod, settings.replicas, settings.dra_driver_name)
 

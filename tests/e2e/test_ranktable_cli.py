@@ -221,4 +221,7 @@ def test_a_pod_without_the_annotation_or_chips_is_one_line(
     )
     code, out, err = _ranktable(apiserver, "team-a/p", *_FAKE, "--pod-resources-socket", "/nonexistent.sock")
     assert (code, out) == (1, "")
-    assert "cannot tell which chips pod team-a/p holds: /nonexistent.sock does not exist" in _one_line(err)
+    assert (
+        "pod team-a/p has no ascend.kubectl.kubernetes.io/ascend-910-configuration annotation, and which "
+        "chips the kubelet gave it cannot be told: /nonexistent.sock does not exist"
+    ) in _one_line(err)
