@@ -125,8 +125,8 @@ def holders_of(answer: bytes) -> Holders:
                 containers.append(value)
         for container in containers:
             _container(container, namespace, name, found, claimed)
-        if len(found) + len(claimed) > MAX_DEVICES:
-            raise PodResourcesError(f"more than {MAX_DEVICES} devices, more than a node has: not read")
+            if len(found) + len(claimed) > MAX_DEVICES:
+                raise _too_many()
     return Holders(
         {key: tuple(sorted(holders)) for key, holders in found.items()},
         {key: tuple(sorted(holders)) for key, holders in claimed.items()},
@@ -143,6 +143,7 @@ def _container(
     name = ""
     devices: list[tuple[str, list[str]]] = []
     claims: list[tuple[str, list[tuple[str, str]]]] = []
+    named = 0  # devices the container names so far: past MAX_DEVICES the rest is not read
     for number, value in _parts(data, _CONTAINER):
         if number == 1:
             name = _text(value)
@@ -153,6 +154,9 @@ def _container(
                     resource = _text(part)
                 else:
                     ids.append(_text(part))
+                    named += 1
+                    if named > MAX_DEVICES:
+                        raise _too_many()
             devices.append((resource, ids))
         else:
             claim, resources = "", []
@@ -168,6 +172,9 @@ def _container(
                             device = _text(text)
                     if device:
                         resources.append((driver, device))
+                        named += 1
+                        if named > MAX_DEVICES:
+                            raise _too_many()
             claims.append((claim, resources))
     holder = Holder(namespace, pod, name)
     for resource, ids in devices:
@@ -177,6 +184,10 @@ def _container(
         by_claim = Holder(namespace, pod, name, claim)
         for key in resources:
             claimed.setdefault(key, set()).add(by_claim)
+
+
+def _too_many() -> PodResourcesError:
+    return PodResourcesError(f"more than {MAX_DEVICES} devices, more than a node has: not read")
 
 
 def _parts(data: memoryview, wanted: frozenset[int]) -> Iterator[tuple[int, memoryview]]:
