@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from ascend_agent.echo import cut
+
 RESOURCE_DOMAIN = "huawei.com"
 # The kubelet refuses longer device IDs.
 MAX_DEVICE_ID_LENGTH = 63
@@ -131,7 +133,7 @@ DRA_DAEMONSET_NAME = "ascend-dra-driver"
 
 # Huawei's vNPU template names (vir02, vir04_3c, vir10_3c_16g_nm) give the suffix of the device type
 # (Ascend310P-2c, -4c.3cpu, -10c.3cpu.16g.ndvpp): AI cores, AI CPUs, memory, media units.
-_TEMPLATE = re.compile(r"^vir(\d+)(?:_(\d+)c)?(?:_(\d+)g)?(?:_(ndvpp|dvpp|nm|m))?$")
+_TEMPLATE = re.compile(r"vir([0-9]{1,3})(?:_([0-9]{1,3})c)?(?:_([0-9]{1,4})g)?(?:_(ndvpp|dvpp|nm|m))?")
 _MEDIA = {"ndvpp": "ndvpp", "nm": "ndvpp", "dvpp": "dvpp", "m": "dvpp"}
 
 
@@ -141,9 +143,11 @@ def vnpu_suffix(template: str) -> str:
     >>> vnpu_suffix("vir10_3c_16g_nm"), vnpu_suffix("vir20_6c_64g")
     ('10c.3cpu.16g.ndvpp', '20c.6cpu.64g')
     """
-    match = _TEMPLATE.match(template)
+    match = _TEMPLATE.fullmatch(template)
     if match is None:
-        raise ValueError(f"{template!r} is not a vNPU template name (vir02, vir04_3c, vir10_3c_32g, ...)")
+        raise ValueError(
+            f"{cut(template)!r} is not a vNPU template name (vir02, vir04_3c, vir10_3c_32g, ...)"
+        )
     cores, cpus, memory, media = match.groups()
     parts = [f"{int(cores)}c"]
     parts += [f"{int(cpus)}cpu"] if cpus else []

@@ -13,8 +13,9 @@ without an entry of its own); a value lists the templates the chip should hold, 
 The layout is checked twice: at load against the published templates of each product (a name key must fit
 one product of its generation; a physical id key, some product), and before anything runs against the node:
 an id key must name one of its chips, and each chip must offer the templates (its ``template-info``) and have
-the AI cores they need. Memory is not checked: what ``info-vnpu`` calls the chip's memory is what is usable
-(21 GB on a 310P3), less than the templates' own figures add up to on a full chip (4 x vir02: 24 GB).
+the AI cores and AI CPUs they need (vir04 + 2 x vir02 fit a 310P3's 8 AI cores, not its 7 AI CPUs). Memory is
+not checked: what ``info-vnpu`` calls the chip's memory is what is usable (21 GB on a 310P3), less than the
+templates' own figures add up to on a full chip (4 x vir02_1c: 24 GB).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ PRODUCTS = (
 )
 SPLITTABLE_GENERATIONS = frozenset(product.generation for product in PRODUCTS)
 _CORES = re.compile(r"^vir(\d+)")
+_CPUS = re.compile(r"^vir[0-9]+_([0-9]{1,3})c(?:_|$)")
 # A physical chip id key: ASCII digits only (str.isdigit() takes other scripts' digits too), at most 6.
 _CHIP_ID = re.compile(r"[0-9]{1,6}")
 
@@ -261,10 +263,11 @@ def absent_chips(layout: Layout, chips: Sequence[Chip]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ChipState:
-    """What npu-smi says a chip holds now: its vNPUs and its AI cores (None where unknown)."""
+    """What npu-smi says a chip holds now: its vNPUs, its AI cores and AI CPUs (None where unknown)."""
 
     vnpus: tuple[VNpu, ...]
     aicore: int | None = None
+    aicpu: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +329,13 @@ def plan_chip(
             refused=f"vnpu: {name}: {', '.join(wanted)} need {need} AI cores; the chip has {state.aicore}; "
             "nothing created",
         )
+    need_cpus = sum(templates[t].aicpu or 0 for t in wanted)
+    if state.aicpu is not None and need_cpus > state.aicpu:
+        return ChipPlan(
+            chip,
+            refused=f"vnpu: {name}: {', '.join(wanted)} need {need_cpus} AI CPUs; the chip has "
+            f"{state.aicpu}; nothing created",
+        )
     missing = Counter(wanted)
     ordered = sorted(state.vnpus, key=lambda v: (not held(v), v.vnpu_id))
     kept: list[VNpu] = []
@@ -341,15 +351,18 @@ def plan_chip(
     create: list[str] = []
     waiting: list[str] = []
     used = sum(_cores(v.template, templates) for v in (*kept, *in_use))
+    used_cpus = sum(_cpus(v.template, templates) for v in (*kept, *in_use))
     for template in wanted:
         if missing[template] == 0:
             continue
         missing[template] -= 1
-        cores = templates[template].aicore
-        if state.aicore is not None and used + cores > state.aicore:
+        cores, cpus = templates[template].aicore, templates[template].aicpu or 0
+        over_cpus = state.aicpu is not None and used_cpus + cpus > state.aicpu
+        if (state.aicore is not None and used + cores > state.aicore) or over_cpus:
             waiting.append(template)
         else:
             used += cores
+            used_cpus += cpus
             create.append(template)
     return ChipPlan(chip, destroy, tuple(create), in_use, tuple(waiting))
 
@@ -357,3 +370,12 @@ def plan_chip(
 def _cores(template: str, templates: Mapping[str, Template]) -> int:
     known = templates.get(template)
     return known.aicore if known is not None else template_cores(template)
+
+
+def _cpus(template: str, templates: Mapping[str, Template]) -> int:
+    """A template's AI CPUs: template-info's figure, else what its name says (``_3c``), else none counted."""
+    known = templates.get(template)
+    if known is not None and known.aicpu is not None:
+        return known.aicpu
+    found = _CPUS.search(template)
+    return int(found.group(1)) if found else 0

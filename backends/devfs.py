@@ -506,6 +506,7 @@ class DevfsBackend:
         if self._probed:
             await self._vnpus.refresh_if_stale(chips, nodes)
         self._chip_list = chips
+        chips = self._vnpus.unread(chips)
         if not any(CHIP_NODE.match(name) for name in nodes):
             problems.append(
                 f"no /dev/davinci* device files under {self._dev_root}: the Ascend driver or firmware is not "

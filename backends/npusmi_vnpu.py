@@ -29,7 +29,10 @@ _TABLE = re.compile(r"Total\s+number\s+of\s+vnpu", re.IGNORECASE)
 _TEMPLATE_NAME = re.compile(r"^vir\w+$")
 _NUMBER = re.compile(r"^[0-9]{1,9}$")
 _TEMPLATE_COLUMNS = frozenset({"name", "aicore", "memory", "aicpu"})
-_FREE_TOTAL = re.compile(r"^(\w+)/(\w+)$")
+# Free/Total of one resource: NA where npu-smi cannot say; free goes below 0 on a chip whose vNPUs take more
+# than it has (made by hand, or by a tool that checks only AI cores).
+_FREE_TOTAL = re.compile(r"^(-?\w+)/(\w+)$")
+_SIGNED = re.compile(r"^-?[0-9]{1,9}$")
 _VNPU_COLUMNS = {
     "vnpu id": "vnpu_id",
     "vgroup id": "vgroup_id",
@@ -42,7 +45,8 @@ _VNPU_COLUMNS = {
 @dataclass(frozen=True, slots=True)
 class ChipVnpus:
     """``npu-smi info -t info-vnpu`` of one chip: its resources as (free, total) by label in lower case
-    (``aicore``, ``memory`` in GB, ``aicpu``, ...; None where it says NA), and its vNPUs."""
+    (``aicore``, ``memory`` in GB, ``aicpu``, ...; None where it says NA; free below 0 where the vNPUs take
+    more than the chip has), and its vNPUs."""
 
     resources: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     vnpus: tuple[VNpu, ...] = ()
@@ -71,6 +75,10 @@ def _inner(line: str) -> str | None:
 
 def _count(token: str) -> int | None:
     return int(token) if _NUMBER.match(token) else None
+
+
+def _signed(token: str) -> int | None:
+    return int(token) if _SIGNED.match(token) else None
 
 
 def parse_template_info(text: str) -> tuple[Template, ...]:
@@ -160,7 +168,7 @@ def parse_info_vnpu(text: str) -> ChipVnpus:
             pairs = [_FREE_TOTAL.match(token) for token in tokens]
             if all(pairs):
                 resources = {
-                    label: (_count(pair.group(1)), _count(pair.group(2)))
+                    label: (_signed(pair.group(1)), _count(pair.group(2)))
                     for label, pair in zip(resource_labels, pairs, strict=True)
                     if pair is not None
                 }

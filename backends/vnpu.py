@@ -86,6 +86,8 @@ class VnpuProbe:
         only the chips whose ``/dev/vdavinci<id>`` nodes came or went (npu-smi numbers a chip's vNPUs from
         ``phys*16+100``), so a node of many chips sees one chip's change after one npu-smi run."""
         if not self.stale(chips, nodes):
+            if self._failures:  # a table that failed to read (or read wrong) is asked again
+                await self.refresh(chips, nodes, only=frozenset(self._failures))
             return
         key = _asked_key(chips, nodes)
         if self._asked is None or self._asked[0] != key[0]:
@@ -112,6 +114,7 @@ class VnpuProbe:
             always = always or any(self._dynamic(chip) for chip in chips)
             if not always and not self._asked[1]:
                 self._states.clear()
+                self._failures.clear()
                 return
             for chip in chips:
                 if only is not None and chip.phys_id not in only:
@@ -175,6 +178,19 @@ class VnpuProbe:
             return {}
         self._templates[chip.model] = {template.name: template for template in templates}
         return self._templates[chip.model]
+
+    def unread(self, chips: Sequence[Chip]) -> tuple[Chip, ...]:
+        """``chips``, each whose vNPU table npu-smi did not give right, and of which nothing was known before,
+        Unhealthy with why: its vNPUs are unknown, and handed out whole it would hand them out too (a table
+        listing a vNPU id another chip's holds gave the second chip out whole)."""
+        return tuple(
+            chip.with_health(Health.UNHEALTHY, f"its vNPUs are unknown: {why}")
+            if chip.healthy
+            and chip.phys_id not in self._states
+            and (why := self._failures.get(chip.phys_id)) is not None
+            else chip
+            for chip in chips
+        )
 
     def slices(self, chips: Sequence[Chip], nodes: Collection[str]) -> tuple[Chip, ...]:
         """Every vNPU as a device of its chip: the chip's health, unless its device node is missing or
@@ -296,7 +312,7 @@ class VnpuProbe:
         def holds(vnpu: VNpu) -> bool:
             return vnpu.in_container or held_ids is None or chip.slice(vnpu).device_id in held_ids
 
-        current = ChipState(state.vnpus, aicore=state.total("aicore"))
+        current = ChipState(state.vnpus, aicore=state.total("aicore"), aicpu=state.total("aicpu"))
         plan = plan_chip(chip, wanted, current, templates, holds)
         whole = chip.chip_device_id
         held_whole = (

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -330,27 +331,60 @@ def ranktable(
     config: ConfigFile = None,
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
+    pod_resources_socket: PodResourcesSocket = None,
+    backend: Backend = None,
+    host_root: HostRoot = None,
+    dev_root: DevRoot = None,
+    sys_root: SysRoot = None,
+    npu_smi: NpuSmi = None,
+    npu_smi_timeout: NpuSmiTimeout = None,
+    hccn_tool: HccnTool = None,
+    replicas: Replicas = None,
+    dra_driver_name: DraDriverName = None,
+    fake_chips: FakeChips = None,
+    fake_model: FakeModel = None,
+    fake_state: FakeState = None,
+    fake_vnpus: FakeVnpus = None,
+    fake_training: FakeTraining = None,
 ) -> None:
     """Print the hccl.json (rank table) entries this node contributes for a pod, as ascend-operator makes
-    them from the pod's ascend-910-configuration annotation, hccl/rankIndex and IP. Exit 1 when the pod is
-    missing, on another node, or cannot be in a rank table (the line says why)."""
+    them from the pod's ascend-910-configuration annotation, hccl/rankIndex and IP. A pod without that
+    annotation (placed by another scheduler than Volcano, or holding chips through a DRA claim) gets the
+    entries of the chips the kubelet's PodResources says it holds, as the backend finds them. Exit 1 when the
+    pod is missing, on another node, or cannot be in a rank table (the line says why)."""
+    overrides = dict(locals())
+    for option in ("pod", "table_version", "sp_block"):
+        overrides.pop(option)
+    from ascend_agent.echo import cut
+    from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
+
     namespace, _, name = pod.partition("/")
-    if not namespace or not name or "/" in name:
-        raise _fail(f"--pod needs NAMESPACE/NAME, got {pod!r}", EXIT_USAGE)
+    if not is_dns_label(namespace) or not is_dns_subdomain(name):
+        raise _fail(
+            f"--pod needs NAMESPACE/NAME, a namespace (a DNS label) and a pod's name (a DNS subdomain), got "
+            f"{cut(pod)!r}",
+            EXIT_USAGE,
+        )
     if table_version not in ("", "1.0", "1.2"):
-        raise _fail(f"--version is 1.0 or 1.2, got {table_version!r}", EXIT_USAGE)
-    _, settings = _settings({"config": config, "kubeconfig": kubeconfig, "node_name": node_name})
+        raise _fail(f"--version is 1.0 or 1.2, got {cut(table_version)!r}", EXIT_USAGE)
+    _, settings = _settings(overrides)
     # The client's own warnings (an API server refusing) would repeat the one line the failure ends with.
     logging.getLogger("ascend_agent").addHandler(logging.NullHandler())
+    from ascend_agent.cli.held import held_chips
     from ascend_agent.cluster import pod_rank_table
     from ascend_agent.cluster.ranktable import RankTableError, gaps, render
 
+    held = partial(held_chips, settings)
     try:
         table = asyncio.run(
-            pod_rank_table(settings, namespace, name, table_version or None, sp_block, _RANKTABLE_API_TIMEOUT)
+            pod_rank_table(
+                settings, namespace, name, table_version or None, sp_block, _RANKTABLE_API_TIMEOUT, held
+            )
         )
     except RankTableError as exc:
         raise _fail(str(exc), EXIT_FAILURE) from None
+    except ConfigError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
     print(render(table))
     for gap in gaps(table):
         print(f"ascend-agent: pod {pod}: {gap}", file=sys.stderr)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -54,11 +55,13 @@ from ascend_agent.cluster.credentials import ClusterTarget, find_target, node_na
 from ascend_agent.health.separation import ManualSeparation
 
 if TYPE_CHECKING:
+    from ascend_agent.cluster.client import KubeApi
+    from ascend_agent.cluster.ranktable import PlacedPod
     from ascend_agent.cluster.side import ClusterSide, Feature
     from ascend_agent.cluster.volcano import MountedView, VolcanoPods
     from ascend_agent.config import Settings
     from ascend_agent.health.grading import FaultGrading
-    from ascend_agent.model import Holders
+    from ascend_agent.model import Chip, Holders
 
 __all__ = [
     "ClusterTarget",
@@ -227,12 +230,26 @@ async def on_mounted_chips(settings: Settings, holders: Holders, timeout: float)
         await api.close()
 
 
+# The chips the kubelet says a pod (namespace, name) holds on this node; RankTableError, one line, when it
+# cannot say.
+HeldChips = Callable[[str, str], Awaitable[Sequence["Chip"]]]
+
+
 async def pod_rank_table(
-    settings: Settings, namespace: str, name: str, version: str | None, sp_block: int | None, timeout: float
+    settings: Settings,
+    namespace: str,
+    name: str,
+    version: str | None,
+    sp_block: int | None,
+    timeout: float,
+    held: HeldChips | None = None,
 ) -> dict[str, Any]:
     """``ascend-agent ranktable``: the part of the job's ``hccl.json`` the pod ``namespace/name`` on this
     node contributes (:func:`ascend_agent.cluster.ranktable.fragment`), read from the API server once, each
-    request bounded by ``timeout``. Every reason it cannot be made is a one-line ``RankTableError``."""
+    request bounded by ``timeout``. A pod without the configuration annotation (placed by another scheduler,
+    or holding chips through a DRA claim) gets the one the agent would write, from the chips ``held`` says
+    the kubelet gave it, and the Node's address. Every reason it cannot be made is a one-line
+    ``RankTableError``."""
     from ascend_agent.cluster.bounded import MIB
     from ascend_agent.cluster.client import ApiUnavailable, ClusterConnectError, KubeApi
     from ascend_agent.cluster.placed import read_placed_pod
@@ -250,19 +267,46 @@ async def pod_rank_table(
         raise RankTableError(str(exc)) from None
     try:
         pod = await read_placed_pod(api, namespace, name)
+        if pod is None:
+            raise RankTableError(f"there is no pod {namespace}/{name}: check the name with kubectl get pods")
+        if pod.node != node:
+            where = f"on node {pod.node}" if pod.node else "not scheduled yet"
+            raise RankTableError(
+                f"pod {namespace}/{name} is {where}, not on this node ({node}): run this on its node, or "
+                "give --node-name"
+            )
+        if not pod.configured and held is not None:
+            pod = await _configured_by_kubelet(api, pod, held)
     except ApiUnavailable as exc:
         raise RankTableError(f"pod {namespace}/{name} could not be read: {exc.failure}") from None
     finally:
         await api.close()
-    if pod is None:
-        raise RankTableError(f"there is no pod {namespace}/{name}: check the name with kubectl get pods")
-    if pod.node != node:
-        where = f"on node {pod.node}" if pod.node else "not scheduled yet"
-        raise RankTableError(
-            f"pod {namespace}/{name} is {where}, not on this node ({node}): run this on its node, or give "
-            "--node-name"
-        )
     return fragment(pod, version, sp_block)
+
+
+async def _configured_by_kubelet(api: KubeApi, pod: PlacedPod, held: HeldChips) -> PlacedPod:
+    """``pod`` with the configuration annotation the agent writes, made from the chips the kubelet gave it
+    and the Node's first InternalIP (the pod's ``status.hostIP`` when the Node cannot be read)."""
+    from lightkube import ApiError
+
+    from ascend_agent.cluster.client import ApiUnavailable
+    from ascend_agent.cluster.placed import node_address
+    from ascend_agent.cluster.ranktable import CONFIGURATION, RankTableError
+    from ascend_agent.cluster.volcano_marks import PodView, configuration
+
+    chips = sorted(await held(pod.namespace, pod.name), key=lambda chip: chip.phys_id)
+    if not chips:
+        raise RankTableError(
+            f"pod {pod.ref} has no {CONFIGURATION} annotation and the kubelet lists no chip of this node for "
+            "it: it holds no NPU here (check its resources: limits or claims)"
+        )
+    try:
+        host_ip = await node_address(api)
+    except (ApiUnavailable, ApiError):
+        host_ip = ""
+    view = PodView(pod.namespace, pod.name, pod.uid, {}, {})
+    text = configuration(view, chips, host_ip or pod.host_ip)
+    return replace(pod, annotations={**pod.annotations, CONFIGURATION: text})
 
 
 def _volcano_pods(side: ClusterSide) -> VolcanoPods | None:

@@ -23,6 +23,7 @@ from lightkube.resources.core_v1 import ConfigMap
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.writer import api_backoff
+from ascend_agent.echo import cut
 from ascend_agent.health.faulttable import (
     CUSTOMIZATION_KEY,
     FAULT_CODE_KEY,
@@ -55,7 +56,7 @@ def table_from(data: Mapping[str, str] | None, builtin: FaultTable) -> FaultTabl
         return builtin
     unknown = sorted(set(data) - _KEYS)
     if unknown:
-        raise FaultConfigError(f"unknown key {unknown[0]!r}; the keys are {', '.join(sorted(_KEYS))}")
+        raise FaultConfigError(f"unknown key {cut(unknown[0])!r}; the keys are {', '.join(sorted(_KEYS))}")
     return builtin.replaced(data.get(FAULT_CODE_KEY), data.get(CUSTOMIZATION_KEY), source=WHERE)
 
 

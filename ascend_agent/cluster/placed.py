@@ -38,6 +38,8 @@ def _read_in_thread(namespace: str, name: str, client: Client) -> PlacedPod | No
             pod_ip=(pod.status.podIP if pod.status else None) or "",
             annotations=dict(meta.annotations or {}),
             node_selector=dict((pod.spec.nodeSelector if pod.spec else None) or {}),
+            uid=meta.uid or "",
+            host_ip=(pod.status.hostIP if pod.status else None) or "",
         )
     return None
 

@@ -21,11 +21,15 @@ from lightkube.resources.core_v1 import Pod
 
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.volcano_marks import PodView
+from ascend_agent.echo import cut
 
 log = logging.getLogger("ascend_agent.cluster")
 
 # Pods per page of a list.
 LIST_CHUNK = 500
+# The most of the node's pods kept (that have not ended): a node runs a few hundred at most (the kubelet's
+# default --max-pods is 110). Past it a pod is not kept: an API server that sends more is broken or hostile.
+MAX_PODS = 1000
 
 
 async def node_pods(api: KubeApi) -> list[PodView]:
@@ -37,16 +41,18 @@ async def node_pods(api: KubeApi) -> list[PodView]:
 
 
 class Listed(NamedTuple):
-    pods: list[PodView]  # bound to the node, not ended
+    pods: list[PodView]  # bound to the node, not ended; at most MAX_PODS
     version: str | None  # the list's resourceVersion
-    unreadable: dict[str, str]  # namespace/name -> why the pod could not be decoded
+    unreadable: dict[str, str]  # namespace/name -> why the pod could not be decoded (at most MAX_PODS)
+    past: int = 0  # pods of the node left out past MAX_PODS
 
 
 async def list_node_pods(api: KubeApi) -> Listed:
     """The pods bound to the agent's node that have not ended, the list's resourceVersion, and the pods that
     could not be decoded (left out: one pod's data never makes the list fail). Read and
     decoded in a worker thread, a page of :data:`LIST_CHUNK` pods at a time: an answer of many pods (an API
-    server that ignores the field selector sends every pod of the cluster) does not hold up Allocate."""
+    server that ignores the field selector sends every pod of the cluster) does not hold up Allocate. At most
+    :data:`MAX_PODS` pods are kept; ``past`` counts those left out."""
     return await api.call_blocking("list", "pods", functools.partial(_list_in_thread, api.node))
 
 
@@ -81,19 +87,25 @@ def _list_in_thread(node: str, client: Client) -> Listed:
     listing = client.list(_ListedPod, namespace=ALL_NS, fields={"spec.nodeName": node}, chunk_size=LIST_CHUNK)
     found: list[PodView] = []
     unreadable: dict[str, str] = {}
+    past = 0
     for listed in listing:
         try:
             pod = _pod_on(node, listed)
         except msgspec.DecodeError as exc:  # the pod's own data (ValidationError is one too)
-            unreadable[_name_of(listed)] = f"{type(exc).__name__}: {exc}"
+            if len(unreadable) < MAX_PODS:
+                unreadable[_name_of(listed)] = cut(f"{type(exc).__name__}: {exc}", 200)
             continue
-        if pod is not None and (view := view_of(pod)) is not None and not view.ended:
+        if pod is None:
+            continue
+        if len(found) >= MAX_PODS:
+            past += 1
+        elif (view := view_of(pod)) is not None and not view.ended:
             found.append(view)
     try:
         version: str | None = listing.resourceVersion
     except Exception:  # an answer without one: the watch starts from now
         version = None
-    return Listed(found, version, unreadable)
+    return Listed(found, version, unreadable, past)
 
 
 class _Name(msgspec.Struct):
@@ -107,7 +119,7 @@ def _name_of(listed: _ListedPod) -> str:
         meta = msgspec.json.decode(listed.metadata, type=_Name)
     except msgspec.DecodeError:
         return "without readable metadata"
-    return f"{meta.namespace}/{meta.name}"
+    return f"{cut(meta.namespace)}/{cut(meta.name)}"
 
 
 def view_of(pod: Pod) -> PodView | None:
@@ -116,8 +128,8 @@ def view_of(pod: Pod) -> PodView | None:
         return PodView.of(pod)
     except Exception as exc:  # the pod's own data: never an error of Allocate
         meta = pod.metadata
-        name = f"{meta.namespace}/{meta.name}" if meta is not None else "without metadata"
-        log.warning("Pod %s is ignored: %s: %s", name, type(exc).__name__, exc)
+        name = "without metadata" if meta is None else f"{cut(meta.namespace or '')}/{cut(meta.name or '')}"
+        log.warning("Pod %s is ignored: %s: %s", name, type(exc).__name__, cut(str(exc), 200))
         return None
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ascend_agent.cluster.deviceinfo import go_json
+from ascend_agent.echo import cut
 
 CONFIGURATION = "ascend.kubectl.kubernetes.io/ascend-910-configuration"
 CONFIGURATION_NPU = "ascend.kubectl.kubernetes.io/ascend-npu-configuration"
@@ -59,8 +60,10 @@ _V1_2_POLICIES = frozenset({"chip2-node16-sp", "chip2-node8-sp", "multilevel"})
 _V1_2_ACCELERATORS = frozenset({"module-a3-16-super-pod", "module-a3-8-super-pod"})
 # Huawei's device plugin writes this when it cannot read a device IP; ascend-operator's v1.0 refuses it.
 ERROR_IP = "-1"
-# What Go's strconv.Atoi takes, less a minus: a rank index is never negative.
+# What Go's strconv.Atoi takes, less a minus: a rank index is never negative, and Atoi refuses what is past
+# Go's int (64 bits).
 _RANK_INDEX = re.compile(r"\+?[0-9]+")
+_MAX_INT = 2**63 - 1
 
 
 class RankTableError(ValueError):
@@ -77,10 +80,18 @@ class PlacedPod:
     pod_ip: str  # status.podIP; "" until the pod has one
     annotations: Mapping[str, str]
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    uid: str = ""  # metadata.uid
+    host_ip: str = ""  # status.hostIP: the node's address as the kubelet gives it
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def configured(self) -> bool:
+        """Whether the pod carries a configuration annotation (Volcano's path: the chips' device plugin wrote
+        it when the pod got its chips)."""
+        return CONFIGURATION in self.annotations or CONFIGURATION_NPU in self.annotations
 
 
 def version_of(pod: PlacedPod) -> str:
@@ -206,7 +217,14 @@ def _instance(pod: PlacedPod) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise RankTableError(f"pod {pod.ref}'s {CONFIGURATION} is not JSON ({exc}): rewrite it") from None
+        raise RankTableError(
+            f"pod {pod.ref}'s {CONFIGURATION} is not JSON ({cut(str(exc))}): rewrite it"
+        ) from None
+    except RecursionError:
+        raise RankTableError(
+            f"pod {pod.ref}'s {CONFIGURATION} nests arrays or objects too deep to read (the agent writes "
+            "three levels): rewrite it"
+        ) from None
     if not isinstance(value, dict):
         raise RankTableError(f"pod {pod.ref}'s {CONFIGURATION} is not a JSON object: rewrite it")
     instance: dict[str, Any] = {}
@@ -230,7 +248,9 @@ def _instance(pod: PlacedPod) -> dict[str, Any]:
 
 def _text(value: Any, pod: PlacedPod, key: str) -> str:
     if not isinstance(value, str):
-        raise RankTableError(f"pod {pod.ref}'s {CONFIGURATION} has {key} {value!r}, not a string: rewrite it")
+        raise RankTableError(
+            f"pod {pod.ref}'s {CONFIGURATION} has {key} {cut(repr(value))}, not a string: rewrite it"
+        )
     return value
 
 
@@ -241,11 +261,27 @@ def _rank_index(pod: PlacedPod) -> int:
             f"pod {pod.ref} has no {RANK_INDEX} annotation: Volcano writes it for jobs with minAvailable or "
             "an ascend-operator job; without it ascend-operator leaves the pod out"
         )
-    if not _RANK_INDEX.fullmatch(text):
-        raise RankTableError(f"pod {pod.ref}'s {RANK_INDEX} is {text!r}, not a rank index (0, 1, ...)")
-    return int(text)
+    number = _go_int(text)
+    if number is None:
+        raise RankTableError(f"pod {pod.ref}'s {RANK_INDEX} is {cut(text)!r}, not a rank index (0, 1, ...)")
+    return number
 
 
 def _sp_block(pod: PlacedPod) -> int:
-    text = pod.annotations.get(SP_BLOCK, "0")
-    return int(text) if _RANK_INDEX.fullmatch(text) else 0
+    return _go_int(pod.annotations.get(SP_BLOCK, "0")) or 0
+
+
+def _go_int(text: str) -> int | None:
+    """``text`` as Go's strconv.Atoi reads a number that is not negative; None where it fails (not digits,
+    or past a 64-bit int: a 5000-digit one included, which Python's int() itself refuses).
+
+    >>> _go_int("+007"), _go_int("9223372036854775807"), _go_int("9223372036854775808"), _go_int("9" * 5000)
+    (7, 9223372036854775807, None, None)
+    """
+    if not _RANK_INDEX.fullmatch(text):
+        return None
+    digits = text.lstrip("+").lstrip("0") or "0"
+    if len(digits) > len(str(_MAX_INT)):
+        return None
+    number = int(digits)
+    return number if number <= _MAX_INT else None

@@ -44,7 +44,7 @@ from prometheus_client import Gauge
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.placed import node_address
-from ascend_agent.cluster.podlist import bound_to, list_node_pods, view_of
+from ascend_agent.cluster.podlist import MAX_PODS, bound_to, list_node_pods, view_of
 from ascend_agent.cluster.ranktable import CONFIGURATION as CONFIGURATION_910
 from ascend_agent.cluster.ranktable import CONFIGURATION_NPU
 from ascend_agent.cluster.volcano_marks import (
@@ -63,6 +63,7 @@ from ascend_agent.cluster.volcano_marks import (
     mounted_from,
 )
 from ascend_agent.cluster.writer import api_backoff
+from ascend_agent.echo import cut
 from ascend_agent.model import Chip, Generation, Holders, Inventory
 
 log = logging.getLogger("ascend_agent.cluster")
@@ -170,6 +171,7 @@ class VolcanoPods:
         self._ignored: set[str] = set()  # pods with a predicate-time that is none (logged once)
         self._unbound: set[str] = set()  # pods naming chips that no scheduler bound (logged once)
         self._unreadable: set[str] = set()  # pods of the last list that could not be decoded (logged once)
+        self._over = False  # pods past MAX_PODS were left out since the cache was last under it (said once)
         # (resource, chips) -> a heap of (predicate-time, namespace, name, uid) of the pods that may want
         # them; entries of pods since changed, taken or gone are dropped when they come to the top.
         self._queues: dict[tuple[str, int], list[tuple[int, str, str, str]]] = {}
@@ -319,6 +321,9 @@ class VolcanoPods:
         if pod.ended:
             self._forget(pod.uid)
             return
+        if pod.uid not in self._pods and len(self._pods) >= MAX_PODS:
+            self._full(1)
+            return
         self._pods[pod.uid] = pod
         self._names[pod.namespace, pod.name] = pod.uid
         self._version += 1
@@ -362,11 +367,27 @@ class VolcanoPods:
             return
         if pod is not None and self._names.get((pod.namespace, pod.name)) == uid:
             del self._names[pod.namespace, pod.name]
+        if self._over and len(self._pods) < MAX_PODS:
+            self._full(0)
         if self._marks is not None:
             self._marks.pop(uid, None)
         self._mount(uid, None)
         self._version += 1
         self._tell_mounted()
+
+    def _full(self, left_out: int) -> None:
+        """``left_out`` pods past :data:`MAX_PODS` were not kept (0: the cache is under it again); said once
+        each way."""
+        if left_out and not self._over:
+            log.warning(
+                "The API server names more than %d pods on this node that have not ended (a node runs a few "
+                "hundred): the pods past them are not kept, and an Allocate for one of them is refused; "
+                "check the API server",
+                MAX_PODS,
+            )
+        elif not left_out and self._over:
+            log.info("The node's pods are under %d again: every new pod is kept", MAX_PODS)
+        self._over = bool(left_out)
 
     def _mount(self, uid: str, mounted: Mounted | None) -> None:
         """``uid`` has the chips of ``mounted`` now (None: none)."""
@@ -413,7 +434,7 @@ class VolcanoPods:
         unknown = [device for device in chosen if device not in self._chips]
         if unknown:
             raise LookupError(
-                f"Volcano chose {', '.join(unknown)} for pod {pod.namespace}/{pod.name}, which this node "
+                f"Volcano chose {_named(unknown)} for pod {pod.namespace}/{pod.name}, which this node "
                 "does not have; check the node's device-info ConfigMap"
             )
         held = self._holder(pod, resource, chosen)
@@ -425,7 +446,7 @@ class VolcanoPods:
                     f"admitted before, and its {PREDICATE_TIME} says otherwise; check who wrote it"
                 )
             raise ChipHeld(
-                f"pod {pod.namespace}/{pod.name} names {chip} in its {resource} annotation, which pod "
+                f"pod {pod.namespace}/{pod.name} names {cut(chip)} in its {resource} annotation, which pod "
                 f"{holder} has; check who wrote that annotation (Volcano never picks a chip in use)"
             )
         unhealthy = [self._chips[device] for device in chosen if not self._chips[device].healthy]
@@ -478,7 +499,7 @@ class VolcanoPods:
         taken_before = set(self._taken)
         self._listing = listing = anyio.Event()
         try:
-            pods, version, unreadable = await list_node_pods(api)
+            pods, version, unreadable, past = await list_node_pods(api)
         finally:
             self._first_read.set()
             listing.set()
@@ -488,6 +509,8 @@ class VolcanoPods:
             if name not in self._unreadable:
                 log.warning("Pod %s is ignored: %s", name, problem)
         self._unreadable = set(unreadable)
+        if past:
+            self._full(past)
         listed = {pod.uid for pod in pods}
         if self._marks is None:
             self._marks = {pod.uid: mounted for pod in pods for mounted in mounted_from((pod,))}
@@ -588,6 +611,17 @@ async def _host_ip(api: KubeApi) -> str:
     if not address:
         log.warning("Pods' %s are written with host_ip empty: %s", CONFIGURATION_910, why)
     return address
+
+
+def _named(devices: Sequence[str]) -> str:
+    """Devices a pod's annotation names, as a message shows them: the first few, each cut.
+
+    >>> _named(["Ascend910-9", "Ascend910-" + "9" * 100, "a", "b", "c"])
+    'Ascend910-9, Ascend910-99...99... (110 characters), a, b and 1 more'
+    """
+    shown = [cut(device) for device in devices[:4]]
+    more = f" and {len(devices) - 4} more" if len(devices) > 4 else ""
+    return ", ".join(shown) + more
 
 
 def _patch(name: str, namespace: str, patch: dict[str, Any], client: Client) -> Pod:

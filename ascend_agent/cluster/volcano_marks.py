@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from lightkube.resources.core_v1 import Pod
 
 from ascend_agent.cluster.deviceinfo import go_json
+from ascend_agent.echo import cut
+from ascend_agent.kube_names import DNS_SUBDOMAIN_MAX
 from ascend_agent.model import UNKNOWN_SUPER_POD, Chip, Holder, Holders
+from ascend_agent.naming import RESOURCE_DOMAIN
 
 PREDICATE_TIME = "predicate-time"
 
@@ -39,6 +42,12 @@ REAL = "huawei.com/AscendReal"
 
 
 KUBELET_IDS = "huawei.com/kltDev"
+
+
+# What a pod's view keeps of an annotation's value: the chips of a node's 16, or its vNPUs, take a few hundred
+# characters. A longer value is cut, and the cut marked (it then names no chip).
+MAX_VALUE = 1024
+_CUT = "\u2026"
 
 
 class Skipped(LookupError):
@@ -73,24 +82,39 @@ class PodView:
 
     @classmethod
     def of(cls, pod: Pod) -> PodView:
+        """What the choice needs of ``pod``, and no more: the annotations it reads (``predicate-time`` and
+        those of the ``huawei.com`` domain), each at most :data:`MAX_VALUE` characters, and the limits of
+        that domain. ValueError for a namespace, name or uid longer than a Kubernetes name."""
         meta = pod.metadata
         assert meta is not None
+        namespace, name = meta.namespace or "", meta.name or ""
+        uid = meta.uid or f"{namespace}/{name}"
+        for what, value in (("namespace", namespace), ("name", name), ("uid", uid)):
+            if len(value) > DNS_SUBDOMAIN_MAX:
+                raise ValueError(f"its {what} {cut(value)!r} is longer than a Kubernetes name")
         limits: dict[str, int] = {}
         for container in (pod.spec.containers if pod.spec else None) or []:
             asked = (container.resources.limits if container.resources else None) or {}
             for resource, value in asked.items():
+                text = str(value)
+                if not _ours(resource) or len(text) > 20:
+                    continue
                 try:
-                    limits[resource] = limits.get(resource, 0) + int(str(value))
+                    limits[resource] = limits.get(resource, 0) + int(text)
                 except ValueError:
                     continue
         phase = pod.status.phase if pod.status else None
         ended = phase in ("Succeeded", "Failed")
         conditions = (pod.status.conditions if pod.status else None) or []
         return cls(
-            namespace=meta.namespace or "",
-            name=meta.name or "",
-            uid=meta.uid or f"{meta.namespace}/{meta.name}",
-            annotations=dict(meta.annotations or {}),
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            annotations={
+                key: value if len(value) <= MAX_VALUE else value[:MAX_VALUE] + _CUT
+                for key, value in (meta.annotations or {}).items()
+                if key == PREDICATE_TIME or _ours(key)
+            },
             limits=limits,
             terminating=meta.deletionTimestamp is not None or ended,
             scheduler=(pod.spec.schedulerName if pod.spec else None) or DEFAULT_SCHEDULER,
@@ -107,6 +131,11 @@ class PodView:
         """A ``predicate-time`` that is there but is no predicate time (the pod is ignored)."""
         value = self.annotations.get(PREDICATE_TIME)
         return value is not None and value != TAKEN and self.predicate_time is None
+
+
+def _ours(key: str) -> bool:
+    """An annotation or resource of the ``huawei.com`` domain (the resources, Volcano's choice, the marks)."""
+    return key.startswith(f"{RESOURCE_DOMAIN}/") and len(key) <= DNS_SUBDOMAIN_MAX + 64
 
 
 def predicate_time(value: str) -> int | None:

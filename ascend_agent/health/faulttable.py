@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
+from ascend_agent.echo import cut
 from ascend_agent.faultclass import FaultClass
 
 FAULT_CODE_KEY = "faultCode.json"
@@ -71,7 +72,8 @@ def parse_code(text: str) -> int:
     ('0x8c03a000', True)
     """
     if not isinstance(text, str) or not _HEX.fullmatch(text.strip()):
-        raise ValueError(f"{text!r} is not a hex fault code")
+        shown = repr(cut(text)) if isinstance(text, str) else cut(repr(text))
+        raise ValueError(f"{shown} is not a hex fault code")
     return int(text.strip(), 16)
 
 
@@ -145,7 +147,11 @@ def _document(text: str, where: str) -> dict[str, Any]:
     try:
         document = json.loads(text)
     except ValueError as exc:
-        raise FaultConfigError(f"{where}: not JSON ({exc})") from None
+        raise FaultConfigError(f"{where}: not JSON ({cut(str(exc))})") from None
+    except RecursionError:
+        raise FaultConfigError(
+            f"{where}: its arrays or objects nest too deep to read (Huawei's file nests three levels)"
+        ) from None
     if not isinstance(document, dict):
         raise FaultConfigError(f"{where}: must be a JSON object")
     return document
@@ -155,7 +161,7 @@ def _unknown(document: Mapping[str, Any], known: Iterable[str], where: str) -> N
     unknown = sorted(set(document) - set(known))
     if unknown:
         raise FaultConfigError(
-            f"{where}: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(known))}"
+            f"{where}: unknown key {cut(unknown[0])!r}; the keys are {', '.join(sorted(known))}"
         )
 
 
@@ -188,7 +194,7 @@ def _handling(value: Any, where: str, manual: bool) -> FaultClass:
     if manual and value == MANUALLY_SEPARATE:
         return FaultClass.SEPARATE_NPU
     try:
-        return FaultClass.from_huawei(value if isinstance(value, str) else repr(value))
+        return FaultClass.from_huawei(cut(value if isinstance(value, str) else repr(value)))
     except ValueError as exc:
         raise FaultConfigError(f"{where}: FaultHandling {exc}") from None
 
@@ -197,7 +203,9 @@ def _number(entry: Mapping[str, Any], key: str, where: str, default: float | Non
     value = entry.get(key, default)
     low, high = _RANGES[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise FaultConfigError(f"{where}: {key} must be a number from {low} to {high}, not {value!r}")
+        raise FaultConfigError(
+            f"{where}: {key} must be a number from {low} to {high}, not {cut(repr(value))}"
+        )
     return float(value)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -22,9 +22,9 @@ import anyio.to_thread
 from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from ascend_agent._proto.v1 import ListPodResourcesResponse
-from ascend_agent.kubelet.deviceplugin.transport import LocalChannel
-from ascend_agent.kubelet.deviceplugin.wire import BytesCodec
+from ascend_agent.kubelet.deviceplugin.transport import LocalChannel, UnreadAnswer, read_answer
+from ascend_agent.kubelet.deviceplugin.wire import BytesCodec, WireError, fields
+from ascend_agent.memory import LARGE, give_back
 from ascend_agent.model import Holder, Holders
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,17 @@ LIST_TIMEOUT = 2.0
 _LIST = "/v1.PodResourcesLister/List"
 # The kubelet records an allocation as the pod is admitted; give it that long after Allocate answered.
 AFTER_ALLOCATE = 0.5
+# The most of a List answer read, gRPC's default receive limit: a node of a few hundred pods answers well
+# under 1 MiB. A longer answer is refused before it is read.
+MAX_ANSWER = 4 * 1024 * 1024
+# The most devices (device IDs and claimed devices together) an answer may name: a node has at most 16 chips,
+# a few vNPUs or replicas each.
+MAX_DEVICES = 4096
 
 
 class PodResourcesError(Exception):
-    """The socket is missing or refused the call; the message says which in one line."""
+    """The socket is missing, refused the call or answered what is not read; the message says which in one
+    line."""
 
 
 async def list_holders(socket: Path, timeout: float = LIST_TIMEOUT) -> Holders:
@@ -49,7 +56,11 @@ async def list_holders(socket: Path, timeout: float = LIST_TIMEOUT) -> Holders:
         with anyio.fail_after(timeout):
             async with channel.request(_LIST, Cardinality.UNARY_UNARY, bytes, bytes, timeout=timeout) as call:
                 await call.send_message(b"", end=True)  # an empty ListPodResourcesRequest
-                answer = await call.recv_message()
+                answer = await read_answer(call, MAX_ANSWER)
+    except UnreadAnswer as exc:
+        raise PodResourcesError(
+            f"{socket} answered List with {exc} (a node of a few hundred pods answers well under 1 MiB)"
+        ) from None
     except TimeoutError:
         raise PodResourcesError(f"{socket} did not answer List within {timeout:g} s") from None
     except GRPCError as exc:
@@ -58,29 +69,137 @@ async def list_holders(socket: Path, timeout: float = LIST_TIMEOUT) -> Holders:
         raise PodResourcesError(f"cannot call List on {socket}: {exc}") from None
     finally:
         channel.close()
-    return await anyio.to_thread.run_sync(_holders, answer or b"")
+    size = len(answer)
+    read = await anyio.to_thread.run_sync(_read, answer)
+    del answer
+    if size >= LARGE:
+        await anyio.to_thread.run_sync(give_back)
+    if isinstance(read, str):
+        raise PodResourcesError(f"{socket} answered List with {read}")
+    return read
 
 
-def _holders(answer: bytes) -> Holders:
-    """The holders a ``ListPodResourcesResponse`` names."""
-    response = ListPodResourcesResponse.parse(answer)
+def _read(answer: bytes) -> Holders | str:
+    """:func:`holders_of`, or why not in words. No exception leaves the worker thread: one would hold the
+    answer (its traceback, in a reference cycle through the awaiting task) past the memory given back."""
+    try:
+        return holders_of(answer)
+    except PodResourcesError as exc:
+        return str(exc)
+    except (WireError, UnicodeDecodeError) as exc:
+        return f"what does not decode: {exc}"
+
+
+# ListPodResourcesResponse.pod_resources; PodResources name, namespace, containers; ContainerResources name,
+# devices, dynamic_resources; ContainerDevices resource_name, device_ids; DynamicResource claim_name,
+# claim_resources; ClaimResource driver_name, device_name.
+_PODS = frozenset({1})
+_POD = frozenset({1, 2, 3})
+_CONTAINER = frozenset({1, 2, 5})
+_DEVICES = frozenset({1, 2})
+_CLAIM = frozenset({2, 4})
+_CLAIMED = frozenset({2, 4})
+_LENGTH_DELIMITED = 2
+
+
+def holders_of(answer: bytes) -> Holders:
+    """The holders a ``ListPodResourcesResponse`` names, read field by field; :class:`PodResourcesError`
+    past :data:`MAX_DEVICES` devices, :class:`~ascend_agent.kubelet.deviceplugin.wire.WireError` or
+    UnicodeDecodeError when it does not decode.
+
+    >>> pod = b"\\x0a\\x01p\\x12\\x02ns\\x1a\\x0f\\x0a\\x01c\\x12\\x0a\\x0a\\x01r\\x12\\x05npu-1"
+    >>> holders_of(b"\\x0a" + bytes([len(pod)]) + pod).by_device
+    {('r', 'npu-1'): (Holder(namespace='ns', pod='p', container='c', claim=''),)}
+    """
     found: dict[tuple[str, str], set[Holder]] = {}
     claimed: dict[tuple[str, str], set[Holder]] = {}
-    for pod in response.pod_resources:
-        for container in pod.containers:
-            holder = Holder(pod.namespace, pod.name, container.name)
-            for devices in container.devices:
-                for device_id in devices.device_ids:
-                    found.setdefault((devices.resource_name, device_id), set()).add(holder)
-            for claim in container.dynamic_resources:
-                by_claim = Holder(pod.namespace, pod.name, container.name, claim.claim_name)
-                for resource in claim.claim_resources:
-                    if resource.device_name:
-                        claimed.setdefault((resource.driver_name, resource.device_name), set()).add(by_claim)
+    for _, pod in _parts(memoryview(answer), _PODS):
+        name = namespace = ""
+        containers = []
+        for number, value in _parts(pod, _POD):
+            if number == 1:
+                name = _text(value)
+            elif number == 2:
+                namespace = _text(value)
+            else:
+                containers.append(value)
+        for container in containers:
+            _container(container, namespace, name, found, claimed)
+            if len(found) + len(claimed) > MAX_DEVICES:
+                raise _too_many()
     return Holders(
         {key: tuple(sorted(holders)) for key, holders in found.items()},
         {key: tuple(sorted(holders)) for key, holders in claimed.items()},
     )
+
+
+def _container(
+    data: memoryview,
+    namespace: str,
+    pod: str,
+    found: dict[tuple[str, str], set[Holder]],
+    claimed: dict[tuple[str, str], set[Holder]],
+) -> None:
+    name = ""
+    devices: list[tuple[str, list[str]]] = []
+    claims: list[tuple[str, list[tuple[str, str]]]] = []
+    named = 0  # devices the container names so far: past MAX_DEVICES the rest is not read
+    for number, value in _parts(data, _CONTAINER):
+        if number == 1:
+            name = _text(value)
+        elif number == 2:
+            resource, ids = "", []
+            for field, part in _parts(value, _DEVICES):
+                if field == 1:
+                    resource = _text(part)
+                else:
+                    ids.append(_text(part))
+                    named += 1
+                    if named > MAX_DEVICES:
+                        raise _too_many()
+            devices.append((resource, ids))
+        else:
+            claim, resources = "", []
+            for field, part in _parts(value, _CLAIM):
+                if field == 2:
+                    claim = _text(part)
+                else:
+                    driver = device = ""
+                    for inner, text in _parts(part, _CLAIMED):
+                        if inner == 2:
+                            driver = _text(text)
+                        else:
+                            device = _text(text)
+                    if device:
+                        resources.append((driver, device))
+                        named += 1
+                        if named > MAX_DEVICES:
+                            raise _too_many()
+            claims.append((claim, resources))
+    holder = Holder(namespace, pod, name)
+    for resource, ids in devices:
+        for device_id in ids:
+            found.setdefault((resource, device_id), set()).add(holder)
+    for claim, resources in claims:
+        by_claim = Holder(namespace, pod, name, claim)
+        for key in resources:
+            claimed.setdefault(key, set()).add(by_claim)
+
+
+def _too_many() -> PodResourcesError:
+    return PodResourcesError(f"more than {MAX_DEVICES} devices, more than a node has: not read")
+
+
+def _parts(data: memoryview, wanted: frozenset[int]) -> Iterator[tuple[int, memoryview]]:
+    """The ``wanted`` fields of a message, each a string or a message (a view of ``data``, not a copy)."""
+    for number, kind, value in fields(data, wanted):
+        if kind != _LENGTH_DELIMITED:
+            raise WireError(f"field {number} is not a string or a message")
+        yield number, value
+
+
+def _text(value: memoryview) -> str:
+    return str(value, "utf-8")
 
 
 class PodHolders:

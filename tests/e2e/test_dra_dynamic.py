@@ -156,6 +156,11 @@ async def test_a_template_device_is_carved_at_prepare_and_destroyed_at_unprepare
     ]
     vir04 = devices["npu-1-vir04-0"]
     assert vir04["attributes"]["template"] == {"string": "vir04"}
+    assert vir04["capacity"] == {
+        "aiCores": {"value": "4"},
+        "memory": {"value": "12Gi"},
+        "aiCpus": {"value": "4"},
+    }
     assert vir04["attributes"]["deviceType"] == {"string": "Ascend310P-4c"}
     assert vir04["consumesCounters"] == [
         {"counterSet": "npu-1", "counters": {"ai-cores": {"value": "4"}, "memory": {"value": "12Gi"},
@@ -233,9 +238,10 @@ async def test_a_failed_or_hung_create_is_the_claims_error_and_leaves_nothing(no
     assert node.vnpus()[0] == [(100, "vir02")]
 
 
-async def test_claims_racing_for_the_last_cores_of_a_chip_one_gets_the_error(node: _Node) -> None:
+async def test_claims_racing_for_the_last_of_a_chip_those_past_it_get_the_error(node: _Node) -> None:
     _, kubelet = await node.started()
-    # More than the chip holds, as a scheduler that overcounted would allocate it: 4 + 2 + 2 + 2 cores of 8.
+    # More than the chip holds, as a scheduler that overcounted would allocate it: 4 + 2 + 2 + 2 cores of 8,
+    # and 4 + 2 + 2 AI CPUs of 7 already at the third (which npu-smi's core count let through: 8 of 7).
     claims = [
         node.claim("big", ["npu-0-vir04-0"]),
         node.claim("small-a", ["npu-0-vir02-0"]),
@@ -243,13 +249,40 @@ async def test_claims_racing_for_the_last_cores_of_a_chip_one_gets_the_error(nod
         node.claim("small-c", ["npu-0-vir02-2"]),
     ]
     answers = (await kubelet.prepare(claims)).claims
-    assert [answers[c.uid].error for c in claims[:3]] == ["", "", ""]
-    assert "Not enough resources" in answers[claims[3].uid].error
-    assert sorted(t for _, t in node.vnpus()[0]) == ["vir02", "vir02", "vir04"]
-    assert len(node.made()) == 3
+    assert [answers[c.uid].error for c in claims[:2]] == ["", ""]
+    for late in claims[2:]:
+        assert answers[late.uid].error == (
+            "cannot carve a vir02 vNPU on chip 0 (310P3): it would take 8 ai-cpus of the 7 the chip has "
+            "(vNPUs there now: vir04, vir02)"
+        )
+    assert sorted(t for _, t in node.vnpus()[0]) == ["vir02", "vir04"]
+    assert len(node.made()) == 2
+    assert len(node.npu_smi.calls_of("set -t create-vnpu")) == 2, "npu-smi is not asked for what cannot fit"
     done = await kubelet.unprepare(claims)
     assert all(not answer.error for answer in done.claims.values())
     assert node.vnpus() == {0: [], 1: []} and node.made() == []
+
+
+async def test_a_chip_whose_vnpus_take_more_than_it_has_stays_dynamic(
+    node: _Node, apiserver: ApiServer
+) -> None:
+    """vNPUs made by hand take 8 of the chip's 7 AI CPUs: npu-smi prints ``-1/7``. The chip kept no totals,
+    left the pool's counters, and a claim for it was told it is no dynamic chip."""
+    chips = {(n, 0): {"phys": n, "aicore": 8, "memory": 21, "aicpu": 7, "vnpus": []} for n in (0, 1)}
+    chips[(0, 0)]["vnpus"] = [
+        {"id": 100, "template": "vir04"},
+        {"id": 101, "template": "vir02"},
+        {"id": 102, "template": "vir02"},
+    ]
+    node.npu_smi.set_vnpu_state(node.host.dev, chips, TEMPLATES_310P)
+    _, kubelet = await node.started()
+    (counters,) = [s["spec"]["sharedCounters"] for s in _slices(apiserver) if "sharedCounters" in s["spec"]]
+    assert [c["name"] for c in counters] == ["npu-0", "npu-1"]
+    claim = node.claim("infer", ["npu-0-vir01-0"])
+    assert (await kubelet.prepare([claim])).claims[claim.uid].error == (
+        "cannot carve a vir01 vNPU on chip 0 (310P3): it would take 9 ai-cores of the 8 the chip has (vNPUs "
+        "there now: vir04, vir02, vir02)"
+    )
 
 
 async def test_a_crash_between_create_and_checkpoint_is_cleaned_at_start(node: _Node) -> None:

@@ -67,9 +67,10 @@ def _vnpus(fake: FakeNpuSmi) -> dict[str, list[tuple[int, str]]]:
     }
 
 
-LAYOUT = '{"1": [vir02, vir02], "2": [vir04, vir02]}'
+# Chip 1 keeps its vir02 and gets a vir01 beside the vir04 a container holds: 7 of its 7 AI CPUs.
+LAYOUT = '{"1": [vir02, vir01], "2": [vir04, vir02]}'
 NEEDED = [
-    "set -t create-vnpu -i 1 -c 0 -f vir02",
+    "set -t create-vnpu -i 1 -c 0 -f vir01",
     "set -t create-vnpu -i 2 -c 0 -f vir04",
     "set -t create-vnpu -i 2 -c 0 -f vir02",
 ]
@@ -122,13 +123,15 @@ def test_layout_applied_once_and_a_held_vnpu_kept_until_free(
     layout_agent.wait_log("vnpu: layout applied with 3 npu-smi commands")
     assert npu_smi.calls_of("set") == NEEDED
     assert _vnpus(npu_smi) == {
-        "1:0": [(116, "vir04"), (117, "vir02"), (118, "vir02")],
+        "1:0": [(116, "vir04"), (117, "vir02"), (118, "vir01")],
         "2:0": [(132, "vir04"), (133, "vir02")],
     }
     kubelet.wait_for(
         lambda: (
             (two := kubelet.latest("huawei.com/Ascend310P-2c")) is not None
-            and set(two.health()) == {"Ascend310P-2c-117-1", "Ascend310P-2c-118-1", "Ascend310P-2c-133-2"}
+            and set(two.health()) == {"Ascend310P-2c-117-1", "Ascend310P-2c-133-2"}
+            and (one := kubelet.latest("huawei.com/Ascend310P-1c")) is not None
+            and set(one.health()) == {"Ascend310P-1c-118-1"}
         ),
         what="the new vNPUs advertised",
     )
@@ -156,10 +159,10 @@ def test_layout_applied_once_and_a_held_vnpu_kept_until_free(
     assert npu_smi.calls_of("set") == [*NEEDED, "set -t destroy-vnpu -i 1 -c 0 -v 116"]
 
     # A pod holds 118 (the kubelet says so; npu-smi's column does not). A new layout in the config file,
-    # read live: one vir02 on chip 1, chip 2 whole again. 118 stays; 117 goes.
-    podresources.hold("huawei.com/Ascend310P-2c", ["Ascend310P-2c-118-1"], "team-a", "infer-0", "main")
+    # read live: one vir01 on chip 1, chip 2 whole again. 118 stays; 117 goes.
+    podresources.hold("huawei.com/Ascend310P-1c", ["Ascend310P-1c-118-1"], "team-a", "infer-0", "main")
     podresources.wait_calls(podresources.calls + 2)
-    _config(short_dir, '{"1": [vir02], "2": []}')
+    _config(short_dir, '{"1": [vir01], "2": []}')
     npu_smi.wait_count("set -t destroy-vnpu -i 2 -c 0 -v 133", 1)
     kubelet.wait_for(
         lambda: (
@@ -189,27 +192,27 @@ def test_a_vnpu_just_handed_out_is_held_until_pod_resources_shows_it_freed(
     layout_agent.wait_log("vnpu: layout applied with 3 npu-smi commands")
     kubelet.wait_for(
         lambda: (
-            (two := kubelet.latest("huawei.com/Ascend310P-2c")) is not None
-            and "Ascend310P-2c-118-1" in two.health()
+            (one := kubelet.latest("huawei.com/Ascend310P-1c")) is not None
+            and "Ascend310P-1c-118-1" in one.health()
         ),
         what="118 advertised",
     )
-    channel, stub = kubelet.plugin_stub("huawei.com/Ascend310P-2c")
+    channel, stub = kubelet.plugin_stub("huawei.com/Ascend310P-1c")
     pb = kubelet.pb
     stub.Allocate(
         pb.AllocateRequest(
-            container_requests=[pb.ContainerAllocateRequest(devices_ids=["Ascend310P-2c-118-1"])]
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=["Ascend310P-1c-118-1"])]
         ),
         timeout=5,
     )
     channel.close()
     _config(short_dir, '{"1": [], "2": [vir04, vir02]}')
-    layout_agent.wait_log("Ascend310P-2c-118-1 .vir02. is not in the layout but a container holds it")
+    layout_agent.wait_log("Ascend310P-1c-118-1 .vir01. is not in the layout but a container holds it")
     npu_smi.wait_count("set -t destroy-vnpu -i 1 -c 0 -v 117", 1)
     assert npu_smi.count("set -t destroy-vnpu -i 1 -c 0 -v 118") == 0
 
     # The kubelet lists the pod, then the pod ends: 118 is freed, and destroyed at a health interval.
-    podresources.hold("huawei.com/Ascend310P-2c", ["Ascend310P-2c-118-1"], "team-a", "infer-0", "main")
+    podresources.hold("huawei.com/Ascend310P-1c", ["Ascend310P-1c-118-1"], "team-a", "infer-0", "main")
     podresources.wait_calls(podresources.calls + 2)
     assert npu_smi.count("set -t destroy-vnpu -i 1 -c 0 -v 118") == 0
     podresources.release_all()
@@ -238,12 +241,12 @@ async def test_while_holders_are_unknown_nothing_is_destroyed_and_no_chip_split(
 ) -> None:
     backend = _backend(host, npu_smi)
     await backend.query()
-    layout = parse_layout({"1": ["vir02", "vir02"], "2": ["vir02"]})
+    layout = parse_layout({"1": ["vir02", "vir01"], "2": ["vir02"]})
     plans = await backend.apply_vnpu_layout(layout, lambda: None, run=True)
-    assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 1 -c 0 -f vir02"], "chip 1 is split already"
+    assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 1 -c 0 -f vir01"], "chip 1 is split already"
     assert (plans[1].create, plans[1].waiting) == ((), ("vir02",))
     await backend.apply_vnpu_layout(parse_layout({"1": []}), lambda: None, run=True)
-    assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 1 -c 0 -f vir02"], "nothing destroyed"
+    assert npu_smi.calls_of("set") == ["set -t create-vnpu -i 1 -c 0 -f vir01"], "nothing destroyed"
 
 
 async def test_a_whole_chip_a_container_holds_is_not_split(host: HostTree, npu_smi: FakeNpuSmi) -> None:
@@ -270,6 +273,10 @@ async def test_a_whole_chip_a_container_holds_is_not_split(host: HostTree, npu_s
         ),
         ('{"9": [vir02]}', "vnpu: chip 9 is not on this node (its chips: 0, 1, 2); nothing created"),
         ('{"0": [vir02]}', "vnpu: chip 0 (310P3) cannot be split into vNPUs; nothing created"),
+        (
+            '{"310P3": [vir02, vir02, vir04]}',
+            "vnpu: chip 1 (310P3): vir02, vir02, vir04 need 8 AI CPUs; the chip has 7; nothing created",
+        ),
     ],
 )
 def test_a_layout_the_chips_cannot_hold_is_refused_at_start(
@@ -287,11 +294,12 @@ def test_a_layout_the_chips_cannot_hold_is_refused_at_start(
 def test_a_chip_is_judged_by_its_templates_not_by_the_usable_memory(
     host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path
 ) -> None:
-    """The README's 310P3 entry: 4 x vir02 are 24 GB by template-info, on a chip whose info-vnpu shows 21."""
-    layout = '{"310P3": [vir02, vir02, vir02, vir02]}'
+    """The README's 310P3 entry: 4 x vir02_1c are 24 GB by template-info, on a chip whose info-vnpu shows
+    21."""
+    layout = '{"310P3": [vir02_1c, vir02_1c, vir02_1c, vir02_1c]}'
     result = _run(host, npu_smi, "--config", str(_config(short_dir, layout)), "--dry-run-vnpu")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines().count("npu-smi set -t create-vnpu -i 2 -c 0 -f vir02") == 4
+    assert result.stdout.splitlines().count("npu-smi set -t create-vnpu -i 2 -c 0 -f vir02_1c") == 4
 
 
 async def test_a_vnpu_id_listed_twice_refuses_that_chip_and_destroys_nothing(
@@ -434,6 +442,21 @@ async def test_a_vnpu_id_on_two_chips_is_one_device(
     plans = await backend.apply_vnpu_layout(parse_layout({"2": []}), frozenset, run=True)
     assert "which chip 1 holds" in plans[0].refused
     assert npu_smi.calls_of("set") == []
+    # Chip 2's vNPUs are unknown: handed out whole, it would hand out 132 (and what holds 116) with it.
+    (second,) = [chip for chip in inventory.advertised if chip.phys_id == 2]
+    assert not second.healthy
+    assert second.reason.startswith(
+        "its vNPUs are unknown: npu-smi info -t info-vnpu -i 2 -c 0 lists vNPU id 116"
+    )
+    npu_smi.set_vnpu_state(
+        host.dev, {**chips, (2, 0): _chip(2, [{"id": 132, "template": "vir02"}])}, TEMPLATES_310P
+    )
+    await backend.query()
+    inventory = await backend.discover()
+    assert [part.device_id for part in inventory.vnpus] == ["Ascend310P-4c-116-1", "Ascend310P-2c-132-2"], (
+        "the table is read again until it answers right"
+    )
+    assert all(chip.healthy for chip in inventory.chips)
 
 
 async def test_a_failing_create_leaves_the_chip_as_it_was(

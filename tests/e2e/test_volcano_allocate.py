@@ -116,6 +116,26 @@ def test_a_predicate_time_that_is_no_number_ignores_that_pod_only(
     volcano.wait_log("Pod team-a/odd is ignored")
 
 
+def test_a_chip_name_of_200_kb_is_refused_in_one_bounded_line(
+    kubelet: KubeletStandin, apiserver: ApiServer, volcano: AgentProcess
+) -> None:
+    """A pod naming a 200 KB chip: the refusal echoed it whole, which took seconds to send and which the
+    kubelet's gRPC client drops (RESOURCE_EXHAUSTED: metadata over its hard limit) instead of reading why."""
+    apiserver.put("pods", _pod("first", "Ascend910-3", "50", count=1))
+    apiserver.put("pods", _pod("odd", "Ascend910-" + "9" * 200_000, "100", count=1))
+    assert _allocate(kubelet, ["Ascend910-0"]).envs["ASCEND_VISIBLE_DEVICES"] == "3"
+    with pytest.raises(grpc.RpcError) as refused:
+        _allocate(kubelet, ["Ascend910-1"])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+    details = str(refused.value.details())
+    assert len(details) < 300, details
+    assert re.fullmatch(
+        r"Volcano chose Ascend910-9{54}\.\.\. \(1025 characters\) for pod team-a/odd, which this node does "
+        r"not have; check the node's device-info ConfigMap",
+        details,
+    ), details
+
+
 def _allocate(kubelet: KubeletStandin, ids: list[str], timeout: float = 10) -> Any:
     channel, stub = kubelet.plugin_stub(T)
     with channel:

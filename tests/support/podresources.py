@@ -8,6 +8,7 @@ generated code), answering ``List`` with the holders a test sets.
     standin.claim("npu.huawei.com", "node-1", "npu-1", namespace="team-a", pod="train-0", container="main",
                   claim="train")   # a DRA claim's device, as dynamic_resources
     standin.refuse = True      # List answers UNAVAILABLE
+    standin.answer = pb.ListPodResourcesResponse(...)   # List answers this instead, as it is
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class PodResourcesStandin:
         self.path = path
         self.pb = pb
         self.refuse = False
+        self.answer: Any = None
         self.calls = 0
         self._called = threading.Condition()
         self._held: dict[tuple[str, str, str], list[tuple[str, list[str]]]] = {}
@@ -102,6 +104,9 @@ class PodResourcesStandin:
             self._called.notify_all()
         if self.refuse:
             raise GRPCError(Status.UNAVAILABLE, "pod resources are not ready")
+        if self.answer is not None:
+            await stream.send_message(self.answer)
+            return
         pods: dict[tuple[str, str], Any] = {}
         with self._lock:
             held = dict(self._held)

@@ -19,10 +19,11 @@ from ascend_agent.config import ConfigError, Settings
 from ascend_agent.doctor.dra import pod_paths
 from ascend_agent.kubelet.dra.claimread import ClaimReader, ClaimRef
 from ascend_agent.kubelet.dra.claims import Prepared, PreparedClaim
+from ascend_agent.kubelet.dra.partitions import chip_offer
 from ascend_agent.kubelet.dra.paths import DraPaths, pod_uid, remove_stale
 from ascend_agent.kubelet.dra.serialize import CallLock
 from ascend_agent.kubelet.dra.service import DraService
-from ascend_agent.model import Chip, ContainerSpec, VNpu
+from ascend_agent.model import Carvable, Chip, ContainerSpec, Template, VNpu
 from tests.support.apiserver import ApiServer
 
 DRIVER = "npu.huawei.com"
@@ -220,3 +221,35 @@ def test_the_sockets_a_killed_pod_left_are_removed_and_a_live_pods_kept(short_di
     finally:
         for server in listening:
             server.close()
+
+
+async def test_a_device_name_of_200_kb_in_an_allocation_is_refused_in_one_bounded_line(
+    short_dir: Path, apiserver: ApiServer
+) -> None:
+    """What the API server says a claim was allocated is echoed in the claim's error, the log and the
+    kubelet's answer: a device name is a DNS label, and one that is not is named by its start and length."""
+    api = _api(apiserver)
+    service = _service(short_dir, api)
+    claim = _put_claim(apiserver, "odd", ["npu-" + "9" * 200_000])
+    refused = (await service.prepare([claim]))[claim.uid]
+    assert refused == (
+        f"ResourceClaim default/odd is allocated device 'npu-{'9' * 60}... (200004 characters)', which is no "
+        "device name (a DNS label): check what wrote its allocation"
+    )
+    await api.close()
+
+
+async def test_a_dynamic_chip_that_offers_nothing_says_why(short_dir: Path, apiserver: ApiServer) -> None:
+    """A dynamic chip npu-smi gives no totals for offers nothing; a claim for one of its template devices is
+    told that and why, not that the chip is no dynamic chip."""
+    api = _api(apiserver)
+    service = _service(short_dir, api)
+    vir04 = Template("vir04", 4, 12, 4)
+    offers = {phys: chip_offer(Carvable(phys, (vir04,), ())) for phys in (0, 1)}
+    service.publish(CHIPS, lambda chips: ContainerSpec(), offers=offers)
+    claim = _put_claim(apiserver, "carve", ["npu-1-vir04-0"])
+    assert (await service.prepare([claim]))[claim.uid] == (
+        "ResourceClaim default/carve: chip 1 is dynamic but offers nothing now (npu-1: npu-smi gives no AI "
+        "core total): check npu-smi info -t info-vnpu on the node"
+    )
+    await api.close()

@@ -203,6 +203,26 @@ async def test_the_fault_config_map_is_followed_and_a_bad_one_refused(
     assert grading.apply(Inventory((chip,))).chips[0].fault_class is FaultClass.RESTART_NPU
 
 
+async def test_a_map_nested_too_deep_is_refused_with_its_reason(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """faultCode.json nested 100,000 deep: Python's JSON reader raises RecursionError, which ended the
+    feature with a traceback and no reason, again at each restart; it is refused like any bad map."""
+    grading = FaultGrading.builtin()
+    running = grading.table
+    deep = "[" * 100_000 + "]" * 100_000
+    with caplog.at_level(logging.INFO, logger="ascend_agent.cluster"):
+        async with _running(apiserver, FaultConfigFollow(grading)) as api:
+            await _write_map(api, {"faultCode.json": deep, "faultCustomization.json": deep}, True)
+            await _wait(apiserver, lambda: caplog.text, lambda text: "not applied" in text)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.endswith(
+        "not applied, keeping the running fault table (built in): faultCode.json: its arrays or objects nest "
+        "too deep to read (Huawei's file nests three levels)"
+    ), line
+    assert grading.table is running
+
+
 async def test_a_map_there_at_start_is_read(apiserver: ApiServer) -> None:
     custom = {"FaultDuration": [{"EventId": ["8C03A000"], "FaultTimeout": 0, "FaultHandling": "SeparateNPU"}]}
     _put_map(apiserver, {"faultCustomization.json": json.dumps(custom)})

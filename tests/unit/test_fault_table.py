@@ -205,12 +205,20 @@ def _customization(**changes: Any) -> str:
     return json.dumps({"FaultFrequency": [entry]})
 
 
+_DEEP_LIST = "[" * 100_000 + "]" * 100_000
+_DEEP_OBJECT = '{"x":' * 100_000 + "1" + "}" * 100_000
+_LONG_CODE = json.dumps({"NotHandleFaultCodes": ["G" * 100_000]})
+
+
 @pytest.mark.parametrize(
     ("data", "words"),
     [
         ({"faultcode.json": "{}"}, "unknown key 'faultcode.json'"),
         ({"faultCode.json": "{"}, "faultCode.json: not JSON"),
         ({"faultCode.json": "[]"}, "faultCode.json: must be a JSON object"),
+        ({"faultCode.json": _DEEP_LIST}, "faultCode.json: its arrays or objects nest too deep"),
+        ({"faultCustomization.json": _DEEP_OBJECT}, "faultCustomization.json: its arrays or objects nest"),
+        ({"faultCode.json": _LONG_CODE}, "G... (100000 characters)' is not a hex"),
         ({"faultCode.json": '{"RestartNPUCode": []}'}, "faultCode.json: unknown key 'RestartNPUCode'"),
         ({"faultCode.json": '{"RestartNPUCodes": ["8C03A00G"]}'}, "NPUCodes: '8C03A00G' is not a hex"),
         ({"faultCode.json": '{"RestartNPUCodes": "8C03A000"}'}, "NPUCodes: must be a list of hex codes"),

@@ -54,6 +54,19 @@ def test_info_vnpu_with_two() -> None:
     assert [v.in_container for v in state.vnpus] == [True, False]
 
 
+def test_a_free_count_below_zero_keeps_the_chips_totals() -> None:
+    """vir04 + 2 x vir02 take 8 AI CPUs of a 310P3's 7: npu-smi then prints ``-1/7``, and the whole resources
+    row was dropped, so the dynamic chip lost its totals and left the DRA pool."""
+    overcommitted = TWO.replace("| 2/8       3/21      1/7 ", "| 0/8       -3/21     -1/7")
+    assert overcommitted != TWO
+    state = parse_info_vnpu(overcommitted)
+    assert (state.resources["aicore"], state.resources["memory"], state.resources["aicpu"]) == (
+        (0, 8),
+        (-3, 21),
+        (-1, 7),
+    )
+
+
 @pytest.mark.parametrize("shown", ["", "-", "NA", "na", "ffffffffffff", "FFFFFFFFFFFF", "000000000000"])
 def test_a_container_column_that_names_no_container(shown: str) -> None:
     assert not VNpu(100, "vir02", container_id=shown).in_container

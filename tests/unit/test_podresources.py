@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ascend_agent.config import Settings
 from ascend_agent.doctor.holders import holders_check
-from ascend_agent.kubelet.podresources import PodHolders, PodResourcesError, list_holders
+from ascend_agent.kubelet.podresources import (
+    MAX_ANSWER,
+    MAX_DEVICES,
+    PodHolders,
+    PodResourcesError,
+    holders_of,
+    list_holders,
+)
 from ascend_agent.model import Chip, Holder, VNpu
 from tests.support.podresources import PodResourcesStandin
+
+T = "huawei.com/Ascend910"
 
 
 async def test_holders_by_chip_and_replica(podresources: PodResourcesStandin) -> None:
@@ -88,3 +102,72 @@ async def test_the_doctor_names_a_pod_on_a_template_device_of_a_failing_chip(
     settings = Settings(kubelet_api="dra", pod_resources_socket=podresources.path)
     check = await holders_check(settings, [(driver, "npu-1")])
     assert (check.ok, check.detail) == (False, "npu-1 held by team-a/infer/main (claim small)")
+
+
+async def test_an_answer_over_4_mib_is_refused_before_it_is_read(
+    podresources: PodResourcesStandin, podresources_api: ModuleType
+) -> None:
+    pb = podresources_api
+    podresources.answer = pb.ListPodResourcesResponse(
+        pod_resources=[pb.PodResources(name="p" * MAX_ANSWER, namespace="ns")]
+    )
+    with pytest.raises(PodResourcesError) as refused:
+        await list_holders(podresources.path)
+    said = str(refused.value).removeprefix(f"{podresources.path} answered List with ")
+    assert re.fullmatch(
+        rf"\d+ bytes, over the {MAX_ANSWER} read \(a node of a few hundred pods answers well "
+        r"under 1 MiB\)",
+        said,
+    ), said
+
+
+async def test_an_answer_naming_more_devices_than_a_node_has_is_refused(
+    podresources: PodResourcesStandin,
+) -> None:
+    podresources.hold(T, [f"Ascend910-{n}" for n in range(MAX_DEVICES + 1)], "ns", "p", "c")
+    with pytest.raises(PodResourcesError, match=f"answered List with more than {MAX_DEVICES} devices"):
+        await list_holders(podresources.path)
+
+
+_NAMES = st.text(st.sampled_from("ab-1\u00e9"), max_size=6)
+_CLAIMS = st.lists(st.tuples(_NAMES, st.lists(st.tuples(_NAMES, _NAMES), max_size=3)), max_size=2)
+_CONTAINERS = st.lists(
+    st.tuples(_NAMES, st.lists(st.tuples(_NAMES, st.lists(_NAMES, max_size=3)), max_size=2), _CLAIMS),
+    max_size=3,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pods=st.lists(st.tuples(_NAMES, _NAMES, _CONTAINERS), max_size=4), cpus=st.lists(st.integers(0, 999)))
+def test_the_answer_is_read_as_protobuf_decodes_it(
+    podresources_api: ModuleType, pods: list[Any], cpus: list[int]
+) -> None:
+    """Read field by field, an answer gives the holders protobuf's own decoder finds in it, whatever fields
+    the read steps over (CPU ids, memory, topology, CDI devices)."""
+    pb = podresources_api
+    message = pb.ListPodResourcesResponse()
+    expected_devices: dict[tuple[str, str], set[Holder]] = {}
+    expected_claims: dict[tuple[str, str], set[Holder]] = {}
+    for name, namespace, containers in pods:
+        pod = message.pod_resources.add(name=name, namespace=namespace, cpu_ids=cpus)
+        for container_name, devices, claims in containers:
+            container = pod.containers.add(name=container_name, cpu_ids=cpus)
+            container.memory.add(memory_type="hugepages-2Mi", size=1 << 21)
+            for resource, ids in devices:
+                container.devices.add(resource_name=resource, device_ids=ids).topology.nodes.add(ID=1)
+                for device_id in ids:
+                    expected_devices.setdefault((resource, device_id), set()).add(
+                        Holder(namespace, name, container_name)
+                    )
+            for claim, resources in claims:
+                entry = container.dynamic_resources.add(claim_name=claim, claim_namespace=namespace)
+                for driver, device in resources:
+                    entry.claim_resources.add(driver_name=driver, device_name=device, pool_name="node-1")
+                    entry.claim_resources[-1].cdi_devices.add(name=f"{driver}/claim={device}")
+                    if device:
+                        expected_claims.setdefault((driver, device), set()).add(
+                            Holder(namespace, name, container_name, claim)
+                        )
+    holders = holders_of(message.SerializeToString())
+    assert holders.by_device == {key: tuple(sorted(found)) for key, found in expected_devices.items()}
+    assert holders.by_claimed == {key: tuple(sorted(found)) for key, found in expected_claims.items()}

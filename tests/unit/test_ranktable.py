@@ -15,11 +15,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ascend_agent.cli.held import chips_held
 from ascend_agent.cluster import deviceinfo
 from ascend_agent.cluster.ranktable import (
     CONFIGURATION,
     CONFIGURATION_NPU,
     RANK_INDEX,
+    SP_BLOCK,
     PlacedPod,
     RankTableError,
     fragment,
@@ -28,7 +30,7 @@ from ascend_agent.cluster.ranktable import (
     version_of,
 )
 from ascend_agent.cluster.volcano_marks import PodView, configuration
-from ascend_agent.model import Chip, Fault, Health, Inventory, SuperPod
+from ascend_agent.model import Chip, Fault, Health, Holder, Holders, Inventory, SuperPod, VNpu
 from tests.support.hccl import doc_example, gather, hccl_json
 from tests.support.training_fixtures import read
 from tests.support.volcano_types import DecodeError
@@ -211,6 +213,27 @@ def _with(pod: PlacedPod, **changes: Any) -> PlacedPod:
         ({"annotations": {CONFIGURATION: '{"host_ip":5,"devices":[{}]}', RANK_INDEX: "0"}}, "host_ip 5"),
         ({"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: "-1"}}, "not a rank index"),
         ({"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: " 1"}}, "not a rank index"),
+        (
+            {"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: "9" * 5000}},
+            r"is '9{64}\.\.\. \(5000 characters\)', not a rank index",
+        ),
+        (
+            {"annotations": {CONFIGURATION: '{"devices":[{}]}', RANK_INDEX: "9223372036854775808"}},
+            "not a rank index",
+        ),
+        (
+            {"annotations": {CONFIGURATION: "[" * 100_000 + "]" * 100_000, RANK_INDEX: "0"}},
+            "nests arrays or objects too deep to read",
+        ),
+        (
+            {
+                "annotations": {
+                    CONFIGURATION: '{"host_ip":[' + "1," * 5000 + '1],"devices":[{}]}',
+                    RANK_INDEX: "0",
+                }
+            },
+            r"has host_ip \[1, 1, .*\.\.\. \(15003 characters\), not a string",
+        ),
         ({"pod_ip": ""}, "has no IP yet"),
         ({"annotations": {CONFIGURATION_NPU: "{}", RANK_INDEX: "0"}}, "its rank table is v2.0"),
     ],
@@ -220,6 +243,15 @@ def test_what_the_operator_cannot_use_is_one_line(change: dict[str, Any], messag
     with pytest.raises(RankTableError, match=message) as caught:
         fragment(pod)
     assert "\n" not in str(caught.value) and "team-a/w-0" in str(caught.value)
+
+
+@pytest.mark.parametrize("sp_block", ["9" * 5000, "9223372036854775808", "x"])
+def test_an_sp_block_go_cannot_read_is_none(sp_block: str) -> None:
+    """ascend-operator reads sp-block with Go's strconv.Atoi: what it cannot read (a 5000-digit number raised
+    Python's own integer limit) is no sp-block, every pod in logical super pod 0."""
+    pod = _placed("w-0", _910b_node().chips[:2], 3, "192.168.0.11")
+    pod = _with(pod, annotations={**pod.annotations, SP_BLOCK: sp_block})
+    assert fragment(pod, "1.2")["super_pod_list"][0]["super_pod_id"] == "0"
 
 
 def test_device_ip_minus_one_is_refused_as_the_operator_does() -> None:
@@ -370,3 +402,34 @@ def test_an_a3_die_without_an_sdid_is_named_in_v1_2() -> None:
     lines = gaps(part)
     assert len(lines) == 2
     assert lines[1].startswith("device 2, 3, 4, 5, 6, 7, 8, 9, 13, 14, 15 has no super_device_id")
+
+
+def test_the_chips_a_pod_holds_as_the_kubelet_says_them() -> None:
+    """For a pod without the configuration annotation: a shared chip's replicas are its chip, a vNPU is
+    itself, a claim's chip or vNPU by its DRA name, a template device carved at prepare a vNPU of its chip;
+    other pods' devices, other domains' resources and other drivers' devices are not the pod's."""
+    chips = tuple(Chip.make(n, "310P3", device_ip=f"10.0.0.{n}") for n in range(4))
+    vnpu = chips[3].slice(VNpu(148, "vir02"))
+    inventory = Inventory(chips, vnpus=(vnpu,))
+    me, other = Holder("ns", "p", "main"), Holder("ns", "q", "main")
+    holders = Holders(
+        {
+            ("huawei.com/Ascend310P", "Ascend310P-0-1"): (me,),
+            ("huawei.com/Ascend310P", "Ascend310P-1-0"): (other,),
+            ("example.com/npu", "Ascend310P-2-0"): (me,),
+            (vnpu.resource, vnpu.device_id): (me,),
+        },
+        {
+            ("npu.huawei.com", "npu-1"): (Holder("ns", "p", "main", "c"),),
+            ("npu.huawei.com", "npu-2-vir04-0"): (Holder("ns", "p", "main", "c"),),
+            ("gpu.example.com", "npu-0"): (Holder("ns", "p", "main", "g"),),
+        },
+    )
+    held = chips_held(inventory, holders, "ns", "p", 2, "npu.huawei.com")
+    assert [(chip.phys_id, chip.vnpu.template if chip.vnpu else None) for chip in held] == [
+        (0, None),
+        (3, "vir02"),
+        (1, None),
+        (2, "vir04"),
+    ]
+    assert [chip.rank_ip for chip in held] == ["10.0.0.0", "127.0.0.1", "10.0.0.1", "127.0.0.1"]

@@ -8,12 +8,16 @@ import asyncio
 import struct
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from urllib.parse import unquote
 
 import anyio
 import h2.errors
 import pytest
-from grpclib.const import Status
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
 
+from ascend_agent.echo import MOST_LINE
 from ascend_agent.kubelet.deviceplugin import wire
 from ascend_agent.kubelet.deviceplugin.service import DevicePluginService
 from ascend_agent.kubelet.deviceplugin.transport import BoundedServer, Limits
@@ -166,6 +170,38 @@ async def test_the_registration_socket_caps_requests_and_drops_unknown_fields(sh
         assert answer.status == Status.RESOURCE_EXHAUSTED.value, answer
         assert await _answer(client, GET_INFO, grpc_message(flood[: 60 * 1024])) == 0
         assert infos == [True]
+    finally:
+        client.close()
+        await server.shut()
+
+
+class _EchoingService:
+    """A service whose refusal echoes the whole request, as a careless handler would."""
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {"/test.Echo/Say": Handler(self._say, Cardinality.UNARY_UNARY, bytes, bytes)}
+
+    async def _say(self, stream: Stream[bytes, bytes]) -> None:
+        said = await stream.recv_message()
+        raise GRPCError(Status.INVALID_ARGUMENT, f"unknown device {(said or b'').decode()}")
+
+
+async def test_a_refusal_that_echoes_a_long_request_is_cut_to_one_bounded_line(short_dir: Path) -> None:
+    """A 60 KB device ID echoed whole into grpc-message took seconds to send (HPACK in pure Python), and a
+    grpc-go or grpcio client drops a header that long (its 16 KiB metadata limit) for RESOURCE_EXHAUSTED."""
+    server = BoundedServer([_EchoingService()], codec=BytesCodec())
+    path = short_dir / "echo.sock"
+    await server.serve(path)
+    client = await RawGrpcClient.connect(str(path))
+    try:
+        stream_id = client.request("/test.Echo/Say")
+        await client.send_bodies({stream_id: grpc_message(b"Ascend910-" + b"9" * 60_000)})
+        with anyio.fail_after(10):
+            answer = (await client.wait_answers([stream_id]))[stream_id]
+        assert answer.status == Status.INVALID_ARGUMENT.value
+        message = unquote(answer.message)
+        assert len(message) < MOST_LINE + 40, len(message)
+        assert message.startswith("unknown device Ascend910-999") and message.endswith("(60025 characters)")
     finally:
         client.close()
         await server.shut()

@@ -142,3 +142,24 @@ def test_the_plan_holds_the_layout_and_never_destroys_a_held_vnpu(
     again = plan_chip(CHIP, wanted, ChipState(tuple(after), AICORES), TEMPLATES, lambda v: v.vnpu_id in held)
     assert (again.destroy, again.create) == ((), ()), "the second time issues nothing"
     assert again.in_use == plan.in_use and Counter(again.waiting) == Counter(plan.waiting)
+
+
+def test_a_layout_is_held_to_the_chips_ai_cpus_too() -> None:
+    """vir02, vir02, vir04 fit a 310P3's 8 AI cores but take 8 of its 7 AI CPUs (template-info's figures):
+    refused, as the examples' layout was not; beside a vir04 a container holds, a second vir02 waits."""
+    templates = {
+        "vir02": Template("vir02", 2, 6, 2),
+        "vir04": Template("vir04", 4, 12, 4),
+        "vir02_1c": Template("vir02_1c", 2, 6, 1),
+    }
+    plan = plan_chip(CHIP, ["vir02", "vir02", "vir04"], ChipState((), 8, aicpu=7), templates, lambda v: False)
+    assert plan.refused == (
+        "vnpu: chip 1 (310P3): vir02, vir02, vir04 need 8 AI CPUs; the chip has 7; nothing created"
+    )
+    assert not plan_chip(
+        CHIP, ["vir02_1c", "vir02_1c", "vir04"], ChipState((), 8, 7), templates, lambda v: False
+    ).refused
+    held = VNpu(116, "vir04")
+    now = ChipState((held, VNpu(117, "vir02")), 8, aicpu=7)
+    plan = plan_chip(CHIP, ["vir02", "vir02"], now, templates, lambda v: v is held)
+    assert (plan.create, plan.waiting) == ((), ("vir02",))

@@ -19,9 +19,9 @@ from prometheus_client import REGISTRY
 
 from ascend_agent.cluster.client import ApiUnavailable
 from ascend_agent.cluster.health import Failure
-from ascend_agent.cluster.podlist import _list_in_thread, view_of
+from ascend_agent.cluster.podlist import MAX_PODS, _list_in_thread, view_of
 from ascend_agent.cluster.volcano import VolcanoPods
-from ascend_agent.cluster.volcano_marks import TAKEN, Mounted, PodView, choose, predicate_time
+from ascend_agent.cluster.volcano_marks import MAX_VALUE, TAKEN, Mounted, PodView, choose, predicate_time
 from ascend_agent.kubelet.mounted import MountedChips
 from ascend_agent.model import Chip, Holder, Holders, Inventory
 
@@ -496,7 +496,7 @@ def test_a_list_keeps_only_this_nodes_pods_that_have_not_ended() -> None:
             items = msgspec.json.decode(msgspec.json.encode(listing), type=dict[str, list[resource]])  # type: ignore[valid-type]
             return _Listing(items["items"])
 
-    pods, version, unreadable = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
+    pods, version, unreadable, _ = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
     assert [(p.name, p.limits) for p in pods] == [("mine", {T: 1})]
     assert version == "1"
     assert unreadable == {}
@@ -676,3 +676,62 @@ async def test_a_chip_held_by_a_pod_the_watch_has_not_seen_go_is_checked_again_a
     with pytest.raises(LookupError, match="which this node does not have"):
         await pods.remap(T, [["Ascend910-2"]])
     assert api.lists == lists, "a chip the node does not have is refused without reading the pods again"
+
+
+async def test_a_watch_streaming_new_pods_without_end_keeps_at_most_max_pods(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An API server that streams new pods for this node without end (492 MB in 30 s were measured) fills the
+    cache to MAX_PODS and no further, with one line; the pods it holds are still chosen, and once a pod goes
+    a new one is kept again."""
+    api = _BurstApi(burst=MAX_PODS + 300)
+    pods = VolcanoPods()
+    caplog.set_level("INFO", logger="ascend_agent.cluster")
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(pods._watch, api)
+            while api.delivered < MAX_PODS + 300:
+                await anyio.sleep(0.01)
+            tasks.cancel_scope.cancel()
+    assert len(pods._pods) == MAX_PODS
+    lines = [r.getMessage() for r in caplog.records if f"more than {MAX_PODS} pods" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "the pods past them are not kept" in lines[0]
+    pods._forget("u0")
+    pods._store(PodView("ns", "new", "u-new", {T: "Ascend910-3", "predicate-time": "5"}, {T: 1}))
+    assert pods._choose(T, 1) is not None and pods._choose(T, 1).name == "new"  # type: ignore[union-attr]
+    assert any("under 1000 again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_list_keeps_at_most_max_pods_of_the_node() -> None:
+    def pod(n: int) -> dict[str, Any]:
+        return {
+            "metadata": {"name": f"p{n}", "namespace": "ns", "uid": f"u{n}"},
+            "spec": {"nodeName": "node-1", "containers": []},
+        }
+
+    class _Client:
+        def list(self, resource: type[Any], **kwargs: Any) -> _Listing:
+            return _Listing(
+                [msgspec.json.decode(msgspec.json.encode(pod(n)), type=resource) for n in range(MAX_PODS + 5)]
+            )
+
+    listed = _list_in_thread("node-1", _Client())  # type: ignore[arg-type]
+    assert (len(listed.pods), listed.past) == (MAX_PODS, 5)
+
+
+def test_a_pod_is_kept_as_what_the_choice_reads_and_no_more() -> None:
+    """A pod's view keeps the annotations the choice reads (predicate-time, the huawei.com domain's), each cut
+    to MAX_VALUE characters (a cut names no chip), and the huawei.com limits: a megabyte of other annotations
+    costs nothing."""
+    pod = _volcano_pod("big", "Ascend910-" + "9" * 200_000, "100")
+    pod["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "x" * (1 << 20)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    view = PodView.of(Pod.from_dict(pod))
+    assert set(view.annotations) == {T, "predicate-time"}
+    assert view.limits == {T: 1}
+    assert len(view.annotations[T]) == MAX_VALUE + 1 and view.annotations[T].endswith("\u2026")
+    assert view.chosen(T)[0] not in {f"Ascend910-{n}" for n in range(8)}
+    too_long = _volcano_pod("n" * 300, "Ascend910-3", "100")
+    with pytest.raises(ValueError, match=r"its name 'nnnn.*' is longer than a Kubernetes name"):
+        PodView.of(Pod.from_dict(too_long))

@@ -21,6 +21,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
 
 from ascend_agent.container import container_spec
+from ascend_agent.echo import MOST_LINE, cut
 from ascend_agent.kubelet.deviceplugin import wire
 from ascend_agent.kubelet.deviceplugin.transport import DEFAULT_LIMITS, connection_of
 from ascend_agent.model import Chip, ContainerBase
@@ -295,7 +296,8 @@ class DevicePluginService:
         try:
             return await remap(containers)
         except LookupError as exc:
-            raise GRPCError(Status.FAILED_PRECONDITION, str(exc.args[0] if exc.args else exc)) from None
+            said = str(exc.args[0] if exc.args else exc)
+            raise GRPCError(Status.FAILED_PRECONDITION, cut(said, MOST_LINE)) from None
 
     def _containers(self, request: bytes) -> list[list[str]]:
         try:

@@ -13,7 +13,11 @@ construction, to every service it serves:
   long as the connection lives), and a client that resets streams faster than any kubelet gets a GOAWAY;
 - at most ``max_streams`` streams per connection; more are refused with REFUSED_STREAM;
 - a connection with no stream open for ``idle_timeout`` is closed;
-- a frame of a type HTTP/2 does not define is ignored, as RFC 9113 says, instead of ending the connection::
+- a frame of a type HTTP/2 does not define is ignored, as RFC 9113 says, instead of ending the connection;
+- a refusal's message is cut to :data:`~ascend_agent.echo.MOST_LINE` characters, whatever it echoes;
+
+and an answer the agent reads as a client (:func:`read_answer`) has its length prefix checked before its body
+is read::
 
     server = BoundedServer([service], codec=BytesCodec())
     identity = await server.serve(Path("/var/lib/kubelet/device-plugins/ascend-Ascend910.sock"))
@@ -53,6 +57,7 @@ from h2.events import DataReceived, RequestReceived, StreamReset
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 
+from ascend_agent.echo import MOST_LINE, cut
 from ascend_agent.kubelet.deviceplugin import wire
 
 log = logging.getLogger(__name__)
@@ -138,6 +143,33 @@ async def read_request(stream: Stream[Any, Any], limits: Limits = DEFAULT_LIMITS
         ) from None
 
 
+class UnreadAnswer(Exception):
+    """A unary answer the caller does not read: longer than it reads, compressed or cut short; the message
+    says which."""
+
+
+async def read_answer(call: Any, limit: int) -> bytes:
+    """The one message of a unary call's answer (``call``: a grpclib client stream whose request was sent),
+    its length prefix checked against ``limit`` before the body is read: grpclib's own reader gathers
+    whatever a prefix claims, up to 4 GiB. :class:`UnreadAnswer` past ``limit``; GRPCError when the server
+    refused the call; b"" for an answer without a message."""
+    await call.recv_initial_metadata()
+    h2_stream = call._stream
+    try:
+        prefix = await h2_stream.recv_data(5)
+        if len(prefix) < 5:
+            return b""
+        compressed, length = struct.unpack(">?I", prefix)
+        if compressed:
+            raise UnreadAnswer("a compressed message, not asked for")
+        if length > limit:
+            raise UnreadAnswer(f"{length} bytes, over the {limit} read")
+        data: bytes = await h2_stream.recv_data(length)
+    except AssertionError:  # grpclib's buffer, when the stream ends before what the prefix announced
+        raise UnreadAnswer("a message cut short") from None
+    return data
+
+
 def _known_fields(message_type: Any) -> frozenset[int] | None:
     """The field numbers of a betterproto message type; None for raw bytes (the service reads them)."""
     meta = getattr(message_type, "_betterproto", None)
@@ -168,7 +200,12 @@ def _bounded(handler: Handler, codec: Any, limits: Limits) -> Handler:
             return pending.pop() if pending else None
 
         stream.recv_message = recv_message  # type: ignore[method-assign]
-        await func(stream)
+        try:
+            await func(stream)
+        except GRPCError as exc:  # whatever it echoes, a refusal is one bounded line
+            if exc.message is not None and len(exc.message) > MOST_LINE:
+                raise GRPCError(exc.status, cut(exc.message, MOST_LINE), exc.details) from None
+            raise
 
     return Handler(run, handler.cardinality, handler.request_type, handler.reply_type)
 

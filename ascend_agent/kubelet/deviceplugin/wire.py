@@ -61,7 +61,7 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+def _read_varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if at >= len(data) or shift > 63:
@@ -74,8 +74,14 @@ def _read_varint(data: bytes, at: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data: bytes, wanted: frozenset[int]) -> Iterator[tuple[int, int, Any]]:
-    """(field number, wire type, value) for the ``wanted`` fields: an int for varints, bytes for the rest."""
+def fields(data: bytes | memoryview, wanted: frozenset[int]) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) for the ``wanted`` fields of the message ``data``, in their order:
+    an int for varints, a slice of ``data`` for the rest (a memoryview's slices copy nothing). Every other
+    field is stepped over; :class:`WireError` when the bytes do not decode.
+
+    >>> [bytes(value) for _, _, value in fields(memoryview(b"\\x0a\\x01a\\x12\\x01b"), frozenset((2,)))]
+    [b'b']
+    """
     for number, kind, value, _ in _walk(data, wanted):
         yield number, kind, value
 
@@ -91,7 +97,7 @@ def only_fields(data: bytes, wanted: frozenset[int]) -> bytes:
 
 
 def _walk(
-    data: bytes, wanted: frozenset[int], spans: bool = False
+    data: bytes | memoryview, wanted: frozenset[int], spans: bool = False
 ) -> Iterator[tuple[int, int, Any, tuple[int, int]]]:
     """(field number, wire type, value, (start, end) of the whole field when ``spans``) for the ``wanted``
     fields. Every other field is checked and stepped over without being copied; one-byte varints, what a
@@ -146,7 +152,7 @@ _SIZE = frozenset((3,))
 def _strings(data: bytes, number: int) -> list[str]:
     """The values of the repeated string field ``number`` of a message."""
     found = []
-    for _, kind, value in _fields(data, frozenset((number,))):
+    for _, kind, value in fields(data, frozenset((number,))):
         if kind != _LENGTH_DELIMITED:
             raise WireError(f"field {number} is not a string")
         try:
@@ -159,7 +165,7 @@ def _strings(data: bytes, number: int) -> list[str]:
 def _entries(data: bytes) -> list[bytes]:
     """The embedded messages of the repeated field 1 (``container_requests``)."""
     entries = []
-    for _, kind, value in _fields(data, _FIRST):
+    for _, kind, value in fields(data, _FIRST):
         if kind != _LENGTH_DELIMITED:
             raise WireError("container_requests is not a message")
         entries.append(value)
@@ -185,7 +191,7 @@ def preferred_request(data: bytes) -> list[PreferredRequest]:
     requests = []
     for entry in _entries(data):
         size = 0
-        for _, kind, value in _fields(entry, _SIZE):
+        for _, kind, value in fields(entry, _SIZE):
             if kind != _VARINT:
                 raise WireError("allocation_size is not an integer")
             size = value - (1 << 64) if value >= 1 << 63 else value  # int32 negatives are 10-byte varints

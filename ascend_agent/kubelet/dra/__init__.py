@@ -160,7 +160,7 @@ class DraDriver:
         self.service.publish(
             inventory.advertised,
             lambda chips: container_spec(chips, base),
-            offers={phys: offer for phys, offer in offers.items() if offer.counters},
+            offers=offers,
             container=base,
             wholes=inventory.chips,
         )

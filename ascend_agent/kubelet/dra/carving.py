@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -169,11 +169,18 @@ class Carving:
         return bool(self.made.of_claim(uid))
 
     async def carve(
-        self, uid: str, device: str, chip: Chip, template: str, vnpu_id: int | None = None
+        self,
+        uid: str,
+        device: str,
+        chip: Chip,
+        template: str,
+        vnpu_id: int | None = None,
+        room: Callable[[Sequence[VNpu]], str] | None = None,
     ) -> VNpu:
         """The vNPU of ``template`` on ``chip`` for the claim's ``device``: made now, or with ``vnpu_id`` the
-        one made before (made again with that id when it is gone: a reboot). ClaimError in one line when it
-        cannot be made; nothing is left behind then."""
+        one made before (made again with that id when it is gone: a reboot). ``room`` says why one more does
+        not fit beside the chip's vNPUs now ("" when it does), before anything is made. ClaimError in one line
+        when it cannot be made; nothing is left behind then."""
         carver = self._carver()
         where = f"chip {chip.phys_id} ({chip.model})"
         try:
@@ -198,6 +205,8 @@ class Carving:
             if vnpu_id is None:
                 raise ClaimError(f"{where} has no free vNPU id left ({first} to {first + _IDS_PER_CHIP - 1})")
             record = None
+        if room is not None and (why := room(tuple(now.values()))):
+            raise ClaimError(f"cannot carve a {template} vNPU on {where}: {why}")
         if record is None:
             record = Made(uid, device, chip.phys_id, vnpu_id, template)
             await self._record(record)

@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ascend_agent.echo import cut
+from ascend_agent.kube_names import is_dns_label
+
 if TYPE_CHECKING:
     from ascend_agent.cluster.client import KubeApi
 
@@ -124,7 +127,8 @@ class ClaimReader:
         uid = (found.get("metadata") or {}).get("uid")
         if uid != claim.uid:
             raise ClaimError(
-                f"ResourceClaim {claim} has UID {uid}, not {claim.uid}: it was deleted and made again"
+                f"ResourceClaim {claim} has UID {cut(str(uid))}, not {claim.uid}: it was deleted and made "
+                "again"
             )
         allocation = (found.get("status") or {}).get("allocation")
         if not allocation:
@@ -153,6 +157,12 @@ class ClaimReader:
             raise ClaimError(
                 f"ResourceClaim {claim} has no device of driver {self.driver} in pool {self.pool}"
             )
+        for result in results:
+            if not isinstance(result.device, str) or not is_dns_label(result.device):
+                raise ClaimError(
+                    f"ResourceClaim {claim} is allocated device {cut(str(result.device))!r}, which is no "
+                    "device name (a DNS label): check what wrote its allocation"
+                )
         return results
 
 

@@ -307,6 +307,8 @@ def _vnpu_device(part: Chip, taints: DeviceTaints) -> dict[str, Any]:
         capacity["aiCores"] = {"value": str(part.vnpu.aicore)}
     if part.vnpu.memory_gb is not None:
         capacity["memory"] = {"value": f"{part.vnpu.memory_gb}Gi"}
+    if part.vnpu.aicpu is not None:
+        capacity["aiCpus"] = {"value": str(part.vnpu.aicpu)}
     return _device(part, attributes, capacity, taints)
 
 
@@ -378,6 +380,8 @@ def _dynamic_devices(
         capacity = {"aiCores": {"value": str(template.aicore)}}
         if template.memory_gb is not None:
             capacity["memory"] = {"value": f"{template.memory_gb}Gi"}
+        if template.aicpu is not None:
+            capacity["aiCpus"] = {"value": str(template.aicpu)}
         for index in range(count):
             device: dict[str, Any] = {
                 "name": template_device_name(chip.phys_id, template.name, index),

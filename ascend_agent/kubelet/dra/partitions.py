@@ -15,6 +15,7 @@ never hands out a chip and a part of it, nor parts that add up to more than the 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ascend_agent.model import Carvable, Template
@@ -23,6 +24,8 @@ from ascend_agent.model import Carvable, Template
 _COUNTER_NAMES = {"aicore": "ai-cores", "memory": "memory", "aicpu": "ai-cpus"}
 _MEDIA = ("vpc", "venc", "vdec", "jpegd", "jpege", "pngd")
 _TEMPLATE_DEVICE = re.compile(r"npu-([0-9]{1,6})-(vir[0-9]{2}(?:-[0-9a-z]+)*)-([0-9]{1,3})")
+# What a template's name says: AI cores, then AI CPUs (``_3c``) and memory (``_32g``) where it names them.
+_TEMPLATE_NAME = re.compile(r"vir([0-9]{1,3})(?:_([0-9]{1,3})c)?(?:_([0-9]{1,4})g)?(?:_[a-z]+)?")
 # resource.k8s.io/v1: counter sets per slice of their own.
 MAX_COUNTER_SETS = 8
 
@@ -101,6 +104,50 @@ def template_needs(template: Template) -> dict[str, int]:
         counter = _counter(label)
         if counter is not None:
             needs[counter] = amount
+    return needs
+
+
+def shortfall(offer: ChipOffer, present: Sequence[str], template: str) -> str:
+    """Why one more vNPU of ``template`` does not fit beside the vNPUs ``present`` (their templates) on the
+    chip of ``offer``, counter by counter; "" when it fits. The scheduler counts only what it allocated: a
+    vNPU made by hand, or an allocation written without it, would overcommit the chip (vir04 + 2 x vir02 take
+    8 of a 310P3's 7 AI CPUs).
+
+    >>> vir02, vir04 = Template("vir02", 2, 6, 2), Template("vir04", 4, 12, 4)
+    >>> offer = chip_offer(Carvable(1, (vir02, vir04), (("aicore", 8), ("memory", 21), ("aicpu", 7))))
+    >>> shortfall(offer, ["vir04"], "vir02"), shortfall(offer, ["vir04", "vir02"], "vir02")
+    ('', 'it would take 8 ai-cpus of the 7 the chip has (vNPUs there now: vir04, vir02)')
+    """
+    counters = dict(offer.counters)
+    used: dict[str, int] = {}
+    for name in (*present, template):
+        for counter, amount in _needs_of(offer, name).items():
+            used[counter] = used.get(counter, 0) + amount
+    for counter, amount in used.items():
+        if counter in counters and amount > counters[counter]:
+            there = ", ".join(present) or "none"
+            return (
+                f"it would take {amount} {counter} of the {counters[counter]} the chip has (vNPUs there now: "
+                f"{there})"
+            )
+    return ""
+
+
+def _needs_of(offer: ChipOffer, name: str) -> dict[str, int]:
+    """What a vNPU of template ``name`` takes: the offer's figures, else what its name says (AI cores, AI
+    CPUs, memory)."""
+    known = offer.template(name)
+    if known is not None:
+        return template_needs(known)
+    found = _TEMPLATE_NAME.fullmatch(name)
+    if found is None:
+        return {}
+    cores, cpus, memory = (int(part) if part else None for part in found.groups())
+    needs = {"ai-cores": cores or 0}
+    if cpus is not None:
+        needs["ai-cpus"] = cpus
+    if memory is not None:
+        needs["memory"] = memory
     return needs
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 
 from ascend_agent.container import container_spec, device_order
+from ascend_agent.echo import cut
 from ascend_agent.kube_names import is_dns_label, is_dns_subdomain
 from ascend_agent.kubelet.dra.carving import MADE_VNPUS, Carving, MadeVnpus
 from ascend_agent.kubelet.dra.claimread import ClaimError, ClaimReader, ClaimRef
@@ -45,7 +46,12 @@ from ascend_agent.kubelet.dra.claims import (
 from ascend_agent.kubelet.dra.claimstatus import ClaimStatuses
 from ascend_agent.kubelet.dra.devices import chip_of, device_name, overlap
 from ascend_agent.kubelet.dra.npuconfig import NpuConfigError, npu_config, runtime_base
-from ascend_agent.kubelet.dra.partitions import ChipOffer, template_device_name, template_device_of
+from ascend_agent.kubelet.dra.partitions import (
+    ChipOffer,
+    shortfall,
+    template_device_name,
+    template_device_of,
+)
 from ascend_agent.kubelet.dra.serialize import CallLock, CallLockError
 from ascend_agent.model import Chip, ContainerBase, ContainerSpec, VNpu
 from ascend_agent.naming import dra_device_name
@@ -100,9 +106,10 @@ class DraService:
         wholes: Iterable[Chip] | None = None,
     ) -> None:
         """The node's devices now (whole chips and vNPUs) and what a container that gets some of them needs;
-        the dynamic chips' offers by physical id, the node's container base (for a claim's NpuConfig
-        runtime), and every chip whole, also one split into vNPUs (what a device with admin access gets; by
-        default each chip of ``chips``, a vNPU's made whole). Never blocks."""
+        the dynamic chips' offers by physical id (one without counters offers nothing, and says why), the
+        node's container base (for a claim's NpuConfig runtime), and every chip whole, also one split into
+        vNPUs (what a device with admin access gets; by default each chip of ``chips``, a vNPU's made
+        whole). Never blocks."""
         chips_before = self._chips
         self._chips = {device_name(chip): chip for chip in chips}
         if wholes is None:
@@ -328,7 +335,12 @@ class DraService:
                 chip = self._chips_of(claim, [device.device_name], {}, monitored)[device.device_name]
                 if device.vnpu_id is not None:
                     vnpu = await self.carving.carve(
-                        claim.uid, device.device_name, chip, device.template, device.vnpu_id
+                        claim.uid,
+                        device.device_name,
+                        chip,
+                        device.template,
+                        device.vnpu_id,
+                        self._room(chip, device.template),
                     )
                     chip = self._carved(chip, vnpu)
                 chips[device.device_name] = chip
@@ -348,7 +360,8 @@ class DraService:
             try:
                 config = npu_config(result.parameters)
             except NpuConfigError as exc:
-                raise ClaimError(f"ResourceClaim {claim}, request {result.request or '-'}: {exc}") from None
+                request = cut(result.request) or "-"
+                raise ClaimError(f"ResourceClaim {claim}, request {request}: {exc}") from None
             runtimes.add(config.runtime)
             if config.template is not None:
                 carve[result.device] = config.template
@@ -378,9 +391,14 @@ class DraService:
             held.check_free(prepared)
         for index, device in enumerate(devices):
             if device.template:
+                chip = chips[device.device_name]
                 try:
                     vnpu = await self.carving.carve(
-                        claim.uid, device.device_name, chips[device.device_name], device.template
+                        claim.uid,
+                        device.device_name,
+                        chip,
+                        device.template,
+                        room=self._room(chip, device.template),
                     )
                 except ClaimError:
                     await self.carving.release(claim.uid)  # what this claim's other devices got
@@ -393,6 +411,13 @@ class DraService:
             await self.carving.release(claim.uid)
             raise
         return replace(prepared, devices=tuple(devices)), document
+
+    def _room(self, chip: Chip, template: str) -> Callable[[Sequence[VNpu]], str]:
+        """Why one more ``template`` does not fit on ``chip`` beside its vNPUs now, by its counters."""
+        offer = self._offers.get(chip.phys_id)
+        return lambda now: (
+            "" if offer is None else shortfall(offer, [vnpu.template for vnpu in now], template)
+        )
 
     def _carved(self, chip: Chip, vnpu: VNpu) -> Chip:
         """The chip's vNPU as a device, with what its template gives."""
@@ -441,13 +466,18 @@ class DraService:
                 if offer is None or chip.vnpu is not None:
                     raise ClaimError(
                         f"ResourceClaim {claim}: {device} is no dynamic chip (vnpu: {{dynamic: true}}); it "
-                        f"cannot be carved into {template}"
+                        f"cannot be carved into {cut(template)}"
+                    )
+                if not offer.counters:
+                    raise ClaimError(
+                        f"ResourceClaim {claim}: chip {chip.phys_id} is dynamic but offers nothing now "
+                        f"({'; '.join(offer.left_out)}): check npu-smi info -t info-vnpu on the node"
                     )
                 if offer.template(template) is None:
                     offered = ", ".join(t.name for t, _, _ in offer.templates) or "none"
                     raise ClaimError(
                         f"ResourceClaim {claim}: chip {chip.phys_id} ({chip.model}) offers no template "
-                        f"{template} (it offers {offered})"
+                        f"{cut(template)} (it offers {offered})"
                     )
             chips[device] = chip
         return chips

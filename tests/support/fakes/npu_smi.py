@@ -126,7 +126,8 @@ def vnpu_command():
             sys.stdout.write("       Status : FAILED\n       Message : The template is not supported\n")
             sys.exit(1)
         used = sum(templates[v["template"]][0] for v in chip["vnpus"])
-        if used + templates[template][0] > chip["aicore"]:
+        cpus = sum(templates[v["template"]][2] for v in chip["vnpus"])
+        if used + templates[template][0] > chip["aicore"] or cpus + templates[template][2] > chip["aicpu"]:
             sys.stdout.write("       Status : FAILED\n       Message : Not enough resources\n")
             sys.exit(1)
         taken = {v["id"] for other in state["chips"].values() for v in other["vnpus"]}
