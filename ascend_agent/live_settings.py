@@ -106,7 +106,8 @@ class SettingsChange:
             log.warning("hotReset turned on: the node annotation ResetInfo is written from the next start")
         if self.loaded.effective_plugin_dir != self.running.effective_plugin_dir:
             log.warning(
-                "pluginDir changed: the instance lock stays in %s until the agent restarts",
+                "pluginDir changed: the instance lock and the agent's state files (handed-out.json, "
+                "hot-reset-budget.json) stay in %s until the agent restarts",
                 self.running.effective_plugin_dir,
             )
 

@@ -173,6 +173,10 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         driver = DraDriver.open(settings, side)
         holdings.claimed = driver.service.held_device_ids
 
+    # The agent's state files stay beside the instance lock, where the start's pluginDir put it, whatever a
+    # reload says.
+    state_dir = settings.effective_plugin_dir
+
     def make_resets(settings: Settings) -> HotReset:
         from ascend_agent.health.hotreset.budget import BUDGET_FILE  # loaded only once hotReset is on
         from ascend_agent.health.hotreset.manager import HotReset
@@ -185,7 +189,7 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
             wake=lambda: agent.wake(),
             note=side.event if side is not None else None,
             manual_resets=side.reset_info if side is not None else None,
-            budget_file=settings.effective_plugin_dir / BUDGET_FILE,
+            budget_file=state_dir / BUDGET_FILE,
         )
 
     agent = Agent(

@@ -2,27 +2,31 @@
 
     python charts/check.py lint              # what `make helm-lint` runs: every case below, one line each
     python charts/check.py render [VALUES]   # the rendered objects as YAML on stdout (default values if none)
-    python charts/check.py write-renders     # what `make helm-render` runs: each case's render into RENDERS
+    python charts/check.py write-renders     # what `make helm-render` runs: each case's render into RENDERS,
+                                             # and examples/volcano/annotation-policy.yaml
 
 A case is the chart's defaults, or the defaults with one values file of charts/ascend-agent/ci/ over them.
 For each: ``helm lint`` (warnings fail, as with --strict), an install with the values against an in-memory
 Kubernetes API server (kmock's emulator) with the release kept in memory, each installed object checked
 against the Kubernetes schemas (kubernetes-validate, strict), and the objects the server holds compared
 with the release's manifest. Each case's objects must equal its render kept in tests/fixtures/helm/, which
-tests/unit/test_chart.py reads in `make test` without Helm (the default one against examples/daemonset.yaml).
+tests/unit/test_chart.py reads in `make test` without Helm (the default one against examples/daemonset.yaml),
+and the volcano case's admission policy examples/volcano/annotation-policy.yaml, the same objects for a
+kubectl install, made from the release's manifest text (the template's comments kept).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -33,6 +37,27 @@ RENDERS = ROOT / "tests" / "fixtures" / "helm"
 RELEASE = "ascend-agent"
 NAMESPACE = "kube-system"
 KUBERNETES = "1.31"
+# examples/volcano/annotation-policy.yaml: the volcano case's admission policy, for a kubectl install, as the
+# manifest text has it but for the labels only a Helm release has.
+EXAMPLE_POLICY = ROOT / "examples" / "volcano" / "annotation-policy.yaml"
+_EXAMPLE_POLICY_CASE = "ci/volcano-values.yaml"
+_POLICY_SOURCE = "# Source: ascend-agent/templates/volcano-policy.yaml\n"
+_RELEASE_LABELS = re.compile(
+    r"^ +(app\.kubernetes\.io/(instance|version|managed-by)|helm\.sh/chart): .*\n", re.M
+)
+_EXAMPLE_POLICY_HEAD = """\
+# Made by `make helm-render` from the chart's volcano.annotationPolicy (charts/ascend-agent/templates/
+# volcano-policy.yaml, values ci/volcano-values.yaml): change the chart, not this file.
+#
+# The pod annotations ascend-agent trusts with --volcano (predicate-time, huawei.com/Ascend*, huawei.com/npu,
+# huawei.com/kltDev, the ascend-*-configuration): only Volcano's scheduler (its ServiceAccount
+# volcano-system/volcano-scheduler, as Volcano installs it) and the agent (kube-system/ascend-device-plugin)
+# may set or change them, on a pod or through a Binding; anyone else's create or update that does is refused.
+# Kubernetes 1.30 or later. Where your ServiceAccounts differ, install the chart with yours
+# (volcano.annotationPolicy.schedulerServiceAccount) or edit them in a copy: matchConditions and the message.
+#
+#   kubectl apply -f examples/volcano/annotation-policy.yaml
+"""
 # Helm's lint severities (pkg/lint/support): 1 info, 2 warning, 3 error.
 _WARNING = 2
 _SEVERITIES = {1: "info", 2: "warning", 3: "error"}
@@ -103,8 +128,13 @@ def _key(doc: dict[str, Any]) -> tuple[str, str, str]:
     return doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]
 
 
-async def install(values: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
-    """(the objects of the release's manifest, the objects the API server holds afterwards)."""
+class Installed(NamedTuple):
+    text: str  # the release's manifest as Helm rendered it, the templates' comments in it
+    manifest: list[dict[str, Any]]  # its objects
+    stored: list[Any]  # the objects the API server holds afterwards
+
+
+async def install(values: dict[str, Any]) -> Installed:
     async with kmock.KubernetesEmulator() as k8s, kmock.Server(k8s) as server:
         await _emulator_fixes(k8s, server)
         with tempfile.TemporaryDirectory(prefix="helm-check-") as scratch:
@@ -117,7 +147,7 @@ async def install(values: dict[str, Any]) -> tuple[list[dict[str, Any]], list[An
                 raise CheckFailed(message if len(message) < 400 else message[:400] + "...") from None
         stored = list(k8s.objects.values())
     manifest = [doc for doc in yaml.safe_load_all(release["manifest"]) if doc]
-    return manifest, stored
+    return Installed(release["manifest"], manifest, stored)
 
 
 def lint(values: dict[str, Any]) -> list[str]:
@@ -193,7 +223,7 @@ def cases() -> list[Case]:
 
 def check(case: Case) -> str:
     # The install first: its errors carry Helm's message, lint's only where they are.
-    manifest, stored = asyncio.run(install(case.values))
+    text, manifest, stored = asyncio.run(install(case.values))
     findings = lint(case.values)
     if findings:
         raise CheckFailed(f"helm lint: {', '.join(findings)}")
@@ -210,6 +240,10 @@ def check(case: Case) -> str:
     kept = case.render.relative_to(ROOT)
     if not case.render.exists() or _docs(case.render.read_text(encoding="utf-8")) != manifest:
         raise CheckFailed(f"{kept} is not this render: run make helm-render")
+    if case.name == _EXAMPLE_POLICY_CASE and EXAMPLE_POLICY.read_text(encoding="utf-8") != example_policy(
+        text
+    ):
+        raise CheckFailed(f"{EXAMPLE_POLICY.relative_to(ROOT)} is not this render: run make helm-render")
     kinds = sorted(doc["kind"] for doc in manifest)
     return f"{len(manifest)} objects ({', '.join(kinds)}), as {kept}"
 
@@ -253,14 +287,37 @@ _Dumper.add_representer(str, _represent_str)
 
 
 def render(values: dict[str, Any]) -> str:
-    manifest, _ = asyncio.run(install(values))
+    return _dumped(asyncio.run(install(values)).manifest)
+
+
+def _dumped(manifest: list[dict[str, Any]]) -> str:
     return yaml.dump_all(manifest, Dumper=_Dumper, sort_keys=False)
 
 
+def example_policy(manifest: str) -> str:
+    """examples/volcano/annotation-policy.yaml from a release's manifest text: the admission policy's
+    documents as rendered, without Helm's source lines and release labels."""
+    docs = [doc.lstrip("\n") for doc in manifest.split("---\n")]
+    policy = [
+        _RELEASE_LABELS.sub("", doc.removeprefix(_POLICY_SOURCE))
+        for doc in docs
+        if doc.startswith(_POLICY_SOURCE)
+    ]
+    if not policy:
+        raise CheckFailed(f"{_EXAMPLE_POLICY_CASE} renders no admission policy")
+    return _EXAMPLE_POLICY_HEAD + "".join(f"---\n{doc.rstrip()}\n" for doc in policy)
+
+
 def write_renders() -> None:
-    """Each case's render into RENDERS, and nothing else there."""
+    """Each case's render into RENDERS, and nothing else there; the volcano case's admission policy into
+    EXAMPLE_POLICY."""
     RENDERS.mkdir(parents=True, exist_ok=True)
-    wanted = {case.render: render(case.values) for case in cases()}
+    wanted: dict[Path, str] = {}
+    for case in cases():
+        installed = asyncio.run(install(case.values))
+        wanted[case.render] = _dumped(installed.manifest)
+        if case.name == _EXAMPLE_POLICY_CASE:
+            wanted[EXAMPLE_POLICY] = example_policy(installed.text)
     for stale in set(RENDERS.glob("*.yaml")) - set(wanted):
         stale.unlink()
     for path, text in wanted.items():

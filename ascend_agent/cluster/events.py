@@ -25,6 +25,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import anyio
 from lightkube import ApiError
@@ -52,13 +53,25 @@ MIN_INTERVAL = 30.0
 MAX_POD_EVENTS = 256
 
 
+class PodEvent(NamedTuple):
+    """An Event on a pod (:meth:`NodeEvents.note_pod`): of ``kind`` (Normal, Warning), in the pod's
+    namespace."""
+
+    kind: str
+    reason: str
+    namespace: str
+    name: str
+    uid: str
+    message: str
+
+
 @dataclass(slots=True)
 class _Record:
     """One Event object: what it says, how often, and what of it is written."""
 
     type: str
     reason: str
-    device: str
+    subject: str  # a chip's device ID, a file, or "pod <namespace>/<name>"
     message: str
     count: int
     first: datetime
@@ -167,13 +180,21 @@ class NodeEvents:
             record.last = now
         self._wake.set()
 
-    def note_pod(self, kind: str, reason: str, namespace: str, name: str, uid: str, message: str) -> None:
-        """An Event of ``kind`` on the pod ``namespace/name`` (``uid``), written once by the own task and
-        then forgotten."""
+    def note_pod(self, event: PodEvent) -> None:
+        """``event`` on its pod, written once by the own task and then forgotten."""
         now = datetime.now(UTC).replace(microsecond=0)
-        key = (f"pod {namespace}/{name}", reason)
+        key = (f"pod {event.namespace}/{event.name}", event.reason)
         self._records.pop(key, None)
-        self._records[key] = _Record(kind, reason, key[0], message, 1, now, now, pod=(namespace, name, uid))
+        self._records[key] = _Record(
+            event.kind,
+            event.reason,
+            key[0],
+            event.message,
+            1,
+            now,
+            now,
+            pod=(event.namespace, event.name, event.uid),
+        )
         waiting = [key for key, record in self._records.items() if record.pod is not None]
         for dropped in waiting[: max(0, len(waiting) - MAX_POD_EVENTS)]:
             del self._records[dropped]
@@ -207,12 +228,12 @@ class NodeEvents:
                 await self._write(api, record)
             except ApiError as exc:  # the API server answered but will not take this Event: drop it
                 log.warning(
-                    "Event %s for %s not written: %s", record.reason, record.device, exc.status.message
+                    "Event %s for %s not written: %s", record.reason, record.subject, exc.status.message
                 )
                 record.written_count = record.count
             record.next_write = time.monotonic() + self._min_interval
             if record.pod is not None:  # said once: the pod is never skipped again
-                self._records.pop((record.device, record.reason), None)
+                self._records.pop((record.subject, record.reason), None)
         return wait
 
     async def _write(self, api: KubeApi, record: _Record) -> None:

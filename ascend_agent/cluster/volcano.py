@@ -7,16 +7,17 @@ answers with those chips instead of the kubelet's IDs and marks the pod as Huawe
     tasks.start_soon(pods.run, api)                  # the node's pods, watched; the pods' patches
     await pods.remap("huawei.com/Ascend910", [["Ascend910-0", "Ascend910-1"]])   # [["Ascend910-3", ...]]
 
-Among the node's pods that a scheduler bound (condition ``PodScheduled``) and that have not started or
-begun to terminate, ask for the resource in a container limit, carry the resource's annotation with as many
-chips as the kubelet asked for, and whose ``predicate-time`` is not ``18446744073709551615`` (taken), the one
-with the smallest ``predicate-time`` gets this Allocate. A pod whose choice names a chip another pod holds
-cannot be the one the kubelet admits: it is skipped (one log line, one Event on that pod) and the choice moves
-on to the next in the same Allocate. Pods come from a watch (re-listed at least every
-:data:`RELIST_INTERVAL`); a miss, or a choice naming a held chip, reads the pods once from the API server,
-and the choice is tried 3 times 1 s apart before Allocate is refused (the kubelet then fails the pod:
-``UnexpectedAdmissionError``). A request for every chip of the resource keeps the kubelet's IDs, as Huawei's
-plugin does.
+Among the node's pods that a scheduler bound (condition ``PodScheduled``) and that the kubelet has not
+admitted yet (no ``status.startTime``) nor begun to terminate, ask for the resource in a container limit,
+carry the resource's annotation with as many chips as the kubelet asked for, and whose ``predicate-time`` is
+not ``18446744073709551615`` (taken), the one with the smallest ``predicate-time`` gets this Allocate. A pod
+whose choice names a chip another pod holds cannot be the one the kubelet admits: it is skipped (one log
+line, one Event on that pod) and the choice moves on to the next in the same Allocate; for good, unless the
+pod holding the chip is being deleted (then in this Allocate only). Pods come from a watch (re-listed at
+least every :data:`RELIST_INTERVAL`); a miss, or a choice naming a held chip, reads the pods once from the
+API server (a held chip asks PodResources again too), and the choice is tried 3 times 1 s apart before
+Allocate is refused (the kubelet then fails the pod: ``UnexpectedAdmissionError``). A request for every chip
+of the resource keeps the kubelet's IDs, as Huawei's plugin does.
 
 The pod is then patched (RBAC: pods list, watch, patch) with ``predicate-time: "18446744073709551615"``,
 ``huawei.com/AscendReal`` (the chips mounted), ``huawei.com/kltDev`` (the kubelet's IDs) and
@@ -31,6 +32,7 @@ import functools
 import heapq
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +45,7 @@ from lightkube.types import PatchType
 from prometheus_client import Gauge
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.cluster.events import PodEvent
 from ascend_agent.cluster.placed import node_address
 from ascend_agent.cluster.podlist import MAX_PODS, bound_to, list_node_pods, view_of
 from ascend_agent.cluster.ranktable import CONFIGURATION as CONFIGURATION_910
@@ -80,8 +83,8 @@ SKIPPED_REASON = "NPUChoiceSkipped"
 # The reasons the refusal of an Allocate names at most.
 _SHOWN_SKIPPED = 3
 
-# (kind, reason, namespace, name, uid, message): an Event on a pod (NodeEvents.note_pod).
-PodEvents = Callable[[str, str, str, str, str, str], None]
+# Who writes an Event on a pod (NodeEvents.note_pod).
+PodEvents = Callable[[PodEvent], None]
 
 CHIPS_TAKEN = Gauge(
     "ascend_agent_volcano_chips_taken",
@@ -118,10 +121,13 @@ class _Patches:
 
 @dataclass(slots=True)
 class _Choosing:
-    """One Allocate's choice: whether it read the pods (and asked PodResources) again already, once per
-    Allocate; and why pods were skipped."""
+    """One Allocate's choice: whether it read the pods again and asked PodResources again (each at most once
+    per Allocate); the pods passed over in this Allocate only (the pod holding their chips is going); and why
+    pods were skipped."""
 
-    read: bool = False
+    pods_read: bool = False
+    kubelets_asked: bool = False
+    passed: set[str] = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
 
 
@@ -168,6 +174,7 @@ class VolcanoPods:
         # given them chips, and a mark written later (by a user on their own pod) is not believed.
         self._marks: dict[str, Mounted] | None = None
         self._refused: set[str] = set()  # pods whose choice was refused once: never chosen again
+        self._said_skipped: set[str] = set()  # pods skipped, in the log and an Event (once per pod)
         self._ignored: set[str] = set()  # pods with a predicate-time that is none (logged once)
         self._unbound: set[str] = set()  # pods naming chips that no scheduler bound (logged once)
         self._unreadable: set[str] = set()  # pods of the last list that could not be decoded (logged once)
@@ -240,10 +247,11 @@ class VolcanoPods:
         choosing = _Choosing()
         found = await self._first_acceptable(resource, count, choosing)
         if found is None:
-            if not choosing.read:
-                choosing.read = True
+            if not choosing.pods_read:
+                choosing.pods_read = True
                 await self._read_pods()
             for attempt in range(self._tries):
+                choosing.passed.clear()  # a pod that was going may have gone since
                 found = await self._first_acceptable(resource, count, choosing)
                 if found is not None or attempt == self._tries - 1:
                     break
@@ -258,34 +266,51 @@ class VolcanoPods:
         """The first pod chosen whose choice passes the checks, and its chips. A pod that cannot be the one
         admitted (one naming a chip another pod holds, or one the kubelet lists holding that chip already) is
         skipped and the next one tried; before the first is skipped the pods are read once more and
-        PodResources asked again, since Volcano may have seen the holder go before the watch did (an outage
-        of the watch, its back-off), and a pod made again under the name of one that went is not that one.
-        A choice of a chip the node does not have, or of an Unhealthy one, refuses the Allocate. A pod skipped
-        or refused is never chosen again."""
-        while (pod := self._choose(resource, count)) is not None:
+        PodResources asked again, each unless this Allocate did already (a miss reads the pods, not
+        PodResources), since Volcano may have seen the holder go before the watch did (an outage of the
+        watch, its back-off), and a pod made again under the name of one that went is not that one. A choice
+        of a chip the node does not have, or of an Unhealthy one, refuses the Allocate. A pod skipped or
+        refused is never chosen again, but one skipped for a chip whose pod is going: it is passed over in
+        this Allocate only."""
+        while (pod := self._choose(resource, count, choosing.passed)) is not None:
             try:
                 return pod, self._checked(pod, resource)
             except Skipped as skipped:
-                if not choosing.read:
-                    choosing.read = True
-                    await self._read_pods()
-                    if self._mounted is not None:
-                        await self._mounted.refresh_kubelet_holders()
+                if await self._look_again(choosing):
                     continue  # chosen again from what was read
-                self._skip(pod, str(skipped))
-                choosing.skipped.append(str(skipped))
+                self._skip(pod, skipped, choosing)
             except LookupError:
                 self._refused.add(pod.uid)
                 raise
         return None
 
-    def _skip(self, pod: PodView, why: str) -> None:
-        """``pod`` is not the one this Allocate is for, and never will be: said once, in the log and in an
-        Event on the pod."""
-        self._refused.add(pod.uid)
+    async def _look_again(self, choosing: _Choosing) -> bool:
+        """Before a pod is skipped: the pods read again and PodResources asked again, each unless this
+        Allocate did it already; whether either was."""
+        looked = False
+        if not choosing.pods_read:
+            choosing.pods_read = looked = True
+            await self._read_pods()
+        if not choosing.kubelets_asked and self._mounted is not None:
+            choosing.kubelets_asked = looked = True
+            await self._mounted.refresh_kubelet_holders()
+        return looked
+
+    def _skip(self, pod: PodView, skipped: Skipped, choosing: _Choosing) -> None:
+        """``pod`` is not the one this Allocate is for: for good, or in this Allocate only when what stands
+        in its way is going. Said once per pod, in the log and in an Event on the pod."""
+        why = str(skipped)
+        (choosing.passed if skipped.for_now else self._refused).add(pod.uid)
+        if why not in choosing.skipped:  # one passed over is tried again at each try
+            choosing.skipped.append(why)
+        if pod.uid in self._said_skipped:
+            return
+        self._said_skipped.add(pod.uid)
         log.warning("Pod %s/%s is skipped: %s", pod.namespace, pod.name, why)
         if self._events is not None:
-            self._events("Warning", SKIPPED_REASON, pod.namespace, pod.name, pod.uid, f"Skipped: {why}")
+            self._events(
+                PodEvent("Warning", SKIPPED_REASON, pod.namespace, pod.name, pod.uid, f"Skipped: {why}")
+            )
 
     def _no_pod(self, resource: str, count: int, skipped: Sequence[str] = ()) -> str:
         refused = (
@@ -299,9 +324,12 @@ class VolcanoPods:
         more = f" and {len(skipped) - _SHOWN_SKIPPED} more" if len(skipped) > _SHOWN_SKIPPED else ""
         return f"{refused}; skipped: {'; '.join(skipped[:_SHOWN_SKIPPED])}{more}"
 
-    def _choose(self, resource: str, count: int) -> PodView | None:
-        """:func:`choose` over the cache, from the index: no scan of every pod on an Allocate."""
-        queue = self._queues.get((resource, count))
+    def _choose(self, resource: str, count: int, passed: AbstractSet[str] = frozenset()) -> PodView | None:
+        """:func:`choose` over the cache, from the index: no scan of every pod on an Allocate. The pods in
+        ``passed`` are left out but stay in the index."""
+        queue = self._queues.get((resource, count), [])
+        found = None
+        set_aside = []
         while queue:
             predicate_time, _, _, uid = queue[0]
             pod = self._pods.get(uid)
@@ -311,9 +339,14 @@ class VolcanoPods:
                 and pod.uid not in self._refused
                 and choose((pod,), resource, count, self._taken.keys(), self._scheduler) is pod
             ):
-                return pod
+                if uid not in passed:
+                    found = pod
+                    break
+                set_aside.append(queue[0])
             heapq.heappop(queue)
-        return None
+        for entry in set_aside:
+            heapq.heappush(queue, entry)
+        return found
 
     def _store(self, pod: PodView) -> None:
         """A pod added or changed: cached, and queued for what it asks for. A pod that ended is forgotten:
@@ -361,6 +394,7 @@ class VolcanoPods:
         pod = self._pods.pop(uid, None)
         taken = self._taken.pop(uid, None)
         self._refused.discard(uid)
+        self._said_skipped.discard(uid)
         self._ignored.discard(uid)
         self._unbound.discard(uid)
         if pod is None and taken is None:  # a pod of another node, or one already gone
@@ -409,25 +443,40 @@ class VolcanoPods:
         """The kubelet's PodResources view, by the chips handed over for its IDs."""
         return self._mounted.kubelet_holders() if self._mounted is not None else Holders()
 
-    def _holder(self, pod: PodView, resource: str, chips: Sequence[str]) -> tuple[str, str | None] | None:
-        """Another pod that has one of ``chips``: one this agent gave it to (or an earlier agent, by the
-        pod's marks), or one the kubelet's PodResources lists on it (read through what each Allocate handed
-        over for the kubelet's IDs), ``pod`` itself included: the chip and that pod (None: ``pod``); None
-        when they are free."""
+    def _check_free(self, pod: PodView, resource: str, chips: Sequence[str]) -> None:
+        """ChipHeld when another pod has one of ``chips``: one this agent gave it to (or an earlier agent, by
+        the pod's marks), or one the kubelet's PodResources lists on it (read through what each Allocate
+        handed over for the kubelet's IDs); only for now (``for_now``) when that pod is being deleted. Also
+        when PodResources lists ``pod`` itself on one: it was admitted before, and no Allocate is for it."""
         for chip in chips:
             for uid in self._on_chip.get((resource, chip), ()):
                 if uid != pod.uid:
                     other = self._mounts[uid]
-                    return chip, f"{other.namespace}/{other.pod}"
+                    raise self._held(pod, resource, chip, uid, f"{other.namespace}/{other.pod}")
         kubelets = self._kubelets()
         for chip in chips:
             for holder in kubelets.by_device.get((resource, chip), ()):
+                # Only a pod still here: PodResources may not have caught up with one that went.
                 found = self._names.get((holder.namespace, holder.pod))
-                # Only a pod still here: PodResources may not have caught up with one that went. The pod
-                # itself holding it was admitted already (its marks went elsewhere): no pod waiting for chips.
+                if found == pod.uid:
+                    raise ChipHeld(
+                        f"pod {pod.namespace}/{pod.name} holds {chip} already, as the kubelet lists it: it "
+                        f"was admitted before, and its {PREDICATE_TIME} says otherwise; check who wrote it"
+                    )
                 if found is not None:
-                    return chip, f"{holder.namespace}/{holder.pod}" if found != pod.uid else None
-        return None
+                    raise self._held(pod, resource, chip, found, f"{holder.namespace}/{holder.pod}")
+
+    def _held(self, pod: PodView, resource: str, chip: str, uid: str, holder: str) -> ChipHeld:
+        """``pod`` names ``chip``, which the pod ``holder`` (``uid``) has: for good, or for now while that
+        pod is being deleted (Volcano may place a pod on the chips of one that is going)."""
+        named = (
+            f"pod {pod.namespace}/{pod.name} names {cut(chip)} in its {resource} annotation, "
+            f"which pod {holder}"
+        )
+        going = self._pods.get(uid)
+        if going is not None and going.terminating:
+            return ChipHeld(f"{named} has until it stops (it is being deleted)", for_now=True)
+        return ChipHeld(f"{named} has; check who wrote that annotation (Volcano never picks a chip in use)")
 
     def _checked(self, pod: PodView, resource: str) -> list[str]:
         chosen = pod.chosen(resource)
@@ -437,18 +486,7 @@ class VolcanoPods:
                 f"Volcano chose {_named(unknown)} for pod {pod.namespace}/{pod.name}, which this node "
                 "does not have; check the node's device-info ConfigMap"
             )
-        held = self._holder(pod, resource, chosen)
-        if held is not None:
-            chip, holder = held
-            if holder is None:
-                raise ChipHeld(
-                    f"pod {pod.namespace}/{pod.name} holds {chip} already, as the kubelet lists it: it was "
-                    f"admitted before, and its {PREDICATE_TIME} says otherwise; check who wrote it"
-                )
-            raise ChipHeld(
-                f"pod {pod.namespace}/{pod.name} names {cut(chip)} in its {resource} annotation, which pod "
-                f"{holder} has; check who wrote that annotation (Volcano never picks a chip in use)"
-            )
+        self._check_free(pod, resource, chosen)
         unhealthy = [self._chips[device] for device in chosen if not self._chips[device].healthy]
         if unhealthy:  # not taken: the kubelet rejects the pod, and its controller makes a new one
             ids = ", ".join(chip.device_id for chip in unhealthy)
@@ -526,6 +564,7 @@ class VolcanoPods:
         for pod in pods:
             self._store(pod)  # one that ended is forgotten, taken or not
         self._refused &= self._pods.keys()
+        self._said_skipped &= self._pods.keys()
         self._ignored &= self._pods.keys()
         self._unbound &= self._pods.keys()
         CHIPS_TAKEN.set(len(self._on_chip))

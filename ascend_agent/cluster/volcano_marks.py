@@ -51,7 +51,12 @@ _CUT = "\u2026"
 
 
 class Skipped(LookupError):
-    """The pod cannot be the one the kubelet admits: the choice moves on to the next pod."""
+    """The pod cannot be the one the kubelet admits: the choice moves on to the next pod. ``for_now``: in this
+    Allocate only, since what stands in its way is going (a pod being deleted)."""
+
+    def __init__(self, message: str, for_now: bool = False) -> None:
+        super().__init__(message)
+        self.for_now = for_now
 
 
 class ChipHeld(Skipped):
@@ -71,9 +76,13 @@ class PodView:
     scheduler: str = VOLCANO_SCHEDULER  # spec.schedulerName
     ended: bool = False  # Succeeded or Failed: the kubelet freed its chips
     # A scheduler bound it: the condition PodScheduled, which the API server sets as it takes a Binding (the
-    # way Volcano binds), not a pod created with its node already named.
+    # way Volcano binds), not a pod created with its node already named. The kubelet sets it too, for every
+    # pod it syncs: hence ``admitted``.
     bound: bool = True
     pending: bool = True  # phase Pending: the kubelet admits a pod before it runs
+    # The kubelet wrote the pod's status (``status.startTime``, set in its first write, which follows the
+    # admission and its Allocates): no Allocate is for this pod any more, even while it waits for its image.
+    admitted: bool = False
     # Volcano's ``predicate-time``; None when it is missing, says taken, or is not a predicate time.
     predicate_time: int | None = field(init=False)
 
@@ -121,6 +130,7 @@ class PodView:
             ended=ended,
             bound=any(c.type == "PodScheduled" and c.status == "True" for c in conditions),
             pending=phase in (None, "", "Pending"),
+            admitted=pod.status is not None and pod.status.startTime is not None,
         )
 
     def chosen(self, resource: str) -> list[str]:
@@ -216,15 +226,17 @@ def choose(
     scheduler: str = VOLCANO_SCHEDULER,
 ) -> PodView | None:
     """The pod this Allocate of ``count`` chips of ``resource`` is for: among the pods ``scheduler`` placed
-    (and a scheduler bound) that have not started, ask for ``count`` chips and whose choice names as many, the
-    smallest ``predicate-time``. Pods whose uid is in ``skipped`` (taken, or refused once) are left out.
+    (and a scheduler bound) that the kubelet has not admitted yet, ask for ``count`` chips and whose choice
+    names as many, the smallest ``predicate-time``. Pods whose uid is in ``skipped`` (taken, or refused once)
+    are left out.
 
     >>> T = "huawei.com/Ascend910"
     >>> a = PodView("ns", "a", "1", {T: "Ascend910-3", "predicate-time": "20"}, {T: 1})
     >>> b = PodView("ns", "b", "2", {T: "Ascend910-5", "predicate-time": "10"}, {T: 1})
     >>> by_hand = PodView("ns", "c", "3", {T: "Ascend910-6", "predicate-time": "0"}, {T: 1}, scheduler="x")
     >>> on_node = PodView("ns", "d", "4", {T: "Ascend910-7", "predicate-time": "0"}, {T: 1}, bound=False)
-    >>> choose([a, b, by_hand, on_node], T, 1).name, choose([a, b], T, 2)
+    >>> waiting = PodView("ns", "e", "5", {T: "Ascend910-1", "predicate-time": "0"}, {T: 1}, admitted=True)
+    >>> choose([a, b, by_hand, on_node, waiting], T, 1).name, choose([a, b], T, 2)
     ('b', None)
     """
     candidates = [
@@ -234,6 +246,7 @@ def choose(
         and not pod.terminating
         and pod.bound
         and pod.pending
+        and not pod.admitted
         and pod.scheduler == scheduler
         and pod.uid not in skipped
         and pod.limits.get(resource, 0) == count

@@ -17,20 +17,18 @@ it for ``UNSEEN_GRACE`` after the Allocate (the kubelet dropped the pod before r
     handed.device_ids()                 # frozenset({"Ascend910-6"})
     on_chips, others = handed.through(holders)   # PodResources' holders moved to the chips handed over
 
-The file (JSON, replaced atomically after each change, written by :meth:`HandedOut.keep` in a worker thread
-beside the Allocates, and once more as the agent stops) lives in the agent's own directory beside its lock,
-which the kubelet's start-up never wipes. One entry per kubelet ID: a node advertises at most a few hundred,
-and an entry goes when PodResources shows its ID freed. At most ``MAX_ENTRIES`` are kept; past that the
-oldest go first (one warning), and a pod still holding such an ID is counted on the ID itself again.
+The file (JSON, replaced atomically after each change, written by :meth:`HandedOut.keep` in a thread of its
+own beside the Allocates, and once more as the agent stops, which waits ``FINAL_WRITE_TIMEOUT`` for it at
+most) lives in the agent's own directory beside its lock, which the kubelet's start-up never wipes
+(:class:`~ascend_agent.state_file.StateFile`). One entry per kubelet ID: a node advertises at most a few
+hundred, and an entry goes when PodResources shows its ID freed. At most ``MAX_ENTRIES`` are kept; past that
+the oldest go first (one warning), and a pod still holding such an ID is counted on the ID itself again.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
-import stat
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -38,11 +36,10 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 
-from ascend_agent.files import open_no_follow, replace_file
 from ascend_agent.model import Holder, Holders
 from ascend_agent.naming import MAX_DEVICE_ID_LENGTH
+from ascend_agent.state_file import StateFile
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +49,17 @@ UNSEEN_GRACE = 60.0
 MAX_ENTRIES = 4096
 HANDED_OUT_FILE = "handed-out.json"
 _VERSION = 1
+_KEY = "handed"
 # An entry on disk is a resource name (at most 253 characters) and two device IDs (63 each): MAX_ENTRIES of
 # them are under 2 MiB.
 _MAX_FILE_BYTES = 4 * 1024 * 1024
-# The last write is given this long as the agent stops.
-_FINAL_WRITE_TIMEOUT = 2.0
+# The stop waits this long for the last write; the start this long for the read (a hung filesystem).
+FINAL_WRITE_TIMEOUT = 2.0
+LOAD_TIMEOUT = 5.0
+_WITHOUT = "starting without what an earlier agent handed out"
 
 Key = tuple[str, str]  # (resource, the kubelet's device ID)
+_Entry = tuple[str, str, str, bool]  # on disk: resource, the kubelet's device ID, the device, seen
 
 
 @dataclass(slots=True)
@@ -171,31 +172,36 @@ class HandedOut:
     async def keep(
         self, path: Path, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Read ``path`` (what an earlier agent handed out), then write the map there after each change,
-        until cancelled; the last change is written as the agent stops (within 2 s). A file that cannot be
-        read is one warning (the agent starts without it and replaces it); a write that fails is one warning
-        until one succeeds, and tried again at the next change."""
-        loaded = await anyio.to_thread.run_sync(_load, path)
+        """Read ``path`` (what an earlier agent handed out; given up after ``LOAD_TIMEOUT``), then write the
+        map there after each change, until cancelled; the last change is written as the agent stops, which
+        waits for it ``FINAL_WRITE_TIMEOUT`` at most. A file that cannot be read is one warning (the agent
+        starts without it and replaces it); a write that fails is one warning until one succeeds, and tried
+        again at the next change."""
+        kept = _state_file(path)
+        loaded: list[_Entry] = []
+        with anyio.move_on_after(LOAD_TIMEOUT) as reading:
+            loaded = await kept.read(_KEY, (_VERSION,), _entry, f"{_WITHOUT}, and replacing it")
+        if reading.cancelled_caught:
+            log.warning("Cannot read %s within %g s; %s", path, LOAD_TIMEOUT, _WITHOUT)
         self.record_loaded(loaded)
         if loaded:
             log.info("%d device(s) handed out by an earlier agent read from %s", len(loaded), path)
         written = self.version
-        failing: str | None = None
         task_status.started()
         try:
             while True:
                 if written == self.version:
                     self._changed = anyio.Event()
                     await self._changed.wait()
-                version, text = self.version, self._text()
-                failing = await anyio.to_thread.run_sync(_write, path, text, failing)
+                version = self.version
+                await kept.write(self._text())
                 written = version
         finally:
             if written != self.version:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_FINAL_WRITE_TIMEOUT):
-                    await anyio.to_thread.run_sync(_write, path, self._text(), failing)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_WRITE_TIMEOUT):
+                    await kept.write(self._text())
 
-    def record_loaded(self, loaded: Iterable[tuple[str, str, str, bool]]) -> None:
+    def record_loaded(self, loaded: Iterable[_Entry]) -> None:
         """Entries read from the file (resource, kubelet ID, device, seen), oldest first, under what was
         recorded since; each counted from now."""
         now = self._clock()
@@ -208,48 +214,23 @@ class HandedOut:
             {"resource": resource, "kubeletId": kubelet_id, "device": handed.device, "seen": handed.seen}
             for (resource, kubelet_id), handed in self._handed.items()
         ]
-        return json.dumps({"version": _VERSION, "handed": entries}, separators=(",", ":"))
+        return json.dumps({"version": _VERSION, _KEY: entries}, separators=(",", ":"))
 
 
 def read_handed_out(path: Path) -> HandedOut:
     """The map as the agent's file ``path`` holds it, for ``list`` and the doctor (which never write it);
     empty when there is none or it cannot be read."""
     handed = HandedOut()
-    handed.record_loaded(_load(path, quiet=True))
+    handed.record_loaded(_state_file(path).read_now(_KEY, (_VERSION,), _entry))
     return handed
 
 
-def _load(path: Path, quiet: bool = False) -> list[tuple[str, str, str, bool]]:
-    """The entries of the file at ``path``, oldest first; none (with one warning unless ``quiet``) when it is
-    not one."""
-    try:
-        data = _read_regular(path)
-    except (OSError, ValueError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        if not quiet:
-            log.warning("Cannot read %s: %s; starting without what an earlier agent handed out", path, reason)
-        return []
-    if data is None:
-        return []
-    try:
-        document = json.loads(data.decode("utf-8"))
-        if not isinstance(document, dict) or document.get("version") != _VERSION:
-            raise ValueError(f"not a version {_VERSION} record")
-        entries = document["handed"]
-        if not isinstance(entries, list):
-            raise ValueError("handed is not a list")
-        return [_entry(entry) for entry in entries]
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        if not quiet:
-            log.warning(
-                "%s is not a record of handed-out devices (%s); starting without it, and replacing it",
-                path,
-                f"{type(exc).__name__}: {exc}"[:200],
-            )
-        return []
+def _state_file(path: Path) -> StateFile:
+    lost = "what Allocate handed out is kept in memory only (lost if the agent restarts)"
+    return StateFile(path, _MAX_FILE_BYTES, "a record of handed-out devices", lost)
 
 
-def _entry(entry: object) -> tuple[str, str, str, bool]:
+def _entry(entry: object) -> _Entry:
     if not isinstance(entry, dict):
         raise TypeError("an entry is not an object")
     resource, kubelet_id, device, seen = (
@@ -266,45 +247,3 @@ def _entry(entry: object) -> tuple[str, str, str, bool]:
     if len(kubelet_id) > MAX_DEVICE_ID_LENGTH or len(device) > MAX_DEVICE_ID_LENGTH:
         raise ValueError("an entry's device ID is too long")
     return resource, kubelet_id, device, seen
-
-
-def _read_regular(path: Path) -> bytes | None:
-    """The bytes of the regular file ``path``, None when there is none; never through a link, never over
-    4 MiB (ValueError)."""
-    try:
-        descriptor = open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError("it is a symbolic link") from None
-        raise
-    with os.fdopen(descriptor, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise ValueError("it is not a regular file")
-        data = stream.read(_MAX_FILE_BYTES + 1)
-    if len(data) > _MAX_FILE_BYTES:
-        raise ValueError("it holds over 4 MiB")
-    return data
-
-
-def _write(path: Path, text: str, failing: str | None) -> str | None:
-    """Replace ``path`` with ``text``, in the agent's own directory (never made here: the instance lock makes
-    it); the problem when it failed, logged when it is not ``failing`` already."""
-    try:
-        if not path.parent.is_dir():
-            raise FileNotFoundError(errno.ENOENT, f"{path.parent} does not exist")
-        replace_file(path, text)
-    except OSError as exc:
-        problem = exc.strerror or str(exc)
-        if problem != failing:
-            log.warning(
-                "Cannot write %s: %s; what Allocate handed out is kept in memory only (lost if the agent "
-                "restarts)",
-                path,
-                problem,
-            )
-        return problem
-    if failing is not None:
-        log.info("%s is written again", path)
-    return None

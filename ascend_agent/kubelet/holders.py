@@ -15,11 +15,31 @@ by their DRA names, and lists a pod only once it runs).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from ascend_agent.config import Settings
 from ascend_agent.kubelet.handed_out import HANDED_OUT_FILE, HandedOut, read_handed_out
 from ascend_agent.kubelet.podresources import PodHolders
 from ascend_agent.model import Holder, Holders
+
+
+@dataclass(slots=True)
+class _ByChip:
+    """One :meth:`Holdings.by_chip` and what it was made of: PodResources' answer and the map's version it
+    was read through, the holders moved by the map (``on_devices``) and the rest (``others``), then the rest
+    as ``follow_mounted`` gave it back and the result. ``follow_mounted`` returns the object it returned
+    before while nothing it reads changed, so an unchanged node makes nothing again."""
+
+    holders: Holders
+    handed: HandedOut
+    version: int
+    on_devices: Holders
+    others: Holders
+    followed: Holders | None = None
+    result: Holders = field(default_factory=Holders)
+
+    def made_of(self, holders: Holders, handed: HandedOut) -> bool:
+        return self.holders is holders and self.handed is handed and self.version == handed.version
 
 
 class Holdings:
@@ -33,10 +53,7 @@ class Holdings:
         self.handed_out = HandedOut()
         self.claimed: Callable[[], frozenset[str]] | None = None
         pods.on_answer = self._observe
-        # The last holders read through the map (PodResources' answer, the map's version, the two parts), and
-        # the last result: each is made again only when what it is made of changed.
-        self._through: tuple[Holders, HandedOut, int, Holders, Holders] | None = None
-        self._joined: tuple[Holders, Holders, Holders] | None = None
+        self._last: _ByChip | None = None  # the last by_chip, made again only when what it reads changed
 
     def allocated(self, resource: str, pairs: Iterable[tuple[str, str]]) -> None:
         """An Allocate handed over, for each of the kubelet's IDs, a device ((kubelet ID, device) ``pairs``):
@@ -50,23 +67,14 @@ class Holdings:
         Allocate on record answered, the chip the pod's marks name."""
         holders = self.pods.holders if holders is None else holders
         handed = self.handed_out
-        through = self._through
-        if (
-            through is None
-            or through[0] is not holders
-            or through[1] is not handed
-            or through[2] != handed.version
-        ):
-            through = self._through = (holders, handed, handed.version, *handed.through(holders))
-        on_devices, others = through[3], through[4]
-        if self.follow_mounted is not None:
-            others = self.follow_mounted(others)
-        if not on_devices.by_device:
-            return others
-        joined = self._joined
-        if joined is None or joined[0] is not on_devices or joined[1] is not others:
-            joined = self._joined = (on_devices, others, _join(on_devices, others))
-        return joined[2]
+        last = self._last
+        if last is None or not last.made_of(holders, handed):
+            last = self._last = _ByChip(holders, handed, handed.version, *handed.through(holders))
+        others = last.others if self.follow_mounted is None else self.follow_mounted(last.others)
+        if last.followed is not others:
+            last.followed = others
+            last.result = _join(last.on_devices, others) if last.on_devices.by_device else others
+        return last.result
 
     def held_devices(self) -> frozenset[str] | None:
         """The device IDs pods hold, as PodResources last said, what Allocate handed over that it has not

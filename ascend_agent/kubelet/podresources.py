@@ -13,6 +13,7 @@ never the health loop.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -215,35 +216,44 @@ class PodHolders:
         # Told every answer, with when it was asked (time.monotonic()).
         self.on_answer: Callable[[Holders, float], None] = lambda holders, asked_at: None
         self._poked = anyio.Event()
+        self._asked_at = -math.inf  # when the answer taken in last was asked
 
     def poke(self) -> None:
         self._poked.set()
 
     async def refresh(self) -> bool:
-        """Ask the kubelet once; True when the holders changed."""
+        """Ask the kubelet once; True when the holders changed, and ``on_change`` is told then (whoever asked:
+        the health interval, an Allocate, the hot reset). An answer asked before the one taken in last (two
+        asked at once, answered out of order) is dropped: it is older than what the holders show."""
         asked_at = time.monotonic()
+        problem: str | None = None
         try:
             holders = await list_holders(self.socket)
         except Exception as exc:  # PodResourcesError, or an answer that does not decode
-            reason = str(exc) if isinstance(exc, PodResourcesError) else f"{type(exc).__name__}: {exc}"
-            if self.error is None:
-                log.warning("Cannot tell which pod holds which chip: %s", reason)
-            self.error = reason
+            problem = str(exc) if isinstance(exc, PodResourcesError) else f"{type(exc).__name__}: {exc}"
             holders = Holders()
+        if asked_at < self._asked_at:
+            return False
+        self._asked_at = asked_at
+        if problem is not None:
+            if self.error is None:
+                log.warning("Cannot tell which pod holds which chip: %s", problem)
+            self.error = problem
         else:
             if self.error is not None:
                 log.info("PodResources answers again on %s", self.socket)
             self.error = None
             self.on_answer(holders, asked_at)
         changed = holders != self.holders
-        self.holders = holders
+        if changed:  # an equal answer keeps the object: what is made from it stays valid
+            self.holders = holders
+            self.on_change()
         return changed
 
     async def run(self) -> None:
         """Refresh each ``interval``, and ``AFTER_ALLOCATE`` after a :meth:`poke`, until cancelled."""
         while True:
-            if await self.refresh():
-                self.on_change()
+            await self.refresh()
             self._poked = anyio.Event()
             with anyio.move_on_after(self.interval):
                 await self._poked.wait()

@@ -226,7 +226,7 @@ def test_the_reset_budget_survives_an_agent_restart(
     finally:
         first.close()
     kept = json.loads((kubelet.directory.parent / "plugins/ascend-agent/hot-reset-budget.json").read_text())
-    assert list(kept["resets"]) == ["5"] and len(kept["resets"]["5"]) == 1
+    assert [(chip["physId"], len(chip["resets"])) for chip in kept["chips"]] == [(5, 1)]
     npu_smi.set_output("info", with_health(B4_OK, 5, "Alarm"))  # the fault is back
     port = free_port()
     second = _agent(kubelet, host, npu_smi, apiserver, podresources, port, *limit)

@@ -6,7 +6,7 @@ chip; the mapping goes with the pod; without ``--volcano`` every ID shows its ow
 from __future__ import annotations
 
 import json
-import urllib.request
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import pytest
 from tests.e2e.test_volcano_allocate import NODE, T, _allocate, _pod, _start
 from tests.support.agent_process import AgentProcess
 from tests.support.apiserver import ApiServer
+from tests.support.http_probe import free_port, wait_answer
 from tests.support.kubelet_standin import KubeletStandin, Update
 from tests.support.podresources import PodResourcesStandin
 
@@ -39,15 +40,18 @@ def _fault(kubelet: KubeletStandin, state: Path, chips: list[int], expected: lis
     )
 
 
-def _delete(apiserver: ApiServer, name: str) -> None:
-    request = urllib.request.Request(f"{apiserver.url}/api/v1/namespaces/team-a/pods/{name}", method="DELETE")
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        assert answer.status in (200, 202)
+@pytest.fixture
+def metrics_port() -> int:
+    return free_port()
 
 
 @pytest.fixture
 def placed(
-    kubelet: KubeletStandin, apiserver: ApiServer, state: Path, podresources: PodResourcesStandin
+    kubelet: KubeletStandin,
+    apiserver: ApiServer,
+    state: Path,
+    podresources: PodResourcesStandin,
+    metrics_port: int,
 ) -> Iterator[AgentProcess]:
     """The agent with --volcano, and pod train-0 on chip 3 under the kubelet's Ascend910-0."""
     apiserver.put("nodes", {"metadata": {"name": NODE}})
@@ -62,6 +66,8 @@ def placed(
         str(podresources.path),
         "--health-interval",
         "1",
+        "--metrics-address",
+        f"127.0.0.1:{metrics_port}",
     )
     try:
         podresources.hold(T, ["Ascend910-0"], "team-a", "train-0", "main")
@@ -89,19 +95,27 @@ def test_the_mapping_goes_with_the_pod_once_the_kubelet_frees_its_ids(
     apiserver: ApiServer,
     state: Path,
     podresources: PodResourcesStandin,
+    metrics_port: int,
     placed: AgentProcess,
 ) -> None:
     """The pod deleted, its containers may still run on chip 3 while the kubelet lists it under
     ``Ascend910-0``: the ID shows chip 3 until the kubelet frees it."""
     _fault(kubelet, state, [3], ["Ascend910-0"])
-    _delete(apiserver, "train-0")
-    podresources.wait_calls(podresources.calls + 2)  # the agent took in an answer after the delete
-    latest = [u for u in kubelet.updates if u.resource == T][-1]
-    assert _unhealthy(latest) == ["Ascend910-0"], "the kubelet still has the pod on Ascend910-0"
+    apiserver.delete("pods", "train-0", "team-a")
+    wait_answer(  # the agent's pod watch saw the delete
+        metrics_port,
+        "/metrics",
+        lambda status, body: re.search(r"^ascend_agent_volcano_chips_taken 0", body, re.M) is not None,
+    )
+    podresources.wait_calls(podresources.calls + 2)  # and the agent took in an answer since
+    # A device list made now, for chip 5's fault, shows all the agent knows: chip 3 still under Ascend910-0.
+    _fault(kubelet, state, [3, 5], ["Ascend910-0", "Ascend910-5"])
     after = len(kubelet.updates)
     podresources.release_all()
     kubelet.wait_update(
-        lambda u: u.resource == T and _unhealthy(u) == ["Ascend910-3"], after=after, what="chip 3 as itself"
+        lambda u: u.resource == T and _unhealthy(u) == ["Ascend910-3", "Ascend910-5"],
+        after=after,
+        what="chip 3 as itself",
     )
 
 

@@ -9,6 +9,8 @@ generated code), answering ``List`` with the holders a test sets.
                   claim="train")   # a DRA claim's device, as dynamic_resources
     standin.refuse = True      # List answers UNAVAILABLE
     standin.answer = pb.ListPodResourcesResponse(...)   # List answers this instead, as it is
+    standin.stall_next()       # the next List answers, with the holders of when it was asked, once released
+    standin.release_stalled()
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class PodResourcesStandin:
         # (namespace, pod, container) -> claim name -> [(driver, pool, device)]
         self._claimed: dict[tuple[str, str, str], dict[str, list[tuple[str, str, str]]]] = {}
         self._lock = threading.Lock()
+        self._stall = 0
+        self._released: asyncio.Event | None = None  # made on the stand-in's own loop
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pod-resources", daemon=True)
         self._server: Server | None = None
@@ -54,6 +58,16 @@ class PodResourcesStandin:
         with self._lock:
             by_claim = self._claimed.setdefault((namespace, pod, container), {})
             by_claim.setdefault(claim, []).append((driver, pool, device))
+
+    def stall_next(self) -> None:
+        """The next ``List`` answers only after :meth:`release_stalled`, with the holders as they were when it
+        was asked: an answer that arrives after one asked later."""
+        with self._lock:
+            self._stall += 1
+
+    def release_stalled(self) -> None:
+        assert self._released is not None
+        self._loop.call_soon_threadsafe(self._released.set)
 
     def release_all(self) -> None:
         with self._lock:
@@ -79,6 +93,7 @@ class PodResourcesStandin:
         self.path.unlink(missing_ok=True)
 
     async def _start(self) -> None:
+        self._released = asyncio.Event()
         self._server = Server([self])
         await self._server.start(path=str(self.path))
 
@@ -111,6 +126,7 @@ class PodResourcesStandin:
         with self._lock:
             held = dict(self._held)
             claimed = {key: dict(claims) for key, claims in self._claimed.items()}
+            stalled, self._stall = self._stall > 0, max(0, self._stall - 1)
         for key in sorted(held.keys() | claimed.keys()):
             namespace, pod, container = key
             entry = pods.setdefault((namespace, pod), self.pb.PodResources(name=pod, namespace=namespace))
@@ -140,7 +156,11 @@ class PodResourcesStandin:
                     ],
                 )
             )
-        await stream.send_message(self.pb.ListPodResourcesResponse(pod_resources=list(pods.values())))
+        answer = self.pb.ListPodResourcesResponse(pod_resources=list(pods.values()))
+        if stalled:
+            assert self._released is not None
+            await self._released.wait()
+        await stream.send_message(answer)
 
 
 @pytest.fixture(scope="session")

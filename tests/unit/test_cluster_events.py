@@ -13,7 +13,7 @@ import anyio
 
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
-from ascend_agent.cluster.events import NodeEvents
+from ascend_agent.cluster.events import NodeEvents, PodEvent
 from ascend_agent.model import Chip, Fault, Health, Inventory
 from tests.support.apiserver import ApiServer
 
@@ -229,14 +229,18 @@ async def test_npu_smi_down_raises_no_event_for_the_chips(apiserver: ApiServer) 
 async def test_an_event_on_a_pod_is_written_in_its_namespace_once_and_forgotten(apiserver: ApiServer) -> None:
     async with _running(apiserver) as events:
         events.note_pod(
-            "Warning", "NPUChoiceSkipped", "team-b", "thief", "uid-thief", "Skipped: names Ascend910-6"
+            PodEvent(
+                "Warning", "NPUChoiceSkipped", "team-b", "thief", "uid-thief", "Skipped: names Ascend910-6"
+            )
         )
         (event,) = await _wait(
             apiserver, lambda: apiserver.list("events", "team-b"), lambda found: len(found) == 1
         )
-        with anyio.fail_after(5):  # forgotten once the write returned
-            while events._records:
-                await anyio.sleep(0.01)
+        # A Node Event noted now is written by the same task after the pod's write returned, and by then the
+        # pod's record is forgotten.
+        events.note("Warning", "NPUUnhealthy", "Ascend910-3", "Ascend910-3 is Unhealthy")
+        await _wait(apiserver, lambda: apiserver.list("events", "default"), lambda found: len(found) == 1)
+        assert list(events._records) == [("Ascend910-3", "NPUUnhealthy")]
     assert event["involvedObject"] == {
         "kind": "Pod",
         "namespace": "team-b",
@@ -251,6 +255,8 @@ async def test_an_event_on_a_pod_is_written_in_its_namespace_once_and_forgotten(
 def test_events_on_pods_waiting_for_the_api_server_are_bounded() -> None:
     events = NodeEvents()
     for n in range(1000):
-        events.note_pod("Warning", "NPUChoiceSkipped", "team-b", f"thief-{n}", f"uid-{n}", "Skipped")
+        events.note_pod(
+            PodEvent("Warning", "NPUChoiceSkipped", "team-b", f"thief-{n}", f"uid-{n}", "Skipped")
+        )
     assert len(events._records) == 256
     assert ("pod team-b/thief-999", "NPUChoiceSkipped") in events._records

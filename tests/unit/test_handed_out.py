@@ -6,11 +6,14 @@ over for that ID), and it survives the agent: kept in a file of the agent's own 
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from ascend_agent.cluster.volcano import VolcanoPods
@@ -19,6 +22,7 @@ from ascend_agent.kubelet.handed_out import HandedOut
 from ascend_agent.kubelet.holders import Holdings
 from ascend_agent.kubelet.podresources import PodHolders
 from ascend_agent.model import Chip, Holder, Holders, Inventory
+from ascend_agent.watch import Watcher
 from tests.support.clock import ManualClock
 
 TWO = "huawei.com/Ascend310P-2c"
@@ -121,14 +125,20 @@ def test_the_pod_under_the_kubelets_ids_holds_the_chips_handed_over_for_them(sho
 
 
 async def _kept(handed: HandedOut, path: Path, change: Callable[[], None]) -> None:
-    """``handed`` kept in ``path`` while ``change`` runs, until the file has been written."""
-    async with anyio.create_task_group() as tasks:
-        await tasks.start(handed.keep, path)
-        change()
-        with anyio.fail_after(10):
-            while not _written(path):
-                await anyio.sleep(0.01)
-        tasks.cancel_scope.cancel()
+    """``handed`` kept in ``path`` while ``change`` runs, until the file holds the change: looked at each
+    time inotify says the file was replaced."""
+    watcher = Watcher()
+    watcher.watch(path.parent, "state", lambda name: name == path.name)
+    try:
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(handed.keep, path)
+            change()
+            with anyio.fail_after(10):
+                while not _written(path):
+                    await watcher.next_batch()
+            tasks.cancel_scope.cancel()
+    finally:
+        watcher.close()
 
 
 def _written(path: Path) -> bool:
@@ -171,6 +181,69 @@ async def test_the_last_change_is_written_as_the_agent_stops(short_dir: Path) ->
     assert json.loads(path.read_text())["handed"] == [
         {"resource": T, "kubeletId": "Ascend910-0", "device": "Ascend910-5", "seen": False}
     ]
+
+
+async def test_a_hung_filesystem_holds_the_stop_for_the_final_write_timeout_only(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fsync stops answering (a hung disk or network filesystem) while the map is written: the agent's stop
+    waits ``FINAL_WRITE_TIMEOUT`` for the last write, not for the filesystem, and the write's thread is a
+    daemon, so the process exits without it."""
+    monkeypatch.setattr("ascend_agent.kubelet.handed_out.FINAL_WRITE_TIMEOUT", 0.2)
+    hung, release, answered = threading.Event(), threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def hung_fsync(descriptor: int) -> None:
+        hung.set()
+        release.wait(10)  # the filesystem answers at last: the test's bound, far past the agent's
+        answered.set()
+        fsync(descriptor)
+
+    path = short_dir / "handed-out.json"
+    handed = HandedOut()
+    try:
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(handed.keep, path)
+            monkeypatch.setattr(os, "fsync", hung_fsync)
+            handed.record(T, [("Ascend910-0", "Ascend910-5")])
+            await anyio.to_thread.run_sync(hung.wait, 30)
+            handed.record(T, [("Ascend910-1", "Ascend910-6")])
+            tasks.cancel_scope.cancel()
+        assert not answered.is_set(), "the stop waited for the filesystem"
+        writers = [t for t in threading.enumerate() if t.name == "ascend-agent state file"]
+        assert writers and all(t.daemon for t in writers)
+    finally:
+        release.set()
+        for writer in threading.enumerate():
+            if writer.name == "ascend-agent state file":
+                writer.join(30)
+    assert [entry["kubeletId"] for entry in json.loads(path.read_text())["handed"]] == [
+        "Ascend910-0",
+        "Ascend910-1",
+    ], "the last write lands after the one it waited behind"
+
+
+async def test_a_hung_read_is_given_up_and_the_agent_starts_without_it(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("ascend_agent.kubelet.handed_out.LOAD_TIMEOUT", 0.2)
+    release, answered = threading.Event(), threading.Event()
+
+    def hung_read(*args: object) -> bytes | None:
+        release.wait(10)
+        answered.set()
+        return None
+
+    monkeypatch.setattr("ascend_agent.state_file.read_regular", hung_read)
+    handed = HandedOut()
+    try:
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(handed.keep, short_dir / "handed-out.json")
+            assert not answered.is_set(), "the start waited for the filesystem"
+            tasks.cancel_scope.cancel()
+    finally:
+        release.set()
+    assert any("Cannot read" in r.getMessage() and "within 0.2 s" in r.getMessage() for r in caplog.records)
 
 
 def test_the_map_is_bounded_oldest_first_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -216,4 +289,4 @@ async def test_a_link_in_place_of_the_file_is_not_followed(
         await tasks.start(handed.keep, path)
         tasks.cancel_scope.cancel()
     assert handed.device_ids() == frozenset()
-    assert any("it is a symbolic link" in r.getMessage() for r in caplog.records)
+    assert any("handed-out.json is a symbolic link, not a record" in r.getMessage() for r in caplog.records)

@@ -208,58 +208,91 @@ def test_hot_reset_settings_refuse_bad_values_in_one_line() -> None:
     assert (settings.hot_reset, settings.hot_reset_limit, settings.hot_reset_recover) == ("dry-run", 5, 180.0)
 
 
-def test_the_budget_is_kept_in_a_file_a_new_agent_reads(short_dir: Path) -> None:
+async def test_the_budget_is_kept_in_a_file_a_new_agent_reads(short_dir: Path) -> None:
     path = short_dir / "plugin" / "hot-reset-budget.json"
     now = [1_700_000_000.0]
     budget = ResetBudget(limit=2, window=100, clock=lambda: now[0], path=path)
     budget.spend(5)
     budget.spend(5)
-    budget.save()
+    await budget.save()
     assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o750", "made as the instance lock makes it"
+    written = {"version": 1, "chips": [{"physId": 5, "resets": [now[0], now[0]]}]}
+    assert json.loads(path.read_text()) == written
     again = ResetBudget(limit=2, window=100, clock=lambda: now[0], path=path)
-    again.load()
+    await again.load()
     assert not again.allows(5) and again.used(5) == 2 and again.allows(4)
     now[0] += 101
     later = ResetBudget(limit=2, window=100, clock=lambda: now[0], path=path)
-    later.load()
+    await later.load()
     assert later.used(5) == 0, "resets older than the window are dropped"
+
+
+async def test_two_instances_keep_each_others_resets(short_dir: Path) -> None:
+    """A DRA driver's rolling update runs the new pod beside the old one, each with its hot reset and no
+    instance lock between them: each save keeps the resets the other wrote (the last writer used to win),
+    and each load takes them in, so chip 5's budget counts the resets of both."""
+    path = short_dir / "hot-reset-budget.json"
+    now = [1_700_000_000.0]
+    old = ResetBudget(limit=3, window=100, clock=lambda: now[0], path=path)
+    new = ResetBudget(limit=3, window=100, clock=lambda: now[0], path=path)
+    old.spend(5)
+    await old.save()
+    await new.load()
+    now[0] += 1
+    old.spend(5)
+    await old.save()
+    now[0] += 1
+    new.spend(6)
+    await new.save()
+    assert (new.used(5), new.used(6)) == (2, 1), "the save took in old's second reset"
+    await old.load()
+    assert (old.used(5), old.used(6)) == (2, 1)
+    after = ResetBudget(limit=3, window=100, clock=lambda: now[0], path=path)
+    await after.load()
+    assert (after.used(5), after.used(6)) == (2, 1)
 
 
 @pytest.mark.parametrize(
     "content",
-    ["not json", '{"resets": [1]}', '{"resets": {"x": [1]}}', '{"resets": {"5": ["now"]}}',
-     '{"resets": {"5": [1e999]}}', "[" * 100_000, '{"resets": {"5": [' + "1," * 200_000 + "1]}}"],
+    ["not json", '{"resets": {"5": [1]}}', '{"version": 1, "chips": {"5": [1]}}',
+     '{"version": 1, "chips": [{"physId": "5", "resets": [1]}]}',
+     '{"version": 1, "chips": [{"physId": true, "resets": [1]}]}',
+     '{"version": 1, "chips": [{"physId": 5, "resets": ["now"]}]}',
+     '{"version": 1, "chips": [{"physId": 5, "resets": [1e999]}]}', "[" * 100_000,
+     '{"version": 1, "chips": [{"physId": 5, "resets": [' + "1," * 200_000 + "1]}]}"],
 )  # fmt: skip
-def test_a_budget_file_that_makes_no_sense_is_one_warning_and_an_empty_budget(
+async def test_a_budget_file_that_makes_no_sense_is_one_warning_and_an_empty_budget(
     short_dir: Path, content: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = short_dir / "hot-reset-budget.json"
     path.write_text(content)
     budget = ResetBudget(limit=1, window=100, path=path)
-    budget.load()
-    budget.load()
+    await budget.load()
+    await budget.load()
     assert budget.allows(5)
-    (record,) = [r for r in caplog.records if "cannot read the hot reset budget" in r.getMessage()]
+    (record,) = [r for r in caplog.records if "counting the resets from now" in r.getMessage()]
     assert str(path) in record.getMessage() and "\n" not in record.getMessage()
+    assert "a hot reset budget" in record.getMessage()
 
 
-def test_a_budget_file_that_is_a_link_is_not_followed(short_dir: Path) -> None:
+async def test_a_budget_file_that_is_a_link_is_not_followed(short_dir: Path) -> None:
     target = short_dir / "elsewhere.json"
-    target.write_text('{"resets": {"5": [1]}}')
+    target.write_text('{"version": 1, "chips": [{"physId": 5, "resets": [1]}]}')
     path = short_dir / "hot-reset-budget.json"
     path.symlink_to(target)
     budget = ResetBudget(limit=1, window=1e12, path=path)
-    budget.load()
+    await budget.load()
     assert budget.allows(5)
 
 
-def test_a_reset_time_ahead_of_the_clock_counts_as_now(short_dir: Path) -> None:
+async def test_a_reset_time_ahead_of_the_clock_counts_as_now(short_dir: Path) -> None:
     """The clock set back after the resets: they still count, for no longer than the window from now."""
     path = short_dir / "hot-reset-budget.json"
-    path.write_text('{"resets": {"5": [5000]}}')
+    path.write_text('{"version": 1, "chips": [{"physId": 5, "resets": [5000]}]}')
     now = [1000.0]
     budget = ResetBudget(limit=1, window=100, clock=lambda: now[0], path=path)
-    budget.load()
+    await budget.load()
     assert not budget.allows(5)
     now[0] = 1101
     assert budget.allows(5)

@@ -7,6 +7,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -64,6 +66,40 @@ async def test_refusing_socket_costs_one_warning_and_empty_holders(
     podresources.refuse = False
     assert await view.refresh() is True
     assert view.error is None
+
+
+async def test_a_change_found_by_an_asked_refresh_wakes_the_agent(podresources: PodResourcesStandin) -> None:
+    """An Allocate or the hot reset asks PodResources itself (``refresh``), not the poller's loop: a change
+    it finds is told all the same (the agent reconciles on it under --volcano), once."""
+    view = PodHolders(podresources.path, interval=5)
+    told: list[object] = []
+    view.on_change = lambda: told.append(view.holders)
+    podresources.hold("huawei.com/Ascend910", ["Ascend910-0"], "ns", "p", "c")
+    assert await view.refresh() is True
+    assert await view.refresh() is False
+    assert len(told) == 1 and told[0] is view.holders
+
+
+async def test_an_answer_asked_before_the_last_one_taken_in_is_dropped(
+    podresources: PodResourcesStandin,
+) -> None:
+    """Two asks at once (the poller's and an Allocate's), answered out of order: the older answer, which
+    still lists the pod, does not undo the newer one, which lists it no more."""
+    podresources.hold("huawei.com/Ascend910", ["Ascend910-0"], "ns", "p", "c")
+    view = PodHolders(podresources.path, interval=5)
+    assert await view.refresh() is True
+    told: list[object] = []
+    view.on_change = lambda: told.append(view.holders)
+    podresources.stall_next()
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(view.refresh)  # asked first: its answer, the pod on Ascend910-0, held back
+            await anyio.to_thread.run_sync(podresources.wait_calls, 2)
+            podresources.release_all()
+            assert await view.refresh() is True  # asked second, answered first: the pod went
+            podresources.release_stalled()
+    assert view.holders.by_device == {}, "the older answer was taken in after the newer one"
+    assert len(told) == 1
 
 
 async def test_dra_claims_name_their_holders_by_driver_and_device(podresources: PodResourcesStandin) -> None:

@@ -18,6 +18,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from prometheus_client import REGISTRY
 
 from ascend_agent.cluster.client import ApiUnavailable
+from ascend_agent.cluster.events import PodEvent
 from ascend_agent.cluster.health import Failure
 from ascend_agent.cluster.podlist import MAX_PODS, _list_in_thread, view_of
 from ascend_agent.cluster.volcano import VolcanoPods
@@ -330,8 +331,8 @@ async def test_five_pods_naming_a_held_chip_cost_a_volcano_pod_no_refused_alloca
     """Five pods of team-b name chip 6, which ``legit-0`` has, with predicate-times smaller than
     ``legit-1``'s: ``legit-1``'s one Allocate skips them (a log line and an Event on each) and gets its chip
     7; a kubelet never retries an Allocate, so each refusal would have failed ``legit-1``."""
-    events: list[tuple[str, ...]] = []
-    pods = VolcanoPods(events=lambda *event: events.append(event))
+    events: list[PodEvent] = []
+    pods = VolcanoPods(events=events.append)
     pods.observe(_eight_chips())
     pods._first_read.set()
     pods._store(_placed("legit-0", "Ascend910-6", "100"))
@@ -340,19 +341,11 @@ async def test_five_pods_naming_a_held_chip_cost_a_volcano_pod_no_refused_alloca
         pods._store(PodView("team-b", f"thief-{n}", f"uid-thief-{n}", {T: "Ascend910-6", PT: str(n)}, {T: 1}))
     pods._store(_placed("legit-1", "Ascend910-7", "200"))
 
-    refused = 0
-    while True:
-        try:
-            chosen = await pods.remap(T, [["Ascend910-1"]])
-            break
-        except LookupError:
-            refused += 1
-            assert refused < 10
-    assert (chosen, refused) == ([["Ascend910-7"]], 0)
+    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-7"]], "the first Allocate is legit-1's"
     lines = [r.getMessage() for r in caplog.records if " is skipped: " in r.getMessage()]
     assert [line.split()[1] for line in lines] == [f"team-b/thief-{n}" for n in range(1, 6)]
     assert all("which pod team-a/legit-0 has" in line for line in lines)
-    assert [(kind, reason, ns, name, uid) for kind, reason, ns, name, uid, _ in events] == [
+    assert [(e.kind, e.reason, e.namespace, e.name, e.uid) for e in events] == [
         ("Warning", "NPUChoiceSkipped", "team-b", f"thief-{n}", f"uid-thief-{n}") for n in range(1, 6)
     ]
     assert pods._taken["uid-legit-1"].real == ("Ascend910-7",)
@@ -376,6 +369,97 @@ async def test_a_pod_created_on_the_node_is_never_chosen(caplog: pytest.LogCaptu
     started = PodView("team-b", "running", "uid-running", {T: "Ascend910-5", PT: "1"}, {T: 1}, pending=False)
     pods._store(started)
     assert pods._choose(T, 1) is None, "a pod that runs was admitted before: no Allocate is for it"
+
+
+async def test_a_pod_created_on_the_node_stays_out_once_the_kubelet_admitted_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The kubelet writes ``PodScheduled: True`` on every pod it syncs, a pod created with its node named too:
+    once admitted, such a pod still waiting (its image not pulled: phase Pending) would pass as one a
+    scheduler bound. Its ``startTime``, which the kubelet writes in the same first status, keeps it out:
+    ``legit``, which Volcano bound, gets the Allocate."""
+    admitted = {
+        "phase": "Pending",
+        "startTime": "2026-01-02T03:04:05Z",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": "main",
+                "image": "x",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff"}},
+            }
+        ],
+    }
+    thief = _volcano_pod("thief", "Ascend910-6", "1")
+    thief["metadata"]["namespace"] = "team-b"
+    thief["status"] = admitted
+    pods = VolcanoPods(tries=1)
+    pods.observe(_eight_chips())
+    pods._first_read.set()
+    view = PodView.of(Pod.from_dict(thief))
+    assert view.bound and view.pending and view.admitted
+    pods._store(view)
+    pods._store(PodView.of(Pod.from_dict(_volcano_pod("legit", "Ascend910-6", "1700000000000"))))
+    assert await pods.remap(T, [["Ascend910-2"]]) == [["Ascend910-6"]]
+    assert list(pods._taken) == ["uid-legit"], "the marks go to legit"
+
+
+async def test_a_miss_then_a_held_chip_asks_podresources_again_before_the_skip() -> None:
+    """``job-0`` went and Volcano made it again under that name (a new UID) on chip 3; the watch has not
+    delivered it yet, so the Allocate misses and reads the pods. PodResources' last answer still lists the
+    old ``job-0`` on chip 3: asked again, it lists it no more, and the new ``job-0`` gets chip 3 (the kubelet
+    fails a pod whose Allocate is refused)."""
+    stale = Holders({(T, "Ascend910-3"): (Holder("team-a", "job-0", "main"),)})
+    mounted = MountedChips()
+    listed = [stale]
+    mounted.kubelet_holders = lambda: listed[-1]
+    asked = []
+
+    async def ask_again() -> None:
+        asked.append(True)
+        listed.append(Holders())
+
+    mounted.refresh_kubelet_holders = ask_again
+    api = _PodsApi([])
+    pods = VolcanoPods(mounted=mounted, tries=1)
+    pods.observe(_eight_chips())
+    await pods._list(api)  # type: ignore[arg-type]
+    pods._api = api  # type: ignore[assignment]
+    api.pods = [_volcano_pod("job-0", "Ascend910-3", "100")]  # not delivered by the watch
+    with anyio.fail_after(5):
+        assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-3"]]
+    assert (api.lists, len(asked)) == (2, 1), "the pods read and PodResources asked, once each"
+
+
+async def test_a_pod_whose_chip_a_going_pod_holds_is_passed_over_for_that_allocate_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``old`` has chip 3 and is being deleted; Volcano placed ``next`` on chip 3 already (it acts on the
+    deletion), with a smaller ``predicate-time`` than ``other``'s. ``other``'s Allocate passes ``next`` over,
+    and once ``old`` went, ``next``'s own Allocate gets chip 3 (the kubelet fails a pod whose Allocate is
+    refused). Said once, in the log and an Event."""
+    events: list[PodEvent] = []
+    pods = VolcanoPods(tries=1, events=events.append)
+    pods.observe(_eight_chips())
+    pods._first_read.set()
+    pods._store(_placed("old", "Ascend910-3", "50"))
+    assert await pods.remap(T, [["Ascend910-0"]]) == [["Ascend910-3"]]
+    old = _placed("old", "Ascend910-3", TAKEN)
+    pods._store(PodView(old.namespace, old.name, old.uid, old.annotations, old.limits, terminating=True))
+    pods._store(_placed("next", "Ascend910-3", "100"))
+    pods._store(_placed("other", "Ascend910-5", "200"))
+
+    assert await pods.remap(T, [["Ascend910-1"]]) == [["Ascend910-5"]]
+    with pytest.raises(LookupError, match=r"skipped: pod team-a/next names Ascend910-3 .* until it stops"):
+        await pods.remap(T, [["Ascend910-2"]])  # old has not gone yet
+    pods._forget("uid-old")
+    assert await pods.remap(T, [["Ascend910-2"]]) == [["Ascend910-3"]], "next's own Allocate"
+    lines = [r.getMessage() for r in caplog.records if " is skipped: " in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("Pod team-a/next is skipped"), lines
+    assert [(e.reason, e.name) for e in events] == [("NPUChoiceSkipped", "next")]
 
 
 @pytest.mark.parametrize(

@@ -243,7 +243,7 @@ class HotReset:
         """Reset each group once it is due, one at a time, until cancelled. The groups are looked at again
         every ``health_interval`` too: a pod that leaves changes no chip, so no discovery says so. The
         resets an agent before this one made count first (``budget_file``)."""
-        await anyio.to_thread.run_sync(self._budget.load)
+        await self._budget.load()
         while True:
             self._wake = anyio.Event()
             group, wait = self._next_due()
@@ -268,6 +268,8 @@ class HotReset:
     async def _reset(self, group: frozenset[int]) -> None:
         del self._idle_since[group]
         targets = [self._chips[p] for p in sorted(group) if self._candidate(self._chips.get(p))]
+        if targets:  # the resets another instance made meanwhile count too (a DRA driver's rolling update)
+            await self._budget.load()
         allowed = []
         for chip in targets:
             if self._budget.allows(chip.phys_id):
@@ -328,7 +330,7 @@ class HotReset:
         done = []
         for chip in chips:
             self._budget.spend(chip.phys_id)
-            await anyio.to_thread.run_sync(self._budget.save)  # before the reset: a crash in it still counts
+            await self._budget.save()  # before the reset: a crash in it still counts
             args = " ".join(reset_args(*_card(chip)))
             self._step("Normal", STARTED, group, f"npu-smi {args} ({_fault(chip)})", result="started",
                        subject=chip)  # fmt: skip

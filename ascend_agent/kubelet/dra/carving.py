@@ -38,8 +38,7 @@ from ascend_agent.kubelet.dra.claims import (
     UnusableCheckpoint,
     identity,
     keep_aside,
-    parse_records,
-    read_regular,
+    read_records,
     valid_uid,
 )
 from ascend_agent.model import CarveFailed, Chip, VNpu
@@ -151,10 +150,7 @@ class MadeVnpus:
 
 
 def _read(path: Path) -> list[Made]:
-    data = read_regular(path)
-    if data is None:
-        return []
-    return parse_records(path, data, "vnpus", (1,), Made.from_json, "a record of vNPUs made")
+    return read_records(path, "vnpus", (1,), Made.from_json, "a record of vNPUs made")
 
 
 class Carving:

@@ -20,7 +20,6 @@ claims its pods need.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -33,7 +32,13 @@ from typing import Any, TypeVar
 
 from ascend_agent.cdi import CDI_VERSION, chip_edits, shared_edits
 from ascend_agent.container import device_order
-from ascend_agent.files import open_no_follow, replace_file, sync_directory
+from ascend_agent.files import (
+    UnusableFile,
+    parse_records,
+    read_regular,
+    replace_file,
+    sync_directory,
+)
 from ascend_agent.kube_names import is_dns_label
 from ascend_agent.model import Chip, ContainerSpec
 
@@ -218,88 +223,35 @@ def read_checkpoint(path: Path) -> list[PreparedClaim]:
     """The claims in the checkpoint ``path`` (none when there is no file). Never follows a link, never opens
     anything but a regular file, never reads more than 16 MiB. UnusableCheckpoint when the file is not a
     checkpoint, CheckpointError when it cannot be read."""
-    data = read_regular(path)
-    return [] if data is None else parse_checkpoint(path, data)
-
-
-def read_regular(path: Path) -> bytes | None:
-    """The bytes of the regular file ``path`` (None when there is none), read as the checkpoint is: never
-    through a link, never over 16 MiB. UnusableCheckpoint for anything else, CheckpointError when it cannot
-    be read."""
-    try:
-        found = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(found.st_mode):
-        raise UnusableCheckpoint(
-            f"{path} is {_file_kind(found.st_mode)}, not a checkpoint of prepared claims"
-        )
-    if found.st_size > MAX_CHECKPOINT_BYTES:
-        raise UnusableCheckpoint(f"{path} holds {found.st_size} bytes, over the 16 MiB a checkpoint may hold")
-    try:
-        descriptor = open_no_follow(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnusableCheckpoint(
-                f"{path} is a symbolic link, not a checkpoint of prepared claims"
-            ) from None
-        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
-    with os.fdopen(descriptor, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):  # replaced since the lstat
-            raise UnusableCheckpoint(f"{path} is not a regular file, not a checkpoint of prepared claims")
-        try:
-            data = stream.read(MAX_CHECKPOINT_BYTES + 1)
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_CHECKPOINT_BYTES:
-        raise UnusableCheckpoint(f"{path} holds over the 16 MiB a checkpoint may hold")
-    return data
+    what = "a checkpoint of prepared claims"
+    return read_records(path, "claims", (1, CHECKPOINT_VERSION), PreparedClaim.from_json, what)
 
 
 def parse_checkpoint(path: Path, data: bytes) -> list[PreparedClaim]:
     """The claims in the bytes of a checkpoint; UnusableCheckpoint (naming ``path``) for anything else."""
     what = "a checkpoint of prepared claims"
-    return parse_records(path, data, "claims", (1, CHECKPOINT_VERSION), PreparedClaim.from_json, what)
+    try:
+        return parse_records(path, data, "claims", (1, CHECKPOINT_VERSION), PreparedClaim.from_json, what)
+    except UnusableFile as exc:
+        raise UnusableCheckpoint(str(exc)) from None
 
 
-def parse_records(
-    path: Path, data: bytes, key: str, versions: tuple[int, ...], record: Callable[[Any], R], what: str
+def read_records(
+    path: Path, key: str, versions: tuple[int, ...], record: Callable[[Any], R], what: str
 ) -> list[R]:
-    """The entries of ``{"version": V, key: [...]}`` (V one of ``versions``), each made by ``record``;
-    UnusableCheckpoint saying ``path`` is not ``what`` for anything else::
+    """The entries of the driver's record ``path`` (``{"version": V, key: [...]}``, read as the checkpoint
+    is; none when there is no file); UnusableCheckpoint saying ``path`` is not ``what`` for anything else,
+    CheckpointError when it cannot be read::
 
-        parse_records(path, data, "vnpus", (1,), Made.from_json, "a record of vNPUs made")
+        read_records(path, "vnpus", (1,), Made.from_json, "a record of vNPUs made")
     """
     try:
-        document = json.loads(data.decode("utf-8"))
-        if not isinstance(document, dict):
-            raise TypeError("the document is not an object")
-        version = document.get("version")
-        if version not in versions:
-            raise ValueError(f"version {str(version)[:_SHOWN]!r}, not {' or '.join(map(str, versions))}")
-        entries = document[key]
-        if not isinstance(entries, list):
-            raise TypeError(f"{key} is not a list")
-        return [record(entry) for entry in entries]
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        reason = f"{type(exc).__name__}: {exc}"[:200]
-        raise UnusableCheckpoint(f"{path} is not {what} ({reason})") from None
-
-
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
+        data = read_regular(path, MAX_CHECKPOINT_BYTES, what)
+        return [] if data is None else parse_records(path, data, key, versions, record, what)
+    except UnusableFile as exc:
+        raise UnusableCheckpoint(str(exc)) from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
