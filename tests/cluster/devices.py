@@ -6,6 +6,7 @@ which host node it got::
     nodes = StandInDevices()
     nodes.make(["davinci0", "davinci_manager"])   # refused when /dev/davinci0 is there already
     numbers("davinci0")                           # (240, 0)
+    nodes.remove(["davinci_manager"])             # one of them
     nodes.remove()                                # every node this made
 """
 
@@ -15,7 +16,8 @@ import contextlib
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,10 +57,22 @@ class StandInDevices:
             os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(*numbers(name)))
             self.made.append(path)
 
-    def remove(self) -> list[str]:
-        """Every node made removed; returns the ones that would not go."""
+    @contextmanager
+    def present(self, names: Sequence[str]) -> Iterator[None]:
+        """The nodes of ``names`` made for the ``with`` block, removed after it (a module's vNPUs: the next
+        module's agent must not find them)."""
+        self.make(names)
+        try:
+            yield
+        finally:
+            self.remove(names)
+
+    def remove(self, names: Iterable[str] | None = None) -> list[str]:
+        """The nodes of ``names`` this made (each one when None) removed; returns those that would not go."""
         problems = []
-        for path in self.made:
+        for path in self.made if names is None else [self.dev / name for name in names]:
+            if path not in self.made:
+                continue
             with contextlib.suppress(FileNotFoundError):
                 try:
                     path.unlink()

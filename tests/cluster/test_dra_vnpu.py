@@ -27,17 +27,19 @@ def vnpu_dra_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster, DRA_RENDER)
     cluster.kubectl("apply", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"))
     # The fake chip 0's two vir02 vNPUs (ids 100 and 101): their nodes in /dev, where containerd looks.
-    cluster.devices.make(["vdavinci100", "vdavinci101"])
-    with running_agent(
-        cluster,
-        "agent-dra-vnpu",
-        DRA_RENDER,
-        registered=f"Registered DRA driver {DRIVER}",
-        backend="fake",
-        fakeModel="310P3",
-        fakeChips=2,
-        fakeVnpus="0:vir02,0:vir02",
-    ) as process:
+    with (
+        cluster.devices.present(["vdavinci100", "vdavinci101"]),
+        running_agent(
+            cluster,
+            "agent-dra-vnpu",
+            DRA_RENDER,
+            registered=f"Registered DRA driver {DRIVER}",
+            backend="fake",
+            fakeModel="310P3",
+            fakeChips=2,
+            fakeVnpus="0:vir02,0:vir02",
+        ) as process,
+    ):
         yield process
 
 

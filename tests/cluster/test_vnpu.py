@@ -25,15 +25,17 @@ VNPU_RESOURCE = "huawei.com/Ascend310P-2c"
 def vnpu_agent(cluster: Cluster) -> Iterator[AgentProcess]:
     apply_chart(cluster)
     # The fake chip 0's two vir02 vNPUs (ids 100 and 101): their nodes in /dev, where containerd looks.
-    cluster.devices.make(["vdavinci100", "vdavinci101"])
-    with running_agent(
-        cluster,
-        "agent-vnpu",
-        registered=f"Registered resource {VNPU_RESOURCE}",
-        fakeModel="310P3",
-        fakeChips=2,
-        fakeVnpus="0:vir02,0:vir02",
-    ) as process:
+    with (
+        cluster.devices.present(["vdavinci100", "vdavinci101"]),
+        running_agent(
+            cluster,
+            "agent-vnpu",
+            registered=f"Registered resource {VNPU_RESOURCE}",
+            fakeModel="310P3",
+            fakeChips=2,
+            fakeVnpus="0:vir02,0:vir02",
+        ) as process,
+    ):
         yield process
 
 
