@@ -30,7 +30,7 @@ for arch in amd64 arm64; do
         continue
     fi
     step=$SECONDS
-    container=$("${store[@]}" from --pull-never "$image")
+    container=$("${store[@]}" from --pull-never --arch "$arch" "$image")
     trap '"${store[@]}" rm "$container" >/dev/null' EXIT
     # Emulated, an interpreter starts several times slower: the in-image waits get that much longer.
     slower=1

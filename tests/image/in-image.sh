@@ -64,7 +64,8 @@ await "$sim_log" "Allocate Ascend910-"
 # too: the official python base ships none) load from bytecode rather than being compiled at every start.
 tr '\0' ' ' <"/proc/$agent/cmdline" | grep -q -- "-X no_debug_ranges -OO -m ascend_agent.runner" ||
     fail "the agent is not the runner with -X no_debug_ranges and -OO: $(tr '\0' ' ' <"/proc/$agent/cmdline")"
-runner_python=$(tr '\0' '\n' <"/proc/$agent/cmdline" | head -n 1)
+# The interpreter's path: the first word, or under emulation the first after qemu's binfmt wrapper.
+runner_python=$(tr '\0' '\n' <"/proc/$agent/cmdline" | grep -m 1 -E '/python[0-9.]*$')
 uncompiled=$("$runner_python" -OO -c '
 import importlib.util, sys
 import ascend_agent.process, anyio._backends._asyncio
