@@ -9,7 +9,7 @@ import sys
 
 from lifetime import hang
 
-here = os.path.dirname(os.path.abspath(__file__))
+here = os.path.dirname(os.path.realpath(__file__))
 args = " ".join(sys.argv[1:])
 try:
     with open(os.path.join(here, "calls.log"), "a") as log:
