@@ -38,6 +38,7 @@ from tests.cluster.released import (
     DriverTree,
     agent_log,
     agent_pod,
+    agent_pods,
     chart_values,
     keep_agent_logs,
     log_time,
@@ -244,32 +245,28 @@ def test_a_workload_asking_for_more_chips_than_the_node_has_stays_pending(
 
 def test_an_image_not_on_the_node_is_err_image_never_pull(cluster: Cluster, node: DriverTree) -> None:
     values = chart_values(cluster, node)
-    values["image"] = {"tag": "not-on-this-node", "pullPolicy": "Never"}
+    missing = ":not-on-this-node"
+    values["image"] = {"tag": missing[1:], "pullPolicy": "Never"}
     released(helm.upgrade(cluster, values))
     try:
 
-        def waiting(pods: list[dict[str, object]]) -> str:
+        def waiting(pods: list[dict[str, Any]]) -> str:
             for pod in pods:
-                for status in pod["status"].get("containerStatuses", []):  # type: ignore[union-attr]
+                for status in pod["status"].get("containerStatuses", []):
                     reason = status.get("state", {}).get("waiting", {}).get("reason", "")
                     if reason:
                         return str(reason)
             return ""
 
         until(
-            lambda: waiting(agent_pods_of_tag(cluster, "not-on-this-node")),
+            lambda: waiting(
+                [p for p in agent_pods(cluster) if p["spec"]["containers"][0]["image"].endswith(missing)]
+            ),
             lambda reason: reason == "ErrImageNeverPull",
             "the new pod waiting for an image it may not pull",
         )
     finally:
         upgraded(cluster, chart_values(cluster, node))
-
-
-def agent_pods_of_tag(cluster: Cluster, tag: str) -> list[dict[str, object]]:
-    answer = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=ascend-agent",
-                             "-o", "json")  # fmt: skip
-    pods = json.loads(answer.stdout)["items"]
-    return [pod for pod in pods if pod["spec"]["containers"][0]["image"].endswith(f":{tag}")]
 
 
 def test_a_host_path_the_node_lacks_is_named_in_the_pods_event(cluster: Cluster, node: DriverTree) -> None:
