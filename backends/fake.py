@@ -77,8 +77,9 @@ _HBM_MB = {
     Generation.ASCEND950: 131072,
 }
 _HBM_MB_BY_MODEL = {"910B4": 32768}
-# DCMI pairs A3 card n with n + 4 (n - 4 from card 4 on) on the boards where cards share network ports.
-A3_PAIR_OFFSET = 4
+# DCMI pairs A3 cards four apart within each board of 8 (0 with 4, 1 with 5, ...; 8 with 12) where cards
+# share network ports: card n's brother is n XOR 4, a pairing that is its own inverse.
+A3_PAIR_BIT = 4
 # --fake-training: addresses from the benchmarking range (RFC 2544), never a real network's.
 _DEVICE_IPS = ipaddress.IPv4Address("198.18.0.0")
 _VNIC_IPS = ipaddress.IPv4Address("198.19.0.0")
@@ -141,6 +142,8 @@ def parse_state(text: str, source: str) -> FaultState:
         document = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as exc:
         raise ValueError(f"fake state file {source} is not valid JSON (line {exc.lineno})") from None
+    except RecursionError:
+        raise ValueError(f"fake state file {source} is nested too deep to be a state file") from None
     if not isinstance(document, dict):
         raise ValueError(
             f'fake state file {source} must be an object like {{"unhealthy": [1], "absent": []}}'
@@ -374,13 +377,13 @@ class FakeBackend:
         return chip
 
     def _paired_card(self, phys_id: int) -> int | None:
-        """An A3 die's paired card as the driver gives it (card n with n + 4 on an 8-card board, as DCMI
-        pairs them); none where that card is not on the fake node. None on other models."""
+        """An A3 die's paired card as the driver gives it (cards four apart within each board of 8, as DCMI
+        pairs them: 0 with 4, 8 with 12); none where that card is not on the fake node. None on other
+        models."""
         if self._dies_per_npu != 2:
             return None
         cards = -(-self._settings.fake_chips // 2)
-        card = phys_id // 2
-        other = card + A3_PAIR_OFFSET if card < A3_PAIR_OFFSET else card - A3_PAIR_OFFSET
+        other = (phys_id // 2) ^ A3_PAIR_BIT
         return other if other < cards else NO_PAIRED_CARD
 
     async def close(self) -> None:
