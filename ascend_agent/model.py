@@ -217,6 +217,18 @@ VNPU_DEVICE_IP = "127.0.0.1"
 UNKNOWN_SUPER_POD = -2
 # The driver's answer for an A3 card that no other card is reset with (DCMI's brother card -1).
 NO_PAIRED_CARD = -1
+# A chip's (or card's) id as a key of a file or a setting: ASCII digits only (str.isdigit() takes other
+# scripts' digits too), at most 6.
+_CHIP_ID = re.compile(r"[0-9]{1,6}")
+
+
+def is_chip_id(text: object) -> bool:
+    """Whether ``text`` is a physical chip id (or an NPU card id) as a key in a file or setting gives it.
+
+    >>> is_chip_id("3"), is_chip_id("0012"), is_chip_id("1234567"), is_chip_id("\u0663"), is_chip_id(3)
+    (True, True, False, False, False)
+    """
+    return isinstance(text, str) and _CHIP_ID.fullmatch(text) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,13 +54,20 @@ from ascend_agent.model import (
     Health,
     Inventory,
     SuperPod,
-    Template,
     UnknownModelError,
     VNpu,
     classify,
+    is_chip_id,
 )
 from ascend_agent.observability import ProblemLog, log_fields
-from ascend_agent.vnpu_layout import Layout, dynamic_entries, is_dynamic, parse_layout, template_cores
+from ascend_agent.vnpu_layout import (
+    TEMPLATES_310P3,
+    Layout,
+    dynamic_entries,
+    is_dynamic,
+    parse_layout,
+    template_cores,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +92,7 @@ _DEVICE_IPS = ipaddress.IPv4Address("198.18.0.0")
 _VNIC_IPS = ipaddress.IPv4Address("198.19.0.0")
 
 
-def _media(vpc: int, venc: int, jpegd: int, pngd: int, vdec: int, jpege: int) -> tuple[tuple[str, int], ...]:
-    return (("vpc", vpc), ("venc", venc), ("jpegd", jpegd), ("pngd", pngd), ("vdec", vdec), ("jpege", jpege))
-
-
-# A 310P3's templates (npu-smi info -t template-info) and totals (info-vnpu; pngd is NA there): what a dynamic
-# fake 310P carves from.
-_310P_TEMPLATES = (
-    Template("vir01", 1, 3, 1, _media(1, 0, 2, 0, 1, 0)),
-    Template("vir02", 2, 6, 2, _media(3, 1, 4, 0, 3, 1)),
-    Template("vir02_1c", 2, 6, 1, _media(3, 1, 4, 0, 3, 1)),
-    Template("vir04", 4, 12, 4, _media(6, 1, 8, 0, 6, 2)),
-    Template("vir04_3c", 4, 12, 3, _media(6, 1, 8, 0, 6, 2)),
-    Template("vir04_3c_ndvpp", 4, 12, 3, _media(0, 0, 0, 0, 0, 0)),
-    Template("vir04_4c_dvpp", 4, 12, 4, _media(12, 3, 16, 0, 12, 4)),
-)
+# A 310P3's totals (info-vnpu; pngd is NA there): what a dynamic fake 310P carves its templates from.
 _310P_TOTALS = (
     ("aicore", 8),
     ("memory", 21),
@@ -179,7 +172,7 @@ def _faults(value: object, source: str) -> tuple[tuple[int, tuple[str, ...]], ..
         raise ValueError(shape)
     faults = []
     for key, codes in value.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 6):
+        if not is_chip_id(key):
             raise ValueError(f"{shape}; {key!r:.40} is not a physical id")
         if not isinstance(codes, list) or not all(isinstance(code, str) for code in codes):
             raise ValueError(shape)
@@ -292,7 +285,7 @@ class FakeBackend:
             container=container_base(self._settings.mode, _MANAGEMENT_DEVICES),
             vnpus=self._vnpus(chips),
             carvable=tuple(
-                Carvable(chip.phys_id, _310P_TEMPLATES, _310P_TOTALS) for chip in chips if self._dynamic(chip)
+                Carvable(chip.phys_id, TEMPLATES_310P3, _310P_TOTALS) for chip in chips if self._dynamic(chip)
             ),
         )
 
@@ -312,7 +305,7 @@ class FakeBackend:
         """As npu-smi's create-vnpu: refused for a template the chip does not offer, an id taken, or more AI
         cores or AI CPUs than the chip has left."""
         carved = self._carved_on(phys_id)
-        found = next((t for t in _310P_TEMPLATES if t.name == template), None)
+        found = next((t for t in TEMPLATES_310P3 if t.name == template), None)
         if found is None:
             raise CarveFailed(f"chip {phys_id} offers no template {template}")
         if any(vnpu.vnpu_id == vnpu_id for vnpu in carved):

@@ -85,6 +85,8 @@ def test_the_pairs_the_driver_gives_are_checked() -> None:
         ("0 4\n", [0, 4], "leaves out card 4"),
         ("0 4\n0 4\n4 0\n", [0, 4], "card 0 twice"),
         ("ipmi failed\n", [0], "not CARD BROTHER"),
+        ("0 --4\n", [0], "not CARD BROTHER"),  # int() refused it: a ValueError, not a PairingError
+        ("\u0660 -1\n", [0], "not CARD BROTHER"),  # another script's digit
     ):
         with pytest.raises(PairingError, match=why):
             parse_pairs(answer, cards)
