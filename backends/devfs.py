@@ -420,7 +420,9 @@ class DevfsBackend:
             )
         else:
             self._query_problem = reason
-        NPU_SMI_DOWN.set(1 if self._outage() else 0)
+        # A fact about npu-smi, whatever healthy_without_npu_smi makes of the chips: the one alert for a node
+        # that runs on its device files alone.
+        NPU_SMI_DOWN.set(1)
         if not changed or self._settings.model is None:
             return  # said already, or the problem says it: no chip is listed
         if self._settings.healthy_without_npu_smi:
