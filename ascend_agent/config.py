@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_agent.faultclass import HUAWEI_NAMES
+from ascend_agent.model import is_chip_id
 from ascend_agent.naming import NAMING_SCHEMES
 from ascend_agent.setting_values import (
     Check,
@@ -40,7 +41,7 @@ from ascend_agent.setting_values import (
     seconds,
     text_list,
 )
-from ascend_agent.vnpu_layout import Layout, is_chip_id, parse_layout
+from ascend_agent.vnpu_layout import Layout, parse_layout
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

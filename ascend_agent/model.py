@@ -15,6 +15,7 @@ NUMA node and has names of its own:
 from __future__ import annotations
 
 import enum
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -217,6 +218,35 @@ VNPU_DEVICE_IP = "127.0.0.1"
 UNKNOWN_SUPER_POD = -2
 # The driver's answer for an A3 card that no other card is reset with (DCMI's brother card -1).
 NO_PAIRED_CARD = -1
+# A chip's (or card's) id as a key of a file or a setting: ASCII digits only (str.isdigit() takes other
+# scripts' digits too), at most 6.
+_CHIP_ID = re.compile(r"[0-9]{1,6}")
+
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def unzoned_address(text: str) -> IpAddress:
+    """The IP address ``text`` gives, without an IPv6 zone (``%eth0``): a zone names an interface of this
+    host, of no use to a peer, a rank table or a DRA claim (and a long one makes a DRA attribute the API
+    server refuses, with the node's whole ResourceSlice). ``ValueError`` for what is no IP address.
+
+    >>> str(unzoned_address("2001:db8::5%eth0")), str(unzoned_address("10.0.0.1"))
+    ('2001:db8::5', '10.0.0.1')
+    """
+    address = ipaddress.ip_address(text)
+    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
+        return ipaddress.IPv6Address(int(address))
+    return address
+
+
+def is_chip_id(text: object) -> bool:
+    """Whether ``text`` is a physical chip id (or an NPU card id) as a key in a file or setting gives it.
+
+    >>> is_chip_id("3"), is_chip_id("0012"), is_chip_id("1234567"), is_chip_id("\u0663"), is_chip_id(3)
+    (True, True, False, False, False)
+    """
+    return isinstance(text, str) and _CHIP_ID.fullmatch(text) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,7 +160,7 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         view = mounted
         view.kubelet_holders = holdings.by_chip
         view.refresh_kubelet_holders = pods.refresh
-        view.handed = holdings.handed_out.pairs
+        view.handed_pairs = holdings.handed_out.pairs
 
         def listed(resource: str, devices: dict[str, Chip]) -> dict[str, Chip] | None:
             return view.listed(resource, devices, pods.holders, pods.error is None)

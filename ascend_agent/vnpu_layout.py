@@ -25,7 +25,15 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from ascend_agent.model import Chip, Template, UnknownModelError, VNpu, classify, normalise_model
+from ascend_agent.model import (
+    Chip,
+    Template,
+    UnknownModelError,
+    VNpu,
+    classify,
+    is_chip_id,
+    normalise_model,
+)
 from ascend_agent.naming import vnpu_suffix
 
 # ((chip name or physical id, (template, ...)), ...), in the order the config gives them.
@@ -50,14 +58,25 @@ class Product:
     templates: frozenset[str]
 
 
+def _media(vpc: int, venc: int, jpegd: int, pngd: int, vdec: int, jpege: int) -> tuple[tuple[str, int], ...]:
+    return (("vpc", vpc), ("venc", venc), ("jpegd", jpegd), ("pngd", pngd), ("vdec", vdec), ("jpege", jpege))
+
+
+# A 310P3's templates as ``npu-smi info -t template-info`` lists them: the 310P product's template names, and
+# what the fake backend's dynamic 310P chips carve.
+TEMPLATES_310P3 = (
+    Template("vir01", 1, 3, 1, _media(1, 0, 2, 0, 1, 0)),
+    Template("vir02", 2, 6, 2, _media(3, 1, 4, 0, 3, 1)),
+    Template("vir02_1c", 2, 6, 1, _media(3, 1, 4, 0, 3, 1)),
+    Template("vir04", 4, 12, 4, _media(6, 1, 8, 0, 6, 2)),
+    Template("vir04_3c", 4, 12, 3, _media(6, 1, 8, 0, 6, 2)),
+    Template("vir04_3c_ndvpp", 4, 12, 3, _media(0, 0, 0, 0, 0, 0)),
+    Template("vir04_4c_dvpp", 4, 12, 4, _media(12, 3, 16, 0, 12, 4)),
+)
+
 PRODUCTS = (
     Product("Atlas training (910)", "910A", 32, frozenset({"vir02", "vir04", "vir08", "vir16"})),
-    Product(
-        "Atlas inference (310P)",
-        "310P",
-        8,
-        frozenset({"vir01", "vir02", "vir04", "vir02_1c", "vir04_3c", "vir04_3c_ndvpp", "vir04_4c_dvpp"}),
-    ),
+    Product("Atlas inference (310P)", "310P", 8, frozenset(template.name for template in TEMPLATES_310P3)),
     Product("Atlas A2 training (910B)", "910B", 24, frozenset({"vir06_1c_16g", "vir12_3c_32g"})),
     Product(
         "Atlas A2 inference (910B)",
@@ -80,17 +99,10 @@ PRODUCTS = (
 SPLITTABLE_GENERATIONS = frozenset(product.generation for product in PRODUCTS)
 _CORES = re.compile(r"^vir(\d+)")
 _CPUS = re.compile(r"^vir[0-9]+_([0-9]{1,3})c(?:_|$)")
-# A physical chip id key: ASCII digits only (str.isdigit() takes other scripts' digits too), at most 6.
-_CHIP_ID = re.compile(r"[0-9]{1,6}")
 
 
 class LayoutRefused(ValueError):
     """The layout names what the node does not have (a chip id it lacks); the message is the one line."""
-
-
-def is_chip_id(key: str) -> bool:
-    """True for a layout key that names a physical chip id (``"3"``), False for a chip name."""
-    return _CHIP_ID.fullmatch(key) is not None
 
 
 def template_cores(template: str) -> int:

@@ -7,10 +7,13 @@ together (:mod:`.dcmi_pairs`)::
     chip_set = ChipSet(settings)
     await chip_set.learn(executable, table)      # asks again only when the chip set changed
     chip_set.chip_map, chip_set.a3_model, chip_set.logic_ids, chip_set.board_id, chip_set.paired_cards
+    chip_set.retry_pairing()                     # a pairing not read: asked again in a task of its own
+    await chip_set.close()                       # that task stopped, its child killed
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -35,7 +38,8 @@ log = logging.getLogger("ascend_agent.backends.devfs")
 
 # The model of an A3 die when `npu-smi info -t board` does not name its SoC.
 A3_MODEL = "910_93"
-# A pairing that could not be read is asked again after this many seconds (a child process each time).
+# A pairing that could not be read is asked again after this many seconds (a child process each time, in a
+# task of its own: no health query waits for it).
 PAIRING_RETRY = 60.0
 
 
@@ -56,6 +60,8 @@ class ChipSet:
         self.paired_cards: dict[int, int] = {}
         self.pairing_problem = ""
         self._pairing_retry_at = 0.0
+        self._a3_cards: list[int] = []
+        self._pairing_retry: asyncio.Task[None] | None = None
 
     async def learn(self, executable: str, table: InfoTable) -> None:
         """Once per chip set (not every health query): ``npu-smi info -m`` where the table's names are
@@ -63,9 +69,9 @@ class ChipSet:
         the SoC."""
         chip_set = tuple((row.npu_id, row.chip, row.name) for row in table.chips)
         if chip_set == self._set:
-            if self.pairing_problem and time.monotonic() >= self._pairing_retry_at:
-                await self._pair(table)
             return
+        if self._pairing_retry is not None:
+            self._pairing_retry.cancel()  # the other chip set's
         self._set = chip_set
         self.chip_map = ()
         redacted = any(not known_model(row.name) for row in table.chips)
@@ -83,14 +89,37 @@ class ChipSet:
         is_910b = any(known_model(n) and classify(n) is Generation.ASCEND910B for n in names)
         self.board_id = await self._board_id_of(executable, table.chips[0]) if resetting and is_910b else None
         self.paired_cards, self.pairing_problem = {}, ""
+        self._a3_cards = sorted({table.chips[index].npu_id for index in dies})
         if dies and resetting:
-            await self._pair(table)
+            await self._pair()
 
-    async def _pair(self, table: InfoTable) -> None:
+    def retry_pairing(self) -> None:
+        """Ask the driver for the A3 card pairs again, :data:`PAIRING_RETRY` s after it could not say, in a
+        task of its own: the health query that calls this goes on (a driver that fails or hangs would hold
+        it up to the npu-smi timeout). What the task reads is in ``paired_cards`` when it ends."""
+        if not self.pairing_problem or time.monotonic() < self._pairing_retry_at:
+            return
+        if self._pairing_retry is not None and not self._pairing_retry.done():
+            return
+        self._pairing_retry_at = time.monotonic() + PAIRING_RETRY
+        self._pairing_retry = asyncio.get_running_loop().create_task(self._pair(), name="A3 card pairs")
+
+    def pairing(self) -> tuple[object, ...]:
+        """What the pairing now is, to compare: the pairs and why they could not be read."""
+        return tuple(sorted(self.paired_cards.items())), self.pairing_problem
+
+    async def close(self) -> None:
+        """Stop a retry of the pairing under way; its child is killed."""
+        retry, self._pairing_retry = self._pairing_retry, None
+        if retry is not None:
+            retry.cancel()
+            await asyncio.wait([retry])
+
+    async def _pair(self) -> None:
         """The A3 card pairs, from the driver's library; one line when read, one warning when not."""
         from ascend_agent.backends.dcmi_pairs import PairingError, read_paired_cards
 
-        cards = sorted({table.chips[index].npu_id for index in a3_dies(table)})
+        cards = self._a3_cards
         try:
             pairs = await read_paired_cards(self._settings.host_root, cards, self._settings.npu_smi_timeout)
         except PairingError as exc:

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ascend_agent.model import NO_PAIRED_CARD
+from ascend_agent.model import NO_PAIRED_CARD, is_chip_id
 
 # The driver's library under the host root, and where its own libraries are.
 LIBDCMI = "usr/local/dcmi/libdcmi.so"
@@ -77,7 +77,7 @@ does not list
     pairs: dict[int, int] = {}
     for line in text.splitlines():
         words = line.split()
-        if len(words) != 2 or not all(word.lstrip("-").isdigit() and len(word) <= 6 for word in words):
+        if len(words) != 2 or not all(is_chip_id(word.removeprefix("-")) for word in words):
             raise PairingError(f"the answer has a line that is not CARD BROTHER: {line[:60]!r}")
         card, brother = int(words[0]), int(words[1])
         if card not in cards or card in pairs:

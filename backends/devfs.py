@@ -128,6 +128,9 @@ class DevfsBackend:
         self._training = TrainingProbe(settings)
         self._network = NetworkProbe(settings)
         self._chip_list: tuple[Chip, ...] = ()
+        # What the chips looked like when query() last returned: a change made between two queries (the A3
+        # pairing read in its own task) is one too.
+        self._last_view = self._view()
 
     @property
     def health_interval(self) -> float | None:
@@ -183,15 +186,17 @@ class DevfsBackend:
         """One ``npu-smi info`` for every chip. A failure keeps the last known health; after
         ``health_failure_threshold`` failures in a row npu-smi is down (``Inventory.outage``): every chip is
         Unhealthy with its health unknown, not faulty, until a query succeeds.
-        True when what the chips look like changed."""
-        before = self._view()
+        True when what the chips look like changed since the last query returned."""
         if await self._query():
+            self._chip_set.retry_pairing()
             await self._check_device_listing()
             targets = self._training_targets()
             await self._training.refresh(targets, self._settings.health_interval)
             if self._settings.network_health:
                 await self._network.refresh(self._network_targets(targets), self._settings.health_interval)
-        return self._view() != before
+        view = self._view()
+        changed, self._last_view = view != self._last_view, view
+        return changed
 
     def _view(self) -> tuple[object, ...]:
         return (
@@ -201,6 +206,7 @@ class DevfsBackend:
             self._query_problem,
             self._training.view(),
             self._network.view(),
+            self._chip_set.pairing(),
         )
 
     def _outage(self) -> str:
@@ -414,7 +420,9 @@ class DevfsBackend:
             )
         else:
             self._query_problem = reason
-        NPU_SMI_DOWN.set(1 if self._outage() else 0)
+        # A fact about npu-smi, whatever healthy_without_npu_smi makes of the chips: the one alert for a node
+        # that runs on its device files alone.
+        NPU_SMI_DOWN.set(1)
         if not changed or self._settings.model is None:
             return  # said already, or the problem says it: no chip is listed
         if self._settings.healthy_without_npu_smi:
@@ -644,7 +652,7 @@ class DevfsBackend:
             self._network.take_over(previous._network)
 
     async def close(self) -> None:
-        return None
+        await self._chip_set.close()
 
 
 def _not_executable(given: str) -> str:

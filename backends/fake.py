@@ -54,13 +54,20 @@ from ascend_agent.model import (
     Health,
     Inventory,
     SuperPod,
-    Template,
     UnknownModelError,
     VNpu,
     classify,
+    is_chip_id,
 )
 from ascend_agent.observability import ProblemLog, log_fields
-from ascend_agent.vnpu_layout import Layout, dynamic_entries, is_dynamic, parse_layout, template_cores
+from ascend_agent.vnpu_layout import (
+    TEMPLATES_310P3,
+    Layout,
+    dynamic_entries,
+    is_dynamic,
+    parse_layout,
+    template_cores,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,28 +84,15 @@ _HBM_MB = {
     Generation.ASCEND950: 131072,
 }
 _HBM_MB_BY_MODEL = {"910B4": 32768}
-# DCMI pairs A3 card n with n + 4 (n - 4 from card 4 on) on the boards where cards share network ports.
-A3_PAIR_OFFSET = 4
+# DCMI pairs A3 cards four apart within each board of 8 (0 with 4, 1 with 5, ...; 8 with 12) where cards
+# share network ports: card n's brother is n XOR 4, a pairing that is its own inverse.
+A3_PAIR_BIT = 4
 # --fake-training: addresses from the benchmarking range (RFC 2544), never a real network's.
 _DEVICE_IPS = ipaddress.IPv4Address("198.18.0.0")
 _VNIC_IPS = ipaddress.IPv4Address("198.19.0.0")
 
 
-def _media(vpc: int, venc: int, jpegd: int, pngd: int, vdec: int, jpege: int) -> tuple[tuple[str, int], ...]:
-    return (("vpc", vpc), ("venc", venc), ("jpegd", jpegd), ("pngd", pngd), ("vdec", vdec), ("jpege", jpege))
-
-
-# A 310P3's templates (npu-smi info -t template-info) and totals (info-vnpu; pngd is NA there): what a dynamic
-# fake 310P carves from.
-_310P_TEMPLATES = (
-    Template("vir01", 1, 3, 1, _media(1, 0, 2, 0, 1, 0)),
-    Template("vir02", 2, 6, 2, _media(3, 1, 4, 0, 3, 1)),
-    Template("vir02_1c", 2, 6, 1, _media(3, 1, 4, 0, 3, 1)),
-    Template("vir04", 4, 12, 4, _media(6, 1, 8, 0, 6, 2)),
-    Template("vir04_3c", 4, 12, 3, _media(6, 1, 8, 0, 6, 2)),
-    Template("vir04_3c_ndvpp", 4, 12, 3, _media(0, 0, 0, 0, 0, 0)),
-    Template("vir04_4c_dvpp", 4, 12, 4, _media(12, 3, 16, 0, 12, 4)),
-)
+# A 310P3's totals (info-vnpu; pngd is NA there): what a dynamic fake 310P carves its templates from.
 _310P_TOTALS = (
     ("aicore", 8),
     ("memory", 21),
@@ -141,6 +135,8 @@ def parse_state(text: str, source: str) -> FaultState:
         document = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as exc:
         raise ValueError(f"fake state file {source} is not valid JSON (line {exc.lineno})") from None
+    except RecursionError:
+        raise ValueError(f"fake state file {source} is nested too deep to be a state file") from None
     if not isinstance(document, dict):
         raise ValueError(
             f'fake state file {source} must be an object like {{"unhealthy": [1], "absent": []}}'
@@ -176,7 +172,7 @@ def _faults(value: object, source: str) -> tuple[tuple[int, tuple[str, ...]], ..
         raise ValueError(shape)
     faults = []
     for key, codes in value.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 6):
+        if not is_chip_id(key):
             raise ValueError(f"{shape}; {key!r:.40} is not a physical id")
         if not isinstance(codes, list) or not all(isinstance(code, str) for code in codes):
             raise ValueError(shape)
@@ -289,7 +285,7 @@ class FakeBackend:
             container=container_base(self._settings.mode, _MANAGEMENT_DEVICES),
             vnpus=self._vnpus(chips),
             carvable=tuple(
-                Carvable(chip.phys_id, _310P_TEMPLATES, _310P_TOTALS) for chip in chips if self._dynamic(chip)
+                Carvable(chip.phys_id, TEMPLATES_310P3, _310P_TOTALS) for chip in chips if self._dynamic(chip)
             ),
         )
 
@@ -309,7 +305,7 @@ class FakeBackend:
         """As npu-smi's create-vnpu: refused for a template the chip does not offer, an id taken, or more AI
         cores or AI CPUs than the chip has left."""
         carved = self._carved_on(phys_id)
-        found = next((t for t in _310P_TEMPLATES if t.name == template), None)
+        found = next((t for t in TEMPLATES_310P3 if t.name == template), None)
         if found is None:
             raise CarveFailed(f"chip {phys_id} offers no template {template}")
         if any(vnpu.vnpu_id == vnpu_id for vnpu in carved):
@@ -374,13 +370,13 @@ class FakeBackend:
         return chip
 
     def _paired_card(self, phys_id: int) -> int | None:
-        """An A3 die's paired card as the driver gives it (card n with n + 4 on an 8-card board, as DCMI
-        pairs them); none where that card is not on the fake node. None on other models."""
+        """An A3 die's paired card as the driver gives it (cards four apart within each board of 8, as DCMI
+        pairs them: 0 with 4, 8 with 12); none where that card is not on the fake node. None on other
+        models."""
         if self._dies_per_npu != 2:
             return None
         cards = -(-self._settings.fake_chips // 2)
-        card = phys_id // 2
-        other = card + A3_PAIR_OFFSET if card < A3_PAIR_OFFSET else card - A3_PAIR_OFFSET
+        other = (phys_id // 2) ^ A3_PAIR_BIT
         return other if other < cards else NO_PAIRED_CARD
 
     async def close(self) -> None:

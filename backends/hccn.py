@@ -12,12 +12,12 @@ preset")::
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Sequence
 
 from ascend_agent.backends.npusmi import NpuSmiError
 from ascend_agent.backends.tool import run_tool
+from ascend_agent.model import IpAddress, unzoned_address
 
 # hccn_tool's exit status (UDA_DSMI_IPCONF_NOT_PRESET_ERR & 0xff) and message when a chip has no address.
 NOT_PRESET_STATUS = 13
@@ -37,29 +37,25 @@ def _lines(text: str, label: str) -> list[str]:
     return [match.group(1) for line in text.splitlines() if (match := pattern.match(line))]
 
 
-def _address(value: str, version: int, command: str) -> str:
-    """The address ``value`` gives, without an IPv6 zone (``%eth0``): a zone names an interface of this host,
-    of no use to a peer, a rank table or a DRA claim (and a long one makes a DRA attribute the API server
-    refuses, with the node's whole ResourceSlice).
+def _address(value: str, version: int, command: str) -> IpAddress:
+    """The IPv``version`` address ``value`` gives, without an IPv6 zone (``model.unzoned_address``).
 
-    >>> _address("2001:db8::5%eth0", 6, "-ip -inet6 -g")
+    >>> str(_address("2001:db8::5%eth0", 6, "-ip -inet6 -g"))
     '2001:db8::5'
     """
     try:
-        address = ipaddress.ip_address(value)
+        address = unzoned_address(value)
     except ValueError:
         raise HccnParseError(f"{command}: {value[:40]!r} is not an IP address") from None
     if address.version != version:
         raise HccnParseError(f"{command}: {value[:40]!r} is not an IPv{version} address")
-    if isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None:
-        address = ipaddress.IPv6Address(int(address))
-    return str(address)
+    return address
 
 
 def _first_usable(values: Sequence[str], version: int, command: str) -> str | None:
     """The first address that can carry traffic: ``0.0.0.0``, ``::`` and link-local ones are none."""
     for value in values:
-        address = ipaddress.ip_address(_address(value, version, command))
+        address = _address(value, version, command)
         if not (address.is_unspecified or address.is_link_local):
             return str(address)
     return None

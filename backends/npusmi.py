@@ -20,13 +20,10 @@ from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
 from ascend_agent.backends.npusmi_processes import Processes, parse_processes
-from ascend_agent.model import Fault, SuperPod, normalise_model
+from ascend_agent.model import A3_SOCS, Fault, SuperPod, normalise_model
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-# The A3 SoCs `npu-smi info -t board` names in its `NPU Name` line.
-A3_SOCS = frozenset({"9391", "9392", "9381", "9382", "9372", "9361"})
 
 
 class NpuSmiParseError(ValueError):

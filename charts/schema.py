@@ -27,8 +27,8 @@ WIDTH = 110
 
 
 def config_schema() -> dict[str, Any]:
-    """The schema of the chart's ``config`` value."""
-    sys.path.insert(0, str(ROOT))
+    """The schema of the chart's ``config`` value (the agent's package importable: installed, or the tree's
+    root on ``sys.path``, which :func:`main` puts there)."""
     from ascend_agent.config import file_schema
 
     schema = file_schema()
@@ -63,6 +63,7 @@ def generated() -> dict[str, Any]:
 
 
 def main() -> int:
+    sys.path.insert(0, str(ROOT))
     SCHEMA.write_text(dumps(generated()) + "\n", encoding="utf-8")
     print(f"wrote {SCHEMA.relative_to(ROOT)}")
     return 0

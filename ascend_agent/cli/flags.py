@@ -314,7 +314,8 @@ FakeState = Annotated[
         "--fake-state",
         env="FAKE_STATE",
         group=BACKEND,
-        help='Fake backend: {"unhealthy": [..], "absent": [..]}, watched.',
+        help='Fake backend: a JSON file, watched: {"unhealthy": [ids], "absent": [ids], "faults": {"5": '
+        '["80E18402"]}, "vnpus": {"0": ["vir02"]}} (physical ids; fault codes as npu-smi prints them).',
         unset="none (every chip healthy)",
     ),
 ]

@@ -184,9 +184,12 @@ class KubeApi:
         if client is not None:
             client.close()
 
-    async def stream(self, resource: str, watch: AsyncIterable[T]) -> AsyncIterator[T]:
+    async def stream(
+        self, resource: str, watch: AsyncIterable[T], answers: frozenset[int] = frozenset({410})
+    ) -> AsyncIterator[T]:
         """The items of a watch (``api.client.watch(...)``) on ``resource``, its failures recorded and raised
-        as by :meth:`call` under the channel ``watch <resource>``; no time bound, a watch lasts::
+        as by :meth:`call` under the channel ``watch <resource>``; no time bound, a watch lasts. An error
+        status in ``answers`` is the caller's (410: the resourceVersion is too old, list again)::
 
             async for kind, pod in api.stream("pods", api.client.watch(Pod, namespace="*")):
                 ...
@@ -197,7 +200,7 @@ class KubeApi:
                 self.health.record_success(channel)
                 yield item
         except Exception as exc:
-            failed = self._failed(channel, "watch", resource, exc, frozenset({410}))
+            failed = self._failed(channel, "watch", resource, exc, answers)
             if failed is exc:
                 raise
             raise failed from None
@@ -215,10 +218,14 @@ class KubeApi:
                 self.health.record_success(channel)
                 return exc
             failure = _refusal(code, exc.status.reason, verb, resource, self.node)
-        elif isinstance(exc, httpx2.HTTPStatusError):  # not the API server's JSON (a proxy in between, say)
-            failure = _refusal(
-                exc.response.status_code, exc.response.reason_phrase, verb, resource, self.node
-            )
+        elif isinstance(exc, httpx2.HTTPStatusError):
+            # Not the API server's JSON (a proxy in between, say), or any refused watch: lightkube raises the
+            # HTTP client's own error for a watch's status.
+            code = exc.response.status_code
+            if verb == "watch" and code in answers:
+                self.health.record_success(channel)
+                return exc
+            failure = _refusal(code, exc.response.reason_phrase, verb, resource, self.node)
         elif isinstance(exc, TimeoutError | httpx2.TimeoutException):
             failure = Failure(0, f"no answer within {self.timeout:g} s")
         elif isinstance(exc, httpx2.TransportError):

@@ -232,8 +232,10 @@ class NodeEvents:
                 )
                 record.written_count = record.count
             record.next_write = time.monotonic() + self._min_interval
-            if record.pod is not None:  # said once: the pod is never skipped again
-                self._records.pop((record.subject, record.reason), None)
+            key = (record.subject, record.reason)
+            # Said once: forgotten, unless note_pod put a new record under its key during the write.
+            if record.pod is not None and self._records.get(key) is record:
+                del self._records[key]
         return wait
 
     async def _write(self, api: KubeApi, record: _Record) -> None:

@@ -2,14 +2,14 @@
 there. Volcano's choice mounts chip 3 for a pod the kubelet charged with ``Ascend910-0``; a fault on chip 3
 must turn ``Ascend910-0`` Unhealthy, the ID the kubelet knows the pod by.
 
-What each Allocate handed over for the kubelet's IDs comes first (``handed``: the agent's
+What each Allocate handed over for the kubelet's IDs comes first (``handed_pairs``: the agent's
 :class:`~ascend_agent.kubelet.handed_out.HandedOut`, whose entries go when PodResources shows their IDs
 freed); then what the cluster side says each pod got (:meth:`MountedChips.update`, from the pods'
 ``huawei.com/kltDev`` and ``huawei.com/AscendReal``: an earlier agent's Allocates, or this one's). The
 reconciler asks :meth:`MountedChips.listed` for what each ID shows, from memory::
 
     mounted = MountedChips(on_change=agent.wake)
-    mounted.handed = holdings.handed_out.pairs
+    mounted.handed_pairs = holdings.handed_out.pairs
     mounted.update([Mounted("team-a", "train-0", T, ("Ascend910-0",), ("Ascend910-3",))])
     mounted.listed(T, devices, holders, answering=True)   # {"Ascend910-0": <chip 0, health of chip 3>, ...}
 
@@ -75,7 +75,7 @@ class MountedChips:
         # Asks the kubelet's PodResources again, now (before a choice is skipped on its word).
         self.refresh_kubelet_holders: Callable[[], Awaitable[object]] = _asked
         # (the kubelet's ID, the device an Allocate handed over for it) of a resource, newest first.
-        self.handed: Callable[[str], Iterable[tuple[str, str]]] = lambda resource: ()
+        self.handed_pairs: Callable[[str], Iterable[tuple[str, str]]] = lambda resource: ()
         self._mounted: tuple[Mounted, ...] = ()
         self._listed_before: set[Mounted] = set()
 
@@ -93,7 +93,7 @@ class MountedChips:
         of the chip it shows; None when every ID shows its own chip. ``holders`` is the kubelet's
         PodResources view, ``answering`` whether it answered last time (if not, no pod counts as gone)."""
         live = [pod for pod in self._live(holders, answering) if pod.resource == resource]
-        pairs = [*self.handed(resource)]
+        pairs = [*self.handed_pairs(resource)]
         pairs.extend(
             pair
             for pod in live

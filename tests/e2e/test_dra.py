@@ -279,15 +279,17 @@ async def test_a_kubelet_that_starts_again_gets_the_slices_back_when_it_register
     """A starting kubelet deletes every slice of its node, then registers the driver again: its registration
     alone (no watch of the slices delivers here) has them written again, long before the 300 s refresh."""
     apiserver.fail("hang", verb="watch", resource="resourceslices")
-    host.start()
-    kubelet = DraKubelet(host.registry)
-    await kubelet.register(DRIVER)
-    (first,) = apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
-    apiserver.delete("resourceslices", first["metadata"]["name"])
-    await kubelet.register(DRIVER)  # the kubelet started again
-    (again,) = apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1, timeout=10.0)
+    try:
+        host.start()
+        kubelet = DraKubelet(host.registry)
+        await kubelet.register(DRIVER)
+        (first,) = apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1)
+        apiserver.delete("resourceslices", first["metadata"]["name"])
+        await kubelet.register(DRIVER)  # the kubelet started again
+        (again,) = apiserver.wait_for(lambda: _slices(apiserver), lambda found: len(found) == 1, timeout=10.0)
+    finally:
+        apiserver.behave()
     assert again["spec"]["devices"] == first["spec"]["devices"]
-    apiserver.behave()
 
 
 async def test_dra_cleanup_removes_the_slices_on_exit(host: _Host, apiserver: ApiServer) -> None:

@@ -310,6 +310,19 @@ class ApiServer:
             self._generation += 1
             self._changed.notify_all()
 
+    def send_event(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
+        """A watch event of ``kind`` (ADDED, MODIFIED, DELETED) carrying ``obj``, with nothing stored: what a
+        broken API server might send (an object without a name, say)."""
+        group, version, plural, _ = _KNOWN[resource]
+
+        async def send() -> None:
+            assert self._emulator is not None
+            await self._emulator._buses[kmock.resource(group, version, plural)].put(
+                {"type": kind, "object": obj}
+            )
+
+        self._call(send())
+
     def delete(self, resource: str, name: str, namespace: str | None = None) -> None:
         """Delete an object through the REST API, as a client does (watches see it DELETED)."""
         group, version, plural, _ = _KNOWN[resource]

@@ -35,8 +35,10 @@ def build_libdcmi(host_root: Path) -> Path:
     return library
 
 
-def dcmi_env(pairs: Mapping[int, int] | None = None, fail: int | None = None) -> dict[str, str]:
+def dcmi_env(
+    pairs: Mapping[int, int] | None = None, fail: int | None = None, wait: Path | None = None
+) -> dict[str, str]:
     """The environment an agent passes on to its pairing child: ``pairs`` (card -> brother), or every
-    call failing with ``fail``."""
+    call failing with ``fail``; with ``wait`` (a FIFO) the child hangs until it is written and closed."""
     spec = f"ret:{fail}" if fail is not None else ",".join(f"{a}:{b}" for a, b in (pairs or {}).items())
-    return {**os.environ, "FAKE_DCMI_BROTHERS": spec}
+    return {**os.environ, "FAKE_DCMI_BROTHERS": spec, **({"FAKE_DCMI_WAIT": str(wait)} if wait else {})}

@@ -260,3 +260,27 @@ def test_events_on_pods_waiting_for_the_api_server_are_bounded() -> None:
         )
     assert len(events._records) == 256
     assert ("pod team-b/thief-999", "NPUChoiceSkipped") in events._records
+
+
+async def test_an_event_on_a_pod_noted_while_the_last_is_written_is_written_too(apiserver: ApiServer) -> None:
+    """A pod made again under the same name (a new UID) is skipped while the Event on the old one is being
+    written: the record of the new one was dropped with the old one's once its write returned."""
+    async with _running(apiserver) as events:
+        apiserver.fail("hang", verb="create", resource="events")
+        events.note_pod(
+            "Warning", "NPUChoiceSkipped", "team-b", "job-0", "uid-1", "Skipped: names Ascend910-3"
+        )
+        await _wait(
+            apiserver,
+            lambda: [s for s in apiserver.seen() if s.verb == "create" and s.resource == "events"],
+            bool,
+        )
+        events.note_pod(
+            "Warning", "NPUChoiceSkipped", "team-b", "job-0", "uid-2", "Skipped: names Ascend910-5"
+        )
+        apiserver.behave()
+        written = await _wait(apiserver, lambda: apiserver.list("events", "team-b"), lambda f: len(f) == 2)
+    assert sorted((e["involvedObject"]["uid"], e["message"]) for e in written) == [
+        ("uid-1", "Skipped: names Ascend910-3"),
+        ("uid-2", "Skipped: names Ascend910-5"),
+    ]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ascend_agent.config import ConfigError, Origin, Settings, SettingsSource, camel_case, read_config_file
+from ascend_agent.model import CHIP_NAMES, chip_name, classify
 
 
 def test_camel_case_keys() -> None:
@@ -214,6 +215,16 @@ def test_every_real_chip_name_is_taken(short_dir: Path, name: str | int) -> None
     path = short_dir / "c.yaml"
     path.write_text(f"model: {name}\n")
     assert SettingsSource({}, path).load().model == str(name)
+
+
+def test_every_chip_name_a_model_may_say_is_of_its_own_family() -> None:
+    """``model:`` takes the names of CHIP_NAMES and the agent then treats the chip as its generation: each
+    name, with ``Ascend`` before it or not, must classify as the family it is listed under."""
+    for family, names in CHIP_NAMES.items():
+        for name in names:
+            for spelt in (name, f"Ascend{name}", f"Ascend {name}"):
+                assert chip_name(spelt) == spelt
+                assert classify(spelt) is family, f"{spelt} is listed under {family.value}"
 
 
 def test_a_refused_name_is_cut_in_the_message(short_dir: Path) -> None:

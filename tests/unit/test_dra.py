@@ -4,6 +4,7 @@ Kubernetes 1.36, the checkpoint of prepared claims, the gRPC method paths the ku
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import stat
@@ -313,10 +314,11 @@ async def test_a_slice_deleted_by_hand_is_published_again_at_the_refresh(apiserv
 
 
 async def test_a_slice_deleted_or_edited_by_someone_else_is_written_again_at_once(
-    apiserver: ApiServer,
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The kubelet deletes every slice of its node when it starts; an operator may edit one. Either is put
     back from the watch, long before the 300 s refresh, and the publisher's own writes start no more."""
+    caplog.set_level(logging.INFO, logger="ascend_agent.cluster")
     api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
     publisher = SlicePublisher("npu.huawei.com", "NoSchedule")
     publisher.observe(Inventory((Chip.make(0, "910B4"), Chip.make(1, "910B4"))))
@@ -345,10 +347,87 @@ async def test_a_slice_deleted_or_edited_by_someone_else_is_written_again_at_onc
         edited = {**again, "spec": {**again["spec"], "devices": again["spec"]["devices"][:1]}}
         apiserver.put("resourceslices", edited)
         (restored,) = await until(lambda found: found and len(found[0]["spec"]["devices"]) == 2)
+        # One more edit: its event comes after those of every write before it, so once it is undone, a write
+        # of the publisher's own taken for someone else's would have been said (and written again) already.
+        apiserver.put("resourceslices", {**restored, "spec": {**restored["spec"], "devices": []}})
+        (last,) = await until(lambda found: found and len(found[0]["spec"]["devices"]) == 2)
         tasks.cancel_scope.cancel()
-    assert restored["spec"]["devices"] == first["spec"]["devices"]
+    assert restored["spec"]["devices"] == first["spec"]["devices"] == last["spec"]["devices"]
     assert apiserver.get("resourceslices", "node-2-npu.huawei.com-0") == other_node
+    undone = [r.getMessage() for r in caplog.records if "by someone else" in r.getMessage()]
+    assert [line.split()[2] for line in undone] == ["deleted", "changed", "changed"], undone
+    writes = [
+        s.verb for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"
+    ]
+    assert writes == ["create", "create", "patch", "patch"], "one write per change, none for its own echo"
     await api.close()
+
+
+async def test_a_watch_the_agent_may_not_make_is_said_once_and_the_checks_take_over(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ClusterRole without watch on resourceslices (one from before the watch): the 403 was retried as an
+    outage for ever, the API state down. It is one line naming the verb, the watch asked again at each check,
+    and a deleted slice is put back by the check."""
+    caplog.set_level(logging.INFO, logger="ascend_agent.cluster")
+    apiserver.fail(403, verb="watch", resource="resourceslices")
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    publisher = SlicePublisher("npu.huawei.com", "NoSchedule", refresh=0.2)
+    publisher.observe(Inventory((Chip.make(0, "910B4"),)))
+
+    def watches() -> int:
+        return sum(s.verb == "watch" and s.resource == "resourceslices" for s in apiserver.seen())
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(publisher.run, api)
+            (first,) = await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), bool)
+            )
+            await anyio.to_thread.run_sync(lambda: apiserver.wait_for(watches, lambda n: n >= 3))
+            await api.client.delete(ResourceSlice, first["metadata"]["name"])
+            (again,) = await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), bool)
+            )
+            tasks.cancel_scope.cancel()
+    finally:
+        apiserver.behave()
+        await api.close()
+    assert again["spec"]["devices"] == first["spec"]["devices"]
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and said[0].startswith("The agent may not watch resourceslices (403 Forbidden: "), (
+        said
+    )
+    assert "lacks the verb watch" in said[0]
+    assert api.health.state().up, api.health.state().detail
+
+
+async def test_a_watch_event_without_a_name_is_passed_over(apiserver: ApiServer) -> None:
+    """A KeyError on the event's metadata.name ended the slices' task: nothing was written again after."""
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    publisher = SlicePublisher("npu.huawei.com", "NoSchedule")
+    publisher.observe(Inventory((Chip.make(0, "910B4"),)))
+
+    def watching() -> bool:
+        return any(s.verb == "watch" and s.resource == "resourceslices" for s in apiserver.seen())
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(publisher.run, api)
+            (first,) = await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), bool)
+            )
+            await anyio.to_thread.run_sync(lambda: apiserver.wait_for(watching, bool))
+            nameless = {**first, "metadata": {"resourceVersion": "999999"}}
+            apiserver.send_event("resourceslices", "MODIFIED", nameless)
+            await api.client.delete(ResourceSlice, first["metadata"]["name"])
+            (again,) = await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), bool, timeout=10.0)
+            )
+            tasks.cancel_scope.cancel()
+    finally:
+        await api.close()
+    assert again["spec"]["devices"] == first["spec"]["devices"]
 
 
 async def test_the_slices_are_written_again_when_the_kubelet_registers_the_driver_anew(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ascend_agent.backends import VnpuCarver
+from ascend_agent.backends.dcmi_pairs import parse_pairs
 from ascend_agent.backends.fake import FakeBackend
 from ascend_agent.backends.npusmi_vnpu import parse_info_vnpu, parse_template_info
 from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper
@@ -133,3 +134,39 @@ async def test_the_layout_s_dynamic_chips_are_not_said_to_be_ignored(
         await keeper.apply(FakeBackend(mixed), mixed)
     (said,) = caplog.records
     assert "the vnpu: layout but for its dynamic chips is ignored" in said.getMessage()
+
+
+async def test_the_fake_a3_pairing_is_one_the_driver_could_give() -> None:
+    """Past 8 cards the pairing went one way: card 8 with 4 while card 4 was with 0, which the agent refuses
+    from a real driver (parse_pairs)."""
+    for chips in range(2, 41, 2):
+        backend = FakeBackend(Settings(backend="fake", fake_chips=chips, fake_model="910_9392"))
+        chips_found = (await backend.discover()).chips
+        pairs = {chip.npu_id: chip.paired_card for chip in chips_found}
+        assert all(chip.paired_card == pairs[chip.npu_id] for chip in chips_found), "a card's dies agree"
+        cards = sorted(pairs)
+        answer = "".join(f"{card} {pairs[card]}\n" for card in cards)
+        assert parse_pairs(answer, cards) == pairs, f"{chips} dies"
+        if chips >= 10:
+            assert pairs[0] == 4 and pairs[4] == 0
+
+
+async def test_a_state_file_nested_too_deep_is_one_line(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JSON nested 100,000 deep raised RecursionError, which only ValueError was caught for: a traceback."""
+    deep = "[" * 100_000 + "]" * 100_000
+    state = short_dir / "state.json"
+    state.write_text(deep)
+    with pytest.raises(ConfigError) as caught:
+        await _backend(state).start()
+    assert str(caught.value) == f"fake state file {state} is nested too deep to be a state file"
+    state.write_text('{"unhealthy": [1]}')
+    backend = _backend(state)
+    await backend.start()
+    state.write_text('{"faults": ' + deep + "}")
+    with caplog.at_level(logging.WARNING):
+        assert _unhealthy(await backend.discover()) == [1]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"fake state file {state} is nested too deep to be a state file; keeping the previous state"
+    ]

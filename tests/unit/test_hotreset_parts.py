@@ -4,6 +4,8 @@ npu-smi (its prompts answered, failing, hanging, unsupported), the budget and th
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from pathlib import Path
 
@@ -12,11 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ascend_agent.backends import chipset
 from ascend_agent.backends.dcmi_pairs import PairingError, parse_pairs, read_paired_cards
+from ascend_agent.backends.devfs import DevfsBackend
 from ascend_agent.backends.npusmi import parse_info
 from ascend_agent.backends.npusmi_processes import parse_processes
 from ascend_agent.backends.npusmi_reset import reset_chip, reset_result
-from ascend_agent.config import ConfigError, SettingsSource
+from ascend_agent.config import ConfigError, Settings, SettingsSource
 from ascend_agent.faultclass import FaultClass
 from ascend_agent.health.hotreset.budget import ResetBudget
 from ascend_agent.health.hotreset.groups import paired_known, reset_groups
@@ -25,7 +29,9 @@ from ascend_agent.health.hotreset.resetinfo import ResetDevice, reset_info
 from ascend_agent.model import Chip
 from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.fake_libdcmi import build_libdcmi
+from tests.support.host_tree import HostTree
 from tests.support.npusmi_fake import FakeNpuSmi
+from tests.support.processes import owner_of_this_test, running
 from tests.support.training_fixtures import TRAINING
 
 
@@ -85,6 +91,8 @@ def test_the_pairs_the_driver_gives_are_checked() -> None:
         ("0 4\n", [0, 4], "leaves out card 4"),
         ("0 4\n0 4\n4 0\n", [0, 4], "card 0 twice"),
         ("ipmi failed\n", [0], "not CARD BROTHER"),
+        ("0 --4\n", [0], "not CARD BROTHER"),  # int() refused it: a ValueError, not a PairingError
+        ("\u0660 -1\n", [0], "not CARD BROTHER"),  # another script's digit
     ):
         with pytest.raises(PairingError, match=why):
             parse_pairs(answer, cards)
@@ -323,3 +331,88 @@ def test_the_pairs_are_read_from_the_drivers_library_in_a_child(
     (host / "usr/local/dcmi/libdcmi.so").write_text("")
     with pytest.raises(PairingError, match=r"cannot load .*libdcmi\.so"):
         anyio.run(read_paired_cards, host, [0, 4], 30.0)
+
+
+class _Said(logging.Handler):
+    """Sets ``said`` when a log line contains ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.said = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.said.set()
+
+
+async def test_a_pairing_asked_again_never_holds_up_a_health_query(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retry of a pairing the driver could not give ran inside the health query: while libdcmi hung,
+    every minute a query waited up to the npu-smi timeout for it (and counted it as npu-smi's time). It runs
+    in a task of its own now; the query after it ends reports the pairs."""
+    host = HostTree(short_dir / "host").add_driver().add_management().add_chips(range(16))
+    build_libdcmi(host.root)
+    npu_smi = FakeNpuSmi(short_dir / "npu-smi")
+    npu_smi.set_output("info", (FIXTURES / "Ascend910-A3x16-24.1.rc3.7-info.txt").read_text())
+    settings = Settings(
+        host_root=host.root, npu_smi=str(npu_smi.path), hot_reset="dry-run", npu_smi_timeout=300
+    )
+    monkeypatch.setattr(chipset, "PAIRING_RETRY", 0.0)
+    monkeypatch.setenv("FAKE_DCMI_INIT", "-8005")
+    backend = DevfsBackend(settings)
+    try:
+        assert await backend.query()
+        assert {chip.paired_card for chip in (await backend.discover()).chips} == {None}, "not read"
+        fifo = short_dir / "dcmi-wait"
+        os.mkfifo(fifo)
+        monkeypatch.delenv("FAKE_DCMI_INIT")
+        monkeypatch.setenv("FAKE_DCMI_WAIT", str(fifo))
+        monkeypatch.setenv("FAKE_DCMI_BROTHERS", ",".join(f"{card}:{card ^ 4}" for card in range(8)))
+        caplog.set_level(logging.INFO, logger="ascend_agent.backends.devfs")
+        read = _Said("A3 cards the driver resets together: 0 with 4, 1 with 5")
+        logging.getLogger("ascend_agent.backends.devfs").addHandler(read)
+        try:
+            with anyio.fail_after(60):  # the driver hangs for 300 s: a query that waits for it fails here
+                assert not await backend.query()
+            await anyio.to_thread.run_sync(fifo.write_bytes, b"")  # the driver answers
+            with anyio.fail_after(60):
+                await read.said.wait()
+        finally:
+            logging.getLogger("ascend_agent.backends.devfs").removeHandler(read)
+        assert await backend.query(), "the pairs read between two queries are a change"
+        paired = {chip.npu_id: chip.paired_card for chip in (await backend.discover()).chips}
+        assert paired == {card: card ^ 4 for card in range(8)}
+    finally:
+        await backend.close()
+
+
+async def test_a_pairing_asked_again_is_stopped_with_the_backend(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry's task ends with the backend (a reload, the agent stopping): its hanging child is killed."""
+    host = HostTree(short_dir / "host").add_driver().add_management().add_chips(range(16))
+    build_libdcmi(host.root)
+    npu_smi = FakeNpuSmi(short_dir / "npu-smi")
+    npu_smi.set_output("info", (FIXTURES / "Ascend910-A3x16-24.1.rc3.7-info.txt").read_text())
+    settings = Settings(
+        host_root=host.root, npu_smi=str(npu_smi.path), hot_reset="dry-run", npu_smi_timeout=300
+    )
+    monkeypatch.setattr(chipset, "PAIRING_RETRY", 0.0)
+    monkeypatch.setenv("FAKE_DCMI_INIT", "-8005")
+    backend = DevfsBackend(settings)
+    await backend.query()
+    fifo = short_dir / "dcmi-wait"
+    os.mkfifo(fifo)
+    monkeypatch.setenv("FAKE_DCMI_WAIT", str(fifo))
+    try:
+        with anyio.fail_after(60):
+            await backend.query()
+            # Opening the FIFO to write returns once the child has it open to read: it hangs in dcmi_init.
+            writer = await anyio.to_thread.run_sync(os.open, fifo, os.O_WRONLY, abandon_on_cancel=True)
+            await backend.close()
+        os.close(writer)
+        assert not [p for p in running(owner_of_this_test()) if "dcmi_pairs" in p.command]
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # a writer still waiting for a child goes on

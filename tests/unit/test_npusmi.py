@@ -28,7 +28,7 @@ from ascend_agent.backends.npusmi import (
     physical_ids,
 )
 from ascend_agent.backends.tool import diagnose, query_info, run_npu_smi
-from ascend_agent.model import Fault
+from ascend_agent.model import A3_SOCS, Fault, chip_name
 from tests.support import CONSTRUCTED, FIXTURES
 from tests.support.npusmi_fake import FakeNpuSmi
 
@@ -151,6 +151,12 @@ def test_a3_named_910c1_and_the_board_soc() -> None:
     assert board_model(board) == "910_9392"
     assert board_model({"NPU Name": "9999", "Chip Name": "Ascend910"}) is None
     assert board_model({"NPU Name": "9392", "Chip Name": "910B3"}) is None
+
+
+def test_every_a3_soc_a_model_may_name_is_one_the_board_names() -> None:
+    """One list of A3 SoCs: a 9362 board was a plain 910_93 while model: 910_9362 was accepted."""
+    for soc in A3_SOCS:
+        assert board_model({"NPU Name": soc, "Chip Name": "Ascend910"}) == chip_name(f"910_{soc}")
 
 
 def test_a_phy_id_header_with_910b3_names_is_not_a3() -> None:

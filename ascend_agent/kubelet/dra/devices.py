@@ -15,7 +15,6 @@ the node's pool. Pure functions of the inventory; no I/O.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +25,7 @@ from ascend_agent.allocation import Layout, Topology, topology_for
 from ascend_agent.container import device_order
 from ascend_agent.faultclass import FaultClass
 from ascend_agent.kubelet.dra.partitions import MAX_COUNTER_SETS, ChipOffer, chip_offer, template_device_name
-from ascend_agent.model import Chip, Inventory, VNpu
+from ascend_agent.model import Chip, Inventory, VNpu, unzoned_address
 
 # resource.k8s.io/v1: at most 128 devices per slice, 64 when any device has taints.
 MAX_DEVICES = 128
@@ -269,20 +268,17 @@ def training_attributes(chip: Chip) -> dict[str, dict[str, Any]]:
 
 
 def _address(text: str) -> str | None:
-    """``text`` as an address attribute holds it: the IP address alone, without an IPv6 zone (``%eth0`` names
-    an interface of this host, of no use to a claim; a long one would make the string longer than the 64
-    bytes the API server takes, and it would refuse the whole slice); None for what is no IP address.
+    """``text`` as an address attribute holds it: the IP address alone, without an IPv6 zone, whichever
+    backend gave it (``devfs`` strips the zone already; a zone longer than the 64 bytes the API server takes
+    would make it refuse the whole slice); None for what is no IP address.
 
     >>> _address("2001:db8::5%eth0"), _address("10.0.0.1"), _address("10.0.0")
     ('2001:db8::5', '10.0.0.1', None)
     """
     try:
-        address = ipaddress.ip_address(text)
+        return str(unzoned_address(text))
     except ValueError:
         return None
-    if isinstance(address, ipaddress.IPv6Address):
-        address = ipaddress.IPv6Address(int(address))
-    return str(address)
 
 
 def _vnpu_device(part: Chip, taints: DeviceTaints) -> dict[str, Any]:

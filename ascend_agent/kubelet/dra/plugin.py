@@ -9,7 +9,7 @@ With the pod's UID (``$POD_UID``, the downward API) the sockets are the pod's ow
 the two share the checkpoint, one call at a time (``serialize.CallLock``). Each registration the kubelet
 confirms writes the node's ResourceSlices again: a kubelet that starts deletes them all first::
 
-    plugin = DraPlugin(DraPaths.of(settings), service, slices_again=side.kubelet_registered)
+    plugin = DraPlugin(DraPaths.of(settings), service, on_kubelet_registered=side.kubelet_registered)
     task_group.start_soon(plugin.run)
     plugin.poke()                          # a socket directory changed
     ready, why = plugin.status()
@@ -48,13 +48,13 @@ class DraPlugin:
     """Keeps the DRA plugin's two sockets served until cancelled; then removes them."""
 
     def __init__(
-        self, paths: DraPaths, service: DraService, slices_again: Callable[[], None] = lambda: None
+        self, paths: DraPaths, service: DraService, on_kubelet_registered: Callable[[], None] = lambda: None
     ) -> None:
-        """``slices_again``: called at each registration the kubelet confirms; it writes the node's
+        """``on_kubelet_registered``: called at each registration the kubelet confirms; it writes the node's
         ResourceSlices again (a kubelet that starts deletes them all, then registers the driver)."""
         self.paths = paths
         self.service = service
-        self._slices_again = slices_again
+        self._on_kubelet_registered = on_kubelet_registered
         self._servers: list[tuple[BoundedServer, Path, SocketIdentity]] = []
         self._poked = anyio.Event()
         self._registered = False
@@ -166,7 +166,7 @@ class DraPlugin:
             self._problem = ""
             self._serving_problem.clear()
             REGISTRATIONS.labels(resource=driver).inc()
-            self._slices_again()
+            self._on_kubelet_registered()
             self.on_registered()
             log.info("Registered DRA driver %s", driver, extra=log_fields(resource=driver))
         else:

@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 import httpx2
 from lightkube.core.client import FieldSelector
-from lightkube.core.exceptions import ApiError
+from lightkube.core.exceptions import ApiError, NotReadyError
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
@@ -54,9 +54,13 @@ REFRESH = 300.0
 # How long after a change by someone else (or the kubelet's registration) the slices are written again: the
 # kubelet deletes a node's slices one by one, and their events arrive together; one write puts all back.
 SETTLE = 0.5
-MOST_SPACING = 30.0
+# Changes by someone else that keep coming (another writer that wants the slices otherwise) are undone at
+# doubling intervals from SETTLE up to this; a quiet spell this long starts again from SETTLE.
+MAX_REWRITE_SPACING = 30.0
 # How long one watch of the slices lasts before they are listed and watched again.
 WATCH_SECONDS = 300
+# A watch's refusals the feature handles itself: 403 (its ClusterRole has no watch), 410 (list again).
+_WATCH_ANSWERS = frozenset({403, 410})
 # The resourceVersions of this process's own writes kept, to tell their watch events from others' changes.
 _OWN_VERSIONS = 64
 
@@ -71,6 +75,12 @@ def _published(found: dict[str, Any]) -> dict[str, Any]:
     """What a published slice holds past driver, node and pool: its devices or its counter sets."""
     spec = found.get("spec") or {}
     return {key: spec[key] for key in ("devices", "sharedCounters") if key in spec}
+
+
+def _name(found: dict[str, Any]) -> str | None:
+    """A slice's name; None for an object without one (a broken API server's)."""
+    name = (found.get("metadata") or {}).get("name")
+    return name if isinstance(name, str) else None
 
 
 def slice_name(node: str, driver: str, index: int) -> str:
@@ -154,12 +164,13 @@ class SlicePublisher:
         """A change by someone else, or the kubelet's registration: after :data:`SETTLE` (the rest of a burst
         of events arrives meanwhile), the slices are compared with what they should be and written again.
         Changes that keep coming (another writer that wants the slices otherwise: two versions of the driver
-        side by side in a rolling update) are undone at doubling intervals, up to :data:`MOST_SPACING`."""
-        spacing = Backoff(SETTLE, MOST_SPACING, jitter=False)
+        side by side in a rolling update) are undone at doubling intervals, up to
+        :data:`MAX_REWRITE_SPACING`."""
+        spacing = Backoff(SETTLE, MAX_REWRITE_SPACING, jitter=False)
         last = -math.inf
         while True:
             await self._nudged.wait()
-            if anyio.current_time() - last > MOST_SPACING:
+            if anyio.current_time() - last > MAX_REWRITE_SPACING:
                 spacing.reset()
             await anyio.sleep(spacing.next())
             self._nudged = anyio.Event()
@@ -168,8 +179,11 @@ class SlicePublisher:
 
     async def _follow(self, api: KubeApi) -> None:
         """Watch the driver's slices on this node: each round lists them (anything not as published nudges a
-        write), then watches from that list until the watch ends."""
+        write), then watches from that list until the watch ends. A watch the agent may not make (a
+        ClusterRole from before the watch) is said once and asked again at each refresh: until then the
+        refresh and the kubelet's registrations put the slices back."""
         backoff = api_backoff()
+        refused = False
         while True:
             try:
                 existing, version = await self._listed(api)
@@ -183,23 +197,37 @@ class SlicePublisher:
                     resource_version=version,
                     server_timeout=WATCH_SECONDS,
                 )
-                async for kind, found in api.stream("resourceslices", watch):
+                async for kind, found in api.stream("resourceslices", watch, answers=_WATCH_ANSWERS):
                     backoff.reset()
+                    refused = False
                     item = dict(found)
-                    if not self._ours(api, item):
-                        continue  # an API server that ignores the field selector
-                    if self._changed_by_others(kind, item["metadata"]["name"], item):
+                    name = _name(item)
+                    if name is None or not self._ours(api, item):
+                        continue  # an API server that ignores the field selector, or sends no object
+                    if self._changed_by_others(kind, name, item):
                         log.info(
                             "ResourceSlice %s %s by someone else; writing the pool again",
-                            item["metadata"]["name"],
+                            name,
                             "deleted" if kind == "DELETED" else "changed",
                         )
                         self._nudge()
             except ApiUnavailable:
                 await anyio.sleep(backoff.next())
             except (ApiError, httpx2.HTTPError) as exc:
-                log.debug("ResourceSlice watch ended: %s", exc)
-                await anyio.sleep(backoff.next())
+                if not (isinstance(exc, httpx2.HTTPStatusError) and exc.response.status_code == 403):
+                    log.debug("ResourceSlice watch ended: %s", exc)
+                    await anyio.sleep(backoff.next())
+                    continue
+                if not refused:
+                    log.warning(
+                        "The agent may not watch resourceslices (403 Forbidden: its ClusterRole lacks the "
+                        "verb watch; the chart's has it): a slice deleted or changed by someone else is put "
+                        "back when the kubelet registers the driver or at the next check (every %g s), not "
+                        "within seconds",
+                        self._refresh,
+                    )
+                refused = True
+                await anyio.sleep(self._refresh)
 
     def _changed_by_others(self, kind: str, name: str, item: dict[str, Any]) -> bool:
         """Whether a watch event (or a listed slice, as ``ADDED``) is a change the pool must undo: a slice
@@ -226,13 +254,14 @@ class SlicePublisher:
             items = [item async for item in listing]
             try:
                 version: str | None = listing.resourceVersion
-            except Exception:  # an answer without one: the watch starts from now
+            except NotReadyError:  # an answer without one: the watch starts from now
                 version = None
             return items, version
 
         found, version = await api.call("list", "resourceslices", listed())
+        slices = (dict(item) for item in found)
         return {
-            item["metadata"]["name"]: dict(item) for item in found if self._ours(api, dict(item))
+            name: item for item in slices if (name := _name(item)) is not None and self._ours(api, item)
         }, version
 
     async def _existing(self, api: KubeApi) -> dict[str, dict[str, Any]]:

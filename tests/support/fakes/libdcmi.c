@@ -1,6 +1,7 @@
 /* A stand-in for the driver's libdcmi.so, with the two calls the agent's A3 pairing read makes. What it
  * answers comes from the environment the agent hands its child:
  *   FAKE_DCMI_INIT      dcmi_init's return code (default 0)
+ *   FAKE_DCMI_WAIT      a FIFO dcmi_init reads to its end first: it hangs until the test writes and closes it
  *   FAKE_DCMI_BROTHERS  "CARD:BROTHER,..." (a card not named gets -1), or "ret:N" to fail every call with N
  * Each call is appended to FAKE_DCMI_LOG when it is set. */
 #include <stdio.h>
@@ -18,7 +19,16 @@ static void note(const char *what, int card) {
 
 int dcmi_init(void) {
     const char *code = getenv("FAKE_DCMI_INIT");
+    const char *wait = getenv("FAKE_DCMI_WAIT");
     note("dcmi_init", -1);
+    if (wait != NULL) {
+        FILE *fifo = fopen(wait, "r");
+        while (fifo != NULL && fgetc(fifo) != EOF) {
+        }
+        if (fifo != NULL) {
+            fclose(fifo);
+        }
+    }
     return code ? atoi(code) : 0;
 }
 
