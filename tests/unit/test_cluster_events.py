@@ -268,7 +268,7 @@ async def test_an_event_on_a_pod_noted_while_the_last_is_written_is_written_too(
     async with _running(apiserver) as events:
         apiserver.fail("hang", verb="create", resource="events")
         events.note_pod(
-            "Warning", "NPUChoiceSkipped", "team-b", "job-0", "uid-1", "Skipped: names Ascend910-3"
+            PodEvent("Warning", "NPUChoiceSkipped", "team-b", "job-0", "uid-1", "Skipped: names Ascend910-3")
         )
         await _wait(
             apiserver,
@@ -276,7 +276,7 @@ async def test_an_event_on_a_pod_noted_while_the_last_is_written_is_written_too(
             bool,
         )
         events.note_pod(
-            "Warning", "NPUChoiceSkipped", "team-b", "job-0", "uid-2", "Skipped: names Ascend910-5"
+            PodEvent("Warning", "NPUChoiceSkipped", "team-b", "job-0", "uid-2", "Skipped: names Ascend910-5")
         )
         apiserver.behave()
         written = await _wait(apiserver, lambda: apiserver.list("events", "team-b"), lambda f: len(f) == 2)
