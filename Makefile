@@ -158,6 +158,7 @@ e2e: $(STAMP) $(HELM_STAMP)
 # The same node kept up for a person (root): the chart installed on it, a kubectl for it, until Ctrl-C.
 cluster: $(STAMP) $(HELM_STAMP)
 	@command -v $(GO) >/dev/null || { echo "make cluster: no go on PATH; install Go 1.26 or newer"; exit 1; }
+	@$(BIN)/python -m tests.cluster.standing --check
 	@binary=$$(tests/cluster/build.sh) && tests/cluster/runtime/build.sh >/dev/null && \
 	IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
 	exec $(BIN)/python -m tests.cluster.standing "$$binary" "$(abspath $(E2E_IMAGE))"

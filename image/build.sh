@@ -97,12 +97,16 @@ ca=/etc/ssl/certs/ca-certificates.crt
 "${store[@]}" manifest create "$list" >/dev/null
 built=()
 for arch in "${arches[@]}"; do
-    [ "$arch" = "$native" ] || emulation "$arch" || continue
+    if [ "$arch" != "$native" ] && ! emulation "$arch"; then
+        "${store[@]}" rmi -f "$list-$arch" >/dev/null 2>&1 || true # an older build is no build of this tree
+        continue
+    fi
     started=$SECONDS
     from=$(base "$arch")
     image=$list-$arch
     log=$out/build-$arch.log
-    "${store[@]}" build --layers --arch "$arch" --os linux --build-arg "BASE_IMAGE=$from" "${mounts[@]}" \
+    # An emulated build takes minutes; an hour is a hang.
+    timeout 3600 "${store[@]}" build --layers --arch "$arch" --os linux --build-arg "BASE_IMAGE=$from" "${mounts[@]}" \
         -f Containerfile -t "$image" . >"$log" 2>&1 || {
         tail -n 20 "$log" >&2
         die "buildah build for linux/$arch failed; the whole log is $log"

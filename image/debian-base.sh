@@ -36,7 +36,7 @@ rm -rf "$rootfs"
 echo "debian-base: debootstrap $suite ($arch) from ${mirror:-the default mirror of debootstrap}" >&2
 started=$SECONDS
 log=$root/debootstrap-$arch.log
-debootstrap --arch="$arch" --variant=minbase --include="$packages" "$suite" "$rootfs" "${mirror_arg[@]}" \
+timeout 3600 debootstrap --arch="$arch" --variant=minbase --include="$packages" "$suite" "$rootfs" "${mirror_arg[@]}" \
     >"$log" 2>&1 || {
     echo "debian-base: debootstrap failed; its log is $log" >&2
     tail -n 5 "$log" >&2

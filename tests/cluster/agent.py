@@ -6,6 +6,7 @@ ServiceAccount, so that real RBAC decides every request it makes. The fake backe
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -144,6 +145,13 @@ def fake_dra_agent(cluster: Cluster, log_name: str, state: Path, **overrides: An
         **overrides,
     ) as process:
         yield process
+
+
+def run_doctor(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ascend-agent doctor ARGS` on the node (the host, in the cluster's network namespace), as an operator
+    runs it there."""
+    argv = [sys.executable, "-m", "ascend_agent", "doctor", *args]
+    return subprocess.run(cluster.in_netns(argv), capture_output=True, text=True, timeout=120, check=False)
 
 
 def agent_metrics(cluster: Cluster) -> str:

@@ -34,6 +34,8 @@ def k8s_binary() -> Path:
 @pytest.fixture(scope="session")
 def cluster(k8s_binary: Path) -> Iterator[Cluster]:
     images = tuple(Path(path) for path in os.environ.get("E2E_IMAGES", "").split(":") if path)
+    if not images:  # every pod would wait for an image the node does not have
+        pytest.fail("E2E_IMAGES names no image archive: `make e2e` builds the agent's and passes it")
     started = Cluster(k8s_binary, binaries(), images=images)
     try:
         started.start()
@@ -56,3 +58,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("measured on the real node")
         for name, value in FIGURES.items():
             terminalreporter.write_line(f"{name}: {value}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """test_standing.py first: it runs `make cluster`'s own cluster, which must end before the session's
+    cluster starts (one kubelet on the machine)."""
+    items.sort(key=lambda item: item.path.name != "test_standing.py")

@@ -42,6 +42,16 @@ def numbers(name: str) -> tuple[int, int]:
     return _MANAGEMENT_MAJOR, MANAGEMENT.index(name)
 
 
+def _present(path: Path) -> str:
+    """Why a node of that name cannot be made: a stand-in of ours left behind, or the host's own device."""
+    with contextlib.suppress(OSError):
+        mode = path.lstat()
+        ours = (_CHIP_MAJOR, _MANAGEMENT_MAJOR, _VNPU_MAJOR)
+        if stat.S_ISCHR(mode.st_mode) and os.major(mode.st_rdev) in ours:
+            return f"{path} is a stand-in an earlier run left (cut short): remove it and run again"
+    return f"{path} exists: this host has Ascend devices; run the tests elsewhere"
+
+
 @dataclass
 class StandInDevices:
     dev: Path = DEV
@@ -53,8 +63,11 @@ class StandInDevices:
             if path in self.made:
                 continue
             if path.exists() or path.is_symlink():
-                raise DevicesPresent(f"{path} exists: this host has Ascend devices; run the tests elsewhere")
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(*numbers(name)))
+                raise DevicesPresent(_present(path))
+            try:
+                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(*numbers(name)))
+            except FileExistsError:
+                raise DevicesPresent(_present(path)) from None
             self.made.append(path)
 
     @contextmanager

@@ -37,8 +37,19 @@ KUBELET_DIR = Path("/var/lib/kubelet")
 # What the kubelet makes on the host besides its root directory: removed at the end unless they were there.
 KUBELET_HOST_DIRS = (KUBELET_DIR, Path("/var/log/pods"), Path("/var/log/containers"))
 KUBELET_SOCKET = KUBELET_DIR / "device-plugins" / "kubelet.sock"
-# Where every containerd shim puts its socket, whatever containerd's state directory.
-CONTAINERD_SHIM_DIR = Path("/run/containerd")
+# What the node's parts make on the host whatever they are told, removed at the end when the cluster made
+# them: every containerd shim's socket directory, libcni's cache (containerd's CRI sets no other) and
+# /var/run/cdi (the chart's DirectoryOrCreate hostPath). (`ip netns add` leaves /run/netns, a mount of its own
+# the system keeps.)
+NODE_HOST_DIRS = (Path("/run/containerd"), Path("/var/lib/cni"), Path("/var/run/cdi"))
+# The driver's paths on a real node: a bind mount of one the host lacks (an agent told of a driver this host
+# has not) makes it, a directory, on the host. Never expected: a problem at the end, and removed.
+DRIVER_HOST_PATHS = (
+    Path("/usr/local/Ascend"),
+    Path("/usr/local/dcmi"),
+    Path("/usr/local/bin/npu-smi"),
+    Path("/etc/ascend_install.info"),
+)
 NODE_NAME = "ascend-e2e"
 NODE_IP = "10.123.0.2"
 # The kubernetes Service's port and ClusterIP (the first of --service-cluster-ip-range), which pods are told.
@@ -101,6 +112,15 @@ def _mounts_under(*roots: Path) -> list[str]:
     return sorted(points, key=lambda p: p.count("/"), reverse=True)
 
 
+def _remove_unless_mounted(path: Path, problems: list[str]) -> None:
+    """``path`` removed, but never through a mount that would not go (a pod's hostPath volume: the host's
+    own files under it)."""
+    if _mounts_under(path):
+        problems.append(f"{path} kept: still mounted under it")
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @dataclass
 class Component:
     name: str
@@ -129,6 +149,7 @@ class Cluster:
     sysctls: dict[str, str] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
     host_dirs_made: tuple[Path, ...] = ()
+    driver_paths_absent: tuple[Path, ...] = ()
     # The users whose requests the API server writes to audit.log (one JSON line per stage, Metadata level).
     audited_users: tuple[str, ...] = ()
     images: tuple[Path, ...] = ()
@@ -187,8 +208,9 @@ class Cluster:
         except DevicesPresent as present:
             raise KubeletPresent(str(present)) from None
         self.began = True
-        host_dirs = (*KUBELET_HOST_DIRS, CONTAINERD_SHIM_DIR)
+        host_dirs = (*KUBELET_HOST_DIRS, *NODE_HOST_DIRS)
         self.host_dirs_made = tuple(path for path in host_dirs if not path.exists())
+        self.driver_paths_absent = tuple(path for path in DRIVER_HOST_PATHS if not path.exists())
         self.sysctls = read_sysctls()
         self._network()
         self._credentials()
@@ -501,13 +523,9 @@ class Cluster:
         and the kubelet started again, until the node is Ready."""
         runtime = self.runtime
         self.stop_component("kubelet")
-        for container in runtime.container_ids():
-            runtime.ctr("-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", container, check=False, timeout=30)
-            runtime.ctr("-n", "k8s.io", "tasks", "delete", "--force", container, check=False, timeout=30)
+        runtime.kill_tasks()
         self.stop_component("containerd")
-        for pid in runtime.shim_pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        runtime.kill_shims()
         for point in _mounts_under(runtime.work / "state"):
             subprocess.run(["umount", point], capture_output=True, timeout=20, check=False)
         for directory in (runtime.work / "state", runtime.work / "runc", *volatile):
@@ -556,7 +574,8 @@ class Cluster:
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(component.process.pid, signal.SIGKILL)
-            component.process.wait(STOP_TIMEOUT)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # leftovers() names it
+                component.process.wait(STOP_TIMEOUT)
 
     def _drain(self, runtime: Containerd) -> list[str]:
         """The pods deleted through the API while the kubelet runs, so that it stops their containers and
@@ -571,9 +590,7 @@ class Cluster:
         self.stop_component("kubelet")
         problems = runtime.remove_everything() if "containerd" in self.components else []
         self.stop_component("containerd")
-        for pid in runtime.shim_pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        runtime.kill_shims()
         return problems + runtime.remove_cgroups()
 
     def stop(self) -> list[str]:
@@ -607,12 +624,15 @@ class Cluster:
             if changed:
                 problems.append(f"kernel settings not put back: {changed} (were {self.sysctls})")
         for path in self.host_dirs_made:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_unless_mounted(path, problems)
+        for path in self.driver_paths_absent:
+            if path.exists():
+                problems.append(f"{path} was made on the host (a bind mount of a driver path it lacks)")
+                shutil.rmtree(path, ignore_errors=True)
         if os.environ.get("E2E_KEEP_WORK"):
-            problems_note = f"work directory kept: {self.work}"
-            print(problems_note)
+            print(f"work directory kept: {self.work}")
         else:
-            shutil.rmtree(self.work, ignore_errors=True)
+            _remove_unless_mounted(self.work, problems)
         return problems
 
     def leftovers(self) -> list[str]:

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
+from pathlib import Path
 from typing import Any
 
 from tests.cluster.harness import Cluster
 from tests.cluster.polling import until
 
 RESOURCE = "huawei.com/Ascend910"
-# The agent's own image, imported into containerd by `make e2e` (it has a shell), as every workload's image.
-IMAGE = "docker.io/library/ascend-agent:0.1.0"
+# The agent's own image, imported into containerd by `make e2e` (it has a shell), as every workload's image:
+# named by the version image/build.sh reads from pyproject.toml.
+_VERSION = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["version"]
+IMAGE = f"docker.io/library/ascend-agent:{_VERSION}"
 # What every workload container runs: it prints the device nodes it sees (name and numbers) and the Ascend
 # variables, then waits, leaving at once on SIGTERM.
 SHOW_DEVICES = (
@@ -63,6 +67,12 @@ def claim_pod(cluster: Cluster, name: str, device_class: str = "ascend910b4", co
     pod["spec"]["resourceClaims"] = [{"name": "npus", "resourceClaimTemplateName": name}]
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(template))
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+
+
+def delete_pods(cluster: Cluster, *names: str, namespace: str = "default") -> None:
+    """The pods deleted, waited for until they are gone (at most 90 s); absent ones are no error."""
+    flags = ["-n", namespace, "--wait=true", "--timeout=90s", "--ignore-not-found"]
+    cluster.kubectl("delete", "pod", *names, *flags, check=False, timeout=120)
 
 
 def claim_uids(cluster: Cluster, pod: str, namespace: str = "default") -> list[str]:

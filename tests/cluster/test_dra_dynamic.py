@@ -55,6 +55,8 @@ def dynamic_agent(cluster: Cluster) -> Iterator[AgentProcess]:
         hostRoot=str(host.root),
         npuSmi=str(npu_smi.path),
         vnpu={"dynamic": True},
+        # The tree has the driver's files, the host not: no bind mount may make them on the host.
+        driverMounts=[],
         # The pool's slices go with the agent: the next module's agent must not find whole chips of these.
         draCleanup=True,
     ) as process:

@@ -19,7 +19,7 @@ import pytest
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.node import kubectl_watch
-from tests.cluster.pods import chip_devices, claim_pod, runtime_spec, wait_running
+from tests.cluster.pods import chip_devices, claim_pod, delete_pods, runtime_spec, wait_running
 from tests.cluster.polling import until
 from tests.support.agent_process import AgentProcess
 
@@ -86,10 +86,6 @@ def allocated_devices(claim: dict[str, Any]) -> list[str]:
     return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
 
 
-def delete_pod(cluster: Cluster, name: str) -> None:
-    cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)
-
-
 def wait_resource_health(cluster: Cluster, pod: str, health: str, timeout: float = 90) -> dict[str, Any]:
     """Until the pod's container status carries ``claim:npus`` with every device's health ``health``."""
 
@@ -125,7 +121,7 @@ def test_an_unhealthy_chip_reaches_the_pods_status_and_recovers(
         wait_resource_health(cluster, "health", "Healthy")
     finally:
         fake_state(cluster).write_text("{}")
-        delete_pod(cluster, "health")
+        delete_pods(cluster, "health")
 
 
 def cdi_specs_naming(cluster: Cluster, claim_uid: str) -> list[str]:
@@ -145,7 +141,7 @@ def test_the_agent_restarted_with_a_claim_prepared_unprepare_removes_its_spec(
         agents.append(start_dra_agent(cluster, POD_UIDS[agents[-1]]))
         agents[-1].wait_log(REGISTERED, timeout=60)
     finally:
-        delete_pod(cluster, "across-restart")
+        delete_pods(cluster, "across-restart")
     agents[-1].wait_log("Unprepared claim default/across-restart-npus", timeout=60)
     assert not cdi_specs_naming(cluster, uid)
 
@@ -184,14 +180,14 @@ def test_a_rolling_update_of_the_driver_prepares_a_claim_made_during_the_overlap
         uid = pod_claim(cluster, "overlap")["metadata"]["uid"]
         old.terminate(timeout=20)
         # The kubelet goes on with the second instance: the pod deleted, its claim unprepared by it.
-        delete_pod(cluster, "overlap")
+        delete_pods(cluster, "overlap")
         new.wait_log("Unprepared claim default/overlap-npus", timeout=60)
         assert not cdi_specs_naming(cluster, uid)
         claim_pod(cluster, "after-roll")
         wait_running(cluster, "after-roll")
     finally:
-        delete_pod(cluster, "overlap")
-        delete_pod(cluster, "after-roll")
+        delete_pods(cluster, "overlap")
+        delete_pods(cluster, "after-roll")
         watch.terminate()
         seen, _ = watch.communicate(timeout=20)
     events = [line.split() for line in seen.splitlines() if line.strip()]
@@ -225,7 +221,7 @@ def test_a_claim_pod_made_right_after_a_kubelet_restart_runs(
         running = time.monotonic() - restarted
         agent.wait_log(REGISTERED, timeout=60, count=registrations + 1)
     finally:
-        delete_pod(cluster, "after-kubelet-restart")
+        delete_pods(cluster, "after-kubelet-restart")
         watch.terminate()
         watch.wait(20)
         reader.join(5)

@@ -14,7 +14,7 @@ import pytest
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, running_agent
 from tests.cluster.devices import numbers
 from tests.cluster.harness import Cluster
-from tests.cluster.pods import claim_pod, runtime_spec, spec_device_numbers, wait_running
+from tests.cluster.pods import claim_pod, delete_pods, runtime_spec, spec_device_numbers, wait_running
 from tests.support.agent_process import AgentProcess
 
 pytestmark = pytest.mark.e2e_cluster
@@ -50,10 +50,6 @@ def allocated(cluster: Cluster, pod: str) -> list[str]:
     return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
 
 
-def delete_pod(cluster: Cluster, name: str) -> None:
-    cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)
-
-
 def test_the_whole_chip_classes_never_get_a_vnpu_and_the_vnpu_class_does(
     cluster: Cluster, vnpu_dra_agent: AgentProcess
 ) -> None:
@@ -69,7 +65,7 @@ def test_the_whole_chip_classes_never_get_a_vnpu_and_the_vnpu_class_does(
             "--timeout=60s",
             timeout=90,
         )
-        delete_pod(cluster, "two-whole")
+        delete_pods(cluster, "two-whole")
         claim_pod(cluster, "one-whole", "ascend310p", 1)
         wait_running(cluster, "one-whole")
         assert allocated(cluster, "one-whole") == ["npu-1"]
@@ -83,4 +79,4 @@ def test_the_whole_chip_classes_never_get_a_vnpu_and_the_vnpu_class_does(
         assert devices.get(f"/dev/davinci{vnpu_id}") == numbers(f"vdavinci{vnpu_id}"), devices
     finally:
         for name in names:
-            delete_pod(cluster, name)
+            delete_pods(cluster, name)

@@ -16,13 +16,12 @@ import yaml
 from tests.cluster import helm
 from tests.cluster.agent import NAMESPACE, RENDERS
 from tests.cluster.harness import Cluster
-from tests.cluster.released import remove_applied_chart
+from tests.cluster.released import DAEMONSET, remove_applied_chart
 
 pytestmark = pytest.mark.e2e_cluster
 
 TYPO = "additional properties 'hotRest' not allowed"
 CONFIGMAP = "ascend-device-plugin-config"
-DAEMONSET = "ascend-device-plugin-daemonset"
 
 
 @pytest.fixture(scope="module")

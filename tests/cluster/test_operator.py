@@ -6,14 +6,12 @@ the node's Allocatable watched the whole time."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.cluster.agent import ROOT, apply_chart, start_agent, stop_agents
+from tests.cluster.agent import ROOT, apply_chart, run_doctor, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.node import wait_allocatable, watch_capacity
 from tests.cluster.pods import RESOURCE, chip_devices, one_pod_spec, runtime_spec, wait_running
@@ -37,7 +35,14 @@ def npu_smi(cluster: Cluster) -> FakeNpuSmi:
 
 
 def host_settings(cluster: Cluster) -> dict[str, Any]:
-    return {"backend": "devfs", "hostRoot": str(host(cluster).root), "npuSmi": str(npu_smi(cluster).path)}
+    """The devfs backend on the host tree. No driver mounts: the tree has the driver's files, the host does
+    not, and a container's bind mount of a host path the host lacks would make it there."""
+    return {
+        "backend": "devfs",
+        "hostRoot": str(host(cluster).root),
+        "npuSmi": str(npu_smi(cluster).path),
+        "driverMounts": [],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -68,22 +73,13 @@ def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
 def doctor(cluster: Cluster) -> tuple[int, list[dict[str, Any]], str]:
     """`ascend-agent doctor --json` on the node, with the DaemonSet's config and the agent's kubeconfig, as an
     operator runs it: exit status, its checks, and its text."""
-    argv = [
-        sys.executable,
-        "-m",
-        "ascend_agent",
-        "doctor",
-        "--config",
-        str(cluster.work / "agent.yaml"),
-        "--kubeconfig",
-        str(cluster.work / "agent.kubeconfig"),
-        "--node-name",
-        NODE_NAME,
-    ]
-    text = subprocess.run(cluster.in_netns(argv), capture_output=True, text=True, timeout=120, check=False)
-    answer = subprocess.run(
-        cluster.in_netns([*argv, "--json"]), capture_output=True, text=True, timeout=120, check=False
-    )
+    args = [
+        "--config", str(cluster.work / "agent.yaml"),
+        "--kubeconfig", str(cluster.work / "agent.kubeconfig"),
+        "--node-name", NODE_NAME,
+    ]  # fmt: skip
+    text = run_doctor(cluster, *args)
+    answer = run_doctor(cluster, *args, "--json")
     checks: list[dict[str, Any]] = json.loads(answer.stdout)
     return answer.returncode, checks, text.stdout + text.stderr
 

@@ -7,9 +7,8 @@ container killed as an OOM kill would, and what bad input gets."""
 
 from __future__ import annotations
 
+import calendar
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import helm
+from tests.cluster.agent import run_doctor
 from tests.cluster.devices import MANAGEMENT, numbers
 from tests.cluster.harness import FIGURES, NODE_NAME, Cluster
 from tests.cluster.node import wait_allocatable
@@ -25,6 +25,7 @@ from tests.cluster.pods import (
     RESOURCE,
     chip_devices,
     container_id,
+    delete_pods,
     one_pod_spec,
     runtime_spec,
     shown,
@@ -59,8 +60,8 @@ def node(cluster: Cluster) -> Iterator[DriverTree]:
     remove_applied_chart(cluster)
     tree = DriverTree.make(cluster)
     installed = time.time()
-    released(helm.install(cluster, chart_values(cluster, tree, cdiSpecDir=None)))
     try:
+        released(helm.install(cluster, chart_values(cluster, tree, cdiSpecDir=None)))
         pod = agent_pod(cluster)["metadata"]["name"]
         registered = log_time(logged(cluster, pod, REGISTERED))
         FIGURES["helm install -> the DaemonSet's pod registered (scheduled, image started, agent up)"] = (
@@ -70,7 +71,20 @@ def node(cluster: Cluster) -> Iterator[DriverTree]:
         yield tree
     finally:
         keep_agent_logs(cluster, "agent-pod")
-        helm.uninstall(cluster)
+        helm.uninstall(cluster)  # a failed install leaves a release to end too
+
+
+def container_started(cluster: Cluster, container: str) -> float:
+    """When containerd's StartContainer of ``container`` returned (its log's time, in seconds)."""
+    log = (cluster.work / "logs" / "containerd.log").read_text(errors="replace")
+    line = next(
+        line
+        for line in log.splitlines()
+        if "StartContainer for" in line and container in line and "returns" in line
+    )
+    stamp = line.split('time="', 1)[1].split('"', 1)[0].rstrip("Z")
+    whole, _, fraction = stamp.partition(".")
+    return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{fraction or 0}")
 
 
 def hex_numbers(name: str) -> str:
@@ -87,10 +101,6 @@ def workload(cluster: Cluster, name: str, chips: int) -> float:
     return time.monotonic() - started
 
 
-def delete(cluster: Cluster, *pods: str) -> None:
-    cluster.kubectl("delete", "pod", *pods, "--wait=true", "--timeout=90s", check=False, timeout=120)
-
-
 def test_the_daemonsets_pod_runs_the_agent_from_its_image(cluster: Cluster, node: DriverTree) -> None:
     pod = agent_pod(cluster)
     (status,) = pod["status"]["containerStatuses"]
@@ -98,7 +108,12 @@ def test_the_daemonsets_pod_runs_the_agent_from_its_image(cluster: Cluster, node
     assert status["image"] in (IMAGE, IMAGE.removeprefix("docker.io/library/")), status["image"]
     lines = agent_log(cluster, pod["metadata"]["name"])
     registered = logged(cluster, pod["metadata"]["name"], REGISTERED)
-    FIGURES["agent pod: first log line -> registered"] = f"{log_time(registered) - log_time(lines[0]):.2f} s"
+    started = container_started(
+        cluster, container_id(cluster, pod["metadata"]["name"], "ascend-agent", NAMESPACE)
+    )
+    FIGURES["agent pod: its container started (containerd) -> registered"] = (
+        f"{log_time(registered) - started:.2f} s"
+    )
     assert any("8 chips" in line.get("msg", "") or "Ascend910-7" in json.dumps(line) for line in lines), lines
     capacity = json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)["status"][
         "capacity"
@@ -124,7 +139,8 @@ def test_a_workload_sees_exactly_its_two_chips_and_the_management_devices(
         ours = {path for path, value in devices.items() if value.split(":")[0] in ("f0", "f1", "f2")}
         assert ours == chips | {f"/dev/{name}" for name in MANAGEMENT}, devices
         visible = sorted(int(path.removeprefix("/dev/davinci")) for path in chips)
-        assert envs.get("ASCEND_VISIBLE_DEVICES") == ",".join(map(str, visible)), envs
+        # The variable and nothing more of the Ascend runtime's (no VIRTUAL: whole chips).
+        assert envs == {"ASCEND_VISIBLE_DEVICES": ",".join(map(str, visible)), "ASCEND_RUNTIME_OPTIONS": ""}
         # What containerd made: the same two device nodes, the variable in the process's environment.
         spec = runtime_spec(cluster, "two-chips", "two-chips")
         assert chip_devices(spec) == chips
@@ -134,7 +150,7 @@ def test_a_workload_sees_exactly_its_two_chips_and_the_management_devices(
             path.removeprefix("/dev/") for path in chips
         ), listed
     finally:
-        delete(cluster, "two-chips")
+        delete_pods(cluster, "two-chips")
 
 
 def test_through_cdi_containerd_applies_the_agents_spec(cluster: Cluster, node: DriverTree) -> None:
@@ -152,7 +168,7 @@ def test_through_cdi_containerd_applies_the_agents_spec(cluster: Cluster, node: 
         assert len(chips) == 1, devices
         assert envs["ASCEND_VISIBLE_DEVICES"] == chips[0].removeprefix("/dev/davinci"), envs
     finally:
-        delete(cluster, "by-cdi")
+        delete_pods(cluster, "by-cdi")
 
     upgraded(cluster, chart_values(cluster, node, mode="ascend-runtime"))
     workload(cluster, "runtime-mode", 1)
@@ -166,7 +182,7 @@ def test_through_cdi_containerd_applies_the_agents_spec(cluster: Cluster, node: 
             f"ASCEND_CLAIMED_NPU_{visible}": visible,
         }, envs
     finally:
-        delete(cluster, "runtime-mode")
+        delete_pods(cluster, "runtime-mode")
         upgraded(cluster, chart_values(cluster, node))
 
 
@@ -200,7 +216,7 @@ def test_a_rolling_update_to_a_new_tag_keeps_the_running_workload(cluster: Clust
         listed = cluster.kubectl("exec", "keeps-running", "--", "ls", "/dev").stdout.split()
         assert {path.removeprefix("/dev/") for path in devices if "davinci" in path} <= set(listed), listed
     finally:
-        delete(cluster, "keeps-running")
+        delete_pods(cluster, "keeps-running")
         upgraded(cluster, chart_values(cluster, node))
 
 
@@ -210,12 +226,13 @@ def test_the_agents_container_killed_is_restarted_and_registers_again(
     pod = agent_pod(cluster)
     name = pod["metadata"]["name"]
     registrations = cluster.kubelet_log().count("Got registration request from device plugin")
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
     # As the kernel's OOM killer would: SIGKILL to the container's process, nothing else told.
     agent = container_id(cluster, name, "ascend-agent", NAMESPACE)
     cluster.runtime.ctr("-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", agent)
     restarted = until(
         lambda: agent_pod(cluster),
-        lambda found: found["status"]["containerStatuses"][0]["restartCount"] >= 1,
+        lambda found: found["status"]["containerStatuses"][0]["restartCount"] > restarts,
         "the kubelet's restart of the agent's container",
     )
     assert restarted["metadata"]["name"] == name
@@ -240,7 +257,7 @@ def test_a_workload_asking_for_more_chips_than_the_node_has_stays_pending(
         described = cluster.kubectl("describe", "pod", "too-many").stdout
         assert f"Insufficient {RESOURCE}" in described, described
     finally:
-        delete(cluster, "too-many")
+        delete_pods(cluster, "too-many")
 
 
 def test_an_image_not_on_the_node_is_err_image_never_pull(cluster: Cluster, node: DriverTree) -> None:
@@ -285,24 +302,15 @@ def test_a_host_path_the_node_lacks_is_named_in_the_pods_event(cluster: Cluster,
         message = until(events, lambda text: missing in text, f"a FailedMount event naming {missing}")
         assert "hostPath type check failed" in message, message
         # The doctor on the node names the volume, the path and the chart's value.
-        status, checks = doctor(cluster)
+        answer = run_doctor(cluster, "--json", "--kubeconfig", str(cluster.admin_kubeconfig), "--node-name",
+                            NODE_NAME)  # fmt: skip
+        checks = json.loads(answer.stdout)
         (pod_check,) = [check for check in checks if check["check"] == "pod on this node"]
-        assert status == 1 and pod_check["ok"] is False, checks
+        assert answer.returncode == 1 and pod_check["ok"] is False, checks
         assert f"volume ascend-driver: {missing} is not on this node" in pod_check["detail"], pod_check
         assert "host.driverDir" in pod_check["hint"], pod_check
     finally:
         upgraded(cluster, chart_values(cluster, node))
-
-
-def doctor(cluster: Cluster) -> tuple[int, list[dict[str, Any]]]:
-    """`ascend-agent doctor --json` on the node with the admin's credentials: its exit status and checks."""
-    argv = [
-        sys.executable, "-m", "ascend_agent", "doctor", "--json",
-        "--kubeconfig", str(cluster.admin_kubeconfig), "--node-name", NODE_NAME,
-    ]  # fmt: skip
-    answer = subprocess.run(cluster.in_netns(argv), capture_output=True, text=True, timeout=120, check=False)
-    checks: list[dict[str, Any]] = json.loads(answer.stdout)
-    return answer.returncode, checks
 
 
 def test_the_daemonset_is_the_charts(cluster: Cluster, node: DriverTree) -> None:

@@ -38,14 +38,14 @@ def dra_node(cluster: Cluster) -> Iterator[DriverTree]:
     tree = DriverTree.make(cluster)
     values = chart_values(cluster, tree)
     values.update(dra={"enabled": True}, deviceInfo={"enabled": False})
-    released(helm.install(cluster, values))
     try:
+        released(helm.install(cluster, values))
         pod = agent_pod(cluster)
         logged(cluster, pod["metadata"]["name"], f"Registered DRA driver {DRIVER}")
         yield tree
     finally:
         keep_agent_logs(cluster, "agent-pod-dra")
-        helm.uninstall(cluster)
+        helm.uninstall(cluster)  # a failed install leaves a release to end too
         cluster.kubectl("delete", "-f", str(ROOT / "examples" / "dra" / "deviceclasses.yaml"), "--wait=true",
                         check=False, timeout=120)  # fmt: skip
 

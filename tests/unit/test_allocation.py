@@ -1,4 +1,5 @@
-"""Preferred allocation: the rules of docs/ascend-facts.md, and properties that hold for any input."""
+"""Preferred allocation: the rules of the chips' topology (HCCS meshes, NUMA), and properties that hold for
+any input."""
 
 from __future__ import annotations
 

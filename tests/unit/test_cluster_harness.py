@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import socket
+import stat
 import subprocess
 import tarfile
 import tomllib
@@ -102,7 +104,7 @@ def test_make_test_does_not_build_the_cluster() -> None:
 
 def test_containerds_configuration_keeps_everything_under_its_work_directory(tmp_path: Path) -> None:
     """Every path containerd, runc and the CNI plugins are told of is under the cluster's work directory, but
-    the CDI directories and the executables; and what this machine needs is set (real-node.md)."""
+    the CDI directories and the executables; and what this kind of machine needs is set."""
     names = ("containerd", "ctr", "containerd-shim-runc-v2", "runc", "bridge", "loopback", "host-local")
     tools = {name: tmp_path / "tools" / name for name in names}
     for path in tools.values():
@@ -163,3 +165,11 @@ def test_stand_in_device_numbers_tell_the_nodes_apart_and_a_real_node_is_refused
     (tmp_path / "davinci0").write_text("")  # the host has one already
     with pytest.raises(DevicesPresent, match="davinci0 exists"):
         StandInDevices(tmp_path).make(["davinci0"])
+
+
+def test_a_stand_in_an_earlier_run_left_is_named_as_such(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    os.mknod(tmp_path / "davinci3", 0o600 | stat.S_IFCHR, os.makedev(*numbers("davinci3")))
+    with pytest.raises(DevicesPresent, match="a stand-in an earlier run left"):
+        StandInDevices(tmp_path).make(["davinci3"])

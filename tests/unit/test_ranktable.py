@@ -356,7 +356,7 @@ def test_device_info_field_by_field_with_huaweis_documented_example(node: Callab
 
 def _as_volcano_writes_it(inventory: Inventory, uid: str, host_ip: str, chips: list[int]) -> str:
     """The configuration Volcano's ascend plugin writes at bind time for an ascend-operator pod, from the
-    node's ``baseDeviceInfos`` (as volcano-contract.md and training.md describe it): per chip, by id, the
+    node's ``baseDeviceInfos`` (as Volcano's plugin reads it): per chip, by id, the
     annotation's ``IP`` and its ``SuperDeviceID`` as a string."""
     infos = json.loads(deviceinfo.base_device_infos(inventory))
     super_pod_id, server_index = deviceinfo.node_super_pod(inventory)

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -213,31 +214,39 @@ state = '{self.work / "state"}'
         spec: dict[str, object] = info["Spec"]
         return spec
 
-    def remove_everything(self) -> list[str]:
-        """Every task killed and deleted (runc removes its cgroups), every container deleted; returns what
-        would not go."""
-        problems = []
+    def kill_tasks(self) -> None:
+        """Every container's process killed and its task deleted (runc removes its cgroup); containerd's
+        records of the containers stay."""
         for container_id in self.container_ids():
             self.ctr("-n", NAMESPACE, "tasks", "kill", "-s", "SIGKILL", container_id, check=False, timeout=30)
-            for _ in range(50):
-                deleted = self.ctr("-n", NAMESPACE, "tasks", "delete", container_id, check=False, timeout=30)
-                if deleted.returncode == 0 or "not found" in deleted.stderr:
-                    break
-                time.sleep(0.2)
+            self.ctr("-n", NAMESPACE, "tasks", "delete", "--force", container_id, check=False, timeout=30)
+
+    def remove_everything(self) -> list[str]:
+        """Every task killed and deleted, every container deleted; returns what would not go."""
+        self.kill_tasks()
+        problems = []
+        for container_id in self.container_ids():
             answer = self.ctr("-n", NAMESPACE, "containers", "delete", container_id, check=False, timeout=30)
             if answer.returncode != 0 and "not found" not in answer.stderr:
                 problems.append(f"container {container_id}: {answer.stderr.strip()}")
         return problems
 
+    def kill_shims(self) -> None:
+        """This containerd's shims ended (SIGKILL): they outlive containerd by design."""
+        for pid in self.shim_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     def shim_pids(self) -> list[int]:
         """This containerd's shims still running (they outlive containerd by design): the shim's executable
         started with this containerd's address."""
-        shim = self.tools["containerd-shim-runc-v2"].resolve()
+        shim = self.tools["containerd-shim-runc-v2"].name
         found = []
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 with contextlib.suppress(OSError):
-                    if Path(os.readlink(proc / "exe")) != shim:
+                    # By name: the executable's path reads "... (deleted)" once its cache entry is replaced.
+                    if not os.readlink(proc / "exe").removesuffix(" (deleted)").endswith(f"/{shim}"):
                         continue
                     argv = (proc / "cmdline").read_bytes().split(b"\0")
                     if str(self.socket).encode() in argv:

@@ -17,6 +17,10 @@ CNI_PLUGINS_VERSION=${CNI_PLUGINS_VERSION:-v1.10.0}
 
 root="${ASCEND_AGENT_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ascend-agent/node}"
 recipe=$(sha256sum build.sh | cut -c1-12)
+mkdir -p "$root"
+# One build at a time in the cache: two at once would race for the same directories.
+exec 9>"$root/.lock"
+flock 9
 say() { echo "node build: $*" >&2; }
 
 command -v go >/dev/null || { say "no go on PATH; install Go 1.26 or newer"; exit 1; }
@@ -42,11 +46,8 @@ build() {
         fi
         mv "$partial" "$cache"
         say "$name $version built in $((SECONDS - started)) s"
-        # Older builds of the same component go.
-        local other
-        for other in "$root/$name-v"*; do
-            [ "$other" = "$cache" ] || rm -rf "$other"
-        done
+        # The three newest builds of the component stay (a cluster may still run from one); older ones go.
+        ls -dt "$root/$name-v"* | grep -v '\.partial$' | tail -n +4 | xargs -r rm -rf
     fi
     local binary
     for binary in "$cache"/*; do
