@@ -33,6 +33,10 @@ die() {
 }
 
 [ "$(id -u)" -eq 0 ] || die "needs root (buildah builds images as root here); run it with sudo"
+mkdir -p "$cache"
+# One build in the storage at a time (a clone beside this one, make image-test, make e2e).
+exec 9>"$cache/.lock"
+flock 9
 missing=()
 command -v buildah >/dev/null || missing+=(buildah)
 command -v debootstrap >/dev/null || missing+=(debootstrap debian-archive-keyring)
@@ -76,11 +80,14 @@ default_base=$(sed -n 's/^ARG BASE_IMAGE=//p' Containerfile)
 # base ARCH: the image to build on for ARCH (the default pulled, else the Debian base).
 base() {
     local wanted=${BASE_IMAGE:-$default_base}
-    if "${store[@]}" inspect --type image "$wanted" >/dev/null 2>&1 &&
-        [ "$("${store[@]}" inspect --type image --format '{{.OCIv1.Architecture}}' "$wanted")" = "$1" ]; then
-        echo "$wanted"
-    elif timeout 300 "${store[@]}" pull --quiet --arch "$1" "$wanted" >/dev/null 2>"$cache/pull-$1.log"; then
-        echo "$wanted"
+    # A pulled base is kept under a name of its architecture's: one name would be pulled again for each.
+    local kept
+    kept=localhost/ascend-agent-base:pulled-$1-$(printf '%s' "$wanted" | sha256sum | cut -c1-12)
+    if "${store[@]}" inspect --type image "$kept" >/dev/null 2>&1; then
+        echo "$kept"
+    elif timeout 300 "${store[@]}" pull --quiet --arch "$1" "$wanted" >/dev/null 2>"$cache/pull-$1.log" &&
+        "${store[@]}" tag "$wanted" "$kept"; then
+        echo "$kept"
     else
         say "cannot pull $wanted for $1 (why: $cache/pull-$1.log); using a Debian base made by debootstrap"
         image/debian-base.sh "$cache" "$1"

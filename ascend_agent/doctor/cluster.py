@@ -16,6 +16,8 @@ from ascend_agent.doctor.podstate import not_running
 from ascend_agent.model import Inventory
 
 if TYPE_CHECKING:
+    from lightkube.resources.core_v1 import Pod
+
     from ascend_agent.cluster.client import KubeApi
 
 
@@ -113,7 +115,8 @@ async def _node_pod(api: KubeApi, node: str, ours: AgentDaemonSet, host_root: Pa
             f"kubectl -n {ours.namespace} describe ds {ours.name}: "
             "check nodeSelector, tolerations and events",
         )
-    pod = found[0]
+    # One not going first, then the newest: a rolling update's old pod may still be terminating.
+    pod = max(found, key=_judged_first)
     name = pod.metadata.name if pod.metadata else ""
     phase = (pod.status.phase if pod.status else None) or "Unknown"
     detail = f"{name} is {phase}"
@@ -124,3 +127,9 @@ async def _node_pod(api: KubeApi, node: str, ours: AgentDaemonSet, host_root: Pa
     if phase != "Running":
         return Check("pod on this node", False, detail, f"kubectl -n {ours.namespace} describe pod {name}")
     return Check("pod on this node", True, detail)
+
+
+def _judged_first(pod: Pod) -> tuple[bool, str]:
+    meta = pod.metadata
+    made = meta.creationTimestamp.isoformat() if meta and meta.creationTimestamp else ""
+    return (meta is None or meta.deletionTimestamp is None, made)

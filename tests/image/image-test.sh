@@ -20,6 +20,9 @@ started=$SECONDS
 image/build.sh >/dev/null || die "make image failed (above)"
 took "make image" "$started"
 source image/store.sh
+# The images tested are the ones just built: no other build tags them meanwhile.
+exec 9>"$cache/.lock"
+flock 9
 
 expected="ascend-agent $version"
 tested=0
@@ -37,11 +40,12 @@ for arch in amd64 arm64; do
     [ "$arch" = "$(dpkg --print-architecture)" ] || slower=6
     in_image() { timeout $((120 * slower)) "${store[@]}" run "$@"; }
 
-    got=$(in_image "$container" -- ascend-agent version)
+    got=$(in_image "$container" -- ascend-agent version) || die "linux/$arch: ascend-agent version failed (above)"
     [ "$got" = "$expected" ] || die "linux/$arch: ascend-agent version printed '$got', expected '$expected'"
     say "linux/$arch: $got, $("${store[@]}" images --format '{{.Size}}' "$image") uncompressed"
 
-    listing=$(in_image "$container" -- ascend-agent list --backend fake)
+    listing=$(in_image "$container" -- ascend-agent list --backend fake) ||
+        die "linux/$arch: ascend-agent list --backend fake failed (above)"
     rows=$(grep -cE '^Ascend910-[0-7] +910B4 +Healthy' <<<"$listing") || true
     [ "$rows" -eq 8 ] || die "linux/$arch: ascend-agent list --backend fake showed $rows of 8 Healthy chips"
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from lightkube.resources.core_v1 import Pod
 
+from ascend_agent.doctor.cluster import _judged_first
 from ascend_agent.doctor.podstate import CHART_VALUES, not_running
 from tests.support import ROOT
 from tests.support.manifests import documents
@@ -93,3 +94,19 @@ def test_every_required_host_path_of_the_chart_has_its_value_named() -> None:
         and volume["hostPath"]["path"] not in ("/dev", "/sys")
     }
     assert required and required <= set(CHART_VALUES), required - set(CHART_VALUES)
+
+
+def test_the_doctor_judges_the_pod_that_is_not_going_and_then_the_newest() -> None:
+    """During a rolling update the node has the old pod (terminating) and the new one."""
+
+    def pod(name: str, made: str, going: bool) -> Pod:
+        meta: dict[str, Any] = {"name": name, "namespace": "kube-system", "creationTimestamp": made}
+        if going:
+            meta["deletionTimestamp"] = "2026-12-07T10:05:00Z"
+        return Pod.from_dict({"metadata": meta, "spec": {"containers": [{"name": "ascend-agent"}]}})
+
+    old = pod("ds-old", "2026-12-07T10:00:00Z", going=True)
+    new = pod("ds-new", "2026-12-07T10:04:00Z", going=False)
+    newer_going = pod("ds-x", "2026-12-07T10:06:00Z", going=True)
+    assert max([old, new, newer_going], key=_judged_first) is new
+    assert max([pod("a", "2026-12-07T10:00:00Z", False), new], key=_judged_first) is new

@@ -58,7 +58,7 @@ def binaries(script: Path = HERE / "build.sh") -> dict[str, Path]:
 def pause_archive(cache: Path = CACHE) -> Path:
     """The pause image (``pause.c``, static) as an OCI archive in ``cache``, made once per source."""
     source = HERE / "pause.c"
-    key = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    key = hashlib.sha256(source.read_bytes() + (HERE / "oci.py").read_bytes()).hexdigest()[:12]
     archive = cache / f"pause-{key}.tar"
     if archive.is_file():
         return archive
