@@ -14,6 +14,7 @@ The kernel settings the kubelet writes at start are put back as soon as it is up
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -37,6 +38,8 @@ KUBELET_DIR = Path("/var/lib/kubelet")
 # What the kubelet makes on the host besides its root directory: removed at the end unless they were there.
 KUBELET_HOST_DIRS = (KUBELET_DIR, Path("/var/log/pods"), Path("/var/log/containers"))
 KUBELET_SOCKET = KUBELET_DIR / "device-plugins" / "kubelet.sock"
+# Held from a cluster's start to its stop: one at a time on the machine.
+MACHINE_LOCK = Path("/tmp/ascend-e2e-cluster.lock")
 # What the node's parts make on the host whatever they are told, removed at the end when the cluster made
 # them: every containerd shim's socket directory, libcni's cache (containerd's CRI sets no other) and
 # /var/run/cdi (the chart's DirectoryOrCreate hostPath). (`ip netns add` leaves /run/netns, a mount of its own
@@ -155,6 +158,7 @@ class Cluster:
     images: tuple[Path, ...] = ()
     # Whether start() got past its refusals: the machine was this cluster's to change.
     began: bool = False
+    _machine: IO[str] | None = None
     # The chips' and management devices' nodes in /dev (tests add vNPUs' with make()).
     devices: StandInDevices = field(default_factory=StandInDevices)
     _logs: list[IO[bytes]] = field(default_factory=list)
@@ -203,6 +207,14 @@ class Cluster:
                 f"a kubelet already answers at {KUBELET_SOCKET}: this cluster's kubelet needs that socket; "
                 "stop that kubelet (another make e2e or make cluster?) or use a machine without one"
             )
+        # One cluster of these at a time: two starting at once would meet on /var/lib/kubelet and /dev.
+        self._machine = MACHINE_LOCK.open("w")
+        try:
+            fcntl.flock(self._machine, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise KubeletPresent(
+                f"another cluster of these tests is starting on this machine ({MACHINE_LOCK}); wait for it"
+            ) from None
         try:
             self.devices.make((*CHIPS, *MANAGEMENT))
         except DevicesPresent as present:
@@ -595,6 +607,14 @@ class Cluster:
 
     def stop(self) -> list[str]:
         """Stops everything and removes what the cluster made; returns what could not be put back."""
+        try:
+            return self._stop()
+        finally:
+            if self._machine is not None:
+                self._machine.close()  # the lock goes with it
+                self._machine = None
+
+    def _stop(self) -> list[str]:
         if not self.began:  # refused at its start: the kubelet's mounts, the shims and cgroups are another's
             problems = self.devices.remove()
             shutil.rmtree(self.work, ignore_errors=True)
