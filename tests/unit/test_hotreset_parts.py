@@ -346,12 +346,8 @@ class _Said(logging.Handler):
             self.said.set()
 
 
-async def test_a_pairing_asked_again_never_holds_up_a_health_query(
-    short_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The retry of a pairing the driver could not give ran inside the health query: while libdcmi hung,
-    every minute a query waited up to the npu-smi timeout for it (and counted it as npu-smi's time). It runs
-    in a task of its own now; the query after it ends reports the pairs."""
+def _a3_node_whose_driver_fails(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> DevfsBackend:
+    """A devfs backend on 16 A3 dies whose libdcmi fails to start (-8005), asked again at once."""
     host = HostTree(short_dir / "host").add_driver().add_management().add_chips(range(16))
     build_libdcmi(host.root)
     npu_smi = FakeNpuSmi(short_dir / "npu-smi")
@@ -361,7 +357,16 @@ async def test_a_pairing_asked_again_never_holds_up_a_health_query(
     )
     monkeypatch.setattr(chipset, "PAIRING_RETRY", 0.0)
     monkeypatch.setenv("FAKE_DCMI_INIT", "-8005")
-    backend = DevfsBackend(settings)
+    return DevfsBackend(settings)
+
+
+async def test_a_pairing_asked_again_never_holds_up_a_health_query(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retry of a pairing the driver could not give ran inside the health query: while libdcmi hung,
+    every minute a query waited up to the npu-smi timeout for it (and counted it as npu-smi's time). It runs
+    in a task of its own now; the query after it ends reports the pairs."""
+    backend = _a3_node_whose_driver_fails(short_dir, monkeypatch)
     try:
         assert await backend.query()
         assert {chip.paired_card for chip in (await backend.discover()).chips} == {None}, "not read"
@@ -392,16 +397,7 @@ async def test_a_pairing_asked_again_is_stopped_with_the_backend(
     short_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The retry's task ends with the backend (a reload, the agent stopping): its hanging child is killed."""
-    host = HostTree(short_dir / "host").add_driver().add_management().add_chips(range(16))
-    build_libdcmi(host.root)
-    npu_smi = FakeNpuSmi(short_dir / "npu-smi")
-    npu_smi.set_output("info", (FIXTURES / "Ascend910-A3x16-24.1.rc3.7-info.txt").read_text())
-    settings = Settings(
-        host_root=host.root, npu_smi=str(npu_smi.path), hot_reset="dry-run", npu_smi_timeout=300
-    )
-    monkeypatch.setattr(chipset, "PAIRING_RETRY", 0.0)
-    monkeypatch.setenv("FAKE_DCMI_INIT", "-8005")
-    backend = DevfsBackend(settings)
+    backend = _a3_node_whose_driver_fails(short_dir, monkeypatch)
     await backend.query()
     fifo = short_dir / "dcmi-wait"
     os.mkfifo(fifo)
