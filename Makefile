@@ -16,7 +16,7 @@ DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-hea
 # Two workers (pytest-xdist): the suite's tests mostly wait on the agent processes they start.
 PYTEST_FLAGS ?= -q -n 2
 
-.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build cluster bench-cluster image image-test clean helm-lint helm-render helm-schema
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build e2e-matrix cluster bench-cluster image image-test clean helm-lint helm-render helm-schema
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -135,12 +135,14 @@ interop: $(STAMP) $(INTEROP)/kubelet-standin $(INTEROP)/deviceinfo-decode $(INTE
 	INTEROP_REQUIRE_STANDIN=1 $(BIN)/pytest -q -s -m interop -o addopts='' tests/interop
 
 # A real single-node Kubernetes (tests/cluster/): one binary with kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kubectl, embedded etcd and a recording CRI runtime, built from Kubernetes' own Go
-# modules (the version pinned in tests/cluster/go.mod) into a cache outside the clone keyed by that version and a
-# hash of the module's sources; a second build with the same sources is a cache hit. `make test` never builds it.
+# kube-scheduler, kubelet, kubectl and embedded etcd, built from Kubernetes' own Go modules (the version pinned
+# in tests/cluster/go.mod, or K8S_VERSION=v1.x.y: any release the Go module proxy serves) into a cache outside
+# the clone keyed by that version and a hash of the module's sources; a second build with the same sources is a
+# cache hit. `make test` never builds it.
+K8S_VERSION ?=
 e2e-build:
 	@command -v $(GO) >/dev/null || { echo "make e2e-build: no go on PATH; install Go 1.26 or newer"; exit 1; }
-	tests/cluster/build.sh
+	K8S_VERSION="$(K8S_VERSION)" tests/cluster/build.sh
 
 # The node's runtime (containerd, runc, the CNI plugins: tests/cluster/runtime/build.sh, cached outside the
 # clone like the Kubernetes binary) and the agent's image for this machine's architecture, which containerd
@@ -150,10 +152,18 @@ E2E_IMAGE := build/image/ascend-agent-e2e.oci.tar
 NATIVE_ARCH = $$(dpkg --print-architecture 2>/dev/null || echo amd64)
 e2e: $(STAMP) $(HELM_STAMP)
 	@command -v $(GO) >/dev/null || { echo "make e2e: no go on PATH; install Go 1.26 or newer"; exit 1; }
-	binary=$$(tests/cluster/build.sh) && tests/cluster/runtime/build.sh >/dev/null && \
+	binary=$$(K8S_VERSION="$(K8S_VERSION)" tests/cluster/build.sh) && tests/cluster/runtime/build.sh >/dev/null && \
 	IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
-	E2E_K8S_BINARY="$$binary" E2E_IMAGES="$(abspath $(E2E_IMAGE))" E2E_REQUIRE_CLUSTER=1 \
-		$(BIN)/pytest -q -m e2e_cluster -o addopts='' tests/cluster
+	E2E_K8S_BINARY="$$binary" E2E_K8S_VERSION="$(K8S_VERSION)" E2E_IMAGES="$(abspath $(E2E_IMAGE))" \
+		E2E_REQUIRE_CLUSTER=1 $(BIN)/pytest -q -m e2e_cluster -o addopts='' tests/cluster
+
+# The e2e scenarios on every release of tests/cluster/matrix.py (or MATRIX="v1.33.13 v1.37.2"), each built and
+# cached apart; the table goes to build/e2e-matrix.md. Root; not in .ci/run (an hour and more when cold).
+MATRIX ?=
+e2e-matrix: $(STAMP) $(HELM_STAMP)
+	@command -v $(GO) >/dev/null || { echo "make e2e-matrix: no go on PATH; install Go 1.26 or newer"; exit 1; }
+	tests/cluster/runtime/build.sh >/dev/null && IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
+	$(BIN)/python -m tests.cluster.matrix "$(abspath $(E2E_IMAGE))" $(MATRIX)
 
 # The same node kept up for a person (root): the chart installed on it, a kubectl for it, until Ctrl-C.
 cluster: $(STAMP) $(HELM_STAMP)

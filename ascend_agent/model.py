@@ -4,8 +4,8 @@
 >>> chip.device_id, chip.resource, chip.device_path
 ('Ascend910-3', 'huawei.com/Ascend910', '/dev/davinci3')
 
-A vNPU is advertised as a slice of its chip: the chip with ``vnpu`` set, so it shares the chip's health and
-NUMA node and has names of its own:
+A vNPU is advertised as a slice of its chip: the chip with ``vnpu`` set, so it shares the chip's health, NUMA
+node and PCIe root and has names of its own:
 
 >>> part = Chip.make(0, "310P3").slice(VNpu(100, "vir02", aicore=2, memory_gb=6))
 >>> part.device_id, part.resource, part.device_path, part.chip_device_id
@@ -272,6 +272,9 @@ class Chip:
     reason: str = ""
     bus_id: str | None = None
     numa_node: int | None = None
+    # The PCIe root complex the chip hangs under, as sysfs names it (``pci0000:80``): a NIC of another DRA
+    # driver under the same root reaches the chip without crossing the CPUs' interconnect.
+    pcie_root: str | None = None
     npu_id: int | None = None
     naming_scheme: str = "huawei"
     faults: tuple[Fault, ...] = ()

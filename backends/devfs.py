@@ -1,5 +1,5 @@
-"""Real probing: ``npu-smi`` for the chips and their health, ``/dev`` for the device nodes, sysfs for NUMA
-(the gauges the answers feed are kept by :mod:`~ascend_agent.backends.telemetry`).
+"""Real probing: ``npu-smi`` for the chips and their health, ``/dev`` for the device nodes, sysfs for the NUMA
+node and PCIe root (the gauges the answers feed are kept by :mod:`~ascend_agent.backends.telemetry`).
 
 The chips are what npu-smi reports, matched to ``<dev-root>/davinci<phys id>``; a device node npu-smi does not
 know is never invented. npu-smi runs once per health interval, beside the agent's loop (``query``); device
@@ -31,7 +31,6 @@ from ascend_agent.backends.devnodes import (
     MANAGER,
     MANAGER_310B,
     SHORT_OF_RESOURCES,
-    TRANSIENT_ERRNOS,
     DeviceListing,
     is_device_name,
     management_devices,
@@ -47,6 +46,7 @@ from ascend_agent.backends.npusmi import (
     physical_ids,
 )
 from ascend_agent.backends.npusmi_reset import reset_chip
+from ascend_agent.backends.pci import UNKNOWN, PciAddressError, PciFacts, read_pci_facts
 from ascend_agent.backends.telemetry import ChipTelemetry
 from ascend_agent.backends.tool import query_info, run_npu_smi
 from ascend_agent.backends.training import TrainingProbe, TrainingTarget
@@ -96,7 +96,7 @@ class _Probed:
     generation: Generation
     health: str
     bus_id: str | None
-    numa_node: int | None
+    pci: PciFacts
     faults: tuple[Fault, ...] = ()
     hbm_mb: int | None = None
     processes: int | None = None
@@ -111,7 +111,10 @@ class DevfsBackend:
         self._healthy_states = frozenset(state.lower() for state in settings.healthy_states)
         self._probed: dict[int, _Probed] = {}
         self._reported: frozenset[int] = frozenset()
-        self._numa: dict[str, int | None] = {}
+        # Each chip's NUMA node and PCIe root by the bus id npu-smi gives, unknown ones too; and the chips
+        # said to have no bus id.
+        self._pci: dict[str, PciFacts] = {}
+        self._without_bus_id: set[int] = set()
         # What npu-smi's slower commands said about the chip set last seen (their names, ids and SoC).
         self._chip_set = ChipSet(settings)
         self._failures = 0
@@ -475,32 +478,42 @@ class DevfsBackend:
                     generation=classify(model),
                     health=row.health,
                     bus_id=row.bus_id,
-                    numa_node=await self._numa_node(row.bus_id),
+                    pci=await self._pci_facts(phys_id, row.bus_id),
                     hbm_mb=row.hbm_total_mb or None,
                     processes=table.processes.count(row.npu_id, row.chip),
                 )
             )
         return probed
 
-    async def _numa_node(self, bus_id: str | None) -> int | None:
-        """The NUMA node of a PCI device; read once per bus id, present or not, as it cannot change while
-        the device is up."""
+    async def _pci_facts(self, phys_id: int, bus_id: str | None) -> PciFacts:
+        """The NUMA node and PCIe root of a chip; read once per bus id, known or not, as they cannot change
+        while the device is up. A chip whose PCI address cannot be read has neither, said once."""
         if not bus_id:
-            return None
-        if bus_id in self._numa:
-            return self._numa[bus_id]
-        path = self._settings.effective_sys_root / "bus/pci/devices" / bus_id.lower() / "numa_node"
+            if phys_id not in self._without_bus_id:
+                self._without_bus_id.add(phys_id)
+                self._no_pci_facts(phys_id, "npu-smi gives no bus id for it")
+            return UNKNOWN
+        if bus_id in self._pci:
+            return self._pci[bus_id]
         try:
-            async with aiofiles.open(path) as handle:
-                node = int((await handle.read()).strip())
-        except OSError as exc:
-            if exc.errno in TRANSIENT_ERRNOS:
-                return None  # out of descriptors now: ask again next query
-            node = -1  # what sysfs says for no NUMA node; asking again every health query would not change it
-        except ValueError:
-            node = -1
-        self._numa[bus_id] = node if node >= 0 else None
-        return self._numa[bus_id]
+            facts = await read_pci_facts(self._settings.effective_sys_root, bus_id)
+        except OSError:
+            return UNKNOWN  # out of descriptors or memory now: ask again next query
+        except PciAddressError as exc:
+            self._no_pci_facts(phys_id, str(exc))
+            facts = UNKNOWN
+        self._pci[bus_id] = facts
+        return facts
+
+    @staticmethod
+    def _no_pci_facts(phys_id: int, reason: str) -> None:
+        log.info(
+            "Chip %d: %s; its NUMA node and PCIe root are unknown, so its DRA devices leave out the standard "
+            "attributes resource.kubernetes.io/pcieRoot and resource.kubernetes.io/numaNode",
+            phys_id,
+            reason,
+            extra=log_fields(ids=[phys_id], reason=reason),
+        )
 
     async def discover(self) -> Inventory:
         nodes = await self._listing.names()
@@ -587,7 +600,8 @@ class DevfsBackend:
                 probed.model,
                 probed.generation,
                 bus_id=probed.bus_id,
-                numa_node=probed.numa_node,
+                numa_node=probed.pci.numa_node,
+                pcie_root=probed.pci.pcie_root,
                 npu_id=probed.npu_id,
                 naming_scheme=self._settings.resource_naming,
                 faults=probed.faults,

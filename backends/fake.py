@@ -1,7 +1,8 @@
 """Synthetic chips with scriptable faults, for development and CI.
 
-``--fake-chips 8 --fake-model 910B4`` gives eight healthy chips split over two NUMA nodes; a state file
-(``--fake-state``) scripts faults, re-read on every discovery::
+``--fake-chips 8 --fake-model 910B4`` gives eight healthy chips split over two NUMA nodes, each node's chips
+under a PCIe root complex of its own (``pci0000:00``, ``pci0000:80``); a state file (``--fake-state``) scripts
+faults, re-read on every discovery::
 
     {"unhealthy": [3], "absent": [7]}
 
@@ -76,6 +77,8 @@ _MANAGEMENT_DEVICES = tuple(
     for path in ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 )
 _NUMA_NODES = 2
+# The PCIe root complex of each NUMA node's chips, as a two-socket server's sysfs names them.
+_PCIE_ROOTS = ("pci0000:00", "pci0000:80")
 # HBM per chip (die on A3) in MiB, as npu-smi's table prints it; 310 chips have none.
 _HBM_MB = {
     Generation.ASCEND910A: 32768,
@@ -340,11 +343,13 @@ class FakeBackend:
 
     def _chip(self, phys_id: int) -> Chip:
         chips = self._settings.fake_chips
+        numa_node = phys_id * _NUMA_NODES // chips
         chip = Chip.make(
             phys_id,
             self._settings.fake_model,
             bus_id=f"0000:{0x10 + phys_id:02x}:00.0",
-            numa_node=phys_id * _NUMA_NODES // chips,
+            numa_node=numa_node,
+            pcie_root=_PCIE_ROOTS[numa_node],
             npu_id=phys_id // self._dies_per_npu,
             chip_on_card=phys_id % self._dies_per_npu,
             naming_scheme=self._settings.resource_naming,

@@ -4,7 +4,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,7 +19,6 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
-	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 var components = map[string]func() int{
@@ -28,7 +26,7 @@ var components = map[string]func() int{
 	"kube-apiserver":          func() int { return cli.Run(apiserver.NewAPIServerCommand()) },
 	"kube-controller-manager": func() int { return cli.Run(controllermanager.NewControllerManagerCommand()) },
 	"kube-scheduler":          func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
-	"kubelet":                 func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
+	"kubelet":                 runKubelet,
 	"kubectl":                 runKubectl,
 }
 

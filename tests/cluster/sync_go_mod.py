@@ -31,8 +31,12 @@ def pinned_kubernetes(go_mod: str) -> tuple[str, str]:
     return version, f"v0.{minor}.{patch}"
 
 
-def staging_modules(kubernetes_version: str) -> list[str]:
-    """The staging modules k8s.io/kubernetes at that version replaces with its own directories."""
+class GoModuleError(Exception):
+    """The Go module proxy would not give a release's go.mod: Go's own words."""
+
+
+def upstream_go_mod(kubernetes_version: str) -> str:
+    """The go.mod of k8s.io/kubernetes at that version, from the Go module proxy (or Go's module cache)."""
     answer = subprocess.run(
         ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{kubernetes_version}"],
         capture_output=True,
@@ -41,8 +45,21 @@ def staging_modules(kubernetes_version: str) -> list[str]:
         check=False,
     )
     if answer.returncode != 0:
-        raise SystemExit(f"go mod download k8s.io/kubernetes@{kubernetes_version}: {answer.stderr.strip()}")
-    modules = staging_replaces(Path(json.loads(answer.stdout)["GoMod"]).read_text())
+        # -json puts Go's error in the answer's Error field; other failures say it on stderr.
+        try:
+            reason = str(json.loads(answer.stdout)["Error"])
+        except (ValueError, KeyError, TypeError):
+            reason = answer.stderr.strip() or f"go mod download exited {answer.returncode}"
+        raise GoModuleError(f"go mod download k8s.io/kubernetes@{kubernetes_version}: {reason}")
+    return Path(json.loads(answer.stdout)["GoMod"]).read_text()
+
+
+def staging_modules(kubernetes_version: str) -> list[str]:
+    """The staging modules k8s.io/kubernetes at that version replaces with its own directories."""
+    try:
+        modules = staging_replaces(upstream_go_mod(kubernetes_version))
+    except GoModuleError as error:
+        raise SystemExit(str(error)) from None
     if not modules:
         raise SystemExit(f"k8s.io/kubernetes@{kubernetes_version}'s go.mod replaces no staging module")
     return modules

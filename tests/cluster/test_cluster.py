@@ -1,5 +1,5 @@
-"""The cluster itself: the components up, the node Ready, the version pinned in go.mod, the kubelet on
-containerd with pods on the cluster's own network."""
+"""The cluster itself: the components up, the node Ready, the release asked for (go.mod's, or K8S_VERSION),
+the kubelet on containerd with pods on the cluster's own network."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pytest
 from tests.cluster.harness import NODE_NAME, Cluster, kubelet_answers
 from tests.cluster.pods import container, wait_running
 from tests.cluster.runtime import POD_SUBNET
+from tests.cluster.versions import expected_release
 
 pytestmark = pytest.mark.e2e_cluster
 
-GO_MOD = Path(__file__).with_name("go.mod")
 CONTAINERD_VERSION = re.search(
     r"CONTAINERD_VERSION:-(v[\d.]+)", (Path(__file__).parent / "runtime" / "build.sh").read_text()
 )[1]  # type: ignore[index]
@@ -34,23 +34,17 @@ def plain_pod(name: str) -> dict[str, Any]:
     }
 
 
-def pinned_version() -> str:
-    match = re.search(r"k8s\.io/kubernetes (v1\.\d+\.\d+)", GO_MOD.read_text())
-    assert match is not None
-    return match.group(1)
-
-
-def test_the_node_is_ready_and_runs_the_pinned_kubelet(cluster: Cluster) -> None:
+def test_the_node_is_ready_and_runs_the_kubelet_asked_for(cluster: Cluster) -> None:
     node = json.loads(cluster.kubectl("get", "node", NODE_NAME, "-o", "json").stdout)
     ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
     assert ready and ready[0]["status"] == "True", node["status"]["conditions"]
-    assert node["status"]["nodeInfo"]["kubeletVersion"] == pinned_version()
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == expected_release()
 
 
-def test_the_apiserver_reports_the_pinned_version(cluster: Cluster) -> None:
+def test_the_apiserver_reports_the_release_asked_for(cluster: Cluster) -> None:
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
-    assert version["serverVersion"]["gitVersion"] == pinned_version()
-    assert version["clientVersion"]["gitVersion"] == pinned_version()
+    assert version["serverVersion"]["gitVersion"] == expected_release()
+    assert version["clientVersion"]["gitVersion"] == expected_release()
 
 
 def test_the_kubelet_runs_on_containerd_and_pods_get_addresses_inside_the_cluster(cluster: Cluster) -> None:

@@ -26,9 +26,10 @@ from tests.cluster.pods import (
     wait_running,
 )
 from tests.cluster.polling import poll
+from tests.cluster.versions import needs_newer, server_release
 from tests.support.agent_process import AgentProcess
 
-pytestmark = pytest.mark.e2e_cluster
+pytestmark = [pytest.mark.e2e_cluster, pytest.mark.kubernetes("1.34", "resource.k8s.io/v1, GA from 1.34")]
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,7 @@ def test_a_claim_from_a_template_is_scheduled_prepared_and_in_the_container(
     assert not left, left
 
 
+@pytest.mark.kubernetes("1.36", "extended resources through DRA, beta and on by default from 1.36")
 def test_a_pod_asking_for_the_extended_resource_runs_on_the_dra_node(
     cluster: Cluster, dra_agent: AgentProcess
 ) -> None:
@@ -118,20 +120,30 @@ def test_a_pod_asking_for_the_extended_resource_runs_on_the_dra_node(
 
 
 def test_a_tainted_chip_is_never_allocated(cluster: Cluster, dra_agent: AgentProcess) -> None:
-    """Chip 3 Unhealthy: its device in the ResourceSlice is tainted; a claim of eight cannot be allocated, a
-    claim of seven gets every chip but that one."""
+    """Chip 3 Unhealthy: its device in the ResourceSlice is tainted (from 1.36, where device taints are on by
+    default; before, the API server drops taints and the device is left out instead); a claim of eight cannot
+    be allocated, a claim of seven gets every chip but that one."""
     (cluster.work / "fake-state-dra.json").write_text(json.dumps({"unhealthy": [3]}))
     try:
-        tainted = poll(
-            lambda: [
-                d["name"]
-                for s in node_slices(cluster)
-                for d in s["spec"].get("devices", [])
-                if d.get("taints")
-            ],
-            bool,
-        )
-        assert len(tainted) == 1, node_slices(cluster)
+        if needs_newer(server_release(cluster), "1.36"):
+
+            def names() -> set[str]:
+                return {d["name"] for s in node_slices(cluster) for d in s["spec"].get("devices", [])}
+
+            left = poll(names, lambda found: len(found) == 7)
+            assert len(left) == 7 and "npu-3" not in left, left
+            dra_agent.wait_log("dropped the device taints of ResourceSlice", timeout=30)
+        else:
+            tainted = poll(
+                lambda: [
+                    d["name"]
+                    for s in node_slices(cluster)
+                    for d in s["spec"].get("devices", [])
+                    if d.get("taints")
+                ],
+                bool,
+            )
+            assert len(tainted) == 1, node_slices(cluster)
         claim_pod(cluster, "eight", count=8)
         cluster.kubectl(
             "wait",
@@ -149,3 +161,40 @@ def test_a_tainted_chip_is_never_allocated(cluster: Cluster, dra_agent: AgentPro
         for name in ("eight", "seven"):
             cluster.kubectl("delete", "pod", name, "--wait=true", "--timeout=60s", check=False, timeout=90)
         (cluster.work / "fake-state-dra.json").write_text("{}")
+
+
+def test_a_claim_aligned_on_the_standard_pcie_root_gets_chips_of_one_root(
+    cluster: Cluster, dra_agent: AgentProcess
+) -> None:
+    """Every device carries Kubernetes' standard ``resource.kubernetes.io/pcieRoot`` and ``numaNode``; a claim
+    of four chips with ``matchAttribute`` on the root (as one aligning a chip with a NIC of another driver
+    does) is allocated by the scheduler four chips under one root."""
+    slices = poll(lambda: node_slices(cluster), bool)
+    attributes = {d["name"]: d["attributes"] for s in slices for d in s["spec"].get("devices", [])}
+    roots = {name: a["resource.kubernetes.io/pcieRoot"]["string"] for name, a in attributes.items()}
+    numa = {name: a["resource.kubernetes.io/numaNode"]["int"] for name, a in attributes.items()}
+    assert len(set(roots.values())) == 2 and set(numa.values()) == {0, 1}, attributes
+    request = {"deviceClassName": "ascend910b4", "allocationMode": "ExactCount", "count": 4}
+    constraint = {"requests": ["npus"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-root", "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "npus", "exactly": request}]}}},
+    }
+    pod = one_pod_spec("one-root", "aligned", 1)
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "npus"}]}
+    pod["spec"]["resourceClaims"] = [{"name": "npus", "resourceClaimTemplateName": "one-root"}]
+    template["spec"]["spec"]["devices"]["constraints"] = [constraint]
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(template))
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    try:
+        wait_running(cluster, "one-root")
+        status = json.loads(cluster.kubectl("get", "pod", "one-root", "-o", "json").stdout)["status"]
+        (name,) = [s["resourceClaimName"] for s in status["resourceClaimStatuses"]]
+        claim = json.loads(cluster.kubectl("get", "resourceclaim", name, "-o", "json").stdout)
+        devices = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+        assert len(devices) == 4 and len({roots[d] for d in devices}) == 1, (devices, roots)
+        assert len(chip_devices(runtime_spec(cluster, "one-root", "aligned"))) == 4
+    finally:
+        cluster.kubectl("delete", "pod", "one-root", "--wait=true", "--timeout=60s", check=False, timeout=90)

@@ -21,7 +21,10 @@ from tests.support.host_tree import HostTree
 from tests.support.npusmi_fake import FakeNpuSmi
 from tests.support.vnpu_node import TEMPLATE_INFO, TEMPLATES_310P, info_310p
 
-pytestmark = pytest.mark.e2e_cluster
+pytestmark = [
+    pytest.mark.e2e_cluster,
+    pytest.mark.kubernetes("1.36", "partitionable devices, beta and on by default from 1.36"),
+]
 
 DRIVER = "npu.huawei.com"
 

@@ -1,7 +1,7 @@
-"""The DRA driver's life under the real kubelet: a chip's health carried by the health stream
-(v1alpha1.DRAResourceHealth) into the pod's status, the agent restarted while a claim is prepared, a
-rolling update of the driver (a second process with another pod UID while the first still serves), and the
-kubelet restarted (it deletes the node's slices at its start)."""
+"""The DRA driver's life under the real kubelet: a chip's health carried by the health stream into the pod's
+status (the newest service the kubelet knows: v1.DRAResourceHealth from 1.37, v1alpha1 before), the agent
+restarted while a claim is prepared, a rolling update of the driver (a second process with another pod UID
+while the first still serves), and the kubelet restarted (it deletes the node's slices at its start)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.node import kubectl_watch
 from tests.cluster.pods import chip_devices, claim_pod, delete_pods, runtime_spec, wait_running
 from tests.cluster.polling import until
+from tests.cluster.versions import needs_newer, server_release
 from tests.support.agent_process import AgentProcess
 
-pytestmark = pytest.mark.e2e_cluster
+pytestmark = [pytest.mark.e2e_cluster, pytest.mark.kubernetes("1.34", "resource.k8s.io/v1, GA from 1.34")]
 
 DRIVER = "npu.huawei.com"
 REGISTERED = f"Registered DRA driver {DRIVER}"
@@ -101,7 +102,8 @@ def wait_resource_health(cluster: Cluster, pod: str, health: str, timeout: float
     return until(claim_npus, healthy, f"pod {pod}: claim:npus with health {health}", timeout)
 
 
-def test_an_unhealthy_chip_reaches_the_pods_status_and_recovers(
+@pytest.mark.kubernetes("1.36", "device health in the pod's status, beta and on by default from 1.36")
+def test_an_unhealthy_chip_reaches_the_pods_status_through_the_newest_health_service_and_recovers(
     cluster: Cluster, agents: list[AgentProcess]
 ) -> None:
     claim_pod(cluster, "health")
@@ -112,6 +114,11 @@ def test_an_unhealthy_chip_reaches_the_pods_status_and_recovers(
         resource_id = f"{DRIVER}/claim={claim['metadata']['uid']}-{device}"
         healthy = wait_resource_health(cluster, "health", "Healthy")
         assert [r["resourceID"] for r in healthy["resources"]] == [resource_id], healthy
+        # The kubelet opens the newest health service the driver lists: v1 from 1.37, v1alpha1 before.
+        service = "v1alpha1" if needs_newer(server_release(cluster), "1.37") else "v1"
+        (agent,) = agents[-1:]
+        said = agent.matching(r"watches the devices' health through \S+")
+        assert said and all(f"through {service}.DRAResourceHealth" in line for line in said), said
         fake_state(cluster).write_text(json.dumps({"unhealthy": [int(device.removeprefix("npu-"))]}))
         unhealthy = wait_resource_health(cluster, "health", "Unhealthy")
         (entry,) = unhealthy["resources"]

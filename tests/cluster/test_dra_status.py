@@ -23,7 +23,7 @@ from tests.cluster.pods import claim_pod, one_pod_spec, wait_running
 from tests.cluster.polling import until
 from tests.support.agent_process import AgentProcess
 
-pytestmark = pytest.mark.e2e_cluster
+pytestmark = [pytest.mark.e2e_cluster, pytest.mark.kubernetes("1.34", "resource.k8s.io/v1, GA from 1.34")]
 
 ADMIN_NAMESPACE = "npu-ops"
 

@@ -17,7 +17,7 @@ from tests.cluster.harness import Cluster
 from tests.cluster.pods import claim_pod, delete_pods, runtime_spec, spec_device_numbers, wait_running
 from tests.support.agent_process import AgentProcess
 
-pytestmark = pytest.mark.e2e_cluster
+pytestmark = [pytest.mark.e2e_cluster, pytest.mark.kubernetes("1.34", "resource.k8s.io/v1, GA from 1.34")]
 
 DRIVER = "npu.huawei.com"
 

@@ -26,7 +26,7 @@ from tests.cluster.released import (
     remove_applied_chart,
 )
 
-pytestmark = pytest.mark.e2e_cluster
+pytestmark = [pytest.mark.e2e_cluster, pytest.mark.kubernetes("1.34", "resource.k8s.io/v1, GA from 1.34")]
 
 DRIVER = "npu.huawei.com"
 

@@ -32,7 +32,10 @@ from tests.cluster.polling import poll, until
 from tests.support.agent_process import AgentProcess
 from tests.support.hccl import gather, hccl_json
 
-pytestmark = pytest.mark.e2e_cluster
+pytestmark = [
+    pytest.mark.e2e_cluster,
+    pytest.mark.kubernetes("1.30", "ValidatingAdmissionPolicy, admissionregistration.k8s.io/v1 from 1.30"),
+]
 
 RENDER = RENDERS / "volcano.yaml"
 # The chart's volcano.annotationPolicy.schedulerServiceAccount by default: Volcano's own install.

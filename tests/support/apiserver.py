@@ -15,6 +15,10 @@ Outages on demand, for every request or only those of one verb and resource::
     apiserver.fail(500)
     apiserver.behave()
 
+A server without a feature, which drops its fields from what is written::
+
+    apiserver.rewrite_writes("resourceslices", drop_taints)
+
 Watches of a resource see the objects ``put`` (as ADDED or MODIFIED) and everything the client writes.
 What the emulator does not do (kmock 0.8): label and field selectors are ignored (a list or watch gets every
 object of the resource), there is no ``resourceVersion`` or conflict (409 only for a create of an existing
@@ -110,6 +114,9 @@ class _Emulator(kmock.KubernetesEmulator):
     released: asyncio.Event = attrs.field(factory=asyncio.Event)
     on_request: Callable[[Request], None] = attrs.field(default=lambda request: None)
     on_answered: Callable[[], None] = attrs.field(default=lambda: None)
+    # By resource: what the server does to a written body before keeping it (one without a feature drops
+    # that feature's fields).
+    rewrites: dict[str, Callable[[dict[str, Any]], None]] = attrs.field(factory=dict)
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         """As the API server does: a Status object with ``Content-Type: application/json`` exactly (aiohttp
@@ -136,6 +143,10 @@ class _Emulator(kmock.KubernetesEmulator):
                             status=status, reason=_REASONS.get(status, "Error"), message="refused"
                         )
                     )
+            rewrite = self.rewrites.get(request.resource.plural if request.resource is not None else "")
+            writes = _verb(request) in ("create", "patch", "update")
+            if rewrite is not None and writes and isinstance(request.data, dict):
+                rewrite(request.data)
             if str(request.method.value) == "PUT" and request.resource is not None and request.name:
                 return await self._replace(request)
             return await super()._handle(request)
@@ -241,6 +252,16 @@ class ApiServer:
             if fault == "hang":
                 self._emulator.released = asyncio.Event()
             self._emulator.rules.append(_Rule(fault, verb, resource, seconds))
+
+        self._call(add())
+
+    def rewrite_writes(self, resource: str, rewrite: Callable[[dict[str, Any]], None]) -> None:
+        """From now on, every create, patch and update of ``resource`` is kept as ``rewrite`` leaves its body
+        (changed in place), and answered so: an API server without a feature drops its fields."""
+
+        async def add() -> None:
+            assert self._emulator is not None
+            self._emulator.rewrites[resource] = rewrite
 
         self._call(add())
 

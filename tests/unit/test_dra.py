@@ -19,10 +19,11 @@ import kubernetes_validate
 import pytest
 
 from ascend_agent.backends._container import container_base
+from ascend_agent.backends.fake import FakeBackend
 from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.cluster.side import ClusterSide
-from ascend_agent.config import ConfigError, Settings, SettingsSource
+from ascend_agent.config import ConfigError, Settings, SettingsSource, fake_vnpus
 from ascend_agent.container import container_spec
 from ascend_agent.doctor.dra import kubelet_checks, slices_check
 from ascend_agent.files import replace_file
@@ -40,6 +41,7 @@ from ascend_agent.kubelet.dra.handlers import grpc_handlers
 from ascend_agent.kubelet.dra.service import DraService
 from ascend_agent.kubelet.dra.slices import ResourceSlice, SlicePublisher, slice_name
 from ascend_agent.model import Chip, ContainerSpec, DeviceNode, Health, Inventory, VNpu
+from ascend_agent.vnpu_layout import parse_layout
 from tests.support.apiserver import ApiServer
 
 KUBERNETES = "1.36"
@@ -73,6 +75,40 @@ def test_a3_dies_share_a_module_and_910a_chips_name_their_ring() -> None:
     (spec,) = pool_slices(Inventory(rings), TAINTS)
     assert [d["attributes"]["hccsRing"]["int"] for d in spec["devices"]] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert all("moduleId" not in d["attributes"] for d in spec["devices"])
+
+
+async def test_every_device_of_the_fake_chips_carries_kubernetes_standard_pcie_root_and_numa_node() -> None:
+    """Whole chips, a static vNPU and a dynamic chip's template devices: each its chip's root and node, so a
+    claim can match an NPU with another driver's NIC on ``resource.kubernetes.io/pcieRoot``."""
+    settings = Settings(
+        backend="fake",
+        fake_model="310P3",
+        fake_chips=4,
+        fake_vnpus=fake_vnpus({"0": ["vir02"]}),
+        vnpu=parse_layout({"3": {"dynamic": True}}),
+    )
+    backend = FakeBackend(settings)
+    await backend.start()
+    spec = pool_slices(await backend.discover(), TAINTS)[-1]
+    standard = {
+        device["name"]: (
+            device["attributes"]["resource.kubernetes.io/pcieRoot"],
+            device["attributes"]["resource.kubernetes.io/numaNode"],
+            device["attributes"]["numaNode"],
+        )
+        for device in spec["devices"]
+    }
+    on_node_0 = ({"string": "pci0000:00"}, {"int": 0}, {"int": 0})
+    on_node_1 = ({"string": "pci0000:80"}, {"int": 1}, {"int": 1})
+    assert {name: value for name, value in standard.items() if "-vir" not in name} == {
+        "npu-0-vnpu-100": on_node_0,
+        "npu-1": on_node_0,
+        "npu-2": on_node_1,
+        "npu-3": on_node_1,
+    }
+    templates = [value for name, value in standard.items() if name.startswith("npu-3-vir")]
+    assert templates and all(value == on_node_1 for value in templates)
+    assert kubernetes_validate.validate(_slice(spec), KUBERNETES, strict=True) == KUBERNETES
 
 
 def test_unhealthy_and_held_chips_are_tainted_with_a_valid_value() -> None:
@@ -147,6 +183,7 @@ def test_a_chip_split_into_vnpus_is_published_only_as_its_vnpus() -> None:
         "model": "310P3",
         "generation": "310P",
         "numaNode": 0,
+        "resource.kubernetes.io/numaNode": 0,
     }
     assert devices["npu-0-vnpu-101"]["capacity"] == {"aiCores": {"value": "2"}, "memory": {"value": "6Gi"}}
     assert devices["npu-0-vnpu-100"]["attributes"]["deviceType"] == {"string": "Ascend310P-4c.3cpu"}
@@ -502,6 +539,52 @@ async def test_a_taint_says_since_when_and_keeps_that_time_across_a_restart(apis
     writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
     assert len(writes) == 1
     await api.close()
+
+
+def _drop_device_taints(body: dict[str, Any]) -> None:
+    """What an API server with DRADeviceTaints off (1.34, 1.35) keeps of a written slice."""
+    for device in (body.get("spec") or {}).get("devices") or ():
+        device.pop("taints", None)
+
+
+async def test_an_api_server_that_drops_taints_gets_the_tainted_chip_left_out_and_no_rewrite_loop(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kubernetes 1.34 and 1.35 drop device taints (their gate is off): the Unhealthy chip's device was
+    published untainted, so a claim could be allocated it. It is left out, said once, and the slice as the
+    server keeps it is no change to undo at each check."""
+    caplog.set_level(logging.INFO, logger="ascend_agent.cluster")
+    apiserver.rewrite_writes("resourceslices", _drop_device_taints)
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    sick = Chip.make(1, "910B4", health=Health.UNHEALTHY, reason="npu-smi: Critical")
+    publisher = SlicePublisher("npu.huawei.com", "NoSchedule", refresh=0.2)
+    publisher.observe(Inventory((Chip.make(0, "910B4"), sick, Chip.make(2, "910B4"))))
+
+    def devices() -> list[str]:
+        found = apiserver.list("resourceslices")
+        return [d["name"] for s in found for d in s["spec"].get("devices") or ()]
+
+    def lists() -> int:
+        return sum(s.verb == "list" and s.resource == "resourceslices" for s in apiserver.seen())
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(publisher.run, api)
+            left = await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(devices, lambda names: names == ["npu-0", "npu-2"])
+            )
+            # Several checks (a list each) after the chip was left out: none of them writes.
+            settled = len([s for s in apiserver.seen() if s.verb in ("create", "patch")])
+            start = lists()
+            await anyio.to_thread.run_sync(lambda: apiserver.wait_for(lists, lambda n: n >= start + 5))
+            tasks.cancel_scope.cancel()
+    finally:
+        await api.close()
+    assert left == ["npu-0", "npu-2"]
+    writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
+    assert len(writes) == settled == 2, [s.verb for s in writes]
+    said = [r.getMessage() for r in caplog.records if "dropped the device taints" in r.getMessage()]
+    assert len(said) == 1 and "a tainted chip is left out of the slices" in said[0], said
 
 
 async def test_claims_of_one_call_are_read_side_by_side(apiserver: ApiServer, short_dir: Path) -> None:

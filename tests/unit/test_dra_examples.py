@@ -1,6 +1,6 @@
 """examples/dra/: valid against the Kubernetes 1.36 schemas (offline, strict: extendedResourceName and device
 taints are not in older ones), the DaemonSet runs the agent in DRA mode with a config Settings accepts, and
-the CEL selectors name attributes the agent publishes."""
+the CEL selectors and constraints name attributes the agent publishes (Kubernetes' standard ones too)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,10 @@ def test_a_rolling_update_starts_the_new_pod_before_the_old_one_stops() -> None:
 
 
 def test_selectors_name_published_attributes() -> None:
-    a3 = tuple(Chip.make(i, "910_9392", npu_id=i // 2, hbm_mb=65536) for i in range(4))
+    a3 = tuple(
+        Chip.make(i, "910_9392", npu_id=i // 2, hbm_mb=65536, numa_node=0, pcie_root="pci0000:00")
+        for i in range(4)
+    )
     rings = tuple(Chip.make(i, "910ProB") for i in range(8))
     cards = tuple(Chip.make(i, "310P3") for i in range(2))
     split = Inventory(cards, vnpus=(cards[0].slice(VNpu(100, "vir02", aicore=2, memory_gb=6)),))
@@ -81,6 +84,7 @@ def test_selectors_name_published_attributes() -> None:
         set(re.findall(r'\["npu\.huawei\.com"\]\.(\w+)', text))
         | set(re.findall(r"matchAttribute: npu\.huawei\.com/(\w+)", text))
         | set(re.findall(r'"(\w+)" in device\.attributes\["npu\.huawei\.com"\]', text))
+        | set(re.findall(r"matchAttribute: (resource\.kubernetes\.io/\w+)", text))
     )
     assert named and named <= published, named - published
 

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ascend_agent._proto.dra import v1 as health_v1
+from ascend_agent._proto.dra import v1alpha1 as health_v1alpha1
 from ascend_agent.container import container_spec
 from ascend_agent.kubelet.dra.carving import Made, MadeVnpus
 from ascend_agent.kubelet.dra.claimread import ClaimReader, ClaimRef
@@ -278,3 +279,19 @@ async def test_a_template_device_is_in_the_health_stream_with_its_chips_health(t
     assert "npu-1-vir04-0" in names and names | {"npu-1"} == set(health)
     assert {health[name] for name in names} == {health["npu-1"]}
     assert health["npu-1"][0] == health_v1.HealthStatus.UNHEALTHY
+
+
+@pytest.mark.parametrize("api", [health_v1, health_v1alpha1], ids=["v1", "v1alpha1"])
+async def test_the_log_says_which_health_service_the_kubelet_opened(
+    tmp_path: Path, api: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    prepared, _ = Prepared.open(tmp_path / "checkpoint.json", tmp_path / "cdi", "npu.huawei.com", "boot-1")
+    service = DraService("npu.huawei.com", "node-1", prepared, None)
+    service.publish([Chip.make(0, "910B3")], lambda chips: container_spec(chips, ContainerBase()))
+    caplog.set_level("INFO", logger="ascend_agent.kubelet.dra.service")
+    updates = service.health_updates(api)
+    await updates.__anext__()
+    await updates.aclose()
+    version = api.__name__.rsplit(".")[-1]
+    said = [r.getMessage() for r in caplog.records if "DRAResourceHealth" in r.getMessage()]
+    assert said == [f"the kubelet watches the devices' health through {version}.DRAResourceHealth"], said

@@ -1,11 +1,15 @@
 """The chips as DRA devices: their names, attributes, capacity and health taints, and the ResourceSlices of
 the node's pool. Pure functions of the inventory; no I/O.
 
-    >>> chips = tuple(Chip.make(i, "910B3", numa_node=i // 4, hbm_mb=65536) for i in range(2))
+    >>> chips = tuple(
+    ...     Chip.make(i, "910B3", numa_node=i // 4, pcie_root="pci0000:00", hbm_mb=65536) for i in range(2)
+    ... )
     >>> node = NodeChips.of(chips, "25.0.rc1.1")
     >>> device = slice_device(chips[1], node, DeviceTaints("npu.huawei.com", "NoSchedule"))
     >>> device["name"], device["attributes"]["deviceType"], device["attributes"]["physicId"]
     ('npu-1', {'string': 'Ascend910B3'}, {'int': 1})
+    >>> device["attributes"][STANDARD_PCIE_ROOT], device["attributes"][STANDARD_NUMA_NODE]
+    ({'string': 'pci0000:00'}, {'int': 0})
     >>> device["capacity"]["memory"], device["attributes"]["driverVersion"]
     ({'value': '64Gi'}, {'version': '25.0.1-rc.1'})
     >>> spec = pool_slices(Inventory(chips), DeviceTaints("npu.huawei.com", "NoSchedule"))
@@ -36,6 +40,10 @@ _INVALID_VALUE = re.compile(r"[^A-Za-z0-9._-]")
 # AI cores per chip where the model alone fixes the count: 310P3 (Atlas inference cards) and 910B4 (Atlas 800I
 # A2). Other 910 models come in variants with different counts.
 _AI_CORES = {"910B4": 20, "310P3": 8}
+# Kubernetes' standard attributes (k8s.io/dynamic-resource-allocation/deviceattribute), which devices of any
+# driver carry: a claim's matchAttribute on one aligns a chip with a NIC of another driver.
+STANDARD_PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+STANDARD_NUMA_NODE = "resource.kubernetes.io/numaNode"
 
 
 def device_name(chip: Chip) -> str:
@@ -212,7 +220,8 @@ class NodeChips:
 
 def slice_device(chip: Chip, node: NodeChips, taints: DeviceTaints) -> dict[str, Any]:
     """One device of the slice: attributes Huawei's DeviceClasses select on (``deviceType``, ``physicId``),
-    the topology (``numaNode``, ``hccsRing`` on 910A, ``moduleId`` on A3), ``memory`` and ``aiCores``."""
+    the topology (:func:`placement_attributes`, ``hccsRing`` on 910A, ``moduleId`` on A3), ``memory`` and
+    ``aiCores``."""
     if chip.vnpu is not None:
         return _vnpu_device(chip, taints)
     attributes: dict[str, dict[str, Any]] = {
@@ -226,8 +235,7 @@ def slice_device(chip: Chip, node: NodeChips, taints: DeviceTaints) -> dict[str,
         chip_id = node.chip_ids.get(chip.phys_id)
         if chip_id is not None:
             attributes["chipId"] = {"int": chip_id}
-    if chip.numa_node is not None:
-        attributes["numaNode"] = {"int": chip.numa_node}
+    attributes.update(placement_attributes(chip))
     group = node.topology.group_of.get(chip.device_id)
     if group is not None and node.topology.layout is Layout.RINGS:
         attributes["hccsRing"] = {"int": group}
@@ -243,6 +251,27 @@ def slice_device(chip: Chip, node: NodeChips, taints: DeviceTaints) -> dict[str,
     if cores is not None:
         capacity["aiCores"] = {"value": str(cores)}
     return _device(chip, attributes, capacity, taints)
+
+
+def placement_attributes(chip: Chip) -> dict[str, dict[str, Any]]:
+    """Where the chip (or the vNPU's chip) sits, each where known: ``numaNode``, and Kubernetes' standard
+    ``resource.kubernetes.io/pcieRoot`` and ``resource.kubernetes.io/numaNode`` (a node of -1, none, is not
+    published).
+
+    >>> placement_attributes(Chip.make(0, "310P3", numa_node=1, pcie_root="pci0000:80"))
+    {'numaNode': {'int': 1}, 'resource.kubernetes.io/pcieRoot': {'string': 'pci0000:80'}, \
+'resource.kubernetes.io/numaNode': {'int': 1}}
+    >>> placement_attributes(Chip.make(0, "310P3"))
+    {}
+    """
+    attributes: dict[str, dict[str, Any]] = {}
+    if chip.numa_node is not None:
+        attributes["numaNode"] = {"int": chip.numa_node}
+    if chip.pcie_root is not None:
+        attributes[STANDARD_PCIE_ROOT] = {"string": chip.pcie_root[:_MAX_STRING]}
+    if chip.numa_node is not None and chip.numa_node >= 0:
+        attributes[STANDARD_NUMA_NODE] = {"int": chip.numa_node}
+    return attributes
 
 
 def training_attributes(chip: Chip) -> dict[str, dict[str, Any]]:
@@ -295,8 +324,7 @@ def _vnpu_device(part: Chip, taints: DeviceTaints) -> dict[str, Any]:
         "model": {"string": part.model[:_MAX_STRING]},
         "generation": {"string": part.generation.value},
     }
-    if part.numa_node is not None:
-        attributes["numaNode"] = {"int": part.numa_node}
+    attributes.update(placement_attributes(part))
     attributes.update(training_attributes(part))
     capacity: dict[str, dict[str, str]] = {}
     if part.vnpu.aicore is not None:
@@ -371,8 +399,7 @@ def _dynamic_devices(
             "model": {"string": chip.model[:_MAX_STRING]},
             "generation": {"string": chip.generation.value},
         }
-        if chip.numa_node is not None:
-            attributes["numaNode"] = {"int": chip.numa_node}
+        attributes.update(placement_attributes(chip))
         capacity = {"aiCores": {"value": str(template.aicore)}}
         if template.memory_gb is not None:
             capacity["memory"] = {"value": f"{template.memory_gb}Gi"}

@@ -537,6 +537,9 @@ class DraService:
         NodeWatchResourcesResponse of ``api`` (v1 and v1alpha1 share the messages)."""
         timeout = int(self.health_refresh * 3) + 1
         self.health_streams += 1
+        # Which of the services the kubelet opened: 1.37 picks v1 when listed, earlier ones v1alpha1.
+        version = api.__name__.rsplit(".")[-1]
+        log.info("the kubelet watches the devices' health through %s.DRAResourceHealth", version)
         try:
             while True:
                 changed = self._health_changed

@@ -77,6 +77,25 @@ def _published(found: dict[str, Any]) -> dict[str, Any]:
     return {key: spec[key] for key in ("devices", "sharedCounters") if key in spec}
 
 
+def _taints_dropped(sent: dict[str, Any], kept: dict[str, Any]) -> bool:
+    """Whether a device written with taints came back without them."""
+    kept_taints = {device.get("name"): device.get("taints") for device in kept.get("devices") or ()}
+    return any(
+        device.get("taints") and not kept_taints.get(device.get("name"))
+        for device in sent.get("devices") or ()
+    )
+
+
+def _without_tainted(specs: Specs) -> Specs:
+    """The slices with every tainted device left out (counter sets as they are)."""
+    return [
+        {**spec, "devices": [d for d in spec["devices"] if not d.get("taints")]}
+        if "devices" in spec
+        else spec
+        for spec in specs
+    ]
+
+
 def _name(found: dict[str, Any]) -> str | None:
     """A slice's name; None for an object without one (a broken API server's)."""
     name = (found.get("metadata") or {}).get("name")
@@ -114,6 +133,12 @@ class SlicePublisher:
         # the writes got: a watch event of either is no change by someone else.
         self._published: dict[str, dict[str, Any]] = {}
         self._own_versions: list[str] = []
+        # By name, what the last write sent and what the API server kept of it (one without a feature drops
+        # its fields): a slice holding the latter is as written, not one to write again.
+        self._kept: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        # False once the API server dropped the taints of a write (DRADeviceTaints off): tainted devices are
+        # then left out of the slices, so that no claim is allocated an unhealthy chip.
+        self._taints_kept = True
         self._nudged = anyio.Event()
 
     def observe(self, inventory: Inventory) -> None:
@@ -278,10 +303,21 @@ class SlicePublisher:
     async def _apply(self, api: KubeApi, specs: Specs) -> None:
         existing = await self._existing(api)
         specs = self._with_taint_times(specs, existing)
+        if not self._taints_kept:
+            specs = _without_tainted(specs)
         names = [slice_name(api.node, self.driver, i) for i in range(len(specs))]
         generation = max([self._generation] + [_generation(s) for s in existing.values()])
+
+        def holds(name: str, spec: dict[str, Any]) -> bool:
+            """Whether the slice holds ``spec``, or what this API server keeps of it."""
+            found = existing.get(name)
+            if found is None:
+                return False
+            held = _published(found)
+            return held == spec or self._kept.get(name) == (spec, held)
+
         unchanged = set(existing) == set(names) and all(
-            _published(existing[name]) == spec for name, spec in zip(names, specs, strict=True)
+            holds(name, spec) for name, spec in zip(names, specs, strict=True)
         )
         if not unchanged or generation == 0:
             generation += 1
@@ -298,21 +334,26 @@ class SlicePublisher:
                 },
             }
             old = existing.get(name)
+            if old is not None and (
+                old.get("spec") == body["spec"]
+                or (holds(name, spec) and (old.get("spec") or {}).get("pool") == body["spec"]["pool"])
+            ):
+                continue
             # Set before the write: its watch event may come before its answer.
             self._published[name] = body["spec"]
             if old is None:
-                created = await api.call("create", "resourceslices", api.client.create(ResourceSlice(**body)))
-                self._own_version(created)
-            elif old.get("spec") != body["spec"]:
+                answer = await api.call("create", "resourceslices", api.client.create(ResourceSlice(**body)))
+            else:
                 # A merge patch replaces lists whole: the devices are exactly these afterwards; a slice
                 # that held devices and now holds counter sets (or the reverse) loses the other (null).
                 patch = {"devices": None, "sharedCounters": None, **body["spec"]}
-                patched = await api.call(
+                answer = await api.call(
                     "patch",
                     "resourceslices",
                     api.client.patch(ResourceSlice, name, {"spec": patch}, patch_type=PatchType.MERGE),
                 )
-                self._own_version(patched)
+            self._own_version(answer)
+            self._kept_by_server(name, spec, answer)
         for name in sorted(set(existing) - set(names)):
             self._published.pop(name, None)
             await self._delete(api, name)
@@ -327,6 +368,24 @@ class SlicePublisher:
                 generation,
             )
         self._generation = generation
+
+    def _kept_by_server(self, name: str, spec: dict[str, Any], answer: Any) -> None:
+        """What the API server made of a write: compared with it from now on; taints it dropped turn the
+        tainted devices out of the slices (written again at once)."""
+        kept = dict(dict(answer).get("spec") or {})
+        if not kept:  # an answer without the object: compared with what was sent
+            return
+        self._published[name] = kept
+        self._kept[name] = (spec, _published({"spec": kept}))
+        if self._taints_kept and _taints_dropped(spec, kept):
+            self._taints_kept = False
+            log.warning(
+                "The API server dropped the device taints of ResourceSlice %s (its DRADeviceTaints feature "
+                "is off, as in Kubernetes before 1.36 by default): a tainted chip is left out of the slices "
+                "instead, so that no claim is allocated it",
+                name,
+            )
+            self._nudge()
 
     def _with_taint_times(self, specs: Specs, existing: dict[str, dict[str, Any]]) -> Specs:
         """``specs`` (not changed) with each taint's ``timeAdded``: the one the published slices give it, else
