@@ -58,7 +58,24 @@ class Row:
         return "passes"
 
 
+def cache_root() -> Path:
+    """Where build.sh keeps its builds (its ASCEND_AGENT_E2E_CACHE, XDG_CACHE_HOME and default, in order)."""
+    if os.environ.get("ASCEND_AGENT_E2E_CACHE"):
+        return Path(os.environ["ASCEND_AGENT_E2E_CACHE"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "ascend-agent" / "e2e"
+
+
+def wait_for_other_builds(release: str, timeout: float = 2400.0) -> None:
+    """Another build of the release under way (its work directory in the cache): waited for, so that this one
+    is a cache hit instead of the same build twice on the machine's cores."""
+    deadline = time.monotonic() + timeout
+    while any(cache_root().glob(f".building-{release}-*")) and time.monotonic() < deadline:
+        time.sleep(5)
+
+
 def build(release: str) -> tuple[Path | None, float, str]:
+    wait_for_other_builds(release)
     began = time.monotonic()
     answer = subprocess.run(
         [str(ROOT / "tests" / "cluster" / "build.sh")],
@@ -112,7 +129,7 @@ def table(rows: list[Row], commit: str, day: str) -> str:
         "| build | scenarios |",
         "|---|---|---|---|---|---|---|",
     ]
-    for row in rows:
+    for row in sorted(rows, key=lambda r: tuple(int(n) for n in r.release[1:].split("."))):
         left_out = ", ".join(sorted({f"{n['needs']}+" for n in row.not_run}))
         counted = f"{len(row.not_run)} ({left_out})" if row.not_run else "0"
         if not row.built:
