@@ -165,11 +165,12 @@ e2e-matrix: $(STAMP) $(HELM_STAMP)
 	tests/cluster/runtime/build.sh >/dev/null && IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
 	$(BIN)/python -m tests.cluster.matrix "$(abspath $(E2E_IMAGE))" $(MATRIX)
 
-# The same node kept up for a person (root): the chart installed on it, a kubectl for it, until Ctrl-C.
+# The same node kept up for a person (root): the chart installed on it, a kubectl for it, until Ctrl-C
+# (K8S_VERSION as for make e2e).
 cluster: $(STAMP) $(HELM_STAMP)
 	@command -v $(GO) >/dev/null || { echo "make cluster: no go on PATH; install Go 1.26 or newer"; exit 1; }
 	@$(BIN)/python -m tests.cluster.standing --check
-	@binary=$$(tests/cluster/build.sh) && tests/cluster/runtime/build.sh >/dev/null && \
+	@binary=$$(K8S_VERSION="$(K8S_VERSION)" tests/cluster/build.sh) && tests/cluster/runtime/build.sh >/dev/null && \
 	IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
 	exec $(BIN)/python -m tests.cluster.standing "$$binary" "$(abspath $(E2E_IMAGE))"
 

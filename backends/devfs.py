@@ -502,6 +502,14 @@ class DevfsBackend:
         except PciAddressError as exc:
             self._no_pci_facts(phys_id, str(exc))
             facts = UNKNOWN
+        if facts.root_problem:
+            log.info(
+                "Chip %d: %s; its PCIe root is unknown, so its DRA devices leave out the standard attribute "
+                "resource.kubernetes.io/pcieRoot",
+                phys_id,
+                facts.root_problem,
+                extra=log_fields(ids=[phys_id], reason=facts.root_problem),
+            )
         self._pci[bus_id] = facts
         return facts
 

@@ -28,10 +28,12 @@ _DEVICES = "bus/pci/devices"
 @dataclass(frozen=True, slots=True)
 class PciFacts:
     """A chip's NUMA node (None where the kernel gives it none: sysfs's -1) and its PCIe root complex
-    (``pci0000:80``); None each where not known."""
+    (``pci0000:80``); None each where not known, and why the root is not (the device's entry is there but
+    its link says no root: the NUMA node still counts)."""
 
     numa_node: int | None = None
     pcie_root: str | None = None
+    root_problem: str = ""
 
 
 UNKNOWN = PciFacts()
@@ -87,8 +89,9 @@ under devices/pci
 
 async def read_pci_facts(sys_root: Path, bus_id: str) -> PciFacts:
     """The NUMA node and PCIe root of the device npu-smi gives ``bus_id`` for. :class:`PciAddressError` says
-    why its PCI address cannot be read (then neither is known); an :class:`OSError` is raised only for
-    what may pass (out of descriptors or memory). An unreadable ``numa_node`` is sysfs's own -1."""
+    why its PCI address cannot be read (then neither is known); an entry whose link gives no root keeps its
+    NUMA node and says why in ``root_problem``. An :class:`OSError` is raised only for what may pass (out of
+    descriptors or memory). An unreadable ``numa_node`` is sysfs's own -1."""
     name = sysfs_bus_id(bus_id)
     entry = sys_root / _DEVICES / name
     try:
@@ -100,14 +103,14 @@ async def read_pci_facts(sys_root: Path, bus_id: str) -> PciFacts:
             raise PciAddressError(
                 f"{entry} does not exist (sysRoot {sys_root} must be the host's /sys)"
             ) from None
-        if exc.errno == errno.EINVAL:
-            raise PciAddressError(f"{entry} is not a symbolic link") from None
-        raise PciAddressError(f"cannot read {entry}: {exc.strerror or exc}") from None
+        if exc.errno != errno.EINVAL:
+            raise PciAddressError(f"cannot read {entry}: {exc.strerror or exc}") from None
+        return PciFacts(await _numa_node(entry / "numa_node"), None, f"{entry} is not a symbolic link")
+    numa_node = await _numa_node(entry / "numa_node")
     try:
-        root = pcie_root(name, link, str(sys_root))
+        return PciFacts(numa_node, pcie_root(name, link, str(sys_root)))
     except PciAddressError as exc:
-        raise PciAddressError(f"{entry}: {exc}") from None
-    return PciFacts(await _numa_node(entry / "numa_node"), root)
+        return PciFacts(numa_node, None, f"{entry}: {exc}")
 
 
 async def _numa_node(path: Path) -> int | None:

@@ -32,9 +32,11 @@ ldflags="$ldflags -X $version.gitTreeState=clean -X $version.buildDate=$(date -u
 mkdir -p "$root"
 # Everything is made in a directory of its own and renamed into place whole: a build cut short or refused
 # leaves nothing that looks like a cache entry.
+log=$(mktemp "${TMPDIR:-/tmp}/ascend-agent-k8s-$kubernetes-build-XXXXXX.log")
 work=$(mktemp -d "$root/.building-$kubernetes-XXXXXX")
-trap 'rm -rf "$work"' EXIT
-log="${TMPDIR:-/tmp}/ascend-agent-k8s-$kubernetes-build.log"
+# Go's output stays only where the error line names it.
+trap 'rm -rf "$work"; [ -s "$log" ] || rm -f "$log"' EXIT
+echo $$ >"$work/pid" # whoever waits for this build can tell a live one from what a killed one left
 if [ "$kubernetes" = "$pinned" ]; then
 	python3 sync_go_mod.py --check >&2
 	module=.
@@ -46,17 +48,14 @@ else
 fi
 if ! (cd "$module" && nice -n 10 go build -mod=readonly -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" \
 	-o "$work/k8s" .) >"$log" 2>&1; then
-	reason=$(grep -v -e '^#' -e '^go: downloading' "$log" | head -n 1)
-	echo "Kubernetes $kubernetes does not build with $(go env GOVERSION): ${reason:-see $log} (all of Go's output: $log)" >&2
+	reason=$(grep -v -e '^#' -e '^go: downloading' "$log" | head -n 1 || true)
+	echo "Kubernetes $kubernetes does not build with $(go env GOVERSION): ${reason:-go build failed and printed nothing} (all of Go's output: $log)" >&2
 	exit 2
 fi
-rm -f "$log"
-if [ -x "$binary" ]; then # another build of the same sources finished first
-	echo "$binary"
-	exit 0
-fi
-mv "$work" "$cache"
-trap - EXIT
+rm -f "$work/pid"
+: >"$log"
+# Another build of the same sources may have finished first: then its binary is the one.
+mv -T "$work" "$cache" 2>/dev/null || [ -x "$binary" ]
 # The three newest builds of this version stay (about 180 MB each); older ones go.
 ls -dt "$root/$kubernetes-"* | tail -n +4 | xargs -r rm -rf
 echo "$binary"

@@ -104,6 +104,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         )
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k: only what was asked for is named as not run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """test_standing.py first: it runs `make cluster`'s own cluster, which must end before the session's
     cluster starts (one kubelet on the machine). Scenarios marked for a newer release than the binary's are

@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
-# The newest patch of each minor release the Go module proxy served on the day the matrix was last run.
+RELEASE = re.compile(r"v1\.\d+\.\d+")
+# The newest patch of each minor release the Go module proxy listed (`go list -m -versions`) on the day the
+# matrix was last run.
 RELEASES = (
     "v1.29.6",
     "v1.30.14",
@@ -66,30 +71,56 @@ def cache_root() -> Path:
     return cache / "ascend-agent" / "e2e"
 
 
+def _building(release: str) -> bool:
+    """Whether a live build.sh is building the release (its work directory names its process; one a killed
+    build left behind does not count)."""
+    for pid_file in cache_root().glob(f".building-{release}-*/pid"):
+        try:
+            os.kill(int(pid_file.read_text().strip()), 0)
+        except (OSError, ValueError):
+            continue
+        return True
+    return False
+
+
 def wait_for_other_builds(release: str, timeout: float = 2400.0) -> None:
-    """Another build of the release under way (its work directory in the cache): waited for, so that this one
-    is a cache hit instead of the same build twice on the machine's cores."""
+    """Another build of the release under way: waited for, so that this one is a cache hit instead of the
+    same build twice on the machine's cores."""
     deadline = time.monotonic() + timeout
-    while any(cache_root().glob(f".building-{release}-*")) and time.monotonic() < deadline:
+    while _building(release) and time.monotonic() < deadline:
         time.sleep(5)
+
+
+def run_bounded(argv: list[str], timeout: float, **options: Any) -> tuple[int, str, str]:
+    """``argv`` in a session of its own; past ``timeout`` the whole session is ended (SIGTERM, so that a
+    cluster's harness tears down what it made; SIGKILL a minute later) and the status is None."""
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **options
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+        return process.returncode, out, err
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            out, err = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+        return -1, out, err + f"\ntimed out after {timeout:.0f} s"
 
 
 def build(release: str) -> tuple[Path | None, float, str]:
     wait_for_other_builds(release)
     began = time.monotonic()
-    answer = subprocess.run(
-        [str(ROOT / "tests" / "cluster" / "build.sh")],
-        env={**os.environ, "K8S_VERSION": release},
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
+    status, out, err = run_bounded(
+        [str(ROOT / "tests" / "cluster" / "build.sh")], 3600, env={**os.environ, "K8S_VERSION": release}
     )
     seconds = round(time.monotonic() - began, 1)
-    if answer.returncode != 0:
-        lines = answer.stderr.strip().splitlines()
-        return None, seconds, (lines[-1] if lines else f"build.sh exited {answer.returncode}")
-    return Path(answer.stdout.strip().splitlines()[-1]), seconds, ""
+    if status != 0:
+        lines = err.strip().splitlines()
+        return None, seconds, (lines[-1] if lines else f"build.sh exited {status}")
+    return Path(out.strip().splitlines()[-1]), seconds, ""
 
 
 def run_scenarios(release: str, binary: Path, image: Path, row: Row) -> None:
@@ -106,19 +137,17 @@ def run_scenarios(release: str, binary: Path, image: Path, row: Row) -> None:
     }
     argv = [sys.executable, "-m", "pytest", "-q", "-m", "e2e_cluster", "-o", "addopts=", "tests/cluster"]
     began = time.monotonic()
-    answer = subprocess.run(
-        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600, check=False
-    )
+    status, out, err = run_bounded(argv, 3600, cwd=ROOT, env=env)
     row.seconds = round(time.monotonic() - began, 1)
-    (BUILD / "e2e-matrix" / f"{release}.log").write_text(answer.stdout + answer.stderr)
-    row.failures = [line for line in answer.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    (BUILD / "e2e-matrix" / f"{release}.log").write_text(out + err)
+    row.failures = [line for line in out.splitlines() if line.startswith(("FAILED ", "ERROR "))]
     if result.exists():
         counts = json.loads(result.read_text())
         row.passed, row.failed, row.errors = counts["passed"], counts["failed"], counts["errors"]
         row.not_run = counts["not_run"]
     else:
         row.errors = 1
-        row.failures.append(f"pytest exited {answer.returncode} before its summary (see the log)")
+        row.failures.append(f"pytest exited {status} before its summary (see the log)")
 
 
 def table(rows: list[Row], commit: str, day: str) -> str:
@@ -149,6 +178,13 @@ def main() -> int:
         return 2
     image = Path(sys.argv[1]).resolve()
     releases = sys.argv[2:] or list(RELEASES)
+    malformed = [release for release in releases if not RELEASE.fullmatch(release)]
+    if malformed:
+        print(
+            f"MATRIX {' '.join(malformed)}: give releases as v1.<minor>.<patch>, e.g. v1.33.13",
+            file=sys.stderr,
+        )
+        return 2
     head = ["git", "rev-parse", "--short", "HEAD"]
     commit = subprocess.run(head, cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
     day = datetime.now(UTC).strftime("%Y-%m-%d")

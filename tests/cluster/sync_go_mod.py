@@ -37,13 +37,17 @@ class GoModuleError(Exception):
 
 def upstream_go_mod(kubernetes_version: str) -> str:
     """The go.mod of k8s.io/kubernetes at that version, from the Go module proxy (or Go's module cache)."""
-    answer = subprocess.run(
-        ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{kubernetes_version}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    try:
+        answer = subprocess.run(
+            ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{kubernetes_version}"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        what = f"go mod download k8s.io/kubernetes@{kubernetes_version}"
+        raise GoModuleError(f"{what}: no answer in 600 s") from None
     if answer.returncode != 0:
         # -json puts Go's error in the answer's Error field; other failures say it on stderr.
         try:

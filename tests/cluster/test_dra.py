@@ -198,3 +198,4 @@ def test_a_claim_aligned_on_the_standard_pcie_root_gets_chips_of_one_root(
         assert len(chip_devices(runtime_spec(cluster, "one-root", "aligned"))) == 4
     finally:
         cluster.kubectl("delete", "pod", "one-root", "--wait=true", "--timeout=60s", check=False, timeout=90)
+        cluster.kubectl("delete", "resourceclaimtemplate", "one-root", "--ignore-not-found", timeout=60)

@@ -37,16 +37,19 @@ replace (
 """
 
 # A stand-in for go: `go mod download -json` answers from $STANDIN/download.json, or fails as the proxy does
-# with $STANDIN/refused.json; `go mod tidy` writes a go.sum; `go build` fails with $STANDIN/build-error when
-# it exists, else writes its -o.
+# with $STANDIN/refused.json; `go mod tidy` takes no flag and writes a go.sum; `go build` keeps its arguments
+# in $STANDIN/build-args and fails with $STANDIN/build-error when it exists, else writes its -o.
 STANDIN_GO = """#!/bin/sh
 case "$1 $2" in
 "env GOVERSION") echo go1.26.8 ;;
 "mod download")
   if [ -f "$STANDIN/download.json" ]; then cat "$STANDIN/download.json"; exit 0; fi
   cat "$STANDIN/refused.json"; exit 1 ;;
-"mod tidy") echo "tags: $*" > "$STANDIN/tidy-args"; : > go.sum ;;
+"mod tidy")
+  if [ $# -gt 2 ]; then echo "flag provided but not defined: $3" >&2; exit 2; fi
+  : > go.sum ;;
 build*)
+  echo "$*" > "$STANDIN/build-args"
   if [ -f "$STANDIN/build-error" ]; then
     echo "# ascend-agent/cluster" >&2; cat "$STANDIN/build-error" >&2; exit 1
   fi
@@ -116,6 +119,16 @@ def test_a_release_that_does_not_build_is_one_line_with_gos_error_and_nothing_ca
     assert os.listdir(standin["ASCEND_AGENT_E2E_CACHE"]) == []
 
 
+def test_a_build_that_fails_without_a_word_is_still_one_line(standin: dict[str, str]) -> None:
+    served(standin)
+    (Path(standin["STANDIN"]) / "build-error").write_text("")
+    answer = build(standin, "v1.33.13")
+    assert answer.returncode == 2, answer.stderr
+    (line,) = answer.stderr.splitlines()
+    assert "does not build with go1.26.8: go build failed and printed nothing" in line, line
+    assert os.listdir(standin["ASCEND_AGENT_E2E_CACHE"]) == []
+
+
 def test_a_release_that_builds_is_cached_apart_with_its_module_and_a_second_build_is_a_hit(
     standin: dict[str, str],
 ) -> None:
@@ -129,7 +142,7 @@ def test_a_release_that_builds_is_cached_apart_with_its_module_and_a_second_buil
     assert "\tk8s.io/kubelet => k8s.io/kubelet v0.33.13\n" in module
     # Before 1.34 the kubelet's command takes no context: that file and its tag.
     assert (binary.parent / "module" / "kubelet_without_context.go").exists()
-    assert "kubelet_without_context" in (Path(standin["STANDIN"]) / "tidy-args").read_text()
+    assert " -tags kubelet_without_context " in (Path(standin["STANDIN"]) / "build-args").read_text()
     (Path(standin["STANDIN"]) / "build-error").write_text("must not be built again\n")
     second = build(standin, "v1.33.13")
     assert second.returncode == 0 and second.stdout == first.stdout, second.stderr

@@ -587,6 +587,78 @@ async def test_an_api_server_that_drops_taints_gets_the_tainted_chip_left_out_an
     assert len(said) == 1 and "a tainted chip is left out of the slices" in said[0], said
 
 
+async def _publish_until_settled(
+    apiserver: ApiServer, api: KubeApi, publisher: SlicePublisher, ready: Any, checks: int = 5
+) -> list[dict[str, Any]]:
+    """Run the publisher until ``ready`` of the slices is true and ``checks`` more lists have passed; the
+    slices then."""
+
+    def lists() -> int:
+        return sum(s.verb == "list" and s.resource == "resourceslices" for s in apiserver.seen())
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(publisher.run, api)
+        await anyio.to_thread.run_sync(
+            lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), ready)
+        )
+        start = lists()
+        await anyio.to_thread.run_sync(lambda: apiserver.wait_for(lists, lambda n: n >= start + checks))
+        tasks.cancel_scope.cancel()
+    return apiserver.list("resourceslices")
+
+
+async def test_a_field_the_api_server_drops_is_no_change_to_write_again_at_each_check(
+    apiserver: ApiServer,
+) -> None:
+    """An API server without some feature drops its field from every write: the slice it keeps differs from
+    what the agent writes, which took it for someone else's change and wrote it again at every check."""
+
+    def drop_driver_version(body: dict[str, Any]) -> None:
+        for device in (body.get("spec") or {}).get("devices") or ():
+            device.get("attributes", {}).pop("driverVersion", None)
+
+    apiserver.rewrite_writes("resourceslices", drop_driver_version)
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    publisher = SlicePublisher("npu.huawei.com", "NoSchedule", refresh=0.2)
+    publisher.observe(Inventory((Chip.make(0, "910B4"),), driver_version="25.0.rc1.1"))
+    try:
+        (kept,) = await _publish_until_settled(apiserver, api, publisher, bool)
+    finally:
+        await api.close()
+    assert "driverVersion" not in kept["spec"]["devices"][0]["attributes"]
+    writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
+    assert len(writes) == 1, [s.verb for s in writes]
+
+
+async def test_a_slice_deleted_after_a_restart_that_found_it_right_is_put_back(apiserver: ApiServer) -> None:
+    """The agent restarted and found its slice as it should be (no write): a deletion then went unnoticed
+    (until the next check, 5 minutes on) because nothing marked the slice as the agent's."""
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    inventory = Inventory((Chip.make(0, "910B4"),))
+    try:
+        first = SlicePublisher("npu.huawei.com", "NoSchedule")
+        first.observe(inventory)
+        (written,) = await _publish_until_settled(apiserver, api, first, bool, checks=0)
+        again = SlicePublisher("npu.huawei.com", "NoSchedule")  # the agent restarted
+        again.observe(inventory)
+
+        def watching() -> int:
+            return sum(s.verb == "watch" and s.resource == "resourceslices" for s in apiserver.seen())
+
+        watches = watching()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(again.run, api)
+            await anyio.to_thread.run_sync(lambda: apiserver.wait_for(watching, lambda n: n > watches))
+            await api.client.delete(ResourceSlice, written["metadata"]["name"])
+            (back,) = await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), bool, timeout=10.0)
+            )
+            tasks.cancel_scope.cancel()
+    finally:
+        await api.close()
+    assert back["spec"]["devices"] == written["spec"]["devices"]
+
+
 async def test_claims_of_one_call_are_read_side_by_side(apiserver: ApiServer, short_dir: Path) -> None:
     api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=30.0)
     reader = ClaimReader(lambda: api, "npu.huawei.com", "node-1")

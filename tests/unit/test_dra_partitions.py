@@ -5,9 +5,11 @@ setting's dynamic entries, NpuConfig and the claim's opaque configuration."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
+import anyio
 import kubernetes_validate
 import pytest
 from hypothesis import given
@@ -15,6 +17,8 @@ from hypothesis import strategies as st
 
 from ascend_agent._proto.dra import v1 as health_v1
 from ascend_agent._proto.dra import v1alpha1 as health_v1alpha1
+from ascend_agent.cluster.client import KubeApi
+from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.container import container_spec
 from ascend_agent.kubelet.dra.carving import Made, MadeVnpus
 from ascend_agent.kubelet.dra.claimread import ClaimReader, ClaimRef
@@ -23,9 +27,11 @@ from ascend_agent.kubelet.dra.devices import DeviceTaints, chip_of, overlap, poo
 from ascend_agent.kubelet.dra.npuconfig import API_VERSION, KIND, NpuConfig, NpuConfigError, npu_config
 from ascend_agent.kubelet.dra.partitions import chip_offer, template_device_name, template_device_of
 from ascend_agent.kubelet.dra.service import DraService
+from ascend_agent.kubelet.dra.slices import SlicePublisher
 from ascend_agent.model import Carvable, Chip, ContainerBase, Health, Inventory, Template
 from ascend_agent.vnpu_layout import DYNAMIC, is_dynamic, parse_layout
 from backends.npusmi_vnpu import parse_info_vnpu, parse_template_info
+from tests.support.apiserver import ApiServer
 from tests.support.vnpu_node import INFO_VNPU_TWO, TEMPLATE_INFO
 from tests.unit.test_dra import _slice
 
@@ -281,9 +287,9 @@ async def test_a_template_device_is_in_the_health_stream_with_its_chips_health(t
     assert health["npu-1"][0] == health_v1.HealthStatus.UNHEALTHY
 
 
-@pytest.mark.parametrize("api", [health_v1, health_v1alpha1], ids=["v1", "v1alpha1"])
+@pytest.mark.parametrize(("api", "version"), [(health_v1, "v1"), (health_v1alpha1, "v1alpha1")])
 async def test_the_log_says_which_health_service_the_kubelet_opened(
-    tmp_path: Path, api: Any, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, api: Any, version: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     prepared, _ = Prepared.open(tmp_path / "checkpoint.json", tmp_path / "cdi", "npu.huawei.com", "boot-1")
     service = DraService("npu.huawei.com", "node-1", prepared, None)
@@ -292,6 +298,54 @@ async def test_the_log_says_which_health_service_the_kubelet_opened(
     updates = service.health_updates(api)
     await updates.__anext__()
     await updates.aclose()
-    version = api.__name__.rsplit(".")[-1]
     said = [r.getMessage() for r in caplog.records if "DRAResourceHealth" in r.getMessage()]
     assert said == [f"the kubelet watches the devices' health through {version}.DRAResourceHealth"], said
+
+
+def _drop_counters(body: dict[str, Any]) -> None:
+    """What an API server with DRAPartitionableDevices off (1.34, 1.35) keeps of a written slice."""
+    spec = body.get("spec") or {}
+    spec.pop("sharedCounters", None)
+    for device in spec.get("devices") or ():
+        device.pop("consumesCounters", None)
+
+
+async def test_an_api_server_that_drops_counters_gets_the_chips_whole_and_no_template_devices(
+    apiserver: ApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without counters a dynamic chip and its template devices were each allocatable, together: two claims
+    could get the same chip. The templates are left out, the chips published whole, said once."""
+    caplog.set_level(logging.INFO, logger="ascend_agent.cluster")
+    apiserver.rewrite_writes("resourceslices", _drop_counters)
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1", timeout=2.0)
+    chips = tuple(Chip.make(i, "310P3") for i in range(2))
+    publisher = SlicePublisher("npu.huawei.com", "NoSchedule", refresh=0.2)
+    publisher.observe(
+        Inventory(chips, carvable=tuple(Carvable(i, TEMPLATES_310P, TOTALS_310P) for i in range(2)))
+    )
+
+    def names() -> list[str]:
+        return sorted(
+            d["name"] for s in apiserver.list("resourceslices") for d in s["spec"].get("devices") or ()
+        )
+
+    def lists() -> int:
+        return sum(s.verb == "list" and s.resource == "resourceslices" for s in apiserver.seen())
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(publisher.run, api)
+            whole = await anyio.to_thread.run_sync(
+                lambda: apiserver.wait_for(names, lambda found: found == ["npu-0", "npu-1"])
+            )
+            writes = len([s for s in apiserver.seen() if s.verb in ("create", "patch", "delete")])
+            start = lists()
+            await anyio.to_thread.run_sync(lambda: apiserver.wait_for(lists, lambda n: n >= start + 5))
+            tasks.cancel_scope.cancel()
+    finally:
+        await api.close()
+    assert whole == ["npu-0", "npu-1"]
+    later = len([s for s in apiserver.seen() if s.verb in ("create", "patch", "delete")])
+    assert later == writes, "written again after the chips were published whole"
+    said = [r.getMessage() for r in caplog.records if "dropped the counter sets" in r.getMessage()]
+    assert len(said) == 1 and "their chips are published whole instead" in said[0], said

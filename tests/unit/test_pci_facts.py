@@ -42,6 +42,7 @@ def _host(root: Path) -> HostTree:
     host.link_pci_device("0000:82:00.0", "../../../devices/pci0000:80/0000:80:02.0/0000:83:00.0")
     host.add_pci_device("0000:01:00.0", -1, "pci0000:00")  # no NUMA affinity, as on a one-socket host
     (host.sys / "bus/pci/devices/0000:02:00.0").mkdir()  # a directory where sysfs has a link
+    (host.sys / "bus/pci/devices/0000:02:00.0/numa_node").write_text("0\n")
     return host
 
 
@@ -60,22 +61,26 @@ async def test_the_root_and_numa_node_come_from_sysfs_and_a_chip_without_either_
         (1, "pci0000:80"),
         *[(None, None)] * 3,
         (None, "pci0000:00"),
-        *[(None, None)] * 3,
+        (0, None),  # its entry is there, but no link: its NUMA node still counts
+        *[(None, None)] * 2,
     ]
     said = [r.getMessage() for r in caplog.records if "resource.kubernetes.io/pcieRoot" in r.getMessage()]
     entry = host.sys / "bus/pci/devices"
+    neither = "its NUMA node and PCIe root are unknown, so its DRA devices leave out the standard attributes "
+    neither += "resource.kubernetes.io/pcieRoot and resource.kubernetes.io/numaNode"
+    no_root = "its PCIe root is unknown, so its DRA devices leave out the standard attribute "
+    no_root += "resource.kubernetes.io/pcieRoot"
     assert sorted(said) == sorted(
-        f"Chip {phys_id}: {reason}; its NUMA node and PCIe root are unknown, so its DRA devices leave out "
-        "the standard attributes resource.kubernetes.io/pcieRoot and resource.kubernetes.io/numaNode"
-        for phys_id, reason in [
-            (1, f"{entry}/0000:c2:00.0 does not exist (sysRoot {host.sys} must be the host's /sys)"),
+        f"Chip {phys_id}: {reason}; {gap}"
+        for phys_id, reason, gap in [
+            (1, f"{entry}/0000:c2:00.0 does not exist (sysRoot {host.sys} must be the host's /sys)", neither),
             (2, f"{entry}/0000:81:00.0: it links to ../../../devices/platform/soc/0000:81:00.0, not under "
-                "devices/pci"),
+                "devices/pci", no_root),
             (3, f"{entry}/0000:82:00.0: it links to ../../../devices/pci0000:80/0000:80:02.0/0000:83:00.0, "
-                "which does not end with 0000:82:00.0"),
-            (5, f"{entry}/0000:02:00.0 is not a symbolic link"),
-            (6, "npu-smi gives no bus id for it"),
-            (7, "bus id '00000000:42:00.0' is not a PCI address like 0000:c1:00.0"),
+                "which does not end with 0000:82:00.0", no_root),
+            (5, f"{entry}/0000:02:00.0 is not a symbolic link", no_root),
+            (6, "npu-smi gives no bus id for it", neither),
+            (7, "bus id '00000000:42:00.0' is not a PCI address like 0000:c1:00.0", neither),
         ]
     ), "one line per chip, none for a chip whose only gap is its NUMA node"  # fmt: skip
 
@@ -89,7 +94,8 @@ async def test_the_root_and_numa_node_come_from_sysfs_and_a_chip_without_either_
     assert standard == {
         "npu-0": {STANDARD_PCIE_ROOT: {"string": "pci0000:80"}, STANDARD_NUMA_NODE: {"int": 1}},
         "npu-4": {STANDARD_PCIE_ROOT: {"string": "pci0000:00"}},
-        **{f"npu-{i}": {} for i in (1, 2, 3, 5, 6, 7)},
+        "npu-5": {STANDARD_NUMA_NODE: {"int": 0}},
+        **{f"npu-{i}": {} for i in (1, 2, 3, 6, 7)},
     }
 
 

@@ -86,6 +86,17 @@ def _taints_dropped(sent: dict[str, Any], kept: dict[str, Any]) -> bool:
     )
 
 
+def _counters_dropped(sent: dict[str, Any], kept: dict[str, Any]) -> bool:
+    """Whether counter sets, or a device's consumption of them, were written and did not come back."""
+    if sent.get("sharedCounters") and not kept.get("sharedCounters"):
+        return True
+    consumes = {device.get("name"): device.get("consumesCounters") for device in kept.get("devices") or ()}
+    return any(
+        device.get("consumesCounters") and not consumes.get(device.get("name"))
+        for device in sent.get("devices") or ()
+    )
+
+
 def _without_tainted(specs: Specs) -> Specs:
     """The slices with every tainted device left out (counter sets as they are)."""
     return [
@@ -93,6 +104,22 @@ def _without_tainted(specs: Specs) -> Specs:
         if "devices" in spec
         else spec
         for spec in specs
+    ]
+
+
+def _without_counters(specs: Specs) -> Specs:
+    """The slices with no counter sets: the dynamic vNPUs' template devices left out, their chips whole."""
+    return [
+        {
+            **spec,
+            "devices": [
+                {key: value for key, value in device.items() if key != "consumesCounters"}
+                for device in spec["devices"]
+                if not (device.get("consumesCounters") and "template" in (device.get("attributes") or {}))
+            ],
+        }
+        for spec in specs
+        if "devices" in spec
     ]
 
 
@@ -136,9 +163,10 @@ class SlicePublisher:
         # By name, what the last write sent and what the API server kept of it (one without a feature drops
         # its fields): a slice holding the latter is as written, not one to write again.
         self._kept: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
-        # False once the API server dropped the taints of a write (DRADeviceTaints off): tainted devices are
-        # then left out of the slices, so that no claim is allocated an unhealthy chip.
-        self._taints_kept = True
+        # Fields the API server dropped from a write (its feature off): "taints" (DRADeviceTaints) leaves the
+        # tainted devices out, so that no claim is allocated an unhealthy chip; "counters"
+        # (DRAPartitionableDevices) leaves the dynamic vNPUs' template devices out, their chips whole.
+        self._dropped: set[str] = set()
         self._nudged = anyio.Event()
 
     def observe(self, inventory: Inventory) -> None:
@@ -300,11 +328,14 @@ class SlicePublisher:
         if version:
             self._own_versions = [*self._own_versions[-_OWN_VERSIONS + 1 :], version]
 
-    async def _apply(self, api: KubeApi, specs: Specs) -> None:
+    async def _apply(self, api: KubeApi, desired: Specs) -> None:
+        dropped = set(self._dropped)
         existing = await self._existing(api)
-        specs = self._with_taint_times(specs, existing)
-        if not self._taints_kept:
+        specs = self._with_taint_times(desired, existing)
+        if "taints" in dropped:
             specs = _without_tainted(specs)
+        if "counters" in dropped:
+            specs = _without_counters(specs)
         names = [slice_name(api.node, self.driver, i) for i in range(len(specs))]
         generation = max([self._generation] + [_generation(s) for s in existing.values()])
 
@@ -338,6 +369,7 @@ class SlicePublisher:
                 old.get("spec") == body["spec"]
                 or (holds(name, spec) and (old.get("spec") or {}).get("pool") == body["spec"]["pool"])
             ):
+                self._published[name] = old["spec"]
                 continue
             # Set before the write: its watch event may come before its answer.
             self._published[name] = body["spec"]
@@ -356,9 +388,11 @@ class SlicePublisher:
             self._kept_by_server(name, spec, answer)
         for name in sorted(set(existing) - set(names)):
             self._published.pop(name, None)
+            self._kept.pop(name, None)
             await self._delete(api, name)
         for name in set(self._published) - set(names):
             del self._published[name]
+            self._kept.pop(name, None)
         if generation != self._generation:
             log.info(
                 "ResourceSlices of pool %s: %d devices in %d slices, generation %d",
@@ -368,24 +402,33 @@ class SlicePublisher:
                 generation,
             )
         self._generation = generation
+        if self._dropped != dropped:  # the server dropped fields just now: written again without them
+            await self._apply(api, desired)
 
     def _kept_by_server(self, name: str, spec: dict[str, Any], answer: Any) -> None:
-        """What the API server made of a write: compared with it from now on; taints it dropped turn the
-        tainted devices out of the slices (written again at once)."""
+        """What the API server made of a write: compared with it from now on. Taints or counters it dropped
+        are said once, and the slices are written again without what needs them."""
         kept = dict(dict(answer).get("spec") or {})
         if not kept:  # an answer without the object: compared with what was sent
             return
         self._published[name] = kept
         self._kept[name] = (spec, _published({"spec": kept}))
-        if self._taints_kept and _taints_dropped(spec, kept):
-            self._taints_kept = False
+        if "taints" not in self._dropped and _taints_dropped(spec, kept):
+            self._dropped.add("taints")
             log.warning(
                 "The API server dropped the device taints of ResourceSlice %s (its DRADeviceTaints feature "
                 "is off, as in Kubernetes before 1.36 by default): a tainted chip is left out of the slices "
                 "instead, so that no claim is allocated it",
                 name,
             )
-            self._nudge()
+        if "counters" not in self._dropped and _counters_dropped(spec, kept):
+            self._dropped.add("counters")
+            log.warning(
+                "The API server dropped the counter sets of ResourceSlice %s (its DRAPartitionableDevices "
+                "feature is off, as in Kubernetes before 1.36 by default): dynamic vNPUs need it; their "
+                "chips are published whole instead",
+                name,
+            )
 
     def _with_taint_times(self, specs: Specs, existing: dict[str, dict[str, Any]]) -> Specs:
         """``specs`` (not changed) with each taint's ``timeAdded``: the one the published slices give it, else
