@@ -93,10 +93,19 @@ def write_module(version: str, directory: Path) -> list[str]:
 
 
 def first_error(output: str) -> str:
-    """The line of Go's output that says what went wrong (not its progress lines)."""
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    wanted = [line for line in lines if not line.startswith(("go: downloading", "go: finding", "#"))]
-    return (wanted or lines or ["no output"])[0][:400]
+    """Go's first error as one line: an import chain (``go: a imports\n\tb imports\n\tc: why``) is cut to
+    what failed and why; progress lines are passed over."""
+    block: list[str] = []
+    for line in output.splitlines():
+        if not line.strip() or line.startswith(("go: downloading", "go: finding", "#")):
+            continue
+        if block and not line[:1].isspace():
+            break
+        block.append(line.strip())
+    if not block:
+        return "no output"
+    failed = [line for line in block if not line.endswith(" imports")]
+    return " ".join(failed or block)[:400]
 
 
 def main() -> int:

@@ -167,3 +167,19 @@ def test_a_scenario_needing_a_newer_release_is_told_apart() -> None:
     assert parse_release("Kubernetes v1.37.2") == (1, 37, 2)
     assert needs_newer((1, 35, 4), "1.36") and not needs_newer((1, 36, 0), "1.36")
     assert not needs_newer((1, 37, 2), "1.34")
+
+
+def test_gos_import_chain_error_is_cut_to_what_failed_and_why() -> None:
+    output = (
+        "go: downloading k8s.io/api v0.32.13\n"
+        "go: ascend-agent/cluster imports\n"
+        "\tk8s.io/kubernetes/pkg/controller/endpoint imports\n"
+        "\tk8s.io/endpointslice/util: k8s.io/endpointslice@v0.32.13: reading https://proxy.golang.org/"
+        "k8s.io/endpointslice/@v/v0.32.13.zip: 403 Forbidden\n"
+        "\tserver response: This module version is not available.\n"
+        "go: ascend-agent/cluster imports\n\tsomething else\n"
+    )
+    line = version_module.first_error(output)
+    assert line.startswith("k8s.io/endpointslice/util: k8s.io/endpointslice@v0.32.13: reading "), line
+    assert line.endswith("403 Forbidden server response: This module version is not available."), line
+    assert version_module.first_error("go: downloading x\n") == "no output"
