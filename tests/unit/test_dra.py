@@ -541,6 +541,33 @@ async def test_a_taint_says_since_when_and_keeps_that_time_across_a_restart(apis
     await api.close()
 
 
+def slice_writes(apiserver: ApiServer) -> int:
+    """How many creates, patches and deletes of ResourceSlices the server has had."""
+    return sum(
+        s.verb in ("create", "patch", "delete") and s.resource == "resourceslices" for s in apiserver.seen()
+    )
+
+
+async def publish_until_settled(
+    apiserver: ApiServer, api: KubeApi, publisher: SlicePublisher, ready: Any, checks: int = 5
+) -> tuple[list[dict[str, Any]], int]:
+    """Run the publisher until ``ready`` of the slices is true, then until ``checks`` more lists (a check
+    each) have passed: the slices when ready, and the writes by then (compare :func:`slice_writes` after)."""
+
+    def lists() -> int:
+        return sum(s.verb == "list" and s.resource == "resourceslices" for s in apiserver.seen())
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(publisher.run, api)
+        found = await anyio.to_thread.run_sync(
+            lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), ready)
+        )
+        writes, start = slice_writes(apiserver), lists()
+        await anyio.to_thread.run_sync(lambda: apiserver.wait_for(lists, lambda n: n >= start + checks))
+        tasks.cancel_scope.cancel()
+    return found, writes
+
+
 def _drop_device_taints(body: dict[str, Any]) -> None:
     """What an API server with DRADeviceTaints off (1.34, 1.35) keeps of a written slice."""
     for device in (body.get("spec") or {}).get("devices") or ():
@@ -560,51 +587,16 @@ async def test_an_api_server_that_drops_taints_gets_the_tainted_chip_left_out_an
     publisher = SlicePublisher("npu.huawei.com", "NoSchedule", refresh=0.2)
     publisher.observe(Inventory((Chip.make(0, "910B4"), sick, Chip.make(2, "910B4"))))
 
-    def devices() -> list[str]:
-        found = apiserver.list("resourceslices")
-        return [d["name"] for s in found for d in s["spec"].get("devices") or ()]
-
-    def lists() -> int:
-        return sum(s.verb == "list" and s.resource == "resourceslices" for s in apiserver.seen())
+    def left_out(found: list[dict[str, Any]]) -> bool:
+        return [d["name"] for s in found for d in s["spec"].get("devices") or ()] == ["npu-0", "npu-2"]
 
     try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(publisher.run, api)
-            left = await anyio.to_thread.run_sync(
-                lambda: apiserver.wait_for(devices, lambda names: names == ["npu-0", "npu-2"])
-            )
-            # Several checks (a list each) after the chip was left out: none of them writes.
-            settled = len([s for s in apiserver.seen() if s.verb in ("create", "patch")])
-            start = lists()
-            await anyio.to_thread.run_sync(lambda: apiserver.wait_for(lists, lambda n: n >= start + 5))
-            tasks.cancel_scope.cancel()
+        _, writes = await publish_until_settled(apiserver, api, publisher, left_out)
     finally:
         await api.close()
-    assert left == ["npu-0", "npu-2"]
-    writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
-    assert len(writes) == settled == 2, [s.verb for s in writes]
+    assert slice_writes(apiserver) == writes == 2, "no write after the chip was left out"
     said = [r.getMessage() for r in caplog.records if "dropped the device taints" in r.getMessage()]
     assert len(said) == 1 and "a tainted chip is left out of the slices" in said[0], said
-
-
-async def _publish_until_settled(
-    apiserver: ApiServer, api: KubeApi, publisher: SlicePublisher, ready: Any, checks: int = 5
-) -> list[dict[str, Any]]:
-    """Run the publisher until ``ready`` of the slices is true and ``checks`` more lists have passed; the
-    slices then."""
-
-    def lists() -> int:
-        return sum(s.verb == "list" and s.resource == "resourceslices" for s in apiserver.seen())
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(publisher.run, api)
-        await anyio.to_thread.run_sync(
-            lambda: apiserver.wait_for(lambda: apiserver.list("resourceslices"), ready)
-        )
-        start = lists()
-        await anyio.to_thread.run_sync(lambda: apiserver.wait_for(lists, lambda n: n >= start + checks))
-        tasks.cancel_scope.cancel()
-    return apiserver.list("resourceslices")
 
 
 async def test_a_field_the_api_server_drops_is_no_change_to_write_again_at_each_check(
@@ -622,12 +614,11 @@ async def test_a_field_the_api_server_drops_is_no_change_to_write_again_at_each_
     publisher = SlicePublisher("npu.huawei.com", "NoSchedule", refresh=0.2)
     publisher.observe(Inventory((Chip.make(0, "910B4"),), driver_version="25.0.rc1.1"))
     try:
-        (kept,) = await _publish_until_settled(apiserver, api, publisher, bool)
+        (kept,), writes = await publish_until_settled(apiserver, api, publisher, bool)
     finally:
         await api.close()
     assert "driverVersion" not in kept["spec"]["devices"][0]["attributes"]
-    writes = [s for s in apiserver.seen() if s.verb in ("create", "patch") and s.resource == "resourceslices"]
-    assert len(writes) == 1, [s.verb for s in writes]
+    assert slice_writes(apiserver) == writes == 1
 
 
 async def test_a_slice_deleted_after_a_restart_that_found_it_right_is_put_back(apiserver: ApiServer) -> None:
@@ -638,7 +629,7 @@ async def test_a_slice_deleted_after_a_restart_that_found_it_right_is_put_back(a
     try:
         first = SlicePublisher("npu.huawei.com", "NoSchedule")
         first.observe(inventory)
-        (written,) = await _publish_until_settled(apiserver, api, first, bool, checks=0)
+        (written,), _ = await publish_until_settled(apiserver, api, first, bool, checks=0)
         again = SlicePublisher("npu.huawei.com", "NoSchedule")  # the agent restarted
         again.observe(inventory)
 

@@ -9,7 +9,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import anyio
 import kubernetes_validate
 import pytest
 from hypothesis import given
@@ -33,7 +32,7 @@ from ascend_agent.vnpu_layout import DYNAMIC, is_dynamic, parse_layout
 from backends.npusmi_vnpu import parse_info_vnpu, parse_template_info
 from tests.support.apiserver import ApiServer
 from tests.support.vnpu_node import INFO_VNPU_TWO, TEMPLATE_INFO
-from tests.unit.test_dra import _slice
+from tests.unit.test_dra import _slice, publish_until_settled, slice_writes
 
 KUBERNETES = "1.36"
 TAINTS = DeviceTaints("npu.huawei.com", "NoSchedule")
@@ -324,28 +323,13 @@ async def test_an_api_server_that_drops_counters_gets_the_chips_whole_and_no_tem
         Inventory(chips, carvable=tuple(Carvable(i, TEMPLATES_310P, TOTALS_310P) for i in range(2)))
     )
 
-    def names() -> list[str]:
-        return sorted(
-            d["name"] for s in apiserver.list("resourceslices") for d in s["spec"].get("devices") or ()
-        )
-
-    def lists() -> int:
-        return sum(s.verb == "list" and s.resource == "resourceslices" for s in apiserver.seen())
+    def whole(found: list[dict[str, Any]]) -> bool:
+        return sorted(d["name"] for s in found for d in s["spec"].get("devices") or ()) == ["npu-0", "npu-1"]
 
     try:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(publisher.run, api)
-            whole = await anyio.to_thread.run_sync(
-                lambda: apiserver.wait_for(names, lambda found: found == ["npu-0", "npu-1"])
-            )
-            writes = len([s for s in apiserver.seen() if s.verb in ("create", "patch", "delete")])
-            start = lists()
-            await anyio.to_thread.run_sync(lambda: apiserver.wait_for(lists, lambda n: n >= start + 5))
-            tasks.cancel_scope.cancel()
+        _, writes = await publish_until_settled(apiserver, api, publisher, whole)
     finally:
         await api.close()
-    assert whole == ["npu-0", "npu-1"]
-    later = len([s for s in apiserver.seen() if s.verb in ("create", "patch", "delete")])
-    assert later == writes, "written again after the chips were published whole"
+    assert slice_writes(apiserver) == writes, "written again after the chips were published whole"
     said = [r.getMessage() for r in caplog.records if "dropped the counter sets" in r.getMessage()]
     assert len(said) == 1 and "their chips are published whole instead" in said[0], said

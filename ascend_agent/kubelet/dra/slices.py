@@ -123,6 +123,25 @@ def _without_counters(specs: Specs) -> Specs:
     ]
 
 
+# What an API server with a feature off drops from a write, how that shows, and what the agent does then.
+_DROPPABLE: tuple[tuple[str, Callable[[dict[str, Any], dict[str, Any]], bool], str, str, str], ...] = (
+    (
+        "taints",
+        _taints_dropped,
+        "device taints",
+        "DRADeviceTaints",
+        "a tainted chip is left out of the slices instead, so that no claim is allocated it",
+    ),
+    (
+        "counters",
+        _counters_dropped,
+        "counter sets",
+        "DRAPartitionableDevices",
+        "dynamic vNPUs need it; their chips are published whole instead",
+    ),
+)
+
+
 def _name(found: dict[str, Any]) -> str | None:
     """A slice's name; None for an object without one (a broken API server's)."""
     name = (found.get("metadata") or {}).get("name")
@@ -413,22 +432,17 @@ class SlicePublisher:
             return
         self._published[name] = kept
         self._kept[name] = (spec, _published({"spec": kept}))
-        if "taints" not in self._dropped and _taints_dropped(spec, kept):
-            self._dropped.add("taints")
-            log.warning(
-                "The API server dropped the device taints of ResourceSlice %s (its DRADeviceTaints feature "
-                "is off, as in Kubernetes before 1.36 by default): a tainted chip is left out of the slices "
-                "instead, so that no claim is allocated it",
-                name,
-            )
-        if "counters" not in self._dropped and _counters_dropped(spec, kept):
-            self._dropped.add("counters")
-            log.warning(
-                "The API server dropped the counter sets of ResourceSlice %s (its DRAPartitionableDevices "
-                "feature is off, as in Kubernetes before 1.36 by default): dynamic vNPUs need it; their "
-                "chips are published whole instead",
-                name,
-            )
+        for key, dropped, what, gate, instead in _DROPPABLE:
+            if key not in self._dropped and dropped(spec, kept):
+                self._dropped.add(key)
+                log.warning(
+                    "The API server dropped the %s of ResourceSlice %s (its %s feature is off, as in "
+                    "Kubernetes before 1.36 by default): %s",
+                    what,
+                    name,
+                    gate,
+                    instead,
+                )
 
     def _with_taint_times(self, specs: Specs, existing: dict[str, dict[str, Any]]) -> Specs:
         """``specs`` (not changed) with each taint's ``timeAdded``: the one the published slices give it, else
