@@ -53,13 +53,10 @@ def agents(cluster: Cluster) -> Iterator[list[AgentProcess]]:
     # A device-plugin cluster: no DeviceClass with extendedResourceName huawei.com/Ascend910 (the DRA
     # modules apply examples/dra's). With one, the scheduler serves such a pod through DRA, and a pod with no
     # chip left is Pending for "cannot allocate all claims", not "Insufficient huawei.com/Ascend910".
-    cluster.kubectl(
-        "delete",
-        "--ignore-not-found",
-        "-f",
-        str(ROOT / "examples" / "dra" / "deviceclasses.yaml"),
-        timeout=90,
-    )
+    classes = str(ROOT / "examples" / "dra" / "deviceclasses.yaml")
+    answer = cluster.kubectl("delete", "--ignore-not-found", "-f", classes, timeout=90, check=False)
+    # Before 1.34 the API server has no DeviceClass of resource.k8s.io/v1, so none to delete.
+    assert answer.returncode == 0 or 'no matches for kind "DeviceClass"' in answer.stderr, answer.stderr
     host(cluster).add_driver().add_management().add_chips(range(8))
     npu_smi(cluster).set_output("info", B4_INFO)
     started = [start_agent(cluster, **host_settings(cluster))]
