@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from tests.cluster.harness import NODE_NAME, Cluster
+from tests.cluster.versions import needs_newer, server_release
 from tests.support.agent_process import AgentProcess
 from tests.support.processes import OWNER
 
@@ -66,10 +67,14 @@ def agent_args(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) 
     """`ascend-agent run` with a token of the chart's ServiceAccount and the chart's settings."""
     account = chart_object("ServiceAccount", render)["metadata"]["name"]
     # Bound to the Node, as a pod's token is to its node: the API server then knows the agent's node (a DRA
-    # driver may write the status of the claims allocated there).
+    # driver may write the status of the claims allocated there). Tokens bound to a Node come with 1.31.
+    bound = (
+        []
+        if needs_newer(server_release(cluster), "1.31")
+        else ["--bound-object-kind=Node", f"--bound-object-name={NODE_NAME}"]
+    )
     token = cluster.kubectl(
-        "create", "token", account, "-n", NAMESPACE, "--duration=2h",
-        "--bound-object-kind=Node", f"--bound-object-name={NODE_NAME}",
+        "create", "token", account, "-n", NAMESPACE, "--duration=2h", *bound
     ).stdout.strip()  # fmt: skip
     kubeconfig = cluster.work / "agent.kubeconfig"
     cluster.write_kubeconfig(kubeconfig, token)
