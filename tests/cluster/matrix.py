@@ -26,13 +26,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build"
 RELEASE = re.compile(r"v1\.\d+\.\d+")
-# The newest patch of each minor release the Go module proxy listed (`go list -m -versions`) on the day the
-# matrix was last run.
+# Per minor release, a patch whose modules the Go module proxy served in full on the day the matrix was last
+# run (2026-12-07): the newest it listed, unless a staging module of that one was refused (v1.29.6,
+# v1.31.14 and v1.32.13 were: 403 on k8s.io/kube-controller-manager or k8s.io/endpointslice at their v0.x.y).
+# v1.26.15 and older: a staging module refused likewise.
 RELEASES = (
-    "v1.29.6",
+    "v1.27.16",
+    "v1.28.15",
+    "v1.29.15",
     "v1.30.14",
-    "v1.31.14",
-    "v1.32.13",
+    "v1.31.0",
+    "v1.32.2",
     "v1.33.13",
     "v1.34.4",
     "v1.35.4",

@@ -102,8 +102,18 @@ def remove_applied_chart(cluster: Cluster) -> None:
             pytest.fail(reason)
         pytest.skip(reason)
     for render in sorted(RENDERS.glob("*.yaml")):
-        cluster.kubectl("delete", "-f", str(render), "--ignore-not-found", "--wait=true", timeout=120)
+        answer = cluster.kubectl(
+            "delete", "-f", str(render), "--ignore-not-found", "--wait=true", timeout=120, check=False
+        )
+        # Objects of a kind this release does not serve (ValidatingAdmissionPolicy before 1.30) were not made.
+        other = [line for line in answer.stderr.splitlines() if line.strip() and not _unserved_kind(line)]
+        assert answer.returncode == 0 or not other, answer.stderr
     cluster.kubectl("label", "node", NODE_NAME, "accelerator=huawei-Ascend910", "--overwrite")
+
+
+def _unserved_kind(line: str) -> bool:
+    """Whether kubectl's line says the API server serves no such kind."""
+    return "no matches for kind" in line or "ensure CRDs are installed first" in line
 
 
 def released(result: helm.HelmResult) -> None:
