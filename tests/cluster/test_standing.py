@@ -20,9 +20,20 @@ from tests.cluster.harness import NODE_NAME, kubelet_answers
 pytestmark = pytest.mark.e2e_cluster
 
 
+# What _lines puts once the program's output has ended.
+ENDED = "(its output ended)"
+
+
 def _lines(stream: object, into: queue.Queue[str]) -> None:
     for line in stream:  # type: ignore[attr-defined]
         into.put(line.rstrip("\n"))
+    into.put(ENDED)
+
+
+def _exit(standing: subprocess.Popen[str]) -> str:
+    """How the program ended, with what it said on stderr."""
+    status = standing.wait(60)
+    return f"exited {status}: {standing.stderr.read() if standing.stderr else ''}"
 
 
 def test_make_cluster_prints_a_kubectl_then_ready_and_sigterm_leaves_nothing(k8s_binary: Path) -> None:
@@ -40,8 +51,9 @@ def test_make_cluster_prints_a_kubectl_then_ready_and_sigterm_leaves_nothing(k8s
     threading.Thread(target=_lines, args=(standing.stdout, said), daemon=True).start()
     try:
         first = said.get(timeout=600)
-        assert first.startswith("kubectl: "), first
-        assert said.get(timeout=60) == "ready"
+        assert first.startswith("kubectl: "), first if first != ENDED else _exit(standing)
+        second = said.get(timeout=60)
+        assert second == "ready", second if second != ENDED else _exit(standing)
         kubectl = first.removeprefix("kubectl: ")
         nodes = subprocess.run([kubectl, "get", "nodes", "-o", "name"], capture_output=True, text=True,
                                timeout=60, check=True)  # fmt: skip
