@@ -86,6 +86,20 @@ def claim_uids(cluster: Cluster, pod: str, namespace: str = "default") -> list[s
     return uids
 
 
+def wait_unschedulable(cluster: Cluster, pod: str, timeout: float = 60) -> None:
+    """Until the scheduler has said the pod (in ``default``) cannot be placed: its PodScheduled condition's
+    reason is Unschedulable. Read by this process: kubectl before 1.29 waits on no jsonpath filter."""
+
+    def scheduled() -> str:
+        status = json.loads(cluster.kubectl("get", "pod", pod, "-o", "json").stdout).get("status") or {}
+        reasons = [
+            c.get("reason", "") for c in status.get("conditions") or () if c.get("type") == "PodScheduled"
+        ]
+        return reasons[0] if reasons else ""
+
+    until(scheduled, lambda reason: reason == "Unschedulable", f"pod {pod} Unschedulable", timeout)
+
+
 def wait_running(cluster: Cluster, pod: str, namespace: str = "default", timeout: int = 90) -> None:
     waited = cluster.kubectl(
         "wait",

@@ -27,6 +27,7 @@ from tests.cluster.pods import (
     spec_devices,
     spec_envs,
     wait_running,
+    wait_unschedulable,
 )
 from tests.cluster.polling import poll
 from tests.support.agent_process import AgentProcess
@@ -163,13 +164,7 @@ def test_with_the_chips_gone_a_pod_stays_pending_for_want_of_chips(
     try:
         wait_allocatable(cluster, "0")
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-        cluster.kubectl(
-            "wait",
-            "pod/no-chip-left",
-            "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
-            "--timeout=60s",
-            timeout=90,
-        )
+        wait_unschedulable(cluster, "no-chip-left")
         described = cluster.kubectl("describe", "pod", "no-chip-left").stdout
         assert "Pending" in described, described
         assert f"Insufficient {RESOURCE}" in described, described

@@ -24,6 +24,7 @@ from tests.cluster.pods import (
     one_pod_spec,
     runtime_spec,
     wait_running,
+    wait_unschedulable,
 )
 from tests.cluster.polling import poll
 from tests.cluster.versions import needs_newer, server_release
@@ -145,13 +146,7 @@ def test_a_tainted_chip_is_never_allocated(cluster: Cluster, dra_agent: AgentPro
             )
             assert len(tainted) == 1, node_slices(cluster)
         claim_pod(cluster, "eight", count=8)
-        cluster.kubectl(
-            "wait",
-            "pod/eight",
-            "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
-            "--timeout=60s",
-            timeout=90,
-        )
+        wait_unschedulable(cluster, "eight")
         cluster.kubectl("delete", "pod", "eight", "--wait=true", "--timeout=60s", timeout=90)
         claim_pod(cluster, "seven", count=7)
         wait_running(cluster, "seven")

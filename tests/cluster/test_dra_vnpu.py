@@ -14,7 +14,14 @@ import pytest
 from tests.cluster.agent import DRA_RENDER, ROOT, apply_chart, running_agent
 from tests.cluster.devices import numbers
 from tests.cluster.harness import Cluster
-from tests.cluster.pods import claim_pod, delete_pods, runtime_spec, spec_device_numbers, wait_running
+from tests.cluster.pods import (
+    claim_pod,
+    delete_pods,
+    runtime_spec,
+    spec_device_numbers,
+    wait_running,
+    wait_unschedulable,
+)
 from tests.support.agent_process import AgentProcess
 
 pytestmark = [pytest.mark.e2e_cluster, pytest.mark.kubernetes("1.34", "resource.k8s.io/v1, GA from 1.34")]
@@ -58,13 +65,7 @@ def test_the_whole_chip_classes_never_get_a_vnpu_and_the_vnpu_class_does(
         # Three devices match ascend310p's deviceType/generation (chip 1 and chip 0's two vNPUs); the clause
         # leaves one: a claim of two whole chips cannot be allocated.
         claim_pod(cluster, "two-whole", "ascend310p", 2)
-        cluster.kubectl(
-            "wait",
-            "pod/two-whole",
-            "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
-            "--timeout=60s",
-            timeout=90,
-        )
+        wait_unschedulable(cluster, "two-whole")
         delete_pods(cluster, "two-whole")
         claim_pod(cluster, "one-whole", "ascend310p", 1)
         wait_running(cluster, "one-whole")

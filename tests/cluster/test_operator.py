@@ -14,7 +14,14 @@ import pytest
 from tests.cluster.agent import ROOT, apply_chart, run_doctor, start_agent, stop_agents
 from tests.cluster.harness import NODE_NAME, Cluster
 from tests.cluster.node import wait_allocatable, watch_capacity
-from tests.cluster.pods import RESOURCE, chip_devices, one_pod_spec, runtime_spec, wait_running
+from tests.cluster.pods import (
+    RESOURCE,
+    chip_devices,
+    one_pod_spec,
+    runtime_spec,
+    wait_running,
+    wait_unschedulable,
+)
 from tests.support import FIXTURES
 from tests.support.agent_process import AgentProcess
 from tests.support.host_tree import HostTree
@@ -84,13 +91,7 @@ def doctor(cluster: Cluster) -> tuple[int, list[dict[str, Any]], str]:
 def pending_for_want_of_chips(cluster: Cluster, name: str) -> str:
     """A one-chip pod created and left Unschedulable by the scheduler: its `kubectl describe`."""
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec(name, "npu", 1)))
-    cluster.kubectl(
-        "wait",
-        f"pod/{name}",
-        "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
-        "--timeout=60s",
-        timeout=90,
-    )
+    wait_unschedulable(cluster, name)
     described = cluster.kubectl("describe", "pod", name).stdout
     assert "Pending" in described and f"Insufficient {RESOURCE}" in described, described
     return described

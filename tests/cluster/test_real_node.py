@@ -31,6 +31,7 @@ from tests.cluster.pods import (
     shown,
     spec_envs,
     wait_running,
+    wait_unschedulable,
 )
 from tests.cluster.polling import until
 from tests.cluster.released import (
@@ -249,11 +250,7 @@ def test_a_workload_asking_for_more_chips_than_the_node_has_stays_pending(
 ) -> None:
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(one_pod_spec("too-many", "too-many", 9)))
     try:
-        cluster.kubectl(
-            "wait", "pod/too-many",
-            "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable",
-            "--timeout=60s", timeout=90,
-        )  # fmt: skip
+        wait_unschedulable(cluster, "too-many")
         described = cluster.kubectl("describe", "pod", "too-many").stdout
         assert f"Insufficient {RESOURCE}" in described, described
     finally:
