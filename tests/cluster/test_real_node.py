@@ -154,6 +154,7 @@ def test_a_workload_sees_exactly_its_two_chips_and_the_management_devices(
         delete_pods(cluster, "two-chips")
 
 
+@pytest.mark.kubernetes("1.29", "CDI devices in Allocate's answer (DevicePluginCDIDevices), on from 1.29")
 def test_through_cdi_containerd_applies_the_agents_spec(cluster: Cluster, node: DriverTree) -> None:
     """Upgraded to write its CDI spec where containerd reads it: Allocate names the chips as CDI devices and
     containerd resolves them from the spec (it refuses a container whose CDI device no spec defines). In
