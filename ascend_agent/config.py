@@ -32,6 +32,7 @@ from ascend_agent.setting_values import (
     chip_model,
     dns_subdomain,
     file_path,
+    non_negative_float,
     non_negative_int,
     one_of,
     optional,
@@ -147,6 +148,9 @@ class Settings:
     pod_resources_socket: Path = DEFAULT_POD_RESOURCES_SOCKET
     # MiB one list of the API server may take, its pages together (an object or a watch event: 4 MiB).
     api_list_limit_mib: int = DEFAULT_API_LIST_LIMIT_MIB
+    # The client's rate limit on the API server: requests a second on average (0: no limit), and at once.
+    api_qps: float = 5.0
+    api_burst: int = 10
     # Volcano (ascend_agent.cluster.deviceinfo, .volcano): the device-info ConfigMap and node annotation, and
     # Allocate answering with the chips Volcano chose.
     device_info: bool = True
@@ -358,6 +362,8 @@ _CONVERTERS: dict[str, Check[Any]] = {
     "node_name": optional(plain_text),
     "pod_resources_socket": file_path,
     "api_list_limit_mib": positive_int,
+    "api_qps": non_negative_float,
+    "api_burst": positive_int,
     "device_info": boolean,
     "volcano": boolean,
     "volcano_scheduler_name": dns_subdomain,

@@ -21,7 +21,8 @@ from ascend_agent.vnpu_layout import dynamic_entries
 log = logging.getLogger(__name__)
 
 # The cluster side is set up once, at start.
-_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "api_list_limit_mib", "volcano_scheduler_name")
+_CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "api_list_limit_mib", "api_qps", "api_burst",
+                     "volcano_scheduler_name")  # fmt: skip
 # Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
 _KUBELET_API_SETTINGS = (
     "kubelet_api",

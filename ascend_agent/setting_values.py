@@ -68,6 +68,13 @@ def positive_float(value: Any) -> float:
     return float(value)
 
 
+@accepting({"type": "number", "minimum": 0})
+def non_negative_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError("must be a finite number of at least 0 (0: off)")
+    return float(value)
+
+
 def seconds(minimum: float) -> Check[float]:
     def check(value: Any) -> float:
         if (

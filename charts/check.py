@@ -2,6 +2,7 @@
 
     python charts/check.py lint              # what `make helm-lint` runs: every case below, one line each
     python charts/check.py render [VALUES]   # the rendered objects as YAML on stdout (default values if none)
+    python charts/check.py render --unserved GROUP/VERSION [VALUES]   # the same on an API server without it
     python charts/check.py write-renders     # what `make helm-render` runs: each case's render into RENDERS,
                                              # and examples/volcano/annotation-policy.yaml
 
@@ -9,7 +10,8 @@ A case is the chart's defaults, or the defaults with one values file of charts/a
 For each: ``helm lint`` (warnings fail, as with --strict), an install with the values against an in-memory
 Kubernetes API server (kmock's emulator) with the release kept in memory, each installed object checked
 against the Kubernetes schemas (kubernetes-validate, strict), and the objects the server holds compared
-with the release's manifest. Each case's objects must equal its render kept in tests/fixtures/helm/, which
+with the release's manifest; then the values and API servers with which objects must be left out, and the
+values the chart must refuse. Each case's objects must equal its render kept in tests/fixtures/helm/, which
 tests/unit/test_chart.py reads in `make test` without Helm (the default one against examples/daemonset.yaml),
 and the volcano case's admission policy examples/volcano/annotation-policy.yaml, the same objects for a
 kubectl install, made from the release's manifest text (the template's comments kept).
@@ -112,10 +114,15 @@ def _kubeconfig(directory: Path, server: str) -> Path:
     return path
 
 
-async def _emulator_fixes(k8s: kmock.KubernetesEmulator, server: kmock.Server) -> None:
+async def _emulator_fixes(
+    k8s: kmock.KubernetesEmulator, server: kmock.Server, unserved: tuple[str, ...] = ()
+) -> None:
     """Discovery as a real API server gives it: kmock names the core group version "/v1" (client-go's REST
-    mapper then finds no ConfigMap), and its bundled server version is older than the schemas we check."""
+    mapper then finds no ConfigMap), and its bundled server version is older than the schemas we check.
+    The group versions in ``unserved`` are left out, as an older release's API server does."""
     k8s.resources.load_bundled()
+    for resource in [r for r in k8s.resources if f"{r.group}/{r.version}" in unserved]:
+        del k8s.resources[resource]
     async with server.client.get("/api/v1") as response:
         core = await response.json()
     core["groupVersion"] = "v1"
@@ -134,9 +141,9 @@ class Installed(NamedTuple):
     stored: list[Any]  # the objects the API server holds afterwards
 
 
-async def install(values: dict[str, Any]) -> Installed:
+async def install(values: dict[str, Any], unserved: tuple[str, ...] = ()) -> Installed:
     async with kmock.KubernetesEmulator() as k8s, kmock.Server(k8s) as server:
-        await _emulator_fixes(k8s, server)
+        await _emulator_fixes(k8s, server, unserved)
         with tempfile.TemporaryDirectory(prefix="helm-check-") as scratch:
             kubeconfig = _kubeconfig(Path(scratch), f"http://{server.host}:{server.port}")
             config = helm_sdkpy.Configuration(namespace=NAMESPACE, kubeconfig=str(kubeconfig))
@@ -257,7 +264,28 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"config": {"hotRest": "idle"}}, "additional properties 'hotRest' not allowed"),
     ({"config": {"hotReset": "on"}}, "at '/config/hotReset'"),
     ({"config": {"fakeChips": "8"}}, "at '/config/fakeChips'"),
+    ({"flowControl": {"nominalConcurrencyShares": "10"}}, "at '/flowControl/nominalConcurrencyShares'"),
+    ({"flowControl": {"queuing": {"queues": 4, "handSize": 8}}}, "handSize must not be greater than"),
 ]
+
+
+FLOW_CONTROL = "flowcontrol.apiserver.k8s.io/v1"
+_FLOW_CONTROL_KINDS = {"FlowSchema", "PriorityLevelConfiguration"}
+# Values over the defaults, and group versions the API server does not serve, with which the chart must render
+# none of these kinds.
+LEFT_OUT: list[tuple[dict[str, Any], tuple[str, ...], set[str]]] = [
+    ({"flowControl": {"enabled": False}}, (), _FLOW_CONTROL_KINDS),
+    ({}, (FLOW_CONTROL,), _FLOW_CONTROL_KINDS),
+]
+
+
+def check_left_out(override: dict[str, Any], unserved: tuple[str, ...], kinds: set[str]) -> None:
+    values = merge(_load(CHART / "values.yaml"), override)
+    rendered = {doc["kind"] for doc in asyncio.run(install(values, unserved)).manifest}
+    if not rendered:
+        raise CheckFailed(f"{override} without {list(unserved)} rendered no objects")
+    if rendered & kinds:
+        raise CheckFailed(f"{override} without {list(unserved)} rendered {sorted(rendered & kinds)}")
 
 
 def check_refused(override: dict[str, Any], says: str) -> None:
@@ -286,8 +314,8 @@ def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def render(values: dict[str, Any]) -> str:
-    return _dumped(asyncio.run(install(values)).manifest)
+def render(values: dict[str, Any], unserved: tuple[str, ...] = ()) -> str:
+    return _dumped(asyncio.run(install(values, unserved)).manifest)
 
 
 def _dumped(manifest: list[dict[str, Any]]) -> str:
@@ -327,17 +355,25 @@ def write_renders() -> None:
 
 def main(argv: list[str]) -> int:
     try:
-        if argv[:1] == ["render"] and len(argv) <= 2:
-            values = _load(CHART / "values.yaml")
-            if len(argv) == 2:
-                values = merge(values, _load(Path(argv[1])))
-            sys.stdout.write(render(values))
-            return 0
+        if argv[:1] == ["render"]:
+            unserved: tuple[str, ...] = ()
+            if argv[1:2] == ["--unserved"] and len(argv) >= 3:
+                unserved, argv = (argv[2],), ["render", *argv[3:]]
+            if len(argv) <= 2:
+                values = _load(CHART / "values.yaml")
+                if len(argv) == 2:
+                    values = merge(values, _load(Path(argv[1])))
+                sys.stdout.write(render(values, unserved))
+                return 0
         if argv == ["write-renders"]:
             write_renders()
             return 0
         if argv != ["lint"]:
-            print("usage: check.py lint | check.py render [VALUES] | check.py write-renders", file=sys.stderr)
+            print(
+                "usage: check.py lint | check.py render [--unserved GROUP/VERSION] [VALUES]"
+                " | check.py write-renders",
+                file=sys.stderr,
+            )
             return 2
         engine = f"helm-sdkpy {helm_sdkpy.__version__} ({helm_sdkpy.get_version()})"
         print(f"{engine}, Kubernetes {KUBERNETES} schemas")
@@ -351,6 +387,14 @@ def main(argv: list[str]) -> int:
                 print(f"FAIL {case.name}: {error}")
             else:
                 print(f"ok   {case.name}: {summary} in {time.monotonic() - started:.2f} s")
+        started = time.monotonic()
+        for override, unserved, kinds in LEFT_OUT:
+            try:
+                check_left_out(override, unserved, kinds)
+            except CheckFailed as error:
+                failed += 1
+                print(f"FAIL left out: {error}")
+        print(f"ok   {len(LEFT_OUT)} sets of objects left out in {time.monotonic() - started:.2f} s")
         started = time.monotonic()
         for override, says in REFUSED:
             try:

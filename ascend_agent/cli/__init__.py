@@ -23,6 +23,8 @@ from click.core import ParameterSource
 
 from ascend_agent import __version__, naming
 from ascend_agent.cli.flags import (
+    ApiBurst,
+    ApiQps,
     Backend,
     CdiSpecDir,
     Cluster,
@@ -171,6 +173,8 @@ def run(
     cluster: Cluster = None,
     kubeconfig: Kubeconfig = None,
     node_name: NodeName = None,
+    api_qps: ApiQps = None,
+    api_burst: ApiBurst = None,
     pod_resources_socket: PodResourcesSocket = None,
     device_info: DeviceInfo = None,
     volcano: Volcano = None,

@@ -457,6 +457,28 @@ NodeName = Annotated[
 ]
 
 
+ApiQps = Annotated[
+    float | None,
+    _option(
+        "--api-qps",
+        env="API_QPS",
+        group=CLUSTER,
+        help="Requests a second to the API server, on average (0: no limit).",
+    ),
+]
+
+
+ApiBurst = Annotated[
+    int | None,
+    _option(
+        "--api-burst",
+        env="API_BURST",
+        group=CLUSTER,
+        help="Requests to the API server at once, past --api-qps, after a quiet spell.",
+    ),
+]
+
+
 PodResourcesSocket = Annotated[
     Path | None,
     _option(

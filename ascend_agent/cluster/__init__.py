@@ -29,9 +29,11 @@ How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSl
    come back as lightkube's ``ApiError`` for the feature to handle).
 3. For state the agent owns, run a ``LatestWriter(name, apply)`` in the feature's task and call
    ``writer.set(state)`` from ``observe``; ``writer.refresh()`` rewrites unchanged state (a periodic refresh,
-   an object deleted by hand). For a watch, ``async for kind, obj in api.stream("pods",
-   api.client.watch(Pod, ...))`` inside ``run`` (failures recorded as for ``call``), catching
-   ``ApiUnavailable`` and watching again after :func:`~ascend_agent.cluster.writer.api_backoff`.
+   an object deleted by hand). For a watch, keep a ``WatchCursor``: list when its ``version`` is None, then
+   ``async for kind, obj in api.watch("pods", Pod, cursor, server_timeout=...)`` inside ``run`` (failures
+   recorded as for ``call``; bookmarks move the cursor and are not yielded; a 410 sets it to None), catching
+   ``ApiUnavailable`` and watching again from the cursor after ``wait_before_retry(backoff, exc)``
+   (:func:`~ascend_agent.backoff.wait_before_retry`, :func:`~ascend_agent.cluster.writer.api_backoff`).
 4. Add the feature to :func:`_features` (and its RBAC to the README's cluster section). Patches are JSON merge
    patches (``PatchType.MERGE``): ``null`` removes a key, and the test API server understands them.
 

@@ -14,6 +14,7 @@ watched, so an admin's edit is taken at once and a map deleted by hand is create
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -25,8 +26,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node
 from lightkube.types import PatchType
 
+from ascend_agent.backoff import wait_before_retry
 from ascend_agent.cluster import deviceinfo
-from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi, WatchCursor
 from ascend_agent.cluster.writer import LatestWriter, api_backoff
 from ascend_agent.health.separation import ManualSeparation
 from ascend_agent.model import Inventory
@@ -35,9 +37,9 @@ log = logging.getLogger("ascend_agent.cluster")
 
 # Volcano restarts its informer on an UpdateTime older than 600 s: rewritten well within that.
 REFRESH_INTERVAL = 300.0
-# How long one watch of the map lasts before it is read and watched again (a watch that silently stopped
-# delivering costs at most this long; the refresh write reads the map too).
-WATCH_SECONDS = 300
+# How long one watch of the map lasts before it is opened again from where it was (a watch that silently
+# stopped delivering is found by its missing bookmarks: KubeApi.watch_idle).
+WATCH_SECONDS = 1800
 MIN_WRITE_INTERVAL = 1.0
 DESCRIPTION = (
     "Written by ascend-agent. With Volcano's self-maintain-available-card mode on, Volcano counts the free "
@@ -72,6 +74,9 @@ class DeviceInfoPublisher:
         self._super_pod = (deviceinfo.UNKNOWN_INDEX, deviceinfo.UNKNOWN_INDEX)
         self._map: LatestWriter[dict[str, str]] | None = None
         self._node: LatestWriter[str] | None = None
+        # The map as the API server last showed it (read, watched, or answered to a write): a write updates
+        # it without reading it first; a conflict (409) reads it.
+        self._known: ConfigMap | None = None
 
     def observe(self, inventory: Inventory) -> None:
         now_ms = int(self._clock() * 1000)
@@ -126,43 +131,48 @@ class DeviceInfoPublisher:
 
     async def _read_back(self, api: KubeApi, name: str, writer: LatestWriter[dict[str, str]]) -> None:
         """The admin's ``ManuallySeparateNPU`` as a watch on the map delivers it; a map deleted is written
-        again. Each round reads the map, then watches it from there for ``watch_seconds``."""
+        again. The map is read, then watched for ``watch_seconds`` at a time, each watch opened again from the
+        newest version the last one saw (a deletion meanwhile arrives as DELETED); read again only on 410
+        Gone."""
         backoff = api_backoff()
+        cursor = WatchCursor()
         while True:
             try:
-                version = await self._read_map(api, name, writer)
-                watch = api.client.watch(
+                if cursor.version is None:
+                    cursor.version = await self._read_map(api, name, writer)
+                async for kind, found in api.watch(
+                    "configmaps",
                     ConfigMap,
+                    cursor,
                     namespace=deviceinfo.NAMESPACE,
                     fields={"metadata.name": name},
-                    resource_version=version,
                     server_timeout=self._watch_seconds,
-                )
-                async for kind, found in api.stream("configmaps", watch):
+                ):
                     backoff.reset()
                     if found.metadata is None or found.metadata.name != name:
                         continue  # an API server that ignores the field selector
                     if kind == "DELETED":
+                        self._known = None
                         self._gone(name, writer)
                     else:
+                        self._known = found
                         self._take_separation(found)
-            except ApiUnavailable:
-                await anyio.sleep(backoff.next())
+            except ApiUnavailable as exc:
+                await wait_before_retry(backoff, exc)
             except (ApiError, httpx2.HTTPError) as exc:
                 log.debug("ConfigMap watch ended: %s", exc)
-                await anyio.sleep(backoff.next())
+                await wait_before_retry(backoff)
 
     async def _read_map(self, api: KubeApi, name: str, writer: LatestWriter[dict[str, str]]) -> str | None:
-        """Take the map's ``ManuallySeparateNPU``; its resourceVersion (None when it is not there)."""
-        try:
-            found = await _get_map(api, name)
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+        """Take the map's ``ManuallySeparateNPU`` (a map not there is written again); the resourceVersion
+        to watch from."""
+        found, version = await api.read_named("configmaps", ConfigMap, name, deviceinfo.NAMESPACE)
+        self._known = found
+        if found is None:
             self._gone(name, writer)
-            return None
-        self._take_separation(found)
-        return found.metadata.resourceVersion if found.metadata else None
+        else:
+            self._take_separation(found)
+        return version
 
     @staticmethod
     def _gone(name: str, writer: LatestWriter[dict[str, str]]) -> None:
@@ -182,8 +192,9 @@ class DeviceInfoPublisher:
             self._separation.update(ids)
 
     async def _write_map(self, api: KubeApi, name: str, lists: dict[str, str]) -> None:
-        """Read the map, then update the keys the agent owns and keep every other (an admin's
-        ``ManuallySeparateNPU`` above all); a map that is not there is created."""
+        """Update the keys the agent owns in the map as it was last seen (read when it was not, or when the
+        update meets a newer one) and keep every other (an admin's ``ManuallySeparateNPU`` above all); a map
+        that is not there is created."""
         for _ in range(_CONFLICT_RETRIES):
             owned = {
                 deviceinfo.DEVICE_INFO_KEY: deviceinfo.device_info_cfg(
@@ -192,17 +203,20 @@ class DeviceInfoPublisher:
                 deviceinfo.UPGRADE_FAULT_KEY: "{}",
                 deviceinfo.DESCRIPTION_KEY: DESCRIPTION,
             }
-            try:
-                found = await _get_map(api, name)
-            except ApiError as exc:
-                if exc.status.code != 404:
-                    raise
-                if await self._create(api, name, owned):
-                    return
-                continue
+            found = copy.deepcopy(self._known)
+            if found is None:
+                try:
+                    found = await _get_map(api, name)
+                except ApiError as exc:
+                    if exc.status.code != 404:
+                        raise
+                    if await self._create(api, name, owned):
+                        return
+                    continue
             self._take_separation(found)
             if await self._update(api, found, owned):
                 return
+            self._known = None
         raise _Contended(f"it changed between the read and the write {_CONFLICT_RETRIES} times")
 
     async def _update(self, api: KubeApi, found: ConfigMap, owned: dict[str, str]) -> bool:
@@ -213,7 +227,7 @@ class DeviceInfoPublisher:
         data.setdefault(deviceinfo.SEPARATED_KEY, "")
         found.metadata, found.data = metadata, data
         try:
-            await api.call("update", "configmaps", api.client.replace(found))
+            self._known = await api.call("update", "configmaps", api.client.replace(found))
         except ApiError as exc:
             if exc.status.code in (404, 409):
                 return False
@@ -229,7 +243,7 @@ class DeviceInfoPublisher:
             data={**owned, deviceinfo.SEPARATED_KEY: ""},
         )
         try:
-            await api.call("create", "configmaps", api.client.create(configmap))
+            self._known = await api.call("create", "configmaps", api.client.create(configmap))
         except ApiError as exc:
             if exc.status.code == 409:
                 return False

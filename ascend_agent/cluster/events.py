@@ -13,9 +13,11 @@ name, when it turns Unhealthy for it or its class changes, a chip that stays Hea
 is not the one it had: the pods placed before keep the old one in their configuration); others raise their
 own through ``note`` (the DRA driver's ``DRACheckpointUnusable``, by way of ``ClusterSide.event``), and on
 a pod through ``note_pod`` (``--volcano``'s ``NPUChoiceSkipped``: one Event per pod, in its namespace). One
-Event object per chip (or subject) and reason while its message stays the same; an Event is written at once
-the first time, and its repeats, or a new message for the same chip and reason, at most once per
-``min_interval`` (30 s), so a chip that flaps 100 times a minute costs a handful of writes, not hundreds.
+Event object per chip (or subject) and reason while its message stays the same; chips that turn the same way
+for the same cause in one reconcile share one (``Ascend910-0, Ascend910-1 are Unhealthy: ...``), so a node
+whose eight chips fail together writes one Event, not eight. An Event is written at once the first time, and
+its repeats, or a new message for the same chips and reason, at most once per ``min_interval`` (30 s), so a
+chip that flaps 100 times a minute costs a handful of writes, not hundreds.
 RBAC: events create, patch.
 """
 
@@ -34,6 +36,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
+from ascend_agent.backoff import wait_before_retry
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi
 from ascend_agent.cluster.writer import api_backoff
 from ascend_agent.faultclass import FaultClass
@@ -51,6 +54,23 @@ ADDRESS_CHANGED = "NPUAddressChanged"
 MIN_INTERVAL = 30.0
 # Events on pods waiting to be written (the API server down) beyond this many: the oldest are dropped.
 MAX_POD_EVENTS = 256
+
+
+class _Turn(NamedTuple):
+    """A chip's turn as an Event says it: ``what`` follows the chip's ID (``is Unhealthy: ...``)."""
+
+    kind: str
+    reason: str
+    device: str
+    what: str
+
+
+def _plural(what: str) -> str:
+    """``what`` said of several chips: ``is Unhealthy`` -> ``are Unhealthy``."""
+    for one, many in (("is ", "are "), ("stays ", "stay "), ("network is ", "networks are ")):
+        if what.startswith(one):
+            return many + what.removeprefix(one)
+    return what
 
 
 class PodEvent(NamedTuple):
@@ -95,7 +115,8 @@ class NodeEvents:
 
     # what happened --------------------------------------------------------------------------------------
     def observe(self, inventory: Inventory) -> None:
-        self._observe_network(inventory)
+        turns: list[_Turn] = []
+        self._observe_network(inventory, turns)
         self._observe_addresses(inventory)
         for chip in inventory.chips:
             if chip.health_unknown and not chip.held:
@@ -107,28 +128,36 @@ class NodeEvents:
                 continue
             if chip.healthy:
                 if before is not None and not before[0]:
-                    self.note("Normal", HEALTHY, chip.device_id, f"{chip.device_id} is Healthy again")
+                    turns.append(_Turn("Normal", HEALTHY, chip.device_id, "is Healthy again"))
                 if chip.fault_class is not None and (before is None or before[2] != chip.fault_class):
-                    self.note(
-                        "Warning",
-                        fault_reason(chip.fault_class),
-                        chip.device_id,
-                        f"{chip.device_id} stays Healthy with fault class {chip.fault_class.huawei}: "
-                        f"{_cause(chip)}",
+                    turns.append(
+                        _Turn(
+                            "Warning",
+                            fault_reason(chip.fault_class),
+                            chip.device_id,
+                            f"stays Healthy with fault class {chip.fault_class.huawei}: {_cause(chip)}",
+                        )
                     )
             elif chip.held and (before is None or not before[1]):
-                self.note(
-                    "Warning", HELD, chip.device_id, f"{chip.device_id} is held Unhealthy: {_cause(chip)}"
-                )
+                turns.append(_Turn("Warning", HELD, chip.device_id, f"is held Unhealthy: {_cause(chip)}"))
             elif before is None or before[0] or before[2] != chip.fault_class:
-                self.note(
-                    "Warning",
-                    fault_reason(chip.fault_class) if chip.fault_class is not None else UNHEALTHY,
-                    chip.device_id,
-                    f"{chip.device_id} is Unhealthy: {_cause(chip)}",
-                )
+                reason = fault_reason(chip.fault_class) if chip.fault_class is not None else UNHEALTHY
+                turns.append(_Turn("Warning", reason, chip.device_id, f"is Unhealthy: {_cause(chip)}"))
+        self._note_turns(turns)
 
-    def _observe_network(self, inventory: Inventory) -> None:
+    def _note_turns(self, turns: list[_Turn]) -> None:
+        """One Event for the chips that turned the same way for the same cause in one reconcile (a node's
+        chips failing together, a rack's power flapping): its subject and message name them all."""
+        together: dict[tuple[str, str, str], list[str]] = {}
+        for turn in turns:
+            together.setdefault((turn.kind, turn.reason, turn.what), []).append(turn.device)
+        for (kind, reason, what), devices in together.items():
+            if len(devices) == 1:
+                self.note(kind, reason, devices[0], f"{devices[0]} {what}")
+            else:
+                self.note(kind, reason, ",".join(devices), f"{', '.join(devices)} {_plural(what)}")
+
+    def _observe_network(self, inventory: Inventory, turns: list[_Turn]) -> None:
         for chip in inventory.chips:
             down = bool(chip.network_fault)
             before = self._network_down.get(chip.device_id)
@@ -136,12 +165,10 @@ class NodeEvents:
             if before == down or (before is None and not down):
                 continue
             if down:
-                message = f"{chip.device_id} network is unhealthy: {chip.network_fault}"
-                self.note("Warning", NETWORK_UNHEALTHY, chip.device_id, message)
+                what = f"network is unhealthy: {chip.network_fault}"
+                turns.append(_Turn("Warning", NETWORK_UNHEALTHY, chip.device_id, what))
             else:
-                self.note(
-                    "Normal", NETWORK_HEALTHY, chip.device_id, f"{chip.device_id} network is healthy again"
-                )
+                turns.append(_Turn("Normal", NETWORK_HEALTHY, chip.device_id, "network is healthy again"))
 
     def _observe_addresses(self, inventory: Inventory) -> None:
         """A chip whose address, once known, is another now: the pods placed on it before were told the old
@@ -207,8 +234,8 @@ class NodeEvents:
             self._wake = anyio.Event()
             try:
                 delay = await self._write_due(api)
-            except ApiUnavailable:
-                await anyio.sleep(backoff.next())
+            except ApiUnavailable as exc:
+                await wait_before_retry(backoff, exc)
                 continue
             backoff.reset()
             with anyio.move_on_after(delay):

@@ -16,12 +16,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-import anyio
 import httpx2
 from lightkube import ApiError
 from lightkube.resources.core_v1 import ConfigMap
 
-from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.backoff import wait_before_retry
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi, WatchCursor
 from ascend_agent.cluster.writer import api_backoff
 from ascend_agent.echo import cut
 from ascend_agent.health.faulttable import (
@@ -39,8 +39,9 @@ log = logging.getLogger("ascend_agent.cluster")
 NAMESPACE = "kube-system"
 NAME = "mindx-dl-fault-config"
 WHERE = f"ConfigMap {NAMESPACE}/{NAME}"
-# A watch is ended by the API server after this long and started again from a fresh read.
-REREAD_INTERVAL = 300.0
+# A watch is ended by the API server after this long and opened again from where it was (one that silently
+# stopped delivering is found sooner, by its missing bookmarks: KubeApi.watch_idle).
+REREAD_INTERVAL = 1800.0
 _KEYS = frozenset({FAULT_CODE_KEY, CUSTOMIZATION_KEY}) | IGNORED_KEYS
 
 
@@ -73,39 +74,37 @@ class FaultConfigFollow:
         """Nothing to write: the map is only read."""
 
     async def run(self, api: KubeApi) -> None:
+        """Read the map, then watch it; a watch that ends or fails is opened again from the newest version
+        it saw (a map deleted meanwhile arrives as DELETED), and the map is read again only on 410 Gone."""
         backoff = api_backoff()
+        cursor = WatchCursor()
         while True:
             try:
-                version = await self._read(api)
-                watch = api.client.watch(
+                if cursor.version is None:
+                    cursor.version = await self._read(api)
+                async for kind, found in api.watch(
+                    "configmaps",
                     ConfigMap,
+                    cursor,
                     namespace=NAMESPACE,
                     fields={"metadata.name": NAME},
-                    resource_version=version,
                     server_timeout=int(REREAD_INTERVAL),
-                )
-                async for kind, found in api.stream("configmaps", watch):
+                ):
                     if found.metadata is None or found.metadata.name != NAME:
                         continue
                     self._take(None if kind == "DELETED" else dict(found.data or {}))
                     backoff.reset()
-            except ApiUnavailable:
-                await anyio.sleep(backoff.next())
+            except ApiUnavailable as exc:
+                await wait_before_retry(backoff, exc)
             except (ApiError, httpx2.HTTPError) as exc:
                 log.debug("Watch of %s ended: %s", WHERE, exc)
-                await anyio.sleep(backoff.next())
+                await wait_before_retry(backoff)
 
     async def _read(self, api: KubeApi) -> str | None:
-        """Read the map once and take it; its resourceVersion, to watch from."""
-        try:
-            found = await api.call("get", "configmaps", api.client.get(ConfigMap, NAME, namespace=NAMESPACE))
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
-            self._take(None)
-            return None
-        self._take(dict(found.data or {}))
-        return found.metadata.resourceVersion if found.metadata is not None else None
+        """Read the map once and take it; the resourceVersion to watch from."""
+        found, version = await api.read_named("configmaps", ConfigMap, NAME, NAMESPACE)
+        self._take(None if found is None else dict(found.data or {}))
+        return version
 
     def _take(self, data: Mapping[str, str] | None) -> None:
         if data is not None and data == self._seen and self._present:

@@ -44,11 +44,12 @@ def _read_in_thread(namespace: str, name: str, client: Client) -> PlacedPod | No
     return None
 
 
-async def node_address(api: KubeApi) -> str:
+async def node_address(api: KubeApi, limited: bool = True) -> str:
     """The agent's Node's first ``InternalIP`` that is an IP address, as Huawei's plugin takes it; "" when it
-    has none. A Node that is not there is lightkube's ``ApiError`` (404)."""
+    has none. A Node that is not there is lightkube's ``ApiError`` (404). ``limited=False``: not behind the
+    client's rate limit."""
     # In a worker thread, as the pods' patches it is read for: a Node's status can be large.
-    node = await api.call_blocking("get", "nodes", functools.partial(_get_node, api.node))
+    node = await api.call_blocking("get", "nodes", functools.partial(_get_node, api.node), limited=limited)
     for address in (node.status.addresses if node.status else None) or []:
         if address.type == "InternalIP" and _is_ip(address.address):
             return address.address

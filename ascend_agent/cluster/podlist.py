@@ -47,13 +47,16 @@ class Listed(NamedTuple):
     past: int = 0  # pods of the node left out past MAX_PODS
 
 
-async def list_node_pods(api: KubeApi) -> Listed:
+async def list_node_pods(api: KubeApi, limited: bool = True) -> Listed:
     """The pods bound to the agent's node that have not ended, the list's resourceVersion, and the pods that
     could not be decoded (left out: one pod's data never makes the list fail). Read and
     decoded in a worker thread, a page of :data:`LIST_CHUNK` pods at a time: an answer of many pods (an API
     server that ignores the field selector sends every pod of the cluster) does not hold up Allocate. At most
-    :data:`MAX_PODS` pods are kept; ``past`` counts those left out."""
-    return await api.call_blocking("list", "pods", functools.partial(_list_in_thread, api.node))
+    :data:`MAX_PODS` pods are kept; ``past`` counts those left out. ``limited=False`` for a list Allocate
+    waits on: it never waits for the client's rate limit."""
+    return await api.call_blocking(
+        "list", "pods", functools.partial(_list_in_thread, api.node), limited=limited
+    )
 
 
 class _ListedPod(NamespacedResourceG, msgspec.Struct, kw_only=True):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import anyio
 
+from ascend_agent.backoff import wait_before_retry
 from ascend_agent.cluster.credentials import ClusterTarget
 from ascend_agent.model import Inventory
 
@@ -66,6 +67,7 @@ class Feature(Protocol):
 async def _guarded(feature: Feature, api: KubeApi) -> None:
     """``feature.run``, started again after back-off if it ever fails: a bug in one cluster feature must not
     end the agent (the kubelet's side shares its task group)."""
+    from ascend_agent.cluster.client import ApiUnavailable
     from ascend_agent.cluster.writer import api_backoff
 
     backoff = api_backoff()
@@ -73,9 +75,10 @@ async def _guarded(feature: Feature, api: KubeApi) -> None:
         try:
             await feature.run(api)
             return
-        except Exception:
+        except Exception as exc:
             log.exception("Cluster feature %s failed; starting it again", type(feature).__name__)
-        await anyio.sleep(backoff.next())
+            failure = exc if isinstance(exc, ApiUnavailable) else None
+        await wait_before_retry(backoff, failure)
 
 
 class ClusterSide:
@@ -168,8 +171,11 @@ class ClusterSide:
         from ascend_agent.cluster.bounded import DEFAULT_LIST_LIMIT, MIB
         from ascend_agent.cluster.client import KubeApi
 
-        limit = self.settings.api_list_limit_mib * MIB if self.settings is not None else DEFAULT_LIST_LIMIT
-        return KubeApi.connect(self.target, self.node, list_limit=limit), tuple(self._make_features())
+        settings = self.settings
+        limit = settings.api_list_limit_mib * MIB if settings is not None else DEFAULT_LIST_LIMIT
+        qps, burst = (settings.api_qps, settings.api_burst) if settings is not None else (0.0, 1)
+        api = KubeApi.connect(self.target, self.node, list_limit=limit, qps=qps, burst=burst)
+        return api, tuple(self._make_features())
 
     async def run(self) -> None:
         from ascend_agent.cluster.client import ClusterConnectError

@@ -13,17 +13,20 @@ carry the resource's annotation with as many chips as the kubelet asked for, and
 not ``18446744073709551615`` (taken), the one with the smallest ``predicate-time`` gets this Allocate. A pod
 whose choice names a chip another pod holds cannot be the one the kubelet admits: it is skipped (one log
 line, one Event on that pod) and the choice moves on to the next in the same Allocate; for good, unless the
-pod holding the chip is being deleted (then in this Allocate only). Pods come from a watch (re-listed at
-least every :data:`RELIST_INTERVAL`); a miss, or a choice naming a held chip, reads the pods once from the
-API server (a held chip asks PodResources again too), and the choice is tried 3 times 1 s apart before
-Allocate is refused (the kubelet then fails the pod: ``UnexpectedAdmissionError``). A request for every chip
-of the resource keeps the kubelet's IDs, as Huawei's plugin does.
+pod holding the chip is being deleted (then in this Allocate only). Pods come from a list and a watch,
+opened again from where it was at least every :data:`WATCH_SECONDS` (listed again only when the API server
+no longer has that version); a miss, or a choice naming a held chip, reads the pods once from the API server
+(a held chip asks PodResources again too; that read never waits for the client's rate limit), and the choice
+is tried 3 times 1 s apart before Allocate is refused (the kubelet then fails the pod:
+``UnexpectedAdmissionError``). A request for every chip of the resource keeps the kubelet's IDs, as Huawei's
+plugin does.
 
 The pod is then patched (RBAC: pods list, watch, patch) with ``predicate-time: "18446744073709551615"``,
 ``huawei.com/AscendReal`` (the chips mounted), ``huawei.com/kltDev`` (the kubelet's IDs) and
 ``ascend.kubectl.kubernetes.io/ascend-910-configuration`` (``ascend-npu-configuration`` for 950). The patch is
 written beside Allocate from a worker thread (:meth:`~ascend_agent.cluster.client.KubeApi.call_blocking`),
-retried until it lands; the pod counts as taken from the moment Allocate chose it.
+retried until it lands, never behind the client's rate limit; the pod counts as taken from the moment
+Allocate chose it.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 from prometheus_client import Gauge
 
-from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.backoff import wait_before_retry
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi, WatchCursor
 from ascend_agent.cluster.events import PodEvent
 from ascend_agent.cluster.placed import node_address
 from ascend_agent.cluster.podlist import MAX_PODS, bound_to, list_node_pods, view_of
@@ -73,8 +77,9 @@ log = logging.getLogger("ascend_agent.cluster")
 
 TRIES = 3
 TRY_INTERVAL = 1.0
-# A watch that silently stopped delivering cannot leave the cache older than this.
-RELIST_INTERVAL = 60
+# How long one watch of the pods lasts before it is opened again from where it was: a watch that silently
+# stopped delivering cannot leave the cache older than this (nor than KubeApi.watch_idle, by its bookmarks).
+WATCH_SECONDS = 300
 # A cache miss reads the pods once; it waits at most this long for them.
 MISS_READ_TIMEOUT = 2.0
 
@@ -527,17 +532,18 @@ class VolcanoPods:
                 await self._listing.wait()
                 return
             try:
-                await self._list(self._api)
+                await self._list(self._api, limited=False)
             except (ApiUnavailable, ApiError):
                 return
 
     # the cache -------------------------------------------------------------------------------------------
-    async def _list(self, api: KubeApi) -> str | None:
-        """Replace the cache with the node's pods; the list's resourceVersion."""
+    async def _list(self, api: KubeApi, limited: bool = True) -> str | None:
+        """Replace the cache with the node's pods; the list's resourceVersion. ``limited=False``: for
+        Allocate, which does not wait for the rate limit."""
         taken_before = set(self._taken)
         self._listing = listing = anyio.Event()
         try:
-            pods, version, unreadable, past = await list_node_pods(api)
+            pods, version, unreadable, past = await list_node_pods(api, limited)
         finally:
             self._first_read.set()
             listing.set()
@@ -572,18 +578,22 @@ class VolcanoPods:
         return version
 
     async def _watch(self, api: KubeApi) -> None:
+        """List the node's pods, then watch them, each watch opened again from the newest version the last
+        one saw (a pod deleted meanwhile arrives as DELETED); listed again only on 410 Gone."""
         backoff = api_backoff()
+        cursor = WatchCursor()
         while True:
             try:
-                version = await self._list(api)
-                watch = api.client.watch(
+                if cursor.version is None:
+                    cursor.version = await self._list(api)
+                async for kind, pod in api.watch(
+                    "pods",
                     Pod,
+                    cursor,
                     namespace=ALL_NS,
                     fields={"spec.nodeName": api.node},
-                    resource_version=version,
-                    server_timeout=RELIST_INTERVAL,
-                )
-                async for kind, pod in api.stream("pods", watch):
+                    server_timeout=WATCH_SECONDS,
+                ):
                     view = view_of(pod)
                     if view is None:
                         continue
@@ -596,11 +606,11 @@ class VolcanoPods:
                     # Events that arrived together are read from one buffer without a pause: an Allocate
                     # waiting meanwhile must not wait for all of them.
                     await anyio.lowlevel.checkpoint()
-            except ApiUnavailable:
-                await anyio.sleep(backoff.next())
+            except ApiUnavailable as exc:
+                await wait_before_retry(backoff, exc)
             except (ApiError, httpx2.HTTPError) as exc:
                 log.debug("Pod watch ended: %s", exc)
-                await anyio.sleep(backoff.next())
+                await wait_before_retry(backoff)
 
     # the pods' marks ---------------------------------------------------------------------------------------
     async def _write_patches(self, api: KubeApi) -> None:
@@ -613,19 +623,23 @@ class VolcanoPods:
                 if host_ip is None:
                     try:
                         host_ip = await _host_ip(api)
-                    except ApiUnavailable:
-                        await anyio.sleep(backoff.next())
+                    except ApiUnavailable as exc:
+                        await wait_before_retry(backoff, exc)
                         continue
                 uid = next(iter(self._patches.pending))
                 patch = self._patches.pending.pop(uid)
                 namespace, name = patch.pod.namespace, patch.pod.name
                 try:
+                    # Part of the Allocate that chose the pod (one a pod): never behind the rate limit.
                     await api.call_blocking(
-                        "patch", "pods", functools.partial(_patch, name, namespace, patch.body(host_ip))
+                        "patch",
+                        "pods",
+                        functools.partial(_patch, name, namespace, patch.body(host_ip)),
+                        limited=False,
                     )
-                except ApiUnavailable:
+                except ApiUnavailable as exc:
                     self._patches.pending.setdefault(uid, patch)
-                    await anyio.sleep(backoff.next())
+                    await wait_before_retry(backoff, exc)
                     continue
                 except ApiError as exc:  # the pod is gone (404) or refused the patch
                     log.warning("Cannot mark pod %s/%s with its chips: %s", namespace, name, exc)
@@ -638,7 +652,7 @@ async def _host_ip(api: KubeApi) -> str:
     there, or may not be read (RBAC without nodes get). Raises ApiUnavailable while the API server is down:
     the patch could not be written either."""
     try:
-        address = await node_address(api)
+        address = await node_address(api, limited=False)
     except ApiError as exc:
         address, why = "", f"the Node cannot be read ({exc})"
     except ApiUnavailable as exc:

@@ -25,6 +25,8 @@ CHART_RENDER = RENDERS / "default.yaml"
 DRA_RENDER = RENDERS / "dra.yaml"  # the chart with its DRA values
 DRA_DRIVER = "npu.huawei.com"
 NAMESPACE = "kube-system"
+# Kinds of the chart, and the release from which the API server serves them.
+SERVED_FROM = {"FlowSchema": "1.29", "PriorityLevelConfiguration": "1.29"}
 
 
 def chart_objects(render: Path = CHART_RENDER) -> list[dict[str, Any]]:
@@ -36,10 +38,21 @@ def chart_object(kind: str, render: Path = CHART_RENDER) -> dict[str, Any]:
     return found
 
 
+def served_objects(cluster: Cluster, render: Path = CHART_RENDER) -> list[dict[str, Any]]:
+    """The chart's objects that Helm installs on the cluster's release: the flow control objects need
+    flowcontrol.apiserver.k8s.io/v1 (1.29), and the chart leaves them out before."""
+    release = server_release(cluster)
+    return [
+        doc
+        for doc in chart_objects(render)
+        if doc["kind"] not in SERVED_FROM or not needs_newer(release, SERVED_FROM[doc["kind"]])
+    ]
+
+
 def apply_chart(cluster: Cluster, render: Path = CHART_RENDER) -> None:
     """The README's install: the node labelled for the DaemonSet's nodeSelector, then the chart's objects."""
     cluster.kubectl("label", "node", NODE_NAME, "accelerator=huawei-Ascend910", "--overwrite")
-    cluster.kubectl("apply", "-f", str(render))
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(served_objects(cluster, render)))
 
 
 def agent_settings(cluster: Cluster, render: Path = CHART_RENDER, **overrides: Any) -> dict[str, Any]:

@@ -270,8 +270,9 @@ def test_the_device_info_configmap_is_accepted(cluster: Cluster, agent: AgentPro
 
 
 def test_the_fault_config_map_is_read_and_watched(cluster: Cluster, agent: AgentProcess) -> None:
-    """Huawei's mindx-dl-fault-config through the chart's Role (get, watch on that one name, by a field
-    selector): created, it replaces the built-in faultCode.json; deleted, the built-in one applies again."""
+    """Huawei's mindx-dl-fault-config through the chart's Role (get, list, watch on that one name, by a
+    field selector): created, it replaces the built-in faultCode.json; deleted, the built-in one applies
+    again."""
     before = len(agent.lines)
     table = json.dumps({"SubHealthFaultCodes": ["80E3A201"]})
     cluster.kubectl(

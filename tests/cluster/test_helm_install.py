@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.cluster import helm
-from tests.cluster.agent import NAMESPACE, RENDERS
+from tests.cluster.agent import NAMESPACE, RENDERS, served_objects
 from tests.cluster.harness import Cluster
 from tests.cluster.released import DAEMONSET, remove_applied_chart
 
@@ -44,8 +44,8 @@ def _present(cluster: Cluster, objects: list[tuple[str, str, str]]) -> list[str]
     return found + releases.stdout.split()
 
 
-def _chart_objects() -> list[tuple[str, str, str]]:
-    docs = [doc for doc in yaml.safe_load_all((RENDERS / "default.yaml").read_text()) if doc]
+def _chart_objects(cluster: Cluster) -> list[tuple[str, str, str]]:
+    docs = served_objects(cluster, RENDERS / "default.yaml")
     return [(doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]) for doc in docs]
 
 
@@ -65,7 +65,7 @@ def test_a_typo_in_config_stops_helm_install_and_creates_nothing(cluster: Cluste
     result = helm.install(cluster, {"config": {"hotRest": "idle"}})
     assert result.error is not None and TYPO in result.error, result.error
     assert "at '/config'" in result.error, result.error
-    assert _present(cluster, _chart_objects()) == []
+    assert _present(cluster, _chart_objects(cluster)) == []
 
 
 def test_spelt_right_it_installs_and_an_upgrade_with_the_typo_changes_nothing(
@@ -77,7 +77,7 @@ def test_spelt_right_it_installs_and_an_upgrade_with_the_typo_changes_nothing(
         (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
         for doc in result.manifest
     ]
-    assert sorted(objects) == sorted(_chart_objects())
+    assert sorted(objects) == sorted(_chart_objects(cluster))
     assert len(_present(cluster, objects)) == len(objects) + 1, "each object and the release's Secret"
     settings, checksum = _installed(cluster)
     assert settings["hotReset"] == "idle"

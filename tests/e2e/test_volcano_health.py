@@ -101,6 +101,11 @@ def test_the_mapping_goes_with_the_pod_once_the_kubelet_frees_its_ids(
     """The pod deleted, its containers may still run on chip 3 while the kubelet lists it under
     ``Ascend910-0``: the ID shows chip 3 until the kubelet frees it."""
     _fault(kubelet, state, [3], ["Ascend910-0"])
+    # The pod watch open first (the client's rate limit may hold it after the start): the test API server
+    # keeps no history, so a watch opened after the delete would not say it, as a real one's would.
+    apiserver.wait_for(
+        lambda: [s for s in apiserver.seen() if (s.verb, s.resource) == ("watch", "pods")], bool
+    )
     apiserver.delete("pods", "train-0", "team-a")
     wait_answer(  # the agent's pod watch saw the delete
         metrics_port,

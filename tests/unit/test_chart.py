@@ -48,19 +48,24 @@ def _by_key(docs: list[Doc]) -> dict[Key, Doc]:
     return {(doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]): doc for doc in docs}
 
 
+def _helm_render(*args: str | Path) -> list[Doc]:
+    """The chart rendered now by Helm's engine (charts/check.py render, .venv-helm's interpreter)."""
+    result = subprocess.run(
+        [HELM_PYTHON, ROOT / "charts" / "check.py", "render", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr
+    return _docs(result.stdout)
+
+
 @pytest.fixture(scope="module")
 def chart() -> dict[Key, Doc]:
     golden = _docs(GOLDEN.read_text(encoding="utf-8"))
     if HELM_PYTHON.exists():
-        result = subprocess.run(
-            [HELM_PYTHON, ROOT / "charts" / "check.py", "render"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-        )
-        assert result.returncode == 0, result.stderr
-        assert _docs(result.stdout) == golden, f"{GOLDEN.relative_to(ROOT)} is stale: run make helm-render"
+        assert _helm_render() == golden, f"{GOLDEN.relative_to(ROOT)} is stale: run make helm-render"
     return _by_key(golden)
 
 
@@ -84,8 +89,12 @@ def _container(docs: dict[Key, Doc]) -> Doc:
     return container  # type: ignore[no-any-return]
 
 
+# API Priority and Fairness' objects: the chart's alone (the example installs on releases without them).
+FLOW_CONTROL_KINDS = {"FlowSchema", "PriorityLevelConfiguration"}
+
+
 def test_the_same_objects(chart: dict[Key, Doc], example: dict[Key, Doc]) -> None:
-    assert set(chart) == set(example)
+    assert {key for key in chart if key[0] not in FLOW_CONTROL_KINDS} == set(example)
 
 
 def test_the_same_container_args_and_environment(chart: dict[Key, Doc], example: dict[Key, Doc]) -> None:
@@ -411,3 +420,84 @@ def test_plugin_watcher_mode() -> None:
 def test_every_mode_has_its_render() -> None:
     modes = {path.name.removesuffix("-values.yaml") for path in (CHART / "ci").glob("*-values.yaml")}
     assert {path.stem for path in RENDERS.glob("*.yaml")} == modes
+
+
+# --- API Priority and Fairness ----------------------------------------------------------------------------
+
+# The built-in FlowSchemas the agents' must come between: kube-system-service-accounts (every ServiceAccount
+# of kube-system to workload-high, with the scheduler and the controllers) and those of the control plane.
+KUBE_SYSTEM_SERVICE_ACCOUNTS = 900
+KUBE_SCHEDULER = 800
+
+
+def test_flow_control_puts_the_agents_account_in_a_level_of_its_own(chart: dict[Key, Doc]) -> None:
+    schema, level = _one(chart, "FlowSchema"), _one(chart, "PriorityLevelConfiguration")
+    account = _one(chart, "ServiceAccount")["metadata"]
+    (rule,) = schema["spec"]["rules"]
+    assert rule["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "serviceAccount": {"name": account["name"], "namespace": account["namespace"]},
+        }
+    ]
+    assert rule["resourceRules"] == [
+        {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": True, "namespaces": ["*"]}
+    ]
+    assert rule["nonResourceRules"] == [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
+    assert schema["spec"]["priorityLevelConfiguration"] == {"name": level["metadata"]["name"]}
+    assert KUBE_SCHEDULER < schema["spec"]["matchingPrecedence"] < KUBE_SYSTEM_SERVICE_ACCOUNTS
+
+    flow = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))["flowControl"]
+    assert schema["spec"]["distinguisherMethod"] == {"type": flow["distinguisherMethod"]}
+    assert level["spec"] == {
+        "type": "Limited",
+        "limited": {
+            "nominalConcurrencyShares": flow["nominalConcurrencyShares"],
+            "lendablePercent": flow["lendablePercent"],
+            "borrowingLimitPercent": flow["borrowingLimitPercent"],
+            "limitResponse": {"type": "Queue", "queuing": flow["queuing"]},
+        },
+    }
+    for mode in ("dra", "no-cluster", "plugin-watcher", "volcano"):
+        assert {key[0] for key in _render(mode)} >= FLOW_CONTROL_KINDS, mode
+
+
+@pytest.mark.parametrize(
+    ("args", "values"),
+    [
+        pytest.param([], {"flowControl": {"enabled": False}}, id="flowControl.enabled=false"),
+        pytest.param(["--unserved", "flowcontrol.apiserver.k8s.io/v1"], {}, id="no-flowcontrol-v1"),
+    ],
+)
+def test_flow_control_left_out(tmp_path: Path, args: list[str], values: Doc) -> None:
+    """Switched off, or on an API server without flowcontrol v1 (before 1.29), the chart renders the rest and
+    none of the flow control objects, with no error."""
+    if not HELM_PYTHON.exists():
+        pytest.skip("needs Helm's engine in .venv-helm (make helm-lint, which checks the same)")
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values), encoding="utf-8")
+    kinds = {doc["kind"] for doc in _helm_render(*args, path)}
+    assert "DaemonSet" in kinds and not kinds & FLOW_CONTROL_KINDS
+
+
+@pytest.mark.parametrize(
+    ("flow", "says"),
+    [
+        ({"enabled": "yes"}, "'yes' is not of type 'boolean'"),
+        ({"nominalConcurrencyShares": "10"}, "'10' is not of type 'integer'"),
+        ({"lendablePercent": 150}, "150 is greater than the maximum of 100"),
+        ({"matchingPrecedence": 1}, "1 is less than the minimum of 2"),
+        ({"distinguisherMethod": "ByPod"}, "'ByPod' is not one of ['ByUser', 'ByNamespace']"),
+        (
+            {"queuing": {"queues": 16, "handSize": 16, "queueLengthLimit": 200}},
+            "16 is greater than the maximum of 8",
+        ),
+        ({"queueLengthLimit": 200}, "'queueLengthLimit' was unexpected"),
+    ],
+)
+def test_flow_control_values_are_checked(flow: Doc, says: str) -> None:
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    errors = [
+        error.message for error in _values_validator().iter_errors(_merged(defaults, {"flowControl": flow}))
+    ]
+    assert any(says in error for error in errors), errors

@@ -259,14 +259,17 @@ async def test_a_blocking_request_to_a_hanging_server_does_not_hold_the_agent_st
         await api.call_blocking("get", "nodes", lambda client: client.get(Node, "node-1"))
 
 
-def test_backoff_doubles_to_the_cap_with_jitter_and_resets() -> None:
-    low, high = api_backoff(rng=lambda: 0.0), api_backoff(rng=lambda: 0.999999)
+def test_backoff_doubles_to_the_cap_with_full_jitter_and_resets() -> None:
+    low, half, high = (api_backoff(rng=lambda r=r: r) for r in (0.0, 0.5, 1.0))
     lows = [low.next() for _ in range(10)]
+    halves = [half.next() for _ in range(10)]
     highs = [high.next() for _ in range(10)]
-    assert lows[:3] == [0.25, 0.5, 1.0] and lows[-1] == 15.0
-    assert max(highs) <= 30.0 and highs[-1] == pytest.approx(30.0)
-    low.reset()
-    assert low.next() == 0.25
+    assert lows == [0.05] * 10, "full jitter down to a tenth of the first wait, never 0"
+    assert halves[:3] == [0.25, 0.5, 1.0] and halves[-1] == 15.0
+    assert highs[:3] == [0.5, 1.0, 2.0] and max(highs) == highs[-1] == 30.0
+    assert high.next(at_least=45.0) == 45.0, "the server's Retry-After when longer"
+    half.reset()
+    assert half.next() == 0.25
 
 
 async def test_writer_writes_the_newest_state_and_retries_until_it_lands(apiserver: ApiServer) -> None:

@@ -284,3 +284,34 @@ async def test_an_event_on_a_pod_noted_while_the_last_is_written_is_written_too(
         ("uid-1", "Skipped: names Ascend910-3"),
         ("uid-2", "Skipped: names Ascend910-5"),
     ]
+
+
+def _chips(unhealthy: bool) -> Inventory:
+    chips = tuple(Chip.make(i, "910B3") for i in range(8))
+    if unhealthy:
+        chips = tuple(chip.with_health(Health.UNHEALTHY, "power lost") for chip in chips)
+    return Inventory(chips=chips)
+
+
+async def test_chips_that_turn_together_share_one_event(apiserver: ApiServer) -> None:
+    """A node's eight chips failing and recovering together, three times: one Event per reason naming them
+    all, its repeats counted on it, instead of one per chip."""
+    async with _running(apiserver) as events:
+        events.observe(_chips(unhealthy=False))
+        for _ in range(3):
+            events.observe(_chips(unhealthy=True))
+            events.observe(_chips(unhealthy=False))
+        found = await _wait(
+            apiserver,
+            lambda: _by_reason(apiserver),
+            lambda f: (
+                [e["count"] for e in f.get("NPUUnhealthy", [])] == [3]
+                and [e["count"] for e in f.get("NPUHealthy", [])] == [3]
+            ),
+        )
+    ids = ", ".join(f"Ascend910-{i}" for i in range(8))
+    (unhealthy,) = found["NPUUnhealthy"]
+    assert unhealthy["message"] == f"{ids} are Unhealthy: power lost"
+    (healthy,) = found["NPUHealthy"]
+    assert healthy["message"] == f"{ids} are Healthy again"
+    assert sorted(found) == ["NPUHealthy", "NPUUnhealthy"]

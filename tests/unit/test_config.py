@@ -233,3 +233,25 @@ def test_a_refused_name_is_cut_in_the_message(short_dir: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         SettingsSource({}, path).load()
     assert len(str(caught.value)) < 300
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"api_qps": -1.0}, "--api-qps must be a finite number of at least 0 (0: off)"),
+        ({"api_qps": float("inf")}, "--api-qps must be a finite number of at least 0 (0: off)"),
+        ({"api_burst": 0}, "--api-burst must be a whole number of at least 1"),
+    ],
+)
+def test_the_rate_limit_refuses_bad_values_in_one_line(given: dict[str, float], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        SettingsSource(given).load()
+    assert str(caught.value) == message
+
+
+def test_the_rate_limit_defaults_and_file_keys(short_dir: Path) -> None:
+    assert (Settings().api_qps, Settings().api_burst) == (5.0, 10)
+    path = short_dir / "c.yaml"
+    path.write_text("apiQps: 0\napiBurst: 50\n")
+    settings = SettingsSource({}, path).load()
+    assert (settings.api_qps, settings.api_burst) == (0.0, 50)

@@ -435,9 +435,9 @@ def test_rbac_covers_the_cluster_side() -> None:
     assert _grants(None, "", "nodes", "patch", "npu-node-1")
     assert _grants(None, "", "events", "create", "")
     assert _grants("default", "", "events", "patch", "npu-node-1.17a2")
-    for verb in ("get", "watch", "create", "update"):
+    for verb in ("get", "list", "watch", "create", "update"):
         assert _grants("kube-system", "", "configmaps", verb, "mindx-dl-deviceinfo-npu-node-1")
-    for verb in ("get", "watch"):
+    for verb in ("get", "list", "watch"):
         assert _grants("kube-system", "", "configmaps", verb, "mindx-dl-fault-config")
     # ...and no more: no other namespace's ConfigMaps, no deletes, no pod writes without Volcano.
     assert not _grants("default", "", "configmaps", "get", "x")

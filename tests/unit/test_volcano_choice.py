@@ -102,13 +102,10 @@ class _BurstApi:
     def list(self, *args: Any, **kwargs: Any) -> _Listing:
         return _Listing()
 
-    def watch(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    async def call(self, verb: str, resource: str, request: Awaitable[Any]) -> Any:
+    async def call(self, verb: str, resource: str, request: Awaitable[Any], limited: bool = True) -> Any:
         return await request
 
-    async def call_blocking(self, verb: str, resource: str, request: Any) -> Any:
+    async def call_blocking(self, verb: str, resource: str, request: Any, limited: bool = True) -> Any:
         return await anyio.to_thread.run_sync(request, self)
 
     def patch(self, *args: Any, **kwargs: Any) -> None:
@@ -123,7 +120,7 @@ class _BurstApi:
             }
         )
 
-    async def stream(self, resource: str, watch: None) -> AsyncIterator[tuple[str, Pod]]:
+    async def watch(self, resource: str, *args: Any, **kwargs: Any) -> AsyncIterator[tuple[str, Pod]]:
         for n in range(self._burst):
             self.delivered += 1
             self.first_delivered.set()

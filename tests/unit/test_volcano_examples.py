@@ -81,8 +81,8 @@ def _rules(kind: str) -> dict[str, set[str]]:
 
 def test_rbac_is_exactly_what_the_volcano_features_use() -> None:
     assert _rules("Role") == {
-        "configmaps": {"get", "watch", "create", "update"},
-        "configmaps/mindx-dl-fault-config": {"get", "watch"},
+        "configmaps": {"get", "list", "watch", "create", "update"},
+        "configmaps/mindx-dl-fault-config": {"get", "list", "watch"},
     }
     assert _rules("ClusterRole") == {"pods": {"list", "watch", "patch"}, "nodes": {"get", "patch"}}
     for kind in ("RoleBinding", "ClusterRoleBinding"):

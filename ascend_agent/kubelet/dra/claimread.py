@@ -112,6 +112,7 @@ class ClaimReader:
                 "get",
                 "resourceclaims",
                 api.client.get(resource_claim(), claim.name, namespace=claim.namespace),
+                limited=False,  # NodePrepareResources waits on it: never behind the rate limit
             )
         except ApiUnavailable as exc:
             raise ClaimError(f"cannot read ResourceClaim {claim}: {exc.failure}") from None

@@ -177,21 +177,24 @@ class ClaimStatuses:
             if api is None:
                 await self._retry_later()
                 continue
-            failed = False
+            asked: float | None = None  # a write failed: retried, not before this (its Retry-After)
             for uid in self.pending:
-                if uid in self._desired and not await self._write(api, *self._desired[uid]):
-                    failed = True
-            if failed:
-                await self._retry_later()
+                if uid in self._desired:
+                    retry = await self._write(api, *self._desired[uid])
+                    if retry is not None:
+                        asked = max(asked or 0.0, retry)
+            if asked is not None:
+                await self._retry_later(asked)
             else:
                 self._backoff.reset()
 
-    async def _retry_later(self) -> None:
-        await anyio.sleep(self._backoff.next())
+    async def _retry_later(self, at_least: float = 0.0) -> None:
+        await anyio.sleep(self._backoff.next(at_least))
         self._changed.set()
 
-    async def _write(self, api: KubeApi, claim: _Claim, entries: list[dict[str, Any]]) -> bool:
-        """Apply ``entries`` as this driver's part of ``status.devices``; False when it is to be retried."""
+    async def _write(self, api: KubeApi, claim: _Claim, entries: list[dict[str, Any]]) -> float | None:
+        """Apply ``entries`` as this driver's part of ``status.devices``; None when that is done, else the
+        seconds the API server asked to wait before it is retried (0: it asked nothing)."""
         from lightkube.core.exceptions import ApiError
         from lightkube.types import PatchType
 
@@ -219,14 +222,14 @@ class ClaimStatuses:
                     force=True,
                 ),
             )
-        except ApiUnavailable:
-            return False  # recorded by the client: /healthz and the log say what fails
+        except ApiUnavailable as exc:
+            return exc.retry_after  # recorded by the client: /healthz and the log say what fails
         except ApiError as exc:
             code = exc.status.code
             if code in (404, 409):
                 log.info("Status of %s not written: the claim is gone (%s)", where, exc.status.message)
                 self._desired.pop(claim.uid, None)
-                return True
+                return None
             if self._refused.get(claim.uid) is None:
                 log.warning(
                     "Status of %s refused: %s %s; written again when the devices' health changes",
@@ -235,8 +238,8 @@ class ClaimStatuses:
                     (exc.status.message or "")[:_MAX_MESSAGE],
                 )
             self._refused[claim.uid] = entries
-            return True
+            return None
         self._written[claim.uid] = entries
         self._refused.pop(claim.uid, None)
         self.writes += 1
-        return True
+        return None

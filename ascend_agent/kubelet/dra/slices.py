@@ -37,8 +37,8 @@ from lightkube.core.exceptions import ApiError, NotReadyError
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
-from ascend_agent.backoff import Backoff
-from ascend_agent.cluster.client import ApiUnavailable, KubeApi
+from ascend_agent.backoff import Backoff, wait_before_retry
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi, WatchCursor
 from ascend_agent.cluster.writer import LatestWriter, api_backoff
 from ascend_agent.kubelet.dra.devices import DeviceTaints, pool_slices
 from ascend_agent.model import Inventory
@@ -57,10 +57,11 @@ SETTLE = 0.5
 # Changes by someone else that keep coming (another writer that wants the slices otherwise) are undone at
 # doubling intervals from SETTLE up to this; a quiet spell this long starts again from SETTLE.
 MAX_REWRITE_SPACING = 30.0
-# How long one watch of the slices lasts before they are listed and watched again.
-WATCH_SECONDS = 300
-# A watch's refusals the feature handles itself: 403 (its ClusterRole has no watch), 410 (list again).
-_WATCH_ANSWERS = frozenset({403, 410})
+# How long one watch of the slices lasts before it is opened again from where it was (one that silently
+# stopped delivering is found sooner, by its missing bookmarks: KubeApi.watch_idle).
+WATCH_SECONDS = 1800
+# A watch's refusal the feature handles itself: 403 (its ClusterRole has no watch).
+_WATCH_ANSWERS = frozenset({403})
 # The resourceVersions of this process's own writes kept, to tell their watch events from others' changes.
 _OWN_VERSIONS = 64
 
@@ -250,26 +251,30 @@ class SlicePublisher:
             last = anyio.current_time()
 
     async def _follow(self, api: KubeApi) -> None:
-        """Watch the driver's slices on this node: each round lists them (anything not as published nudges a
-        write), then watches from that list until the watch ends. A watch the agent may not make (a
-        ClusterRole from before the watch) is said once and asked again at each refresh: until then the
+        """Watch the driver's slices on this node: they are listed (anything not as published nudges a
+        write), then watched, each watch opened again from the newest version the last one saw (a slice
+        deleted meanwhile arrives as DELETED); listed again only on 410 Gone. A watch the agent may not make
+        (a ClusterRole from before the watch) is said once and asked again at each refresh: until then the
         refresh and the kubelet's registrations put the slices back."""
         backoff = api_backoff()
+        cursor = WatchCursor()
         refused = False
         while True:
             try:
-                existing, version = await self._listed(api)
-                if any(self._changed_by_others("ADDED", name, s) for name, s in existing.items()) or any(
-                    name not in existing for name in self._published
-                ):
-                    self._nudge()
-                watch = api.client.watch(
+                if cursor.version is None:
+                    existing, cursor.version = await self._listed(api)
+                    if any(self._changed_by_others("ADDED", name, s) for name, s in existing.items()) or any(
+                        name not in existing for name in self._published
+                    ):
+                        self._nudge()
+                async for kind, found in api.watch(
+                    "resourceslices",
                     ResourceSlice,
+                    cursor,
                     fields=self._fields(api),
-                    resource_version=version,
                     server_timeout=WATCH_SECONDS,
-                )
-                async for kind, found in api.stream("resourceslices", watch, answers=_WATCH_ANSWERS):
+                    answers=_WATCH_ANSWERS,
+                ):
                     backoff.reset()
                     refused = False
                     item = dict(found)
@@ -283,12 +288,12 @@ class SlicePublisher:
                             "deleted" if kind == "DELETED" else "changed",
                         )
                         self._nudge()
-            except ApiUnavailable:
-                await anyio.sleep(backoff.next())
+            except ApiUnavailable as exc:
+                await wait_before_retry(backoff, exc)
             except (ApiError, httpx2.HTTPError) as exc:
                 if not (isinstance(exc, httpx2.HTTPStatusError) and exc.response.status_code == 403):
                     log.debug("ResourceSlice watch ended: %s", exc)
-                    await anyio.sleep(backoff.next())
+                    await wait_before_retry(backoff)
                     continue
                 if not refused:
                     log.warning(

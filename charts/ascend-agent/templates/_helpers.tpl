@@ -55,4 +55,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if and (not .Values.cluster.enabled) .Values.dra.enabled }}
 {{- fail "dra.enabled needs cluster.enabled: ResourceSlices and ResourceClaims live in the API server" }}
 {{- end }}
+{{- with .Values.flowControl.queuing }}
+{{- if gt (int .handSize) (int .queues) }}
+{{- fail "flowControl.queuing.handSize must not be greater than flowControl.queuing.queues" }}
+{{- end }}
+{{- end }}
 {{- end }}
