@@ -80,6 +80,8 @@ DEFAULT_TIMEOUT = 10.0
 # server that sends no periodic bookmarks gets an idle watch opened again this often: as often as before
 # watches lasted long.
 WATCH_IDLE = 300.0
+# A watch that ends sooner than this, having delivered nothing, is a failure (waits for the back-off).
+SHORT_WATCH = 1.0
 # Answers that are about the request, not about the API server: the feature that asked decides.
 ANSWERS = frozenset({404, 409, 410, 422})
 # The longest Retry-After obeyed: a broken header must not stall the agent for hours.
@@ -128,6 +130,7 @@ class KubeApi:
         self.node = node
         self.timeout = timeout
         self.watch_idle = WATCH_IDLE
+        self._may_not_list: set[str] = set()  # resources a list of was refused (403), said once
         self.list_limit = list_limit
         self._bucket = TokenBucket(qps, burst) if qps > 0 else None
         self.health = ApiHealth(server)
@@ -306,6 +309,7 @@ class KubeApi:
                 ...
         """
         await self._take_token()
+        opened_at, delivered, quiet = anyio.current_time(), False, False
         opened = watch_events(
             self.client,
             res,
@@ -321,6 +325,8 @@ class KubeApi:
                 async for event in opened:
                     yield event
             except httpx2.ReadTimeout:
+                nonlocal quiet
+                quiet = True
                 log.debug("Watch of %s quiet for %g s; opening it again", resource, self.watch_idle)
             except (msgspec.ValidationError, msgspec.DecodeError, AnswerTooLarge):
                 # A watch from before an event it cannot read would meet it again: a list, which leaves out
@@ -330,6 +336,7 @@ class KubeApi:
 
         try:
             async for kind, found, version in self.stream(resource, events(), answers | {410}):
+                delivered = True
                 if kind != "BOOKMARK":
                     yield kind, found
                 cursor.version = version or cursor.version
@@ -338,6 +345,13 @@ class KubeApi:
                 raise
             log.debug("Watch of %s from version %s: 410 Gone; listing again", resource, cursor.version)
             cursor.version = None
+            return
+        if not (delivered or quiet) and anyio.current_time() - opened_at < SHORT_WATCH:
+            # Something answers and hangs up at once (a proxy, a server shutting down): opened again at
+            # once, the watch would be a tight loop; as a failure, it waits for the caller's back-off.
+            failure = Failure(0, "the watch ended as soon as it was opened")
+            self.health.record_failure(f"watch {resource}", failure)
+            raise ApiUnavailable(f"watch {resource}", failure)
 
     async def read_named(
         self, resource: str, res: type[Any], name: str, namespace: str
@@ -360,9 +374,35 @@ class KubeApi:
                 version = None
             return items, version
 
-        items, version = await self.call("list", resource, listed())
+        try:
+            items, version = await self.call("list", resource, listed(), answers=ANSWERS | {403})
+        except httpx2.HTTPStatusError as exc:
+            if _status(exc) != 403:
+                raise
+            return await self._get_named(resource, res, name, namespace)
         found = next((i for i in items if i.metadata is not None and i.metadata.name == name), None)
         return found, version
+
+    async def _get_named(
+        self, resource: str, res: type[Any], name: str, namespace: str
+    ) -> tuple[Any | None, str | None]:
+        """:meth:`read_named` where the agent may not list (a Role from before it needed to): a get, and no
+        version, so that the watch starts from now (the object first, as ADDED) and not from the object's
+        own version, which the API server may refuse again and again."""
+        if resource not in self._may_not_list:
+            self._may_not_list.add(resource)
+            log.warning(
+                "The agent may not list %s (403 Forbidden: its Role lacks list; the chart's has it): reading "
+                "each with get",
+                resource,
+            )
+        try:
+            found = await self.call(
+                "get", resource, self.client.get(res, name, namespace=namespace), answers=frozenset({404})
+            )
+        except ApiError:
+            return None, None
+        return found, None
 
     def _failed(
         self, channel: str, verb: str, resource: str, exc: Exception, answers: frozenset[int]
@@ -378,10 +418,10 @@ class KubeApi:
                 return exc
             failure = _refusal(code, exc.status.reason, verb, resource, self.node)
         elif isinstance(exc, httpx2.HTTPStatusError):
-            # Not the API server's JSON (a proxy in between, say), or any refused watch: lightkube raises the
-            # HTTP client's own error for a watch's status.
+            # Not the API server's JSON (a proxy in between, say), or any refused watch or list: lightkube
+            # raises the HTTP client's own error for their status.
             code = exc.response.status_code
-            if verb == "watch" and code in answers:
+            if verb in ("watch", "list") and code in answers:
                 self.health.record_success(channel)
                 return exc
             failure = _refusal(code, exc.response.reason_phrase, verb, resource, self.node)
@@ -457,8 +497,8 @@ def retry_after(header: str | None, now: Callable[[], float] = time.time) -> flo
     """The seconds a ``Retry-After`` header asks for (seconds or an HTTP date), within 0 and
     :data:`MAX_RETRY_AFTER`; 0 without one, or for one that says nothing readable.
 
-    >>> retry_after("2"), retry_after("86400"), retry_after("soon"), retry_after(None)
-    (2.0, 60.0, 0.0, 0.0)
+    >>> retry_after("2"), retry_after("86400"), retry_after("soon"), retry_after(None), retry_after("inf")
+    (2.0, 60.0, 0.0, 0.0, 60.0)
     >>> retry_after("Thu, 01 Jan 1970 00:00:05 GMT", now=lambda: 1.0)
     4.0
     """
@@ -471,14 +511,19 @@ def retry_after(header: str | None, now: Callable[[], float] = time.time) -> flo
             seconds = email.utils.parsedate_to_datetime(header).timestamp() - now()
         except (TypeError, ValueError):
             return 0.0
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER) if math.isfinite(seconds) else 0.0
+    if math.isnan(seconds):
+        return 0.0
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
 
 
 def _status(exc: httpx2.HTTPStatusError) -> int:
     """The status of a refusal: its Status object's (an ERROR event of a watch has only that), else the
     HTTP answer's."""
     code = exc.status.code if isinstance(exc, ApiError) else None
-    return code or exc.response.status_code
+    if code:
+        return int(code)
+    # An ERROR event whose Status has no code comes without an HTTP answer of its own: a server error.
+    return exc.response.status_code if exc.response is not None else 500
 
 
 def _transport_options(config: SingleConfig) -> dict[str, Any]:

@@ -77,6 +77,7 @@ class DeviceInfoPublisher:
         # The map as the API server last showed it (read, watched, or answered to a write): a write updates
         # it without reading it first; a conflict (409) reads it.
         self._known: ConfigMap | None = None
+        self._seen = 0  # how often the API server has shown the map: an answer must not hide a newer sight
 
     def observe(self, inventory: Inventory) -> None:
         now_ms = int(self._clock() * 1000)
@@ -151,6 +152,7 @@ class DeviceInfoPublisher:
                     backoff.reset()
                     if found.metadata is None or found.metadata.name != name:
                         continue  # an API server that ignores the field selector
+                    self._seen += 1
                     if kind == "DELETED":
                         self._known = None
                         self._gone(name, writer)
@@ -167,7 +169,7 @@ class DeviceInfoPublisher:
         """Take the map's ``ManuallySeparateNPU`` (a map not there is written again); the resourceVersion
         to watch from."""
         found, version = await api.read_named("configmaps", ConfigMap, name, deviceinfo.NAMESPACE)
-        self._known = found
+        self._known, self._seen = found, self._seen + 1
         if found is None:
             self._gone(name, writer)
         else:
@@ -213,7 +215,7 @@ class DeviceInfoPublisher:
                     if await self._create(api, name, owned):
                         return
                     continue
-            self._take_separation(found)
+                self._take_separation(found)
             if await self._update(api, found, owned):
                 return
             self._known = None
@@ -226,12 +228,15 @@ class DeviceInfoPublisher:
         data = {**(found.data or {}), **owned}
         data.setdefault(deviceinfo.SEPARATED_KEY, "")
         found.metadata, found.data = metadata, data
+        seen = self._seen
         try:
-            self._known = await api.call("update", "configmaps", api.client.replace(found))
+            answer = await api.call("update", "configmaps", api.client.replace(found))
         except ApiError as exc:
             if exc.status.code in (404, 409):
                 return False
             raise
+        if self._seen == seen:  # else the watch (or a read) brought a newer map meanwhile
+            self._known = answer
         return True
 
     async def _create(self, api: KubeApi, name: str, owned: dict[str, str]) -> bool:
@@ -242,12 +247,15 @@ class DeviceInfoPublisher:
             ),
             data={**owned, deviceinfo.SEPARATED_KEY: ""},
         )
+        seen = self._seen
         try:
-            self._known = await api.call("create", "configmaps", api.client.create(configmap))
+            answer = await api.call("create", "configmaps", api.client.create(configmap))
         except ApiError as exc:
             if exc.status.code == 409:
                 return False
             raise
+        if self._seen == seen:
+            self._known = answer
         log.info("Created ConfigMap %s/%s for Volcano", deviceinfo.NAMESPACE, name)
         return True
 

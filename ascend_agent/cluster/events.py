@@ -199,8 +199,19 @@ class NodeEvents:
         record = self._records.get(key)
         if record is None or record.message != message:
             # A new message is a new Event, but no sooner than a repeat of the old one would be written: a
-            # chip flapping between two fault codes must not make an Event per turn.
+            # chip flapping between two fault codes must not make an Event per turn. So is an Event about
+            # chips another Event of the reason named (the chips that turn together change): the newest
+            # takes their turn, and those already written are forgotten.
             next_write = 0.0 if record is None else record.next_write
+            chips = set(subject.split(","))
+            for other_key, other in list(self._records.items()):
+                if other.reason != reason or other.pod is not None or other_key == key:
+                    continue
+                if chips.isdisjoint(other.subject.split(",")):
+                    continue
+                next_write = max(next_write, other.next_write)
+                if other.count == other.written_count:
+                    del self._records[other_key]
             self._records[key] = _Record(kind, reason, subject, message, 1, now, now, next_write=next_write)
         else:
             record.count += 1

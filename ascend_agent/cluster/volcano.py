@@ -585,7 +585,8 @@ class VolcanoPods:
         while True:
             try:
                 if cursor.version is None:
-                    cursor.version = await self._list(api)
+                    # Unlimited: an Allocate that missed the cache waits for this list (at start, on 410).
+                    cursor.version = await self._list(api, limited=False)
                 async for kind, pod in api.watch(
                     "pods",
                     Pod,

@@ -68,6 +68,7 @@ class VersionedApi:
         self._compacted = 0
         self._watches: set[asyncio.Queue[tuple[str, Any]]] = set()
         self._refusals: list[_Refusal] = []
+        self._hang_ups = 0
 
     # running -----------------------------------------------------------------------------------------------
     def __enter__(self) -> VersionedApi:
@@ -169,6 +170,14 @@ class VersionedApi:
 
         self._in_loop(tell)
 
+    def hang_up(self, watches: int) -> None:
+        """The next ``watches`` watches are answered 200 and closed at once, with nothing in them."""
+
+        def set_hang_ups() -> None:
+            self._hang_ups = watches
+
+        self._in_loop(set_hang_ups)
+
     def refuse(self, status: int, verb: str, retry_after: str | None = None) -> None:
         """The next request of ``verb`` is answered ``status`` (with this Retry-After)."""
         self._in_loop(lambda: self._refusals.append(_Refusal(status, verb, retry_after)))
@@ -232,6 +241,9 @@ class VersionedApi:
     ) -> aiohttp.web.StreamResponse:
         answer = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
         await answer.prepare(request)
+        if self._hang_ups:
+            self._hang_ups -= 1
+            return answer
 
         async def send(kind: str, obj: dict[str, Any]) -> None:
             await answer.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")

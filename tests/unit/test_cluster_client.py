@@ -528,3 +528,16 @@ async def test_close_gives_up_on_a_client_that_does_not_close() -> None:
         scope.cancel()  # the agent stopping: close still runs
         await api.close()
     assert abandoned.is_set()
+
+
+def test_a_watch_error_without_a_code_is_an_outage_not_a_crash() -> None:
+    """An ERROR event whose Status names no code (a broken server or proxy) comes without an HTTP answer
+    of its own: it is taken for a server error, never an AttributeError that restarts the feature."""
+    from lightkube.models.meta_v1 import Status
+
+    api = KubeApi(cast(AsyncClient, None), "node-1", "https://127.0.0.1:6443")
+    failed = api._failed(
+        "watch configmaps", "watch", "configmaps", ApiError(status=Status(message="broken")), frozenset()
+    )
+    assert isinstance(failed, ApiUnavailable)
+    assert failed.failure.status == 500

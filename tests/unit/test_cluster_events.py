@@ -315,3 +315,29 @@ async def test_chips_that_turn_together_share_one_event(apiserver: ApiServer) ->
     (healthy,) = found["NPUHealthy"]
     assert healthy["message"] == f"{ids} are Healthy again"
     assert sorted(found) == ["NPUHealthy", "NPUUnhealthy"]
+
+
+async def test_chips_that_turn_in_changing_groups_keep_one_events_pace(apiserver: ApiServer) -> None:
+    """Chips failing in ever other groups (a rack's power flapping): each new group's Event waits for the
+    spacing of the Events of the same reason about its chips, and the groups already written are forgotten."""
+    events = NodeEvents(min_interval=3600.0)
+    groups = [(0, 1), (1, 2), (2, 3), (0, 3)]
+    healthy = tuple(Chip.make(i, "910B3") for i in range(4))
+    api = KubeApi.connect(ClusterTarget("kubeconfig", apiserver.kubeconfig), "node-1")
+    apiserver.put("nodes", {"metadata": {"name": "node-1"}})
+    try:
+        events.observe(Inventory(chips=healthy))
+        for group in groups:
+            failing = tuple(
+                chip.with_health(Health.UNHEALTHY, "power lost") if chip.phys_id in group else chip
+                for chip in healthy
+            )
+            events.observe(Inventory(chips=failing))
+            await events._write_due(api)
+            events.observe(Inventory(chips=healthy))
+            await events._write_due(api)
+    finally:
+        await api.close()
+    unhealthy = _by_reason(apiserver).get("NPUUnhealthy", [])
+    assert [e["message"] for e in unhealthy] == ["Ascend910-0, Ascend910-1 are Unhealthy: power lost"]
+    assert len(events._records) <= 2 * len(groups)

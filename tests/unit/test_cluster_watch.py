@@ -4,6 +4,7 @@ tests/support/versioned_api.py, which records every request with its arrival tim
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -265,3 +266,40 @@ async def test_a_watch_quiet_past_its_bookmarks_is_opened_again_from_its_version
     assert len(server.arrived("list")) == 1
     assert api.health.state().up is True
     assert not [r.message for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_watch_that_ends_as_soon_as_it_opens_waits_for_the_back_off(server: VersionedApi) -> None:
+    """Something that answers a watch and hangs up at once (a proxy, a server going down) must not be asked
+    again at once, in a tight loop: each such watch is a failure, and the next waits for the back-off."""
+    server.put("configmaps", _map([]))
+    server.hang_up(3)
+    grading = FaultGrading.builtin()
+    changes = _Changes(grading)
+    async with _following(server, grading) as api:
+        with anyio.fail_after(30):
+            await _until(server, lambda: server.watching == 1)
+            assert api.health.state().up is False, "a watch that hung up at once is a failure"
+            server.put("configmaps", _map(["8C03A000"]))
+            await changes.until(lambda g: 0x8C03A000 in g.table.classes)
+        assert api.health.state().up is True
+    opened = [w.at for w in server.arrived("watch")]
+    assert len(opened) == 4
+    assert all(later - earlier >= 0.04 for earlier, later in itertools.pairwise(opened))
+
+
+async def test_a_role_without_list_reads_with_get_and_watches_from_now(
+    server: VersionedApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Role from before the agent listed (get, watch only): the map is read with a get, and watched from
+    now (the map first, as ADDED), not from its own version, which a restarted server would refuse."""
+    server.put("configmaps", _map(["8C03A000"]))
+    server.refuse(403, "list")
+    grading = FaultGrading.builtin()
+    changes = _Changes(grading)
+    async with _following(server, grading):
+        with anyio.fail_after(30):
+            await changes.until(lambda g: 0x8C03A000 in g.table.classes)
+            await _until(server, lambda: server.watching == 1)
+    assert len(server.arrived("get")) == 1
+    assert "resourceVersion" not in server.arrived("watch")[0].params
+    assert any("may not list configmaps" in r.getMessage() for r in caplog.records)
