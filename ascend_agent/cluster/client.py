@@ -487,10 +487,24 @@ async def watch_events(
             event = decoders.decode_watch_event(line)
             if event.type == "ERROR":
                 raise ApiError(status=decoders.decode_status(event.object))
+            if event.type == "BOOKMARK":
+                # Only its version is read: the object around it is empty and may not decode as its kind (a
+                # Pod's bookmark has a spec with "containers": null, which a Pod may not have).
+                bookmark = msgspec.json.decode(event.object, type=_Bookmark)
+                yield event.type, None, bookmark.metadata.resourceVersion
+                continue
             found = decoders.decode_object(event.object, res)
             yield event.type, found, found.metadata.resourceVersion if found.metadata else None
     finally:
         await response.aclose()
+
+
+class _BookmarkMeta(msgspec.Struct):
+    resourceVersion: str | None = None
+
+
+class _Bookmark(msgspec.Struct):
+    metadata: _BookmarkMeta = msgspec.field(default_factory=_BookmarkMeta)
 
 
 def retry_after(header: str | None, now: Callable[[], float] = time.time) -> float:

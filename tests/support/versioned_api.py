@@ -270,7 +270,12 @@ class VersionedApi:
                     if what == "event" and item[0] == resource:
                         await send(item[1], item[2])
                     elif what == "bookmark" and params.get("allowWatchBookmarks") == "true":
-                        await send("BOOKMARK", {"metadata": {"resourceVersion": str(self._version)}})
+                        # As the API server sends it: an empty object of the kind, a Pod's with a spec
+                        # that names no containers (which a Pod may not have).
+                        bookmark: dict[str, Any] = {"metadata": {"resourceVersion": str(self._version)}}
+                        if resource == "pods":
+                            bookmark.update(spec={"containers": None}, status={})
+                        await send("BOOKMARK", bookmark)
                     elif what == "end":
                         break
                     elif what == "drop":

@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import pytest
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import ConfigMap, Pod
 
 from ascend_agent.cluster.client import ApiUnavailable, KubeApi, WatchCursor
 from ascend_agent.cluster.credentials import ClusterTarget
@@ -303,3 +303,21 @@ async def test_a_role_without_list_reads_with_get_and_watches_from_now(
     assert len(server.arrived("get")) == 1
     assert "resourceVersion" not in server.arrived("watch")[0].params
     assert any("may not list configmaps" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_pods_bookmark_moves_the_watch_on_and_keeps_it_open(server: VersionedApi) -> None:
+    """A Pod's bookmark carries "containers": null, which no Pod may have: read as a Pod it ended the watch
+    as unreadable, and the pods were listed again at every bookmark (once a minute)."""
+    server.put("pods", {"metadata": {"name": "p", "namespace": "default"}, "spec": {"containers": []}})
+    api, cursor, seen = _api(server), WatchCursor(), []
+    try:
+        with anyio.fail_after(10):
+            async for kind, _found in api.watch("pods", Pod, cursor, namespace="*", server_timeout=30):
+                seen.append(kind)
+                version = server.put("configmaps", _map([]), seen=False)
+                server.bookmark()
+                server.end_watches()
+    finally:
+        await api.close()
+    assert seen == ["ADDED"]
+    assert cursor.version == version, "the bookmark moved it on, and it ended normally"
