@@ -16,7 +16,7 @@ DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-hea
 # Two workers (pytest-xdist): the suite's tests mostly wait on the agent processes they start.
 PYTEST_FLAGS ?= -q -n 2
 
-.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build e2e-matrix cluster bench-cluster image image-test clean helm-lint helm-render helm-schema
+.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build e2e-matrix cluster bench-cluster bench-scale image image-test clean helm-lint helm-render helm-schema
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -179,6 +179,17 @@ bench-cluster: $(STAMP)
 	binary=$$(tests/cluster/build.sh) && generic=$$(tests/cluster/goplugin/build.sh) && \
 	tests/cluster/runtime/build.sh >/dev/null && IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
 	$(BIN)/python -m tests.cluster.bench "$$binary" "$$generic" "$(abspath $(E2E_IMAGE))" 5 60
+
+# What each agent costs the API server with many nodes (kwok's) and agents, at rest and in storms; root.
+# NODES, AGENTS, MODES, REST_SECONDS narrow it; writes build/bench-scale.json.
+NODES ?= 1000
+AGENTS ?= 100
+MODES ?= default,volcano,dra
+REST_SECONDS ?= 310
+bench-scale: $(STAMP)
+	binary=$$(tests/cluster/build.sh) && kwok=$$(tests/cluster/kwok/build.sh) && \
+	$(BIN)/python -m tests.cluster.scale "$$binary" "$$kwok" --nodes $(NODES) --agents $(AGENTS) \
+		--modes $(MODES) --rest-seconds $(REST_SECONDS)
 
 # linux/amd64 and linux/arm64 (the second under emulation) in one OCI archive, with buildah; root.
 image:

@@ -156,6 +156,9 @@ class Cluster:
     # The users whose requests the API server writes to audit.log (one JSON line per stage, Metadata level).
     audited_users: tuple[str, ...] = ()
     images: tuple[Path, ...] = ()
+    # False: the control plane alone (etcd, the API server, the controller manager, the scheduler), no
+    # runtime, no kubelet, no device nodes: nodes are another program's (kwok, in make bench-scale).
+    with_node: bool = True
     # Whether start() got past its refusals: the machine was this cluster's to change.
     began: bool = False
     _machine: IO[str] | None = None
@@ -202,7 +205,7 @@ class Cluster:
     # -- start ----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if kubelet_answers():
+        if self.with_node and kubelet_answers():
             raise KubeletPresent(
                 f"a kubelet already answers at {KUBELET_SOCKET}: this cluster's kubelet needs that socket; "
                 "stop that kubelet (another make e2e or make cluster?) or use a machine without one"
@@ -215,21 +218,21 @@ class Cluster:
             raise KubeletPresent(
                 f"another cluster of these tests is starting on this machine ({MACHINE_LOCK}); wait for it"
             ) from None
-        try:
-            self.devices.make((*CHIPS, *MANAGEMENT))
-        except DevicesPresent as present:
-            raise KubeletPresent(str(present)) from None
+        if self.with_node:
+            try:
+                self.devices.make((*CHIPS, *MANAGEMENT))
+            except DevicesPresent as present:
+                raise KubeletPresent(str(present)) from None
         self.began = True
-        host_dirs = (*KUBELET_HOST_DIRS, *NODE_HOST_DIRS)
-        self.host_dirs_made = tuple(path for path in host_dirs if not path.exists())
-        self.driver_paths_absent = tuple(path for path in DRIVER_HOST_PATHS if not path.exists())
-        self.sysctls = read_sysctls()
+        if self.with_node:
+            host_dirs = (*KUBELET_HOST_DIRS, *NODE_HOST_DIRS)
+            self.host_dirs_made = tuple(path for path in host_dirs if not path.exists())
+            self.driver_paths_absent = tuple(path for path in DRIVER_HOST_PATHS if not path.exists())
+            self.sysctls = read_sysctls()
         self._network()
         self._credentials()
-        self._spawn("etcd", ["etcd", f"--data-dir={self.work / 'etcd'}"])
-        self._wait_log("etcd", "etcd: ready at")
-        self._spawn("kube-apiserver", self._apiserver_args())
-        self._wait_api()
+        self.start_etcd()
+        self.start_apiserver()
         for name, user in (
             ("controller-manager", "system:kube-controller-manager"),
             ("scheduler", "system:kube-scheduler"),
@@ -259,6 +262,9 @@ class Cluster:
                 "--bind-address=127.0.0.1",
             ],
         )
+        if not self.with_node:
+            self._wait_default_service_account()
+            return
         self.runtime.write_config()
         self._spawn_containerd(self.runtime)
         for archive in (pause_archive(), *self.images):
@@ -268,6 +274,16 @@ class Cluster:
         self._wait_default_service_account()
         # The kubelet wrote its kernel settings at start; they are the machine's, not the cluster's.
         write_sysctls(self.sysctls)
+
+    def start_etcd(self) -> None:
+        """etcd (again, after ``stop_component("etcd")``, on the same data), waited for until it serves."""
+        self._spawn("etcd", ["etcd", f"--data-dir={self.work / 'etcd'}"])
+        self._wait_log("etcd", "etcd: ready at")
+
+    def start_apiserver(self) -> None:
+        """The API server (again, after ``stop_component("kube-apiserver")``), waited for until it serves."""
+        self._spawn("kube-apiserver", self._apiserver_args())
+        self._wait_api()
 
     @property
     def cdi_dir(self) -> Path:
@@ -593,6 +609,8 @@ class Cluster:
         """The pods deleted through the API while the kubelet runs, so that it stops their containers and
         their addresses are released as on a real node (no controller left to make them again); what remains
         removed through containerd; then containerd and every shim stopped."""
+        if not self.with_node:
+            return []
         if "kubelet" in self.components and "kube-apiserver" in self.components:
             self.stop_component("kube-controller-manager")
             self.kubectl(
