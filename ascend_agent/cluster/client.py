@@ -365,17 +365,9 @@ class KubeApi:
             found, version = await api.read_named("configmaps", ConfigMap, NAME, namespace="kube-system")
         """
 
-        async def listed() -> tuple[list[Any], str | None]:
-            listing = self.client.list(res, namespace=namespace, fields={"metadata.name": name})
-            items = [item async for item in listing]
-            try:
-                version: str | None = listing.resourceVersion
-            except NotReadyError:  # an answer without one: the watch starts from now
-                version = None
-            return items, version
-
+        listed = listed_with_version(self.client, res, namespace=namespace, fields={"metadata.name": name})
         try:
-            items, version = await self.call("list", resource, listed(), answers=ANSWERS | {403})
+            items, version = await self.call("list", resource, listed, answers=ANSWERS | {403})
         except httpx2.HTTPStatusError as exc:
             if _status(exc) != 403:
                 raise
@@ -497,6 +489,23 @@ async def watch_events(
             yield event.type, found, found.metadata.resourceVersion if found.metadata else None
     finally:
         await response.aclose()
+
+
+async def listed_with_version(
+    client: AsyncClient, res: type[Any], **selection: Any
+) -> tuple[list[Any], str | None]:
+    """Every item of ``client.list(res, **selection)`` and the list's resourceVersion, to watch from (None
+    for an answer without one: the watch then starts from now)::
+
+        items, version = await api.call("list", "pods", listed_with_version(api.client, Pod, namespace="*"))
+    """
+    listing = client.list(res, **selection)
+    items = [item async for item in listing]
+    try:
+        version: str | None = listing.resourceVersion
+    except NotReadyError:
+        version = None
+    return items, version
 
 
 class _BookmarkMeta(msgspec.Struct):

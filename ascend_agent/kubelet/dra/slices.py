@@ -33,12 +33,12 @@ from typing import Any
 import anyio
 import httpx2
 from lightkube.core.client import FieldSelector
-from lightkube.core.exceptions import ApiError, NotReadyError
+from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 from lightkube.types import PatchType
 
 from ascend_agent.backoff import Backoff, wait_before_retry
-from ascend_agent.cluster.client import ApiUnavailable, KubeApi, WatchCursor
+from ascend_agent.cluster.client import ApiUnavailable, KubeApi, WatchCursor, listed_with_version
 from ascend_agent.cluster.writer import LatestWriter, api_backoff
 from ascend_agent.kubelet.dra.devices import DeviceTaints, pool_slices
 from ascend_agent.model import Inventory
@@ -325,17 +325,8 @@ class SlicePublisher:
 
     async def _listed(self, api: KubeApi) -> tuple[dict[str, dict[str, Any]], str | None]:
         """The driver's slices on this node by name, and the list's resourceVersion (None without one)."""
-
-        async def listed() -> tuple[list[Any], str | None]:
-            listing = api.client.list(ResourceSlice, fields=self._fields(api))
-            items = [item async for item in listing]
-            try:
-                version: str | None = listing.resourceVersion
-            except NotReadyError:  # an answer without one: the watch starts from now
-                version = None
-            return items, version
-
-        found, version = await api.call("list", "resourceslices", listed())
+        listed = listed_with_version(api.client, ResourceSlice, fields=self._fields(api))
+        found, version = await api.call("list", "resourceslices", listed)
         slices = (dict(item) for item in found)
         return {
             name: item for item in slices if (name := _name(item)) is not None and self._ours(api, item)
