@@ -16,7 +16,7 @@ DRA_PROTO := protos/dra/v1/api.proto protos/dra/v1beta1/api.proto protos/dra-hea
 # Two workers (pytest-xdist): the suite's tests mostly wait on the agent processes they start.
 PYTEST_FLAGS ?= -q -n 2
 
-.PHONY: install run run-dra test lint proto bench soak interop interop-packages e2e e2e-build e2e-matrix cluster bench-cluster bench-scale image image-test clean helm-lint helm-render helm-schema
+.PHONY: install run run-dra test prometheus-tools lint proto bench docs soak interop interop-packages e2e e2e-build e2e-matrix cluster bench-cluster bench-scale image image-test clean helm-lint helm-render helm-schema release
 
 # The interpreter is checked before .venv is made: on an older Python, pip's resolver searches for minutes
 # before it gives up. $(error) in the recipe stops only the targets that need .venv, with one line.
@@ -60,8 +60,19 @@ lint: $(STAMP)
 	ln -s "$(CURDIR)/backends" build/mypy/ascend_agent/backends
 	cd build/mypy && "$(abspath $(BIN))/mypy" --config-file "$(CURDIR)/pyproject.toml" -p ascend_agent
 
-test: lint
+test: lint prometheus-tools
 	$(BIN)/pytest $(PYTEST_FLAGS)
+
+# Prometheus' promtool and server (the version tests/prometheus/go.mod pins), from the Go module proxy into a
+# cache outside the clone keyed by version (tests/prometheus/build.sh: minutes when cold, then a cache hit);
+# their paths go to build/prometheus-tools, where tests/prometheus/ finds them for the alert rules, a scrape
+# of the agent and the dashboard's queries. Without go those tests are skipped (under CI=1 they fail).
+PROMETHEUS_TOOLS := build/prometheus-tools
+prometheus-tools:
+	@if command -v $(GO) >/dev/null; then \
+		mkdir -p $(dir $(PROMETHEUS_TOOLS)) && tests/prometheus/build.sh > $(PROMETHEUS_TOOLS).partial && \
+		mv $(PROMETHEUS_TOOLS).partial $(PROMETHEUS_TOOLS); \
+	else echo "make test: no go on PATH, so no promtool or prometheus: tests/prometheus/ is skipped"; fi
 
 # The DRA driver's APIs into a package of their own: dra-health v1 shares protobuf package v1 with podresources,
 # and generated together a device plugin would load the DRA health messages with the pod resources.
@@ -76,6 +87,10 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run
+
+# The documentation site (mkdocs.yml, docs/) into build/site; --strict fails on a link that does not resolve.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir build/site
 
 soak: $(STAMP)
 	$(BIN)/pytest -q -s -m soak -o addopts=''
@@ -174,7 +189,7 @@ cluster: $(STAMP) $(HELM_STAMP)
 	IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
 	exec $(BIN)/python -m tests.cluster.standing "$$binary" "$(abspath $(E2E_IMAGE))"
 
-# How long the real cluster takes to see what the agent does (tests/cluster/bench.py); figures in the README.
+# How long the real cluster takes to see what the agent does (tests/cluster/bench.py); figures in docs/performance.md.
 bench-cluster: $(STAMP)
 	binary=$$(tests/cluster/build.sh) && generic=$$(tests/cluster/goplugin/build.sh) && \
 	tests/cluster/runtime/build.sh >/dev/null && IMAGE_ARCHIVE=$(E2E_IMAGE) image/build.sh $(NATIVE_ARCH) >/dev/null && \
@@ -194,6 +209,17 @@ bench-scale: $(STAMP)
 # linux/amd64 and linux/arm64 (the second under emulation) in one OCI archive, with buildah; root.
 image:
 	image/build.sh
+
+# What an air-gapped site installs from, in dist/: each image as an OCI archive with its SBOM, the chart as a
+# Helm repository, the wheel and sdist, SHA256SUMS (release/build.sh, docs/release.md); root, as make image is.
+RELEASE_STAMP := $(VENV)/.release-stamp
+$(RELEASE_STAMP): $(RUN_STAMP) release/requirements.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r release/requirements.txt
+	touch $(RELEASE_STAMP)
+
+release: $(RELEASE_STAMP) $(HELM_STAMP)
+	@command -v $(GO) >/dev/null || { echo "make release: no go on PATH (syft, the SBOM tool, is built with it); install Go 1.26 or newer"; exit 1; }
+	RELEASE_PYTHON=$(BIN)/python RELEASE_HELM_PYTHON=$(HELM_VENV)/bin/python release/build.sh
 
 # make image, then the agent run inside each architecture's image (arm64 under emulation); root. See
 # tests/image/.

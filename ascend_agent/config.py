@@ -136,6 +136,8 @@ class Settings:
     fail_requests_greater_than_one: bool = False
     cdi_spec_dir: Path | None = None
     metrics_address: str = "127.0.0.1:9410"
+    # The chip series also under Huawei npu-exporter's names (ascend_agent.observability.npu_exporter).
+    npu_exporter_metrics: bool = False
     log_format: str = "text"
     log_level: str = "info"
     fake_chips: int = 8
@@ -154,6 +156,8 @@ class Settings:
     # Volcano (ascend_agent.cluster.deviceinfo, .volcano): the device-info ConfigMap and node annotation, and
     # Allocate answering with the chips Volcano chose.
     device_info: bool = True
+    # The node summary kubectl ascend reads (ascend_agent.node_summary), while the cluster side is on.
+    node_summary: bool = True
     volcano: bool = False
     # Only the pods this scheduler placed (spec.schedulerName) have their choice of chips taken.
     volcano_scheduler_name: str = "volcano"
@@ -352,6 +356,7 @@ _CONVERTERS: dict[str, Check[Any]] = {
     "fail_requests_greater_than_one": boolean,
     "cdi_spec_dir": optional(file_path),
     "metrics_address": plain_text,
+    "npu_exporter_metrics": boolean,
     "log_format": one_of(*LOG_FORMATS),
     "log_level": one_of(*LOG_LEVELS),
     "fake_chips": positive_int,
@@ -365,6 +370,7 @@ _CONVERTERS: dict[str, Check[Any]] = {
     "api_qps": non_negative_float,
     "api_burst": positive_int,
     "device_info": boolean,
+    "node_summary": boolean,
     "volcano": boolean,
     "volcano_scheduler_name": dns_subdomain,
     "kubelet_api": one_of(*KUBELET_APIS),

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 # The cluster side is set up once, at start.
 _CLUSTER_SETTINGS = ("cluster", "kubeconfig", "node_name", "api_list_limit_mib", "api_qps", "api_burst",
-                     "volcano_scheduler_name")  # fmt: skip
+                     "volcano_scheduler_name", "node_summary")  # fmt: skip
 # Device plugin or DRA driver, and the DRA driver's settings: chosen once, at start.
 _KUBELET_API_SETTINGS = (
     "kubelet_api",
@@ -51,6 +51,7 @@ _AGENT_SETTINGS = frozenset(
         "serve_timeout",
         "cdi_spec_dir",
         "metrics_address",
+        "npu_exporter_metrics",
         "log_level",
         "log_format",
         "vnpu",

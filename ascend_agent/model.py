@@ -282,6 +282,9 @@ class Chip:
     # Unhealthy only because its health cannot be read (npu-smi is down): not a fault of the chip.
     health_unknown: bool = False
     hbm_mb: int | None = None  # HBM size where the chip has HBM and the backend knows it
+    # Its card's firmware version and serial number (``npu-smi info -t board -i <npu id>``) where read.
+    firmware_version: str | None = None
+    serial: str | None = None
     vnpu: VNpu | None = None
     # The chip's place on its card: npu-smi's ``-c`` beside ``-i <npu id>``.
     chip_on_card: int = 0

@@ -17,7 +17,7 @@ import signal
 import sys
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -36,6 +36,7 @@ from ascend_agent.kubelet.mounted import MountedChips
 from ascend_agent.kubelet.podresources import PodHolders
 from ascend_agent.live_settings import log_configuration
 from ascend_agent.model import Chip
+from ascend_agent.node_summary import summary_document
 from ascend_agent.observability import configure_logging, log_accept_failures_briefly
 from ascend_agent.reconciler import Agent
 from ascend_agent.stopping import ignore_while_stopping, stop_requested
@@ -139,6 +140,8 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         from ascend_agent.kubelet.dra import slice_publisher
 
         more.append(partial(slice_publisher, settings))
+    if settings.node_summary:
+        more.append(lambda: _summary_publisher(agent, "dra" if dra else "device-plugin"))
     side = cluster.open_side(settings, separation, mounted, grading, more)
     if side is None and dra:
         raise ConfigError(
@@ -207,6 +210,16 @@ def _build(source: SettingsSource, settings: Settings, backend: Backend) -> Agen
         make_resets=make_resets,
     )
     return agent
+
+
+def _summary_publisher(agent: Agent, mode: str) -> Feature:
+    """The node summary ``kubectl ascend`` reads, made from what ``agent`` last reconciled."""
+    from ascend_agent.cluster.summary import SummaryPublisher
+
+    def document() -> dict[str, Any]:
+        return summary_document(agent.report.last, agent.report.holders, agent.ready(), mode)
+
+    return SummaryPublisher(document)
 
 
 async def print_vnpu_plan(settings: Settings) -> int:

@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup
 from ascend_agent import cdi
 from ascend_agent.backends import Backend, Successor, backend_for
 from ascend_agent.backends.vnpu_keeper import VnpuLayoutKeeper
+from ascend_agent.cluster.credentials import node_name
 from ascend_agent.config import PLUGIN_WATCHER_REGISTRATION, ConfigError, Settings, SettingsSource
 from ascend_agent.health.grading import FaultGrading
 from ascend_agent.health.pipeline import HealthPipeline
@@ -46,11 +47,13 @@ from ascend_agent.observability import (
     KUBELET_RESTARTS,
     configure_logging,
     label_devices_with_holders,
+    label_series_with_node,
     serve_json,
 )
 from ascend_agent.observability.chipstate import CHIPS_PATH, chip_states
 from ascend_agent.observability.endpoint import HttpEndpoint
-from ascend_agent.observability.report import InventoryReport
+from ascend_agent.observability.npu_exporter import use_npu_exporter_names
+from ascend_agent.observability.report import InventoryReport, chip_series
 from ascend_agent.watch import Change, Watcher, WatchEvent
 
 if TYPE_CHECKING:
@@ -95,6 +98,9 @@ class Agent:
         changed; ``make_resets`` makes the hot reset once ``hotReset`` is on (none by default)."""
         self.settings = settings
         self.backend = backend
+        # Before the HTTP endpoint opens: every scrape names the node.
+        label_series_with_node(node_name(settings.node_name))
+        use_npu_exporter_names(settings.npu_exporter_metrics)
         self.cluster = cluster
         self.health = HealthPipeline(
             settings, grading=grading, separation=separation, make_resets=make_resets, wake=self.wake
@@ -361,6 +367,8 @@ class Agent:
         self.holdings.pods.socket = settings.pod_resources_socket
         change.warn()
         self.settings = settings
+        label_series_with_node(node_name(settings.node_name))
+        use_npu_exporter_names(settings.npu_exporter_metrics)
         if self.cluster is not None:
             self.cluster.settings = settings
         self._start_watching()
@@ -384,7 +392,10 @@ class Agent:
         """Discover, then make what the kubelet, the cluster side and the CDI spec are told match."""
         inventory = self.health.apply(await self.backend.discover())
         self.report.inventory(inventory)
+        chip_series(inventory)
         if self.dra is not None:
+            # The device gauges under the driver's name: a DRA node's chips on the same boards and alerts.
+            self.report.count({self.settings.dra_driver_name: inventory.chips}, inventory.vnpus)
             self.dra.publish(inventory, self.backend)
             if self.cluster is not None:
                 self.cluster.observe(inventory)

@@ -25,6 +25,7 @@ import aiofiles.os
 
 from ascend_agent import naming
 from ascend_agent.backends._container import container_base
+from ascend_agent.backends.boards import CardBoards
 from ascend_agent.backends.chipset import ChipSet, known_model
 from ascend_agent.backends.devnodes import (
     CHIP_NODE,
@@ -117,6 +118,7 @@ class DevfsBackend:
         self._without_bus_id: set[int] = set()
         # What npu-smi's slower commands said about the chip set last seen (their names, ids and SoC).
         self._chip_set = ChipSet(settings)
+        self._boards = CardBoards(settings)
         self._failures = 0
         self._outage_cause = ""
         self._failure_log = ProblemLog()
@@ -192,6 +194,8 @@ class DevfsBackend:
         True when what the chips look like changed since the last query returned."""
         if await self._query():
             self._chip_set.retry_pairing()
+            npu_ids = {chip.npu_id for chip in self._probed.values()}
+            await self._boards.read_next(self._settings.effective_npu_smi, npu_ids)
             await self._check_device_listing()
             targets = self._training_targets()
             await self._training.refresh(targets, self._settings.health_interval)
@@ -210,6 +214,7 @@ class DevfsBackend:
             self._training.view(),
             self._network.view(),
             self._chip_set.pairing(),
+            tuple(self._boards.of(npu_id) for npu_id in sorted({c.npu_id for c in self._probed.values()})),
         )
 
     def _outage(self) -> str:
@@ -354,18 +359,16 @@ class DevfsBackend:
         return naming.device_id(family, chip.phys_id)
 
     def _report_faults(self, probed: Mapping[int, _Probed]) -> None:
-        """Log each chip's error codes once per change, and keep ``ascend_agent_chip_fault`` in step."""
-        labels: set[tuple[str, str]] = set()
+        """Log each chip's error codes once per change (``ascend_agent_chip_fault`` is the report's, once
+        they are graded)."""
         for phys_id, chip in probed.items():
             device = self._device_id(chip)
-            labels.update((device, fault.code) for fault in chip.faults)
             before = self._probed.get(phys_id)
             if before is not None and before.faults == chip.faults:
                 continue
             # The codes are graded, and logged, by the agent's fault table (ascend_agent.health.grading).
             if not chip.faults and before is not None and before.faults:
                 log.info("%s reports no error code any more (health %s)", device, chip.health)
-        self._telemetry.faults(labels)
 
     def _record_telemetry(self, table: InfoTable, probed: Mapping[int, _Probed]) -> None:
         rows = {}
@@ -603,11 +606,14 @@ class DevfsBackend:
         for phys_id in sorted(self._probed):
             probed = self._probed[phys_id]
             facts = self._training.facts(phys_id)
+            board = self._boards.of(probed.npu_id)
             chip = Chip(
                 phys_id,
                 probed.model,
                 probed.generation,
                 bus_id=probed.bus_id,
+                firmware_version=board.firmware_version,
+                serial=board.serial,
                 numa_node=probed.pci.numa_node,
                 pcie_root=probed.pci.pcie_root,
                 npu_id=probed.npu_id,

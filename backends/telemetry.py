@@ -1,22 +1,20 @@
 """The per-chip gauges npu-smi's answers feed: temperature, power, utilisation, HBM and memory from the
-``npu-smi info`` table, and the error codes each chip reports. Series of chips (or codes) no longer seen are
-removed, so ``/metrics`` never shows a stale value::
+``npu-smi info`` table. Series of chips no longer seen are removed, so ``/metrics`` never shows a stale
+value::
 
     telemetry = ChipTelemetry()
     telemetry.record({"Ascend910-0": row})             # row: the chip's ChipRow of the table
-    telemetry.faults({("Ascend910-0", "80E18005")})
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping
 
 from prometheus_client import Gauge
 
 from ascend_agent.backends.npusmi import ChipRow
 from ascend_agent.observability import (
-    CHIP_FAULT,
     CHIP_HBM_TOTAL,
     CHIP_HBM_USED,
     CHIP_MEMORY_TOTAL,
@@ -50,7 +48,6 @@ class ChipTelemetry:
 
     def __init__(self) -> None:
         self._devices: set[str] = set()
-        self._fault_labels: set[tuple[str, str]] = set()
 
     def record(self, rows: Mapping[str, ChipRow]) -> None:
         """Temperature, power, utilisation, HBM and memory of every chip, as the table printed them."""
@@ -61,15 +58,6 @@ class ChipTelemetry:
             for gauge, _ in _TELEMETRY:
                 _set_or_remove(gauge, device, None)
         self._devices = set(rows)
-
-    def faults(self, labels: Set[tuple[str, str]]) -> None:
-        """``ascend_agent_chip_fault``: 1 for each (device, code) reported now; the others removed."""
-        for device, code in self._fault_labels - labels:
-            with contextlib.suppress(KeyError):
-                CHIP_FAULT.remove(device, code)
-        for device, code in labels:
-            CHIP_FAULT.labels(device=device, code=code).set(1)
-        self._fault_labels = set(labels)
 
 
 def _set_or_remove(gauge: Gauge, device: str, value: float | None) -> None:

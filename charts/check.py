@@ -20,6 +20,7 @@ kubectl install, made from the release's manifest text (the template's comments 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -114,6 +115,21 @@ def _kubeconfig(directory: Path, server: str) -> Path:
     return path
 
 
+# The Prometheus Operator's resources the chart's monitoring values install, as a cluster with its CRDs serves
+# them; kubernetes-validate has no schema of custom resources, so their objects are checked by
+# tests/unit/test_chart.py alone.
+MONITORING = "monitoring.coreos.com/v1"
+PROMETHEUS_OPERATOR = {
+    "kind": "APIResourceList",
+    "groupVersion": MONITORING,
+    "resources": [
+        {"name": name, "singularName": name.removesuffix("s"), "namespaced": True, "kind": kind,
+         "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]}
+        for name, kind in (("podmonitors", "PodMonitor"), ("prometheusrules", "PrometheusRule"))
+    ],
+}  # fmt: skip
+
+
 async def _emulator_fixes(
     k8s: kmock.KubernetesEmulator, server: kmock.Server, unserved: tuple[str, ...] = ()
 ) -> None:
@@ -121,6 +137,7 @@ async def _emulator_fixes(
     mapper then finds no ConfigMap), and its bundled server version is older than the schemas we check.
     The group versions in ``unserved`` are left out, as an older release's API server does."""
     k8s.resources.load_bundled()
+    k8s.resources.load_data(json.dumps([PROMETHEUS_OPERATOR]))
     for resource in [r for r in k8s.resources if f"{r.group}/{r.version}" in unserved]:
         del k8s.resources[resource]
     async with server.client.get("/api/v1") as response:
@@ -178,6 +195,8 @@ def lint(values: dict[str, Any]) -> list[str]:
 
 def validate(docs: list[dict[str, Any]]) -> None:
     for doc in docs:
+        if doc["apiVersion"] == MONITORING:
+            continue
         try:
             kubernetes_validate.validate(doc, KUBERNETES, strict=True)
         except kubernetes_validate.ValidationError as error:
@@ -266,16 +285,24 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"config": {"fakeChips": "8"}}, "at '/config/fakeChips'"),
     ({"flowControl": {"nominalConcurrencyShares": "10"}}, "at '/flowControl/nominalConcurrencyShares'"),
     ({"flowControl": {"queuing": {"queues": 4, "handSize": 8}}}, "handSize must not be greater than"),
+    ({"podMonitor": {"enabled": True}, "config": {"metricsAddress": ""}}, "podMonitor.enabled needs"),
+    (
+        {"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}},
+        "at '/grafanaDashboard/labels/grafana_dashboard'",
+    ),
 ]
 
 
 FLOW_CONTROL = "flowcontrol.apiserver.k8s.io/v1"
 _FLOW_CONTROL_KINDS = {"FlowSchema", "PriorityLevelConfiguration"}
+_POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 # Values over the defaults, and group versions the API server does not serve, with which the chart must render
 # none of these kinds.
 LEFT_OUT: list[tuple[dict[str, Any], tuple[str, ...], set[str]]] = [
     ({"flowControl": {"enabled": False}}, (), _FLOW_CONTROL_KINDS),
     ({}, (FLOW_CONTROL,), _FLOW_CONTROL_KINDS),
+    ({}, (), {"PrometheusRule", "PodMonitor"}),
+    ({"configMapPolicy": {"enabled": False}}, (), _POLICY_KINDS),
 ]
 
 

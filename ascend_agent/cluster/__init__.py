@@ -34,7 +34,7 @@ How a feature plugs in (node labels, Events, a ConfigMap publisher, a ResourceSl
    recorded as for ``call``; bookmarks move the cursor and are not yielded; a 410 sets it to None), catching
    ``ApiUnavailable`` and watching again from the cursor after ``wait_before_retry(backoff, exc)``
    (:func:`~ascend_agent.backoff.wait_before_retry`, :func:`~ascend_agent.cluster.writer.api_backoff`).
-4. Add the feature to :func:`_features` (and its RBAC to the README's cluster section). Patches are JSON merge
+4. Add the feature to :func:`_features` (and its RBAC to docs/cluster.md). Patches are JSON merge
    patches (``PatchType.MERGE``): ``null`` removes a key, and the test API server understands them.
 
 Tests run against :mod:`tests.support.apiserver` (the ``apiserver`` fixture: a Kubernetes API emulator on

@@ -31,6 +31,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 
 from ascend_agent import __version__
+from ascend_agent.observability import npu_exporter
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +165,13 @@ NPU_SMI_DOWN = Gauge(
 )
 CHIP_FAULT = Gauge(
     "ascend_agent_chip_fault",
-    "1 while npu-smi info -t health reports this error code for the chip; gone when it clears.",
-    ["device", "code"],
+    "1 while the chip reports this error code, with the fault class it is graded; gone when it clears.",
+    ["device", "code", "fault_class"],
+)
+CHIP_INFO = Gauge(
+    "ascend_agent_chip_info",
+    "A chip's model, bus id, driver and firmware version and serial number, empty where unknown; always 1.",
+    ["device", "model", "bus_id", "driver_version", "firmware_version", "serial"],
 )
 CHIP_TRAINING = Gauge(
     "ascend_agent_chip_training_info",
@@ -380,21 +386,38 @@ def label_devices_with_holders(holder_of: HolderOf | None, claims: bool = False)
     _holder_labels = (*HOLDER_LABELS, CLAIM_LABEL) if claims else HOLDER_LABELS
 
 
+_node = ""
+
+
+def label_series_with_node(node: str) -> None:
+    """From now on every series /metrics shows carries ``node="<node>"`` (every one is the node's), as
+    Prometheus' own node exporters' series are told apart; an empty name leaves the label out."""
+    global _node
+    _node = node
+
+
 class _Exposed:
-    """The default registry as /metrics shows it: per-device series with their holder's labels."""
+    """The default registry as /metrics shows it: every series with the node's name, per-device series with
+    their holder's labels."""
 
     def collect(self) -> Iterator[Metric]:
-        holder_of, labels = _holder_of, _holder_labels
+        families = list(self._labelled())
+        yield from families
+        if npu_exporter.npu_exporter_names_on():
+            yield from npu_exporter.npu_exporter_families(families)
+
+    def _labelled(self) -> Iterator[Metric]:
+        holder_of, labels, node = _holder_of, _holder_labels, _node
         for family in REGISTRY.collect():
-            if holder_of is None or not any("device" in sample.labels for sample in family.samples):
+            if not node and (holder_of is None or not any("device" in s.labels for s in family.samples)):
                 yield family
                 continue
             labelled = Metric(family.name, family.documentation, family.type, family.unit)
             for sample in family.samples:
-                if "device" in sample.labels:
-                    held = dict(zip(labels, holder_of(sample.labels["device"]), strict=True))
-                    sample = sample._replace(labels={**sample.labels, **held})
-                labelled.samples.append(sample)
+                extra = {"node": node} if node else {}
+                if holder_of is not None and "device" in sample.labels:
+                    extra.update(zip(labels, holder_of(sample.labels["device"]), strict=True))
+                labelled.samples.append(sample._replace(labels={**sample.labels, **extra}))
             yield labelled
 
 

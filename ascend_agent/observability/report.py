@@ -5,6 +5,7 @@ device for the metrics' labels::
     report = InventoryReport(holders=lambda: holdings.by_chip(), replicas=lambda: settings.replicas)
     report.inventory(inventory)          # after each discovery: logs what changed
     report.count(desired, inventory.vnpus)
+    chip_series(inventory)               # ascend_agent_chip_info and _chip_fault, after the grading
     label_devices_with_holders(report.holder_of)   # a DRA driver (claim_driver=...): claims=True
 """
 
@@ -16,6 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from ascend_agent.model import Chip, Health, Holder, Holders, Inventory
 from ascend_agent.observability import (
+    CHIP_FAULT,
+    CHIP_INFO,
     CHIP_TRAINING,
     DEVICE_HEALTH,
     DEVICES,
@@ -113,12 +116,15 @@ class InventoryReport:
         claim; comma-joined when its replicas (or several claims) are held by several."""
         inventory = self.last
         chip = next((c for c in (*inventory.chips, *inventory.vnpus) if c.device_id == device), None)
+        holders = self.holders(chip) if chip is not None else ()
+        return holder_labels(holders, claims=self._claim_driver is not None)
+
+    def holders(self, chip: Chip) -> Sequence[Holder]:
+        """The containers holding ``chip`` (any replica of it); a DRA driver's with their claims."""
         found = self._holders()
         if self._claim_driver is not None:
-            holders = found.of_claimed(self._claim_driver, chip) if chip is not None else ()
-            return holder_labels(holders, claims=True)
-        replicas = 1 if chip is not None and chip.vnpu is not None else self._replicas()
-        return holder_labels(found.of(chip, replicas) if chip is not None else ())
+            return found.of_claimed(self._claim_driver, chip)
+        return found.of(chip, 1 if chip.vnpu is not None else self._replicas())
 
 
 def holder_labels(holders: Sequence[Holder], claims: bool = False) -> tuple[str, ...]:
@@ -134,6 +140,27 @@ def holder_labels(holders: Sequence[Holder], claims: bool = False) -> tuple[str,
         ",".join(h.container for h in holders),
     )
     return (*values, ",".join(h.claim for h in holders)) if claims else values
+
+
+def chip_series(inventory: Inventory) -> None:
+    """``ascend_agent_chip_info`` of every chip, and ``ascend_agent_chip_fault`` of every error code a chip
+    reports now with the class the fault table grades it (empty while ungraded)."""
+    CHIP_INFO.clear()
+    CHIP_FAULT.clear()
+    for chip in inventory.chips:
+        CHIP_INFO.labels(
+            device=chip.device_id,
+            model=chip.model,
+            bus_id=chip.bus_id or "",
+            driver_version=inventory.driver_version or "",
+            firmware_version=chip.firmware_version or "",
+            serial=chip.serial or "",
+        ).set(1)
+        for fault in chip.faults:
+            # While npu-smi is down a chip keeps its codes ungraded: the chip's last class keeps the series.
+            graded = fault.fault_class if fault.fault_class is not None else chip.fault_class
+            fault_class = "" if graded is None else graded.huawei
+            CHIP_FAULT.labels(device=chip.device_id, code=fault.code, fault_class=fault_class).set(1)
 
 
 def training_info(chips: Iterable[Chip]) -> None:

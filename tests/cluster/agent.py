@@ -33,8 +33,13 @@ def chart_objects(render: Path = CHART_RENDER) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(render.read_text()) if doc]
 
 
-def chart_object(kind: str, render: Path = CHART_RENDER) -> dict[str, Any]:
-    (found,) = (doc for doc in chart_objects(render) if doc["kind"] == kind)
+def chart_object(kind: str, render: Path = CHART_RENDER, suffix: str = "") -> dict[str, Any]:
+    """The render's one object of ``kind`` (whose name ends in ``suffix``)."""
+    (found,) = (
+        doc
+        for doc in chart_objects(render)
+        if doc["kind"] == kind and doc["metadata"]["name"].endswith(suffix)
+    )
     return found
 
 
@@ -169,6 +174,14 @@ def run_doctor(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]
     """`ascend-agent doctor ARGS` on the node (the host, in the cluster's network namespace), as an operator
     runs it there."""
     argv = [sys.executable, "-m", "ascend_agent", "doctor", *args]
+    return subprocess.run(cluster.in_netns(argv), capture_output=True, text=True, timeout=120, check=False)
+
+
+def run_kubectl_ascend(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl ascend ARGS` (the installed `kubectl-ascend`) with the cluster's admin kubeconfig, as an
+    operator runs it."""
+    plugin = Path(sys.executable).with_name("kubectl-ascend")
+    argv = [str(plugin), "--kubeconfig", str(cluster.admin_kubeconfig), *args]
     return subprocess.run(cluster.in_netns(argv), capture_output=True, text=True, timeout=120, check=False)
 
 

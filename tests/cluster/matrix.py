@@ -3,8 +3,8 @@
 For each release: the cluster's binary built (tests/cluster/build.sh with K8S_VERSION, cached apart), then
 the e2e scenarios that release can run (tests/cluster/versions.py selects them: the device plugin ones on
 every release, the DRA ones from resource.k8s.io/v1 on). A release that does not build is a row saying so
-with Go's error; the matrix goes on to the next. At the end: a Markdown table in build/e2e-matrix.md (the
-README's compatibility table is copied from it) and every row as JSON in build/e2e-matrix.json.
+with Go's error; the matrix goes on to the next. At the end: a Markdown table in build/e2e-matrix.md
+(docs/compatibility.md's table is copied from it) and every row as JSON in build/e2e-matrix.json.
 
     python -m tests.cluster.matrix IMAGE_ARCHIVE v1.33.13 v1.37.2 ...
 """

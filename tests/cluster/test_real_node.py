@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.cluster import helm
-from tests.cluster.agent import run_doctor
+from tests.cluster.agent import run_doctor, run_kubectl_ascend
 from tests.cluster.devices import MANAGEMENT, numbers
 from tests.cluster.harness import FIGURES, NODE_NAME, Cluster
 from tests.cluster.node import wait_allocatable
@@ -150,6 +151,18 @@ def test_a_workload_sees_exactly_its_two_chips_and_the_management_devices(
         assert sorted(name for name in listed if name.startswith("davinci") and name[7:].isdigit()) == sorted(
             path.removeprefix("/dev/") for path in chips
         ), listed
+        # kubectl ascend, from the API alone: the summary the agent's pod published names the pod's chips.
+        view = until(
+            lambda: run_kubectl_ascend(cluster, "-o", "json"),
+            lambda shown: shown.returncode == 0 and json.loads(shown.stdout)["totals"]["inUse"] == 2,
+            "kubectl ascend showing the two chips in use",
+        )
+        (summary,) = json.loads(view.stdout)["nodes"]
+        assert summary["node"] == NODE_NAME and summary["agent"]["ready"] is True and not summary["stale"]
+        used = {chip["id"] for chip in summary["chips"] if chip["usedBy"] == ["default/two-chips"]}
+        assert {f"Ascend910-{n}" for n in visible} == used, summary
+        table = run_kubectl_ascend(cluster)
+        assert "8 chips on 1 node: 8 healthy, 2 in use, 6 free" in table.stdout, table
     finally:
         delete_pods(cluster, "two-chips")
 
@@ -309,6 +322,35 @@ def test_a_host_path_the_node_lacks_is_named_in_the_pods_event(cluster: Cluster,
         assert "host.driverDir" in pod_check["hint"], pod_check
     finally:
         upgraded(cluster, chart_values(cluster, node))
+
+
+def test_the_agents_pod_may_write_only_its_own_nodes_config_maps(cluster: Cluster, node: DriverTree) -> None:
+    """The Role grants configmaps writes in all of kube-system; the chart's policy leaves the agent's pod (its
+    token bound to the pod, as the kubelet mounts it) only its own node's maps."""
+    pod = agent_pod(cluster)
+    token = cluster.kubectl(
+        "create", "token", pod["spec"]["serviceAccountName"], "-n", NAMESPACE, "--duration=10m",
+        "--bound-object-kind=Pod", f"--bound-object-name={pod['metadata']['name']}",
+        f"--bound-object-uid={pod['metadata']['uid']}",
+    ).stdout.strip()  # fmt: skip
+    kubeconfig = cluster.work / "agent-pod.kubeconfig"
+    cluster.write_kubeconfig(kubeconfig, token)
+
+    def as_the_agent(*args: str) -> subprocess.CompletedProcess[str]:
+        return cluster.kubectl(f"--kubeconfig={kubeconfig}", "-n", "kube-system", *args, check=False)
+
+    refused = as_the_agent("create", "configmap", "coredns-lookalike", "--from-literal=a=b")
+    assert refused.returncode != 0, refused
+    assert f"ascend-agent on node {NODE_NAME} may write only the ConfigMaps of that node" in refused.stderr
+    own = as_the_agent(
+        "patch",
+        "configmap",
+        f"ascend-agent-node-{NODE_NAME}",
+        "--type=merge",
+        "-p",
+        '{"metadata":{"annotations":{"e2e":"own"}}}',
+    )
+    assert own.returncode == 0, own.stderr
 
 
 def test_the_daemonset_is_the_charts(cluster: Cluster, node: DriverTree) -> None:

@@ -38,6 +38,8 @@ pytestmark = [
 ]
 
 RENDER = RENDERS / "volcano.yaml"
+# The chart's policy on the annotations the agent trusts (it has another, on the agent's own ConfigMaps).
+ANNOTATION_POLICY = "-volcano-annotations"
 # The chart's volcano.annotationPolicy.schedulerServiceAccount by default: Volcano's own install.
 VOLCANO = ("volcano-system", "volcano-scheduler")
 VOLCANO_USER = f"system:serviceaccount:{VOLCANO[0]}:{VOLCANO[1]}"
@@ -131,7 +133,7 @@ def volcano_agent(cluster: Cluster) -> Iterator[AgentProcess]:
             yield process
     finally:  # cluster-wide: the other modules' pods are not checked by it
         for kind in ("ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy"):
-            name = chart_object(kind, RENDER)["metadata"]["name"]
+            name = chart_object(kind, RENDER, ANNOTATION_POLICY)["metadata"]["name"]
             cluster.kubectl("delete", kind.lower(), name, "--ignore-not-found", check=False)
 
 
@@ -240,7 +242,7 @@ def test_only_volcano_and_the_agent_write_the_annotations_the_agent_trusts(
     )
     assert refused.returncode != 0
     print(f"a namespace user's forged pod: {refused.stderr.strip()}")
-    policy = chart_object("ValidatingAdmissionPolicy", RENDER)["metadata"]["name"]
+    policy = chart_object("ValidatingAdmissionPolicy", RENDER, ANNOTATION_POLICY)["metadata"]["name"]
     assert f"ValidatingAdmissionPolicy '{policy}'" in refused.stderr, refused.stderr
     said = refused.stderr
     assert f"only the Volcano scheduler ({VOLCANO_USER}) and ascend-agent may set or change" in said, said

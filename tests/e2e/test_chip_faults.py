@@ -26,6 +26,7 @@ A3_HEALTH = (CONSTRUCTED / "Ascend910-A3-24.1.rc3.7-info-t-health-i-1-c-1-alarm.
 HEALTH_ARGS = "info -t health -i 1 -c 1"
 FAULT_TEXT = "node type=CPU, sensor type=Heartbeat, event state=heartbeat lost"
 B4_OK = (FIXTURES / "910B4x8-25.0.rc1.1-info.txt").read_text()
+BOARD_0 = (FIXTURES / "910B-D802-IT21HMDC-25.5.1-info-t-board-i0.txt").read_text()
 
 
 @pytest.fixture
@@ -95,7 +96,16 @@ def test_error_codes_reach_the_kubelet_the_log_and_the_metrics(
             f"Ascend910-3 is Unhealthy: RestartNPU: Alarm, error code 80E3A203 ({FAULT_TEXT})"
         )
         metrics = _metrics(port)
-        assert _sample(metrics, "ascend_agent_chip_fault", device="Ascend910-3", code="80E3A203") == 1
+        assert (
+            _sample(
+                metrics,
+                "ascend_agent_chip_fault",
+                device="Ascend910-3",
+                code="80E3A203",
+                fault_class="RestartNPU",
+            )
+            == 1
+        )
         # Telemetry from the same table: die 0 of NPU 0 and the second die, whose Power is '-'.
         assert _sample(metrics, "ascend_agent_chip_temperature_celsius", device="Ascend910-0") == 36
         assert _sample(metrics, "ascend_agent_chip_power_watts", device="Ascend910-0") == 181.4
@@ -192,5 +202,40 @@ def test_a_flapping_chip_is_held_until_quiet(
         chip_5("Healthy", seen)
         process.wait_log("Ascend910-5 is no longer held: Healthy for 3 s")
         assert _sample(_metrics(port), "ascend_agent_chip_held", device="Ascend910-5") == 0
+    finally:
+        process.close()
+
+
+def test_chip_info_names_model_versions_and_serial_and_every_series_its_node(
+    kubelet: KubeletStandin, host: HostTree, npu_smi: FakeNpuSmi
+) -> None:
+    """Card 0's board record names its firmware and serial; card 1's read fails (left empty, asked once)."""
+    host.add_chips(range(8))
+    npu_smi.set_output("info", B4_OK)
+    npu_smi.set_output("info -t board -i 0", BOARD_0)
+    npu_smi.set_error("info -t board -i 1", "Error: get board info failed\n")
+    port = _free_port()
+    process = _agent(kubelet, host, npu_smi, port, "--node-name", "npu-node-7")
+    try:
+        npu_smi.wait_count("info -t board -i 7", 1)
+        npu_smi.wait_count("info", npu_smi.count("info") + 2)  # a health query since: the facts are in
+        metrics = _metrics(port)
+        info = {"model": "910B4", "driver_version": "25.0.rc1.1", "node": "npu-node-7"}
+        assert _sample(
+            metrics, "ascend_agent_chip_info", device="Ascend910-0", bus_id="0000:C1:00.0",
+            firmware_version="7.8.0.6.201", serial="1025C9048791", **info,
+        ) == 1  # fmt: skip
+        assert _sample(
+            metrics, "ascend_agent_chip_info", device="Ascend910-1", firmware_version="", serial="", **info
+        ) == 1  # fmt: skip
+        assert npu_smi.count("info -t board -i 1") == 1
+        assert process.matching("npu-smi info -t board -i 1 gave no board record")
+        unlabelled = [
+            sample.name
+            for family in text_string_to_metric_families(metrics)
+            for sample in family.samples
+            if sample.labels.get("node") != "npu-node-7"
+        ]
+        assert not unlabelled
     finally:
         process.close()

@@ -259,7 +259,7 @@ def test_the_kubelet_path_does_not_wait_for_the_api_server(
     state = short_dir / "state.json"
     state.write_text(json.dumps({"unhealthy": [5]}))  # an Event to write from the start
     # The labels' and the Events' channels only (the device-info ConfigMap has its own test).
-    agent = _Agent(kubelet, apiserver, short_dir, fakeState=str(state), deviceInfo=False)
+    agent = _Agent(kubelet, apiserver, short_dir, fakeState=str(state), deviceInfo=False, nodeSummary=False)
     started.append(agent)
     kubelet.wait_registrations(1)
     kubelet.wait_update(lambda update: len(update.devices) == 8, what="the device list")

@@ -20,7 +20,7 @@ from tests.support.apiserver import ApiServer
 from tests.support.cli import run_cli
 from tests.support.fake_libdcmi import build_libdcmi, dcmi_env
 from tests.support.host_tree import HostTree
-from tests.support.http_probe import free_port
+from tests.support.http_probe import free_port, without_node
 from tests.support.kubelet_standin import KubeletStandin
 from tests.support.npusmi_fake import FakeNpuSmi, with_health
 from tests.support.podresources import PodResourcesStandin
@@ -45,7 +45,7 @@ def _agent(
 
 def _resets(port: int, result: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+        text = without_node(response.read().decode())
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "ascend_agent_resets_total" and sample.labels == {"result": result}:

@@ -13,6 +13,7 @@ import pytest
 
 from ascend_agent import __version__
 from tests.support.agent_process import AgentProcess
+from tests.support.http_probe import without_node
 from tests.support.kubelet_standin import KubeletStandin
 
 
@@ -25,7 +26,7 @@ def _free_port() -> int:
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
+            return response.status, without_node(response.read().decode())
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
 

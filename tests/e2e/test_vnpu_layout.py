@@ -294,7 +294,7 @@ def test_a_layout_the_chips_cannot_hold_is_refused_at_start(
 def test_a_chip_is_judged_by_its_templates_not_by_the_usable_memory(
     host: HostTree, npu_smi: FakeNpuSmi, short_dir: Path
 ) -> None:
-    """The README's 310P3 entry: 4 x vir02_1c are 24 GB by template-info, on a chip whose info-vnpu shows
+    """docs/vnpu.md's 310P3 entry: 4 x vir02_1c are 24 GB by template-info, on a chip whose info-vnpu shows
     21."""
     layout = '{"310P3": [vir02_1c, vir02_1c, vir02_1c, vir02_1c]}'
     result = _run(host, npu_smi, "--config", str(_config(short_dir, layout)), "--dry-run-vnpu")

@@ -25,9 +25,11 @@ import pytest
 import yaml
 
 from ascend_agent import naming
+from ascend_agent.cluster.deviceinfo import NAME_PREFIX as deviceinfo_prefix
 from ascend_agent.cluster.ranktable import CONFIGURATION, CONFIGURATION_NPU
 from ascend_agent.cluster.volcano_marks import KUBELET_IDS, PREDICATE_TIME, REAL
 from ascend_agent.config import Settings, SettingsSource
+from ascend_agent.node_summary import NAME_PREFIX as summary_prefix
 from tests.support import ROOT
 
 CHART = ROOT / "charts" / "ascend-agent"
@@ -134,7 +136,10 @@ def _rules(docs: dict[Key, Doc]) -> dict[Key, list[tuple[tuple[str, ...], ...]]]
 def test_the_same_rbac(chart: dict[Key, Doc], example: dict[Key, Doc]) -> None:
     assert _rules(chart) == _rules(example)
     for key, doc in example.items():
-        if key[0].endswith("Binding"):
+        if key[0].startswith("ValidatingAdmissionPolicy"):
+            assert chart[key]["spec"] == doc["spec"], key
+    for key, doc in example.items():
+        if key[0].endswith("RoleBinding"):
             assert chart[key]["roleRef"] == doc["roleRef"], key
             assert chart[key]["subjects"] == doc["subjects"], key
     account = ("ServiceAccount", "kube-system", "ascend-device-plugin")
@@ -307,7 +312,7 @@ def test_volcano_mode_ships_the_annotation_policy() -> None:
     marks) may be set or changed only by Volcano's scheduler and the agent: the policy names every key the
     agent's code reads (a key added there and not here fails), and exempts those two identities alone."""
     docs = _render("volcano")
-    policy, binding = _one(docs, "ValidatingAdmissionPolicy"), _one(docs, "ValidatingAdmissionPolicyBinding")
+    policy, binding = _named(docs, "volcano-annotations")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     assert policy["spec"]["failurePolicy"] == "Fail"
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
@@ -329,7 +334,51 @@ def test_volcano_mode_ships_the_annotation_policy() -> None:
     trusted_by_the_agent = {PREDICATE_TIME, REAL, KUBELET_IDS, CONFIGURATION, CONFIGURATION_NPU, *resources}
     assert {key for key in trusted_by_the_agent if key not in keys and not key.startswith(prefix)} == set()
     for mode in ("default", "dra", "no-cluster", "plugin-watcher"):
-        assert not [key for key in _render(mode) if key[0].startswith("ValidatingAdmissionPolicy")], mode
+        assert not [key for key in _render(mode) if key[2].endswith("-volcano-annotations")], mode
+
+
+# Where the API server puts the node a pod-bound ServiceAccount token names (the user's extra).
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def _named(docs: dict[Key, Doc], suffix: str) -> tuple[Doc, Doc]:
+    """The ValidatingAdmissionPolicy whose name ends in ``suffix`` and its binding."""
+    (policy,) = [
+        doc for key, doc in docs.items() if key[0] == "ValidatingAdmissionPolicy" and key[2].endswith(suffix)
+    ]
+    (binding,) = [
+        doc
+        for key, doc in docs.items()
+        if key[0] == "ValidatingAdmissionPolicyBinding" and key[2].endswith(suffix)
+    ]
+    return policy, binding
+
+
+def test_each_agent_may_write_only_its_own_nodes_config_maps() -> None:
+    """The Role grants configmaps writes in all of kube-system; the policy narrows them to the two maps the
+    agent's code names after its node, by the node its pod-bound token carries."""
+    for mode in ("default", "volcano", "dra", "plugin-watcher"):
+        docs = _render(mode)
+        policy, binding = _named(docs, "-own-configmaps")
+        assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+        spec = policy["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        (rule,) = spec["matchConstraints"]["resourceRules"]
+        assert rule["resources"] == ["configmaps"] and set(rule["operations"]) == {
+            "CREATE",
+            "UPDATE",
+            "DELETE",
+        }
+        account = _one(docs, "ServiceAccount")["metadata"]
+        who, bound = (condition["expression"] for condition in spec["matchConditions"])
+        assert f"'system:serviceaccount:{account['namespace']}:{account['name']}'" in who
+        assert "request.namespace == 'kube-system'" in who and NODE_NAME_EXTRA in bound
+        (check,) = spec["validations"]
+        assert re.findall(r"'([^']+)' \+ variables.node", check["expression"]) == [
+            summary_prefix,
+            deviceinfo_prefix,
+        ]
+    assert not [key for key in _render("no-cluster") if key[0].startswith("ValidatingAdmissionPolicy")]
 
 
 def test_the_example_annotation_policy_is_the_charts() -> None:
@@ -337,9 +386,7 @@ def test_the_example_annotation_policy_is_the_charts() -> None:
     example = _by_key(
         _docs((ROOT / "examples" / "volcano" / "annotation-policy.yaml").read_text(encoding="utf-8"))
     )
-    chart = {
-        key: doc for key, doc in _render("volcano").items() if key[0].startswith("ValidatingAdmissionPolicy")
-    }
+    chart = {key: doc for key, doc in _render("volcano").items() if key[2].endswith("-volcano-annotations")}
     assert set(example) == set(chart)
     for key, doc in chart.items():
         assert example[key]["spec"] == doc["spec"], key
@@ -354,7 +401,8 @@ def test_dra_mode() -> None:
         "draCleanup": False,
         "deviceInfo": False,  # as examples/dra: the scheduler reads ResourceSlices
     }
-    assert not _verbs(docs, "", "configmaps") - {"get", "list", "watch"}, "no ConfigMap writes for Volcano"
+    # No ConfigMap updates for Volcano; the node summary's create and patch only.
+    assert not _verbs(docs, "", "configmaps") - {"get", "list", "watch", "create", "patch"}
     dra_example = _by_key(_docs((ROOT / "examples" / "dra" / "daemonset.yaml").read_text(encoding="utf-8")))
     for resource in ("resourceslices", "resourceclaims", "resourceclaims/status", "resourceclaims/driver"):
         assert _verbs(docs, "resource.k8s.io", resource) == _verbs(dra_example, "resource.k8s.io", resource)
@@ -500,4 +548,55 @@ def test_flow_control_values_are_checked(flow: Doc, says: str) -> None:
     errors = [
         error.message for error in _values_validator().iter_errors(_merged(defaults, {"flowControl": flow}))
     ]
+    assert any(says in error for error in errors), errors
+
+
+# --- monitoring: the alert rules, a PodMonitor and the Grafana dashboard ---------------------------------
+
+MONITORING_KINDS = {"PrometheusRule", "PodMonitor"}
+
+
+def test_monitoring_objects_are_off_by_default(chart: dict[Key, Doc]) -> None:
+    """The Prometheus Operator's CRDs may not exist: nothing of it unless the values ask."""
+    assert not {key[0] for key in chart} & MONITORING_KINDS
+    assert [key for key in chart if key[0] == "ConfigMap"] == [
+        ("ConfigMap", "kube-system", "ascend-device-plugin-config")
+    ]
+
+
+def test_monitoring_mode() -> None:
+    docs = _render("monitoring")
+    rules = yaml.safe_load((CHART / "files" / "alert-rules.yaml").read_text(encoding="utf-8"))
+    assert _one(docs, "PrometheusRule")["spec"] == rules
+
+    monitor = _one(docs, "PodMonitor")
+    pod = _one(docs, "DaemonSet")["spec"]["template"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (port,) = _container(docs)["ports"]
+    assert (endpoint["port"], endpoint["path"]) == (port["name"], "/metrics")
+    assert endpoint["honorLabels"] is True, "the chip holders' namespace, pod and container kept"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [monitor["metadata"]["namespace"]]}
+    assert _one(docs, "PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+    (dashboard,) = [
+        doc for key, doc in docs.items() if key[0] == "ConfigMap" and key[2].endswith("-dashboard")
+    ]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (text,) = dashboard["data"].values()
+    assert json.loads(text) == json.loads((CHART / "files" / "dashboard.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ({"podMonitor": {"enabled": True, "interval": "30"}}, "'30' does not match"),
+        # Unquoted, YAML's 1 is a number: Kubernetes takes only strings as label values.
+        ({"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}}, "1 is not of type 'string'"),
+        ({"prometheusRule": {"enabled": True, "label": {"release": "x"}}}, "'label' was unexpected"),
+    ],
+)
+def test_monitoring_values_are_checked(values: Doc, says: str) -> None:
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    errors = [error.message for error in _values_validator().iter_errors(_merged(defaults, values))]
     assert any(says in error for error in errors), errors

@@ -726,8 +726,8 @@ def test_containerfile_builds_and_installs_the_wheel() -> None:
 def test_containerfile_runs_the_agent() -> None:
     final = dict(_stages()[-1][1])
     assert final["USER"] == "0"
-    (script,) = PYPROJECT["project"]["scripts"]
-    assert json.loads(final["ENTRYPOINT"]) == [script]
+    assert set(PYPROJECT["project"]["scripts"]) == {"ascend-agent", "kubectl-ascend"}
+    assert json.loads(final["ENTRYPOINT"]) == ["ascend-agent"]
     assert json.loads(final["CMD"]) == ["run"]
     assert f'org.opencontainers.image.version="{VERSION}"' in final["LABEL"]
 
