@@ -197,8 +197,11 @@ def _kubeconfig(given: str | None) -> str | None:
     return str(default) if default.is_file() else None
 
 
-async def read_summaries(kubeconfig: str | None, namespace: str, node: str | None) -> list[NodeSummary]:
-    """The node summaries in ``namespace`` (one node's with ``node``), read through the API."""
+async def read_summaries(
+    kubeconfig: str | None, namespace: str, node: str | None, context: str | None = None
+) -> list[NodeSummary]:
+    """The node summaries in ``namespace`` (one node's with ``node``), read through the API (the kubeconfig's
+    ``context``, else its current one)."""
     from lightkube import ApiError
     from lightkube.resources.core_v1 import ConfigMap
 
@@ -211,7 +214,7 @@ async def read_summaries(kubeconfig: str | None, namespace: str, node: str | Non
             "no Kubernetes API configured: give --kubeconfig, set KUBECONFIG or write ~/.kube/config"
         )
     try:
-        api = KubeApi.connect(target, node or "", timeout=_TIMEOUT)
+        api = KubeApi.connect(target, node or "", timeout=_TIMEOUT, context=context)
     except ClusterConnectError as exc:
         raise PluginError(str(exc)) from None
     try:
@@ -275,6 +278,7 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
         help="table: a line per node (default); wide: a line per chip and vNPU; json",
     )
     parser.add_argument("--kubeconfig", help="the kubeconfig (default: $KUBECONFIG, else ~/.kube/config)")
+    parser.add_argument("--context", help="the kubeconfig's context to use (default: its current one)")
     parser.add_argument(
         "-n", "--namespace", default=NAMESPACE, help=f"where the summaries are (default {NAMESPACE})"
     )
@@ -288,7 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = "wide" if arguments.node is not None and arguments.output == "table" else arguments.output
     try:
         summaries = asyncio.run(
-            read_summaries(_kubeconfig(arguments.kubeconfig), arguments.namespace, arguments.node)
+            read_summaries(
+                _kubeconfig(arguments.kubeconfig), arguments.namespace, arguments.node, arguments.context
+            )
         )
     except PluginError as exc:
         print(f"kubectl-ascend: {exc}", file=sys.stderr)

@@ -148,16 +148,18 @@ class KubeApi:
         list_limit: int = DEFAULT_LIST_LIMIT,
         qps: float = 0.0,
         burst: int = 1,
+        context: str | None = None,
     ) -> KubeApi:
         """A client for ``target``; no request is made here. ``list_limit``: bytes a list may take; ``qps``
-        and ``burst``: the rate limit (0 qps: none)."""
+        and ``burst``: the rate limit (0 qps: none); ``context``: the kubeconfig's context to use (None: its
+        current one)."""
         try:
             if target.kind == "in-cluster":
                 config = KubeConfig.from_service_account()
             else:
                 assert target.kubeconfig is not None
                 config = KubeConfig.from_file(target.kubeconfig)
-            single = config.get()
+            single = config.get(context_name=context)
             if single is None:
                 raise ConfigError("it names no current context")
             server = single.cluster.server

@@ -390,8 +390,8 @@ _node = ""
 
 
 def label_series_with_node(node: str) -> None:
-    """From now on every series /metrics shows carries ``node="<node>"`` (every one is the node's), as
-    Prometheus' own node exporters' series are told apart; an empty name leaves the label out."""
+    """From now on every series /metrics shows carries ``node="<node>"`` (every one is the node's), so that
+    a series names its node whatever the scrape adds; an empty name leaves the label out."""
     global _node
     _node = node
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ascend_agent.node_summary import DATA_KEY, LABEL, NAMESPACE, configmap_name
 from tests.support.agent_process import fake_agent
@@ -101,6 +102,15 @@ def test_the_cluster_view_names_health_fault_class_and_the_pod_using_each_chip(
         process.close()
 
 
+# A summary its agent last wrote long ago.
+_OLD = {
+    "format": 1, "node": "npu-old", "updated": "2026-01-01T00:00:00Z", "problems": [], "vnpus": [],
+    "agent": {"version": "0.1.0", "mode": "device-plugin", "ready": True, "reason": ""},
+    "chips": [{"id": "Ascend910-0", "model": "910B3", "health": "Healthy", "reason": "", "faultClass": "",
+               "flapHeld": False, "usedBy": []}],
+}  # fmt: skip
+
+
 def _put_summary(apiserver: ApiServer, node: str, text: str) -> None:
     apiserver.put(
         "configmaps",
@@ -114,13 +124,7 @@ def _put_summary(apiserver: ApiServer, node: str, text: str) -> None:
 
 
 def test_a_stale_summary_says_how_old_it_is_and_a_broken_one_is_skipped(apiserver: ApiServer) -> None:
-    old = {
-        "format": 1, "node": "npu-old", "updated": "2026-01-01T00:00:00Z", "problems": [], "vnpus": [],
-        "agent": {"version": "0.1.0", "mode": "device-plugin", "ready": True, "reason": ""},
-        "chips": [{"id": "Ascend910-0", "model": "910B3", "health": "Healthy", "reason": "", "faultClass": "",
-                   "flapHeld": False, "usedBy": []}],
-    }  # fmt: skip
-    _put_summary(apiserver, "npu-old", json.dumps(old))
+    _put_summary(apiserver, "npu-old", json.dumps(_OLD))
     _put_summary(apiserver, "npu-broken", '{"node": "npu-broken"')
     shown = _plugin(apiserver)
     assert shown.returncode == 0, shown.stderr
@@ -163,3 +167,30 @@ def test_an_api_server_that_does_not_answer_is_one_line(short_dir: Path) -> None
     assert shown.stderr.count("\n") == 1 and shown.stderr.startswith(
         "kubectl-ascend: the Kubernetes API did not"
     )
+
+
+def test_context_picks_the_kubeconfigs_context(apiserver: ApiServer, short_dir: Path) -> None:
+    """A kubeconfig whose current context is a server that does not answer: --context names the one that
+    does; a context it does not have is one line."""
+    config = yaml.safe_load(apiserver.kubeconfig.read_text())
+    working = config["current-context"]
+    config["clusters"].append({"name": "dead", "cluster": {"server": "http://127.0.0.1:9"}})
+    config["contexts"].append(
+        {"name": "dead", "context": {"cluster": "dead", "user": config["users"][0]["name"]}}
+    )
+    config["current-context"] = "dead"
+    kubeconfig = short_dir / "two-contexts"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    _put_summary(apiserver, "npu-1", json.dumps({**_OLD, "node": "npu-1"}))
+    assert PLUGIN is not None
+
+    def run(*arguments: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PLUGIN, "--kubeconfig", str(kubeconfig), *arguments], capture_output=True, text=True, timeout=60
+        )
+
+    assert "the Kubernetes API did not answer" in run().stderr
+    chosen = run("--context", working)
+    assert chosen.returncode == 0 and "1 chips on 1 node" in chosen.stdout, chosen.stderr
+    missing = run("--context", "nowhere")
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "Traceback" not in missing.stderr
