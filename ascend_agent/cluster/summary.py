@@ -13,7 +13,6 @@ time), none to read.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +27,6 @@ from ascend_agent.cluster.client import KubeApi
 from ascend_agent.cluster.writer import LatestWriter, api_backoff
 from ascend_agent.model import Inventory
 from ascend_agent.node_summary import DATA_KEY, LABEL, NAMESPACE, RENEW_SECONDS, configmap_name, stamped
-
-log = logging.getLogger("ascend_agent.cluster")
 
 # How often the summary is made again between reconciles (which pod holds a chip changes without one); at
 # most one write each time.
